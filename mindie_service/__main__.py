@@ -1,0 +1,3 @@
+from mindie_service.cli import main
+
+raise SystemExit(main())

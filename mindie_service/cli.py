@@ -1,0 +1,70 @@
+"""`mindie-service serve | demo-model | demo-lora | gen-certs | generate`."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mindie-service", description="MindIE-style LLM inference service")
+    p.add_argument("--log-level", default="INFO")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="start the HTTP(S) server")
+    s.add_argument("--config", default="conf/config.json")
+    s.add_argument("--prepare", action="store_true",
+                   help="build the demo model and development certificates the config names if missing")
+
+    d = sub.add_parser("demo-model", help="build a random-weight demo checkpoint with a locally trained tokenizer")
+    d.add_argument("--preset", default="tiny")
+    d.add_argument("--out", required=True)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--if-missing", action="store_true", help="do nothing if OUT already holds a checkpoint")
+
+    lo = sub.add_parser("demo-lora", help="build a random PEFT LoRA adapter for a base checkpoint")
+    lo.add_argument("--base", required=True)
+    lo.add_argument("--out", required=True)
+    lo.add_argument("--rank", type=int, default=8)
+    lo.add_argument("--seed", type=int, default=0)
+
+    c = sub.add_parser("gen-certs", help="write a development CA, server and client certificates")
+    c.add_argument("--out", default="security")
+    c.add_argument("--if-missing", action="store_true")
+
+    g = sub.add_parser("generate", help="offline generation for a quick look")
+    g.add_argument("--model", required=True)
+    g.add_argument("--max-tokens", type=int, default=32)
+    g.add_argument("prompts", nargs="+")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        from mindie_service.server.main import serve
+        return serve(args.config, prepare=args.prepare)
+    if args.command == "demo-model":
+        from mindie_service.models.demo import build_demo_model
+        build_demo_model(args.preset, args.out, seed=args.seed, if_missing=args.if_missing)
+        return 0
+    if args.command == "demo-lora":
+        from mindie_service.lora.demo import build_demo_lora
+        build_demo_lora(args.base, args.out, rank=args.rank, seed=args.seed)
+        return 0
+    if args.command == "gen-certs":
+        from mindie_service.server.certs import generate_dev_certs
+        generate_dev_certs(args.out, if_missing=args.if_missing)
+        return 0
+    if args.command == "generate":
+        from mindie_service import LLM, SamplingParams
+        llm = LLM(model=args.model)
+        for out in llm.generate(args.prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0.0)):
+            print(repr(out.outputs[0].text))
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The engine: scheduler, KV block manager, model runner, sampler, detokenizer, async facade."""

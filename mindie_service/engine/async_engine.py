@@ -1,0 +1,163 @@
+"""The async facade: ``async for event in engine.generate(request)``.
+
+One dedicated thread runs the step loop (PyTorch releases the GIL inside ops); requests and
+aborts reach it through a locked inbox, and each step's events go back to the event loop in one
+thread-safe call. Closing or cancelling a ``generate`` iterator aborts the request, which frees
+its KV blocks before the next step."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from typing import Any, AsyncIterator
+
+from transformers import AutoTokenizer
+
+from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.core import Event, LLMEngine
+from mindie_service.engine.types import EngineRequest, EngineStats, FailedEvent, TokenEvent
+from mindie_service.protocol.errors import GenerationError, MindieError, UnhealthyError
+
+logger = logging.getLogger(__name__)
+
+_Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[Event | Exception]"]
+
+
+class AsyncEngine:
+    def __init__(self, config: EngineConfig, engine: LLMEngine | None = None) -> None:
+        self.engine = engine or LLMEngine(config)
+        self.config = self.engine.cfg
+        # The frontend tokenizes on the IO thread; the engine thread decodes with its own instance.
+        self.tokenizer = AutoTokenizer.from_pretrained(self.config.model, trust_remote_code=self.config.trust_remote_code)
+        self.model_name = self.config.model_name or self.config.model.rstrip("/").rsplit("/", 1)[-1]
+        self.vocab_size = self.engine.vocab_size
+        self.eos_token_ids = self.engine.eos_token_ids
+        self.device_type = self.engine.device_info.type
+        self.device_reason = self.engine.device_info.reason
+        self.dtype = str(self.engine.dtype).removeprefix("torch.")
+        self._cond = threading.Condition()
+        self._inbox: deque[tuple[str, Any]] = deque()
+        self._streams: dict[str, _Stream] = {}
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._dead: str | None = None
+        self.last_step_at = time.monotonic()
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def healthy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._dead is None
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    # ------------------------------------------------------------ frontend helpers
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text).input_ids)
+
+    def prepare_prompt(self, text: str, truncate: int | None = None) -> list[int]:
+        """Tokenize and apply ``truncate`` and the input-length limit (ValidationError when too long)."""
+        return self.engine.check_prompt(self.tokenize(text), truncate)
+
+    # ------------------------------------------------------------ requests
+    def _post(self, kind: str, payload: Any) -> None:
+        with self._cond:
+            self._inbox.append((kind, payload))
+            self._cond.notify()
+
+    def abort(self, request_id: str) -> None:
+        self._post("abort", request_id)
+
+    async def generate(self, request: EngineRequest, cache_key: bytes = b"",
+                       adapter_slot: int = 0) -> AsyncIterator[TokenEvent]:
+        if not self.healthy():
+            raise UnhealthyError(f"engine is not serving ({self._dead or 'not started'})")
+        rid = request.request_id
+        if rid in self._streams:
+            raise GenerationError(f"request id {rid!r} is already running")
+        queue: asyncio.Queue[Event | Exception] = asyncio.Queue()
+        self._streams[rid] = (asyncio.get_running_loop(), queue)
+        self._post("add", (request, cache_key, adapter_slot))
+        finished = False
+        try:
+            while True:
+                ev = await queue.get()
+                if isinstance(ev, Exception):
+                    finished = True
+                    raise ev
+                if isinstance(ev, FailedEvent):
+                    finished = True
+                    raise GenerationError(ev.message)
+                if ev.finish_reason is not None:
+                    finished = True
+                yield ev
+                if finished:
+                    return
+        finally:
+            self._streams.pop(rid, None)
+            if not finished:
+                self.abort(rid)
+
+    # ------------------------------------------------------------ the engine thread
+    def _deliver(self, items: list[tuple[str, Event | Exception]]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Event | Exception]]] = {}
+        for rid, ev in items:
+            stream = self._streams.get(rid)
+            if stream is not None:
+                by_loop.setdefault(stream[0], []).append((stream[1], ev))
+        for loop, puts in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, puts)
+            except RuntimeError:  # the loop closed under us (shutdown)
+                pass
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._inbox and not self.engine.has_work() and not self._stopping:
+                        self._cond.wait(timeout=1.0)
+                        self.last_step_at = time.monotonic()
+                    if self._stopping:
+                        return
+                    cmds = list(self._inbox)
+                    self._inbox.clear()
+                out: list[tuple[str, Event | Exception]] = []
+                for kind, payload in cmds:
+                    if kind == "abort":
+                        self.engine.abort_request(payload)
+                        continue
+                    request, cache_key, slot = payload
+                    try:
+                        self.engine.add_request(request, cache_key=cache_key, adapter_slot=slot)
+                    except MindieError as exc:
+                        out.append((request.request_id, exc))
+                    except ValueError as exc:
+                        out.append((request.request_id, GenerationError(str(exc))))
+                if self.engine.has_work():
+                    out.extend((ev.request_id, ev) for ev in self.engine.step())
+                self.last_step_at = time.monotonic()
+                if out:
+                    self._deliver(out)
+        except BaseException as exc:  # noqa: BLE001 - the loop itself broke: fail everyone, report unhealthy
+            self._dead = f"{type(exc).__name__}: {exc}"
+            logger.exception("engine thread died")
+            self._deliver([(rid, GenerationError(f"engine failed: {self._dead}")) for rid in list(self._streams)])
+
+
+def _put_all(puts: list[tuple[asyncio.Queue, Event | Exception]]) -> None:
+    for q, ev in puts:
+        q.put_nowait(ev)

@@ -1,0 +1,129 @@
+"""A fixed pool of KV blocks with per-sequence block tables and a reference-counted prefix cache.
+
+A full block's key is a hash chain over (previous block's key, its tokens, the sequence's cache
+key): the cache key carries the LoRA adapter identity and the media content hashes, so two
+requests share a block only when everything that produced its K/V is the same. Freed blocks keep
+their key and stay reusable until the LRU hands them out again."""
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+
+from mindie_service.engine.sequence import Sequence
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[bytes | None] = [None] * num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))  # LRU order
+        self.cached: dict[bytes, int] = {}
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    # ------------------------------------------------------------ queries
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - len(self.free) / self.num_blocks
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _hash(self, parent: bytes, tokens: list[int], key: bytes) -> bytes:
+        h = hashlib.sha256(parent)
+        h.update(array("q", tokens).tobytes())
+        h.update(key)
+        return h.digest()
+
+    def _full_block_hashes(self, seq: Sequence, upto: int) -> list[bytes]:
+        """Hash chain of the first ``upto // block_size`` full blocks (extends seq.block_hashes)."""
+        bs = self.block_size
+        hashes = seq.block_hashes
+        tokens = None
+        while len(hashes) < upto // bs:
+            tokens = tokens or seq.token_ids()
+            i = len(hashes)
+            hashes.append(self._hash(hashes[-1] if hashes else b"", tokens[i * bs:(i + 1) * bs], seq.cache_key))
+        return hashes[:upto // bs]
+
+    # ------------------------------------------------------------ allocation
+    def _take_free(self) -> int:
+        block, _ = self.free.popitem(last=False)
+        old = self.block_hash[block]
+        if old is not None and self.cached.get(old) == block:
+            del self.cached[old]
+        self.block_hash[block] = None
+        self.ref_counts[block] = 1
+        return block
+
+    def allocate(self, seq: Sequence, use_prefix_cache: bool = True) -> bool:
+        """Give a waiting sequence blocks for all its tokens (prompt, plus output when recomputing).
+
+        Returns False, changing nothing, when the pool lacks room. At least one token is always
+        left to compute so the step yields logits."""
+        n = seq.num_tokens
+        hits: list[int] = []
+        if self.enable_prefix_caching and use_prefix_cache:
+            for h in self._full_block_hashes(seq, n - 1):
+                b = self.cached.get(h)
+                if b is None:
+                    break
+                hits.append(b)
+        new_needed = self.blocks_needed(n) - len(hits)
+        reusable_free_hits = sum(1 for b in hits if self.ref_counts[b] == 0)
+        if new_needed > len(self.free) - reusable_free_hits:
+            return False
+        for b in hits:
+            if self.ref_counts[b] == 0:
+                del self.free[b]
+            self.ref_counts[b] += 1
+        seq.block_table = hits + [self._take_free() for _ in range(new_needed)]
+        seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
+        seq.num_registered_blocks = len(hits)
+        if self.enable_prefix_caching and use_prefix_cache:
+            self.prefix_queries += 1
+            self.prefix_hits += 1 if hits else 0
+        return True
+
+    def can_append(self, seq: Sequence) -> bool:
+        """Whether the next token (at position num_tokens - 1 ... written this step) has a slot."""
+        return len(seq.block_table) * self.block_size >= seq.num_tokens or len(self.free) > 0
+
+    def append_slot(self, seq: Sequence) -> None:
+        if len(seq.block_table) * self.block_size < seq.num_tokens:
+            seq.block_table.append(self._take_free())
+
+    def register_computed(self, seq: Sequence) -> None:
+        """Enter the sequence's newly completed blocks (K/V computed) into the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        full = seq.num_computed_tokens // self.block_size
+        if full <= seq.num_registered_blocks:
+            return
+        hashes = self._full_block_hashes(seq, full * self.block_size)
+        for i in range(seq.num_registered_blocks, full):
+            b, h = seq.block_table[i], hashes[i]
+            if h not in self.cached:
+                self.cached[h] = b
+                self.block_hash[b] = h
+        seq.num_registered_blocks = full
+
+    def free_seq(self, seq: Sequence) -> None:
+        # Reverse order: a sequence's tail blocks are evicted before its head, which more prompts share.
+        for b in reversed(seq.block_table):
+            self.ref_counts[b] -= 1
+            if self.ref_counts[b] == 0:
+                self.free[b] = None
+        seq.block_table = []
+        seq.num_computed_tokens = seq.num_cached_tokens = seq.num_registered_blocks = 0

@@ -1,0 +1,112 @@
+"""Packs a scheduled step into tensors, runs the model once, returns the logits that are needed.
+
+The runner never decides scheduling and never mutates queues: it reads each sequence's block
+table and counters and returns logits for the last position of every sequence (and for every
+prompt position of sequences that asked for prompt logprobs)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from mindie_service.engine.scheduler import SchedulerOutput
+from mindie_service.engine.sequence import Sequence
+from mindie_service.models.llama import StepContext
+from npu_ops.ops import AttentionMetadata, PrefillSpan
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepResult:
+    seqs: list[Sequence]  # decodes then prefills, the row order of ``logits``
+    logits: torch.Tensor  # [len(seqs), vocab] at each sequence's last position
+    prompt_logits: dict[str, torch.Tensor] = field(default_factory=dict)  # request_id -> [n-1, vocab]
+
+
+def kv_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
+    d = model.dims
+    return 2 * d.layers * block_size * d.kv_heads * d.head_dim * torch.tensor([], dtype=dtype).element_size()
+
+
+class ModelRunner:
+    def __init__(self, model: nn.Module, num_blocks: int, block_size: int, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        self.model, self.block_size, self.device = model, block_size, device
+        d = model.dims
+        shape = (num_blocks, block_size, d.kv_heads, d.head_dim)
+        # zeros, not empty: padded gathers read unused slots, and NaN bits there would poison masked scores.
+        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+                          for _ in range(d.layers)]
+        # Hooks set by the LoRA and multimodal layers: (step seqs, packed token counts) -> context parts.
+        self.lora_hook: Callable[[list[Sequence], list[int]], Any] | None = None
+        self.embeds_hook: Callable[[list[tuple[Sequence, int, int]]], Any] | None = None
+
+    def _slot(self, seq: Sequence, pos: int) -> int:
+        return seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> StepResult:
+        bs, dev = self.block_size, self.device
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        counts: list[int] = []
+        for seq in sched.decodes:
+            pos = seq.num_tokens - 1
+            ids.append(seq.token_at(pos))
+            positions.append(pos)
+            slots.append(self._slot(seq, pos))
+            counts.append(1)
+        spans: list[PrefillSpan] = []
+        span_seqs: list[tuple[Sequence, int, int]] = []
+        for seq in sched.prefills:
+            start, n = len(ids), seq.num_tokens - seq.num_computed_tokens
+            first = seq.num_computed_tokens
+            ids.extend(seq.token_ids()[first:])
+            positions.extend(range(first, seq.num_tokens))
+            slots.extend(self._slot(seq, p) for p in range(first, seq.num_tokens))
+            ctx_slots = None
+            if first > 0:
+                ctx_slots = torch.tensor([self._slot(seq, p) for p in range(seq.num_tokens)], device=dev)
+            spans.append(PrefillSpan(start, n, seq.num_tokens, ctx_slots))
+            span_seqs.append((seq, start, first))
+            counts.append(n)
+        meta = AttentionMetadata(slots=torch.tensor(slots, device=dev), num_decode=len(sched.decodes), prefills=spans)
+        if sched.decodes:
+            ctx = [s.num_tokens for s in sched.decodes]
+            max_blocks = max(len(s.block_table) for s in sched.decodes)
+            bt = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in sched.decodes],
+                              device=dev)
+            ctx_t = torch.tensor(ctx, device=dev)
+            pos = torch.arange(max(ctx), device=dev)
+            meta.decode_gather = bt[:, pos // bs] * bs + pos % bs
+            meta.decode_mask = (pos[None, :] < ctx_t[:, None])[:, None, None, :]
+            meta.decode_block_tables = bt.to(torch.int32)
+            meta.decode_ctx_lens = ctx_t.to(torch.int32)
+        step = StepContext(positions=torch.tensor(positions, device=dev), attn=meta)
+        if self.lora_hook is not None:
+            step.lora = self.lora_hook(sched.seqs, counts)
+        if self.embeds_hook is not None and span_seqs:
+            step.embeds_override = self.embeds_hook(span_seqs)
+        hidden = self.model(torch.tensor(ids, device=dev), step, self.kv_caches)
+        # Last position of each sequence.
+        ends = torch.tensor(list(_cumsum(counts)), device=dev) - 1
+        logits = self.model.compute_logits(hidden[ends])
+        result = StepResult(sched.seqs, logits)
+        for seq, start, first in span_seqs:
+            if seq.params.prompt_logprobs and first == 0 and not seq.output_token_ids:
+                n = seq.num_tokens
+                result.prompt_logits[seq.request_id] = self.model.compute_logits(hidden[start:start + n - 1])
+        return result
+
+
+def _cumsum(xs: list[int]) -> list[int]:
+    total, out = 0, []
+    for x in xs:
+        total += x
+        out.append(total)
+    return out

@@ -1,0 +1,104 @@
+"""Turn last-position logits into tokens, vectorised over the batch.
+
+Order: repetition penalty (HF: over prompt and output), frequency penalty (output only), then
+greedy argmax, or temperature -> top-k -> top-p -> typical-p and a draw from each request's own
+seeded generator, so a seeded request gives the same tokens whatever else is in the batch.
+Logprobs are reported from the model's raw distribution."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mindie_service.engine.sequence import Sequence
+
+
+@dataclass
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]]  # per row: the top-n (id, logprob) alternatives, n = params.logprobs
+
+
+class Sampler:
+    def __init__(self) -> None:
+        self._generators: dict[str, torch.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def _generator(self, seq: Sequence, device: torch.device) -> torch.Generator:
+        g = self._generators.get(seq.request_id)
+        if g is None:
+            g = torch.Generator(device=device)
+            g.manual_seed(seq.seed % (2**63))  # torch seeds are signed 64-bit
+            self._generators[seq.request_id] = g
+        return g
+
+    @staticmethod
+    def _penalise(x: torch.Tensor, seqs: list[Sequence]) -> None:
+        for r, seq in enumerate(seqs):
+            p = seq.params
+            if p.repetition_penalty != 1.0:
+                ids = torch.tensor(seq.token_ids(), device=x.device).unique()
+                g = x[r, ids]
+                x[r, ids] = torch.where(g > 0, g / p.repetition_penalty, g * p.repetition_penalty)
+            if p.frequency_penalty != 0.0 and seq.output_token_ids:
+                counts = torch.bincount(torch.tensor(seq.output_token_ids, device=x.device), minlength=x.shape[1])
+                x[r] -= p.frequency_penalty * counts[: x.shape[1]].to(x.dtype)
+
+    @staticmethod
+    def _warp(x: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Temperature, top-k, top-p, typical-p on the sampling rows; returns probabilities."""
+        dev = x.device
+        temp = torch.tensor([s.params.temperature for s in seqs], device=dev, dtype=x.dtype)
+        x = x / temp[:, None]
+        vocab = x.shape[1]
+        ks = [s.params.top_k if 0 < s.params.top_k < vocab else vocab for s in seqs]
+        if min(ks) < vocab:
+            k = torch.tensor(ks, device=dev)
+            kth = torch.sort(x, dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
+            x = x.masked_fill(x < kth, float("-inf"))
+        top_p = torch.tensor([s.params.top_p for s in seqs], device=dev, dtype=x.dtype)
+        if (top_p < 1.0).any():
+            sorted_x, order = torch.sort(x, dim=-1, descending=False)
+            cum = sorted_x.softmax(-1).cumsum(-1)
+            drop = cum <= (1 - top_p)[:, None]
+            drop[:, -1] = False  # always keep the most likely token
+            x = x.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+        typical = torch.tensor([s.params.typical_p for s in seqs], device=dev, dtype=x.dtype)
+        if (typical < 1.0).any():
+            logp = x.log_softmax(-1)
+            p = logp.exp()
+            ent = -(torch.nan_to_num(logp * p)).sum(-1, keepdim=True)
+            shifted = (-logp - ent).abs()
+            sorted_s, order = torch.sort(shifted, dim=-1)
+            cum = x.gather(1, order).softmax(-1).cumsum(-1)
+            last = (cum < typical[:, None]).sum(1).clamp(max=x.shape[1] - 1)
+            drop_sorted = sorted_s > sorted_s.gather(1, last[:, None])
+            drop = drop_sorted.scatter(1, order, drop_sorted) & (typical < 1.0)[:, None]
+            x = x.masked_fill(drop, float("-inf"))
+        return x.softmax(-1)
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
+        raw_logprobs = logits.log_softmax(-1)
+        x = logits.clone()
+        self._penalise(x, seqs)
+        chosen = x.argmax(-1)
+        sample_rows = [r for r, s in enumerate(seqs) if not s.params.greedy]
+        if sample_rows:
+            rows = torch.tensor(sample_rows, device=x.device)
+            probs = self._warp(x[rows], [seqs[r] for r in sample_rows])
+            for j, r in enumerate(sample_rows):
+                g = self._generator(seqs[r], x.device)
+                chosen[r] = torch.multinomial(probs[j], 1, generator=g)[0]
+        chosen_lp = raw_logprobs.gather(1, chosen[:, None])[:, 0]
+        tops: list[list[tuple[int, float]]] = [[] for _ in seqs]
+        n_top = max((s.params.logprobs or 0) for s in seqs)
+        if n_top:
+            vals, idx = raw_logprobs.topk(n_top, dim=-1)
+            vals_l, idx_l = vals.tolist(), idx.tolist()
+            for r, s in enumerate(seqs):
+                n = s.params.logprobs or 0
+                tops[r] = list(zip(idx_l[r][:n], vals_l[r][:n]))
+        return SampleResult(chosen.tolist(), chosen_lp.tolist(), tops)

@@ -1,0 +1,57 @@
+"""The one object the scheduler and the runner share: a request's token state."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mindie_service.sampling_params import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    max_output: int  # min(max_tokens, maxIterTimes, maxSeqLen - prompt_len)
+    seed: int
+    cache_key: bytes = b""  # adapter identity + media hashes: folded into every prefix-cache block hash
+    adapter_slot: int = 0  # LoRA pool slot (0 = base model)
+    mm_inputs: Any = None
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SeqStatus = SeqStatus.WAITING
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose K/V are in the cache
+    num_cached_tokens: int = 0  # of those, found in the prefix cache at admission
+    num_registered_blocks: int = 0  # leading full blocks already entered in the prefix cache
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_preemptions: int = 0
+    arrival: float = field(default_factory=time.monotonic)
+    finish_reason: str | None = None
+    aborted: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_at(self, i: int) -> int:
+        p = len(self.prompt_token_ids)
+        return self.prompt_token_ids[i] if i < p else self.output_token_ids[i - p]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED

@@ -1,0 +1,72 @@
+"""Plain values passed between the frontend and the engine."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from mindie_service.sampling_params import SamplingParams
+
+FINISH_LENGTH = "length"
+FINISH_EOS = "eos_token"
+FINISH_STOP = "stop_sequence"
+
+
+@dataclass
+class EngineRequest:
+    """What the frontend hands the engine: already tokenized and validated."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    # Multimodal inputs prepared by the model's processor (placeholder-expanded ids are already
+    # in prompt_token_ids); None for text-only requests.
+    mm_inputs: Any = None
+    # Content hashes of every media item, folded into prefix-cache keys.
+    mm_hashes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    id: int
+    logprob: float | None
+    text: str
+    special: bool
+    top: tuple["TokenInfo", ...] = ()
+
+
+@dataclass
+class TokenEvent:
+    """One generated token of one request, as the facade yields it."""
+
+    request_id: str
+    token: TokenInfo
+    text_delta: str  # new text (stop text trimmed; "" while a UTF-8 character is incomplete)
+    index: int  # 0-based position in the output
+    finish_reason: str | None = None
+    # Set on the first event: the prompt's tokens (with logprobs when asked) and the seed used.
+    prompt_tokens: list[TokenInfo] | None = None
+    num_prompt_tokens: int = 0
+    seed: int | None = None
+    # Set on the last event: the whole generated text (stop text trimmed).
+    full_text: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FailedEvent:
+    """The engine failed this request alone (the others go on): the facade raises GenerationError."""
+
+    request_id: str
+    message: str
+
+
+@dataclass
+class EngineStats:
+    running: int
+    waiting: int
+    swapped: int
+    total_blocks: int
+    free_blocks: int
+    cache_usage: float
+    prefix_cache_hit_rate: float
+    num_preemptions: int

@@ -1,0 +1,104 @@
+"""The offline API, in vLLM's shape: ``LLM(model=...).generate(prompts, SamplingParams(...))``."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+from typing import Sequence as Seq
+
+from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.core import LLMEngine
+from mindie_service.engine.types import EngineRequest, FailedEvent
+from mindie_service.protocol.errors import GenerationError, check
+from mindie_service.sampling_params import SamplingParams
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    cumulative_logprob: float
+    logprobs: list[dict[int, float]] | None  # per token: chosen + top-n alternatives, when asked
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    prompt_logprobs: list[float | None] | None = None
+    seed: int | None = None
+    finished: bool = True
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class LLM:
+    """Load a checkpoint and generate in batches. Keyword overrides are EngineConfig fields
+    (snake_case forms of MindIE's schedule keys: max_batch_size, cache_block_size, max_seq_len,
+    max_iter_times, max_prefill_tokens, num_kv_blocks, ...)."""
+
+    def __init__(self, model: str, dtype: str = "float32", **overrides: object) -> None:
+        unknown = set(overrides) - EngineConfig.field_names()
+        check(not unknown, "LLM keyword", f"one of {sorted(EngineConfig.field_names())}", sorted(unknown))
+        self.engine = LLMEngine(EngineConfig(model=str(model), dtype=dtype, **overrides))  # type: ignore[arg-type]
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(self, prompts: str | Seq[str] | Seq[list[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
+                 use_tqdm: bool = True, adapter_id: str | None = None) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)
+        plist = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
+        check(len(plist) == len(prompts), "params", f"one SamplingParams or a list of {len(prompts)}", len(plist))
+        order: dict[str, int] = {}
+        outputs: dict[str, RequestOutput] = {}
+        for i, (prompt, p) in enumerate(zip(prompts, plist)):
+            if adapter_id is not None:
+                p = replace(p, adapter_id=adapter_id)
+            if isinstance(prompt, str):
+                check(prompt.strip() != "", "prompt", "a non-empty string", prompt)
+                ids = self.tokenizer(prompt).input_ids
+            else:
+                check(isinstance(prompt, list) and len(prompt) > 0, "prompt", "a non-empty string or list of ids", prompt)
+                ids = list(prompt)
+            rid = f"offline-{next(self._ids)}"
+            seq = self.engine.add_request(EngineRequest(rid, ids, p))
+            order[rid] = i
+            outputs[rid] = RequestOutput(rid, prompt if isinstance(prompt, str) else None, seq.prompt_token_ids,
+                                         [CompletionOutput(0, "", [], None, 0.0, [] if p.logprobs is not None else None)],
+                                         seed=seq.seed)
+        bar = None
+        if use_tqdm and len(prompts) > 1:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(prompts), desc="generate", unit="req")
+        pending = set(order)
+        failures: list[str] = []
+        while pending:
+            for ev in self.engine.step():
+                if isinstance(ev, FailedEvent):
+                    failures.append(f"{ev.request_id}: {ev.message}")
+                    pending.discard(ev.request_id)
+                    continue
+                ro = outputs[ev.request_id]
+                out = ro.outputs[0]
+                out.text += ev.text_delta
+                out.token_ids.append(ev.token.id)
+                if ev.token.logprob is not None:
+                    out.cumulative_logprob += ev.token.logprob
+                if out.logprobs is not None:
+                    out.logprobs.append({ev.token.id: ev.token.logprob, **{t.id: t.logprob for t in ev.token.top}})
+                if ev.prompt_tokens is not None:
+                    ro.prompt_logprobs = [t.logprob for t in ev.prompt_tokens]
+                if ev.finish_reason is not None:
+                    out.finish_reason = ev.finish_reason
+                    pending.discard(ev.request_id)
+                    if bar is not None:
+                        bar.update(1)
+        if bar is not None:
+            bar.close()
+        if failures:
+            raise GenerationError("; ".join(failures))
+        return [outputs[rid] for rid in sorted(order, key=order.__getitem__)]

@@ -1,0 +1,1 @@
+"""Model code and demo checkpoints."""

@@ -1,0 +1,232 @@
+"""Random-weight Llama demo checkpoints with a locally trained byte-level BPE tokenizer.
+
+``build_demo_model(preset, out)`` writes a Hugging Face style checkpoint (config.json,
+model.safetensors, tokenizer files, generation_config.json) that both this project's
+engine and ``transformers`` load unchanged. Nothing is downloaded. The build is
+deterministic: the same preset and seed give byte-identical files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# The BPE trainer is deterministic either way; one thread keeps it light on shared machines.
+# Only takes effect if the tokenizers thread pool has not started yet in this process.
+os.environ.setdefault("RAYON_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+from mindie_service.models.corpus import corpus_lines  # noqa: E402
+
+logger = logging.getLogger(__name__)
+
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3, in this order
+UNK_ID, BOS_ID, EOS_ID, PAD_ID = range(4)
+
+# Role-tagged turns, each closed by eos so a model that learned the format stops by itself.
+# bos comes from the template (HF convention: apply_chat_template(tokenize=True) encodes with
+# add_special_tokens=False); encode rendered text with add_special_tokens=False to avoid a double bos.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['content'] is string %}{% set content = message['content'] %}"
+    "{% else %}{% set content = message['content'] | selectattr('type', 'equalto', 'text')"
+    " | map(attribute='text') | join('\\n') %}{% endif %}"
+    "<|{{ message['role'] }}|>\n{{ content }}{{ eos_token }}\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class DemoPreset:
+    """Shape of a demo Llama model. Add presets to PRESETS; multimodal ones can subclass."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    max_position_embeddings: int = 4096
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    # Init scales (std of normal draws). Projections small, lm_head large so logits have
+    # std ~4 after the final RMSNorm: greedy argmax then has clear margins, not near-ties.
+    proj_std: float = 0.02
+    embed_std: float = 1.0
+    lm_head_gain: float = 4.0  # lm_head std = gain / sqrt(hidden)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+PRESETS: dict[str, DemoPreset] = {
+    "tiny": DemoPreset(vocab_size=2048, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                       num_key_value_heads=2, intermediate_size=352),
+    "small": DemoPreset(vocab_size=8192, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
+                        num_key_value_heads=4, intermediate_size=1408),
+}
+
+
+def config_dict(p: DemoPreset) -> dict[str, Any]:
+    """config.json contents: legacy keys (torch_dtype, rope_theta) plus transformers 5 ones."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": PAD_ID,
+        "head_dim": p.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": p.hidden_size,
+        "initializer_range": p.proj_std,
+        "intermediate_size": p.intermediate_size,
+        "max_position_embeddings": p.max_position_embeddings,
+        "mlp_bias": False,
+        "num_attention_heads": p.num_attention_heads,
+        "num_hidden_layers": p.num_hidden_layers,
+        "num_key_value_heads": p.num_key_value_heads,
+        "rms_norm_eps": p.rms_norm_eps,
+        "rope_theta": p.rope_theta,
+        "rope_scaling": None,
+        "rope_parameters": {"rope_type": "default", "rope_theta": p.rope_theta},
+        "tie_word_embeddings": p.tie_word_embeddings,
+        "torch_dtype": "float32",
+        "dtype": "float32",
+        "use_cache": True,
+        "vocab_size": p.vocab_size,
+    }
+
+
+def make_weights(p: DemoPreset, seed: int) -> dict[str, torch.Tensor]:
+    """Random fp32 weights in HF Llama naming, drawn on CPU in a fixed order from one generator."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+
+    def normal(*shape: int, std: float) -> torch.Tensor:
+        return torch.empty(*shape, dtype=torch.float32).normal_(0.0, std, generator=g)
+
+    h, kv = p.hidden_size, p.num_key_value_heads * p.head_dim
+    w: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal(p.vocab_size, h, std=p.embed_std)}
+    for i in range(p.num_hidden_layers):
+        pre = f"model.layers.{i}."
+        w[pre + "input_layernorm.weight"] = torch.ones(h)
+        w[pre + "self_attn.q_proj.weight"] = normal(p.num_attention_heads * p.head_dim, h, std=p.proj_std)
+        w[pre + "self_attn.k_proj.weight"] = normal(kv, h, std=p.proj_std)
+        w[pre + "self_attn.v_proj.weight"] = normal(kv, h, std=p.proj_std)
+        w[pre + "self_attn.o_proj.weight"] = normal(h, p.num_attention_heads * p.head_dim, std=p.proj_std)
+        w[pre + "post_attention_layernorm.weight"] = torch.ones(h)
+        w[pre + "mlp.gate_proj.weight"] = normal(p.intermediate_size, h, std=p.proj_std)
+        w[pre + "mlp.up_proj.weight"] = normal(p.intermediate_size, h, std=p.proj_std)
+        w[pre + "mlp.down_proj.weight"] = normal(h, p.intermediate_size, std=p.proj_std)
+    w["model.norm.weight"] = torch.ones(h)
+    if not p.tie_word_embeddings:
+        w["lm_head.weight"] = normal(p.vocab_size, h, std=p.lm_head_gain / h ** 0.5)
+    return w
+
+
+def train_tokenizer(vocab_size: int) -> Any:
+    """Byte-level BPE on the built-in corpus; prepends <s> on encode. Returns tokenizers.Tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=1, special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus_lines(), trainer=trainer)
+    if tok.get_vocab_size() != vocab_size:
+        # Ids the model can emit but the tokenizer can't decode would break detokenization.
+        raise RuntimeError(f"corpus too small: tokenizer has {tok.get_vocab_size()} tokens, "
+                           f"preset wants {vocab_size}; extend mindie_service/models/corpus.py")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", BOS_ID)])
+    return tok
+
+
+def _json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def _write_checkpoint(p: DemoPreset, seed: int, d: Path) -> None:
+    tok = train_tokenizer(p.vocab_size)
+    tok.save(str(d / "tokenizer.json"), pretty=True)
+    special = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
+    (d / "special_tokens_map.json").write_text(_json(special), encoding="utf-8")
+    (d / "tokenizer_config.json").write_text(_json({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        **special,
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": p.max_position_embeddings,
+        "padding_side": "left",
+        "chat_template": CHAT_TEMPLATE,
+    }), encoding="utf-8")
+    save_file(make_weights(p, seed), str(d / "model.safetensors"), metadata={"format": "pt"})
+    (d / "generation_config.json").write_text(_json({
+        "bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "do_sample": False,
+    }), encoding="utf-8")
+    # config.json last: its presence marks a complete checkpoint (see if_missing).
+    (d / "config.json").write_text(_json(config_dict(p)), encoding="utf-8")
+
+
+def build_demo_model(preset: str, out: str | os.PathLike[str], seed: int = 0,
+                     if_missing: bool = False) -> Path:
+    """Build the `preset` demo checkpoint into `out` and return its path.
+
+    Files are written to a temporary sibling folder first and then moved in, config.json
+    last, so an interrupted build never leaves something that looks like a checkpoint.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown demo preset {preset!r}; choose from {sorted(PRESETS)}")
+    out_path = Path(out).resolve()
+    if if_missing and (out_path / "config.json").is_file():
+        logger.info("demo model already present at %s; not rebuilding", out_path)
+        return out_path
+    p = PRESETS[preset]
+    t0 = time.perf_counter()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.tmp-", dir=out_path.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it 0700; it may become `out` itself
+    try:
+        _write_checkpoint(p, seed, tmp)
+        if not out_path.exists():
+            tmp.rename(out_path)  # atomic on one filesystem
+        else:
+            # Existing folder: never delete unknown files; invalidate, then move ours in.
+            (out_path / "config.json").unlink(missing_ok=True)
+            for f in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):
+                os.replace(f, out_path / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    n_params = param_count(p)
+    logger.info("built demo model %r (seed %d, %.2fM params) at %s in %.1fs",
+                preset, seed, n_params / 1e6, out_path, time.perf_counter() - t0)
+    return out_path
+
+
+def param_count(p: DemoPreset) -> int:
+    """Number of parameters make_weights produces, without drawing them."""
+    h, q, kv = p.hidden_size, p.num_attention_heads * p.head_dim, p.num_key_value_heads * p.head_dim
+    layer = 2 * h + 2 * q * h + 2 * kv * h + 3 * h * p.intermediate_size
+    return p.vocab_size * h * (1 if p.tie_word_embeddings else 2) + p.num_hidden_layers * layer + h
+
+
+def preset_dict(preset: str) -> dict[str, Any]:
+    """The preset's fields as a plain dict (for /info or logs)."""
+    return dataclasses.asdict(PRESETS[preset])

@@ -1,0 +1,38 @@
+"""Model families by Hugging Face architecture name: a registry, not a chain of ifs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from mindie_service.models.llama import LlamaDims, LlamaForCausalLM
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    build: Callable[[Any, torch.Tensor, torch.Tensor], nn.Module]  # (hf_config, cos, sin) -> model
+    rotary_class: str  # transformers class whose tables we reuse so RoPE matches bit for bit
+
+
+def _llama(qkv_bias: bool | None) -> Callable[[Any, torch.Tensor, torch.Tensor], nn.Module]:
+    def build(cfg: Any, cos: torch.Tensor, sin: torch.Tensor) -> nn.Module:
+        return LlamaForCausalLM(LlamaDims.from_hf(cfg, qkv_bias=qkv_bias), cos, sin)
+    return build
+
+
+REGISTRY: dict[str, ModelFamily] = {
+    "LlamaForCausalLM": ModelFamily(_llama(None), "transformers.models.llama.modeling_llama.LlamaRotaryEmbedding"),
+    "MistralForCausalLM": ModelFamily(_llama(None),
+                                      "transformers.models.mistral.modeling_mistral.MistralRotaryEmbedding"),
+    # Qwen2 has biases on q/k/v but not on o_proj.
+    "Qwen2ForCausalLM": ModelFamily(_llama(True), "transformers.models.qwen2.modeling_qwen2.Qwen2RotaryEmbedding"),
+}
+
+
+def family_for(architectures: list[str] | None) -> tuple[str, ModelFamily]:
+    for arch in architectures or []:
+        if arch in REGISTRY:
+            return arch, REGISTRY[arch]
+    raise ValueError(f"Parameter architectures must name one of {sorted(REGISTRY)}, got {architectures!r}")

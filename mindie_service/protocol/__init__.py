@@ -1,0 +1,1 @@
+"""Request validation and response encoding for each API family."""

@@ -1,0 +1,104 @@
+"""One exception hierarchy for the whole service, each class mapped to an HTTP status and a TGI
+``error_type``. Handlers never build error JSON by hand: they raise one of these and the server
+turns it into ``{"error": message, "error_type": type}`` with ``status``."""
+from __future__ import annotations
+
+
+class MindieError(Exception):
+    """Base of every error the service reports to a client."""
+
+    status: int = 500
+    error_type: str = "incomplete_generation"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def to_json(self) -> dict[str, str]:
+        return {"error": self.message, "error_type": self.error_type}
+
+
+class ValidationError(MindieError, ValueError):
+    """Bad input: 422. Also a ValueError so the offline API raises what Python users expect."""
+
+    status = 422
+    error_type = "validation"
+
+
+class MediaError(ValidationError):
+    """A media part could not be fetched or decoded. ``status`` may be 4xx other than 422
+    (e.g. 403 for a refused source, 413 for a body over its cap, 504 for a fetch timeout)."""
+
+    def __init__(self, message: str, status: int = 422) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class BadRequestError(MindieError):
+    """Malformed JSON or wrong content type: 400."""
+
+    status = 400
+    error_type = "validation"
+
+
+class NotFoundError(MindieError):
+    status = 404
+    error_type = "not_found"
+
+
+class MethodNotAllowedError(MindieError):
+    status = 405
+    error_type = "method_not_allowed"
+
+
+class ConflictError(MindieError):
+    status = 409
+    error_type = "conflict"
+
+
+class PayloadTooLargeError(MindieError):
+    status = 413
+    error_type = "validation"
+
+
+class OverloadedError(MindieError):
+    status = 429
+    error_type = "overloaded"
+
+
+class GenerationError(MindieError):
+    """The engine failed this request (the server keeps serving others): 424."""
+
+    status = 424
+    error_type = "generation"
+
+
+class IncompleteGenerationError(MindieError):
+    status = 500
+    error_type = "incomplete_generation"
+
+
+class TimeoutError_(MindieError):
+    """e2eTimeout or tokenTimeout passed: 504."""
+
+    status = 504
+    error_type = "timeout"
+
+
+class UnhealthyError(MindieError):
+    status = 503
+    error_type = "healthcheck"
+
+
+class ConfigError(ValueError):
+    """An invalid config.json (or a file it names): stops start-up. Not a client error."""
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("invalid configuration:\n  " + "\n  ".join(self.problems))
+
+
+def check(cond: bool, param: str, rule: str, value: object) -> None:
+    """Raise a ValidationError naming the parameter, the rule and the value given."""
+    if not cond:
+        raise ValidationError(f"Parameter {param} must be {rule}, got {value!r}")

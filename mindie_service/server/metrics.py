@@ -1,0 +1,105 @@
+"""Prometheus metrics under MindIE's names, in a per-app registry, each labelled ``model_name``.
+
+Request counters and latency histograms are updated by the generation path; the engine gauges
+(running / waiting / swapped, cache usage, prefix hit rate, preemptions) are read from
+``engine.stats()`` at scrape time."""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                 20.0, 40.0, 80.0)
+_TPOT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+_E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 300.0, 600.0)
+
+
+def _token_buckets(max_len: int) -> tuple[float, ...]:
+    out: list[float] = []
+    mant, exp = (1, 2, 5), 1
+    while True:
+        for m in mant:
+            v = m * exp
+            if v > max_len:
+                return tuple(out)
+            out.append(float(v))
+        exp *= 10
+
+
+class _EngineCollector(Collector):
+    def __init__(self, model_name: str, stats: Callable[[], Any]) -> None:
+        self.model_name = model_name
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats()
+        if s is None:  # engine still loading
+            return
+        label = [self.model_name]
+        for name, doc, value in (
+            ("num_requests_running", "Requests running on the device (in the decode/prefill batch).", s.running),
+            ("num_requests_waiting", "Requests waiting to be scheduled.", s.waiting),
+            ("num_requests_swapped", "Requests preempted and waiting to resume.", s.swapped),
+            ("npu_cache_usage_perc", "KV cache usage (1 = 100%).", s.cache_usage),
+            ("npu_prefix_cache_hit_rate", "Prefix cache hit rate (0..1).", s.prefix_cache_hit_rate),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g.add_metric(label, float(value))
+            yield g
+        c = CounterMetricFamily("num_preemptions", "Preemptions since start.", labels=["model_name"])
+        c.add_metric(label, float(s.num_preemptions))
+        yield c
+
+
+class ServiceMetrics:
+    """The service's metrics; ``render()`` gives the Prometheus text of this app's registry only."""
+
+    def __init__(self, model_name: str, stats: Callable[[], Any], max_seq_len: int = 2560) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        r, lab = self.registry, ["model_name"]
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, lab, registry=r).labels(model_name)
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+            return Histogram(name, doc, lab, buckets=buckets, registry=r).labels(model_name)
+
+        self.request_received = counter("request_received", "Generation requests received.")
+        self.request_success = counter("request_success", "Generation requests answered successfully.")
+        self.request_failed = counter("request_failed", "Generation requests that ended in an error.")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
+        self.ttft = hist("time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
+        self.tpot = hist("time_per_output_token_seconds", "Time per output token after the first.", _TPOT_BUCKETS)
+        self.e2e = hist("e2e_request_latency_seconds", "End-to-end request latency.", _E2E_BUCKETS)
+        tok = _token_buckets(max(max_seq_len, 1))
+        self.request_prompt_tokens = hist("request_prompt_tokens", "Prompt tokens per request.", tok)
+        self.request_generation_tokens = hist("request_generation_tokens", "Generated tokens per request.", tok)
+        r.register(_EngineCollector(model_name, stats))
+
+    def observe_sequence(self, *, prompt_tokens: int, generated: int, ttft: float | None, e2e: float) -> None:
+        """One finished engine sequence (a best_of request reports each of its sequences; its
+        end-to-end latency is observed once, by ``observe_request``)."""
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc(generated)
+        self.request_prompt_tokens.observe(prompt_tokens)
+        self.request_generation_tokens.observe(generated)
+        if ttft is not None:
+            self.ttft.observe(ttft)
+            if generated > 1:
+                self.tpot.observe((e2e - ttft) / (generated - 1))
+
+    def observe_request(self, *, ok: bool, e2e: float | None) -> None:
+        """One generation request ended (``e2e`` only for a successful one)."""
+        (self.request_success if ok else self.request_failed).inc()
+        if ok and e2e is not None:
+            self.e2e.observe(e2e)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,160 @@
+"""Hot ops: a portable PyTorch reference for each, and per-device fast paths.
+
+The reference path is what the tests hold every fast path against. KV caches have the layout
+``[num_blocks, block_size, num_kv_heads, head_dim]`` (the one Ascend's paged kernels take); a slot
+is ``block * block_size + offset``."""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+@lru_cache(maxsize=1)
+def _torch_npu() -> Any:
+    return importlib.import_module("torch_npu")
+
+
+# ---------------------------------------------------------------- RMSNorm
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Exactly Hugging Face's LlamaRMSNorm: normalise in fp32, cast back, then scale."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if x.device.type == "npu":
+        return _torch_npu().npu_rms_norm(x, weight, eps)[0]
+    return rms_norm_ref(x, weight, eps)
+
+
+# ---------------------------------------------------------------- rotary embedding
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotary_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, heads, head_dim]; cos, sin: [T, head_dim] (Hugging Face's rotate-half layout)."""
+    return x * cos[:, None, :] + _rotate_half(x) * sin[:, None, :]
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    if x.device.type == "npu":
+        # npu_rotary_mul takes [B, S, N, D] with cos/sin broadcast as [1, S, 1, D].
+        return _torch_npu().npu_rotary_mul(x[None], cos[None, :, None], sin[None, :, None])[0]
+    return rotary_ref(x, cos, sin)
+
+
+# ---------------------------------------------------------------- KV-cache write
+def write_kv_ref(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 slots: torch.Tensor) -> None:
+    """k, v: [T, kv_heads, head_dim] written at ``slots`` [T]."""
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slots: torch.Tensor) -> None:
+    if k.device.type == "npu":
+        _torch_npu()._npu_reshape_and_cache(key=k, value=v, key_cache=k_cache, value_cache=v_cache,
+                                            slot_indices=slots.to(torch.int32))
+        return
+    write_kv_ref(k_cache, v_cache, k, v, slots)
+
+
+# ---------------------------------------------------------------- paged attention
+@dataclass
+class PrefillSpan:
+    """One sequence computing ``n`` new tokens in this step, packed at ``start`` in the token dim."""
+
+    start: int
+    n: int
+    ctx_len: int  # cached prefix + n
+    ctx_slots: torch.Tensor | None  # [ctx_len] slots when part of the context comes from the cache
+
+
+@dataclass
+class AttentionMetadata:
+    """How the packed tokens of one step attend. Decode tokens (one per sequence) come first."""
+
+    slots: torch.Tensor  # [T] where each token's K/V is written
+    num_decode: int = 0
+    decode_gather: torch.Tensor | None = None  # [Bd, L] slots of each decode sequence's context
+    decode_mask: torch.Tensor | None = None  # [Bd, 1, 1, L] True where a key is real
+    decode_block_tables: torch.Tensor | None = None  # [Bd, max_blocks] int32 (NPU kernels)
+    decode_ctx_lens: torch.Tensor | None = None  # [Bd] int32 (NPU kernels)
+    prefills: list[PrefillSpan] = field(default_factory=list)
+
+
+def _decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                scale: float) -> torch.Tensor:
+    bd = meta.num_decode
+    n_kv, hd = k_cache.shape[2], k_cache.shape[3]
+    group = q.shape[1] // n_kv
+    flat_k = k_cache.view(-1, n_kv, hd)
+    flat_v = v_cache.view(-1, n_kv, hd)
+    k = flat_k[meta.decode_gather].transpose(1, 2)  # [Bd, kv, L, D]
+    v = flat_v[meta.decode_gather].transpose(1, 2)
+    # GQA without repeating K/V: the query heads of one KV head become that head's query rows.
+    qg = q.view(bd, n_kv, group, hd)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.decode_mask, scale=scale)
+    return out.reshape(bd, n_kv * group, hd)
+
+
+def _prefill_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 span: PrefillSpan, scale: float) -> torch.Tensor:
+    s, n = span.start, span.n
+    qi = q[s:s + n].transpose(0, 1)[None]  # [1, H, n, D]
+    if span.ctx_slots is None:
+        ki = k[s:s + n].transpose(0, 1)[None]
+        vi = v[s:s + n].transpose(0, 1)[None]
+        out = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True)
+    else:
+        n_kv, hd = k_cache.shape[2], k_cache.shape[3]
+        ki = k_cache.view(-1, n_kv, hd)[span.ctx_slots].transpose(0, 1)[None]
+        vi = v_cache.view(-1, n_kv, hd)[span.ctx_slots].transpose(0, 1)[None]
+        q_pos = torch.arange(span.ctx_len - n, span.ctx_len, device=q.device)
+        mask = torch.arange(span.ctx_len, device=q.device)[None, :] <= q_pos[:, None]
+        out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
+def paged_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                        v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """q: [T, heads, D]; k, v: [T, kv_heads, D] (already written to the cache). Returns [T, heads, D]."""
+    out = torch.empty_like(q)
+    if meta.num_decode:
+        out[:meta.num_decode] = _decode_ref(q[:meta.num_decode], k_cache, v_cache, meta, scale)
+    for span in meta.prefills:
+        out[span.start:span.start + span.n] = _prefill_ref(q, k, v, k_cache, v_cache, span, scale)
+    return out
+
+
+def _decode_npu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                scale: float) -> torch.Tensor:
+    # Ascend's paged decode kernel reads the block tables directly: no gather of the context.
+    out = torch.empty_like(q)
+    _torch_npu()._npu_paged_attention(query=q, key_cache=k_cache, value_cache=v_cache,
+                                      num_kv_heads=k_cache.shape[2], num_heads=q.shape[1], scale_value=scale,
+                                      block_table=meta.decode_block_tables, context_lens=meta.decode_ctx_lens,
+                                      out=out)
+    return out
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    if q.device.type != "npu" or not meta.num_decode:
+        # CPU and CUDA: the reference path (SDPA picks flash/efficient kernels on CUDA).
+        return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale)
+    out = torch.empty_like(q)
+    out[:meta.num_decode] = _decode_npu(q[:meta.num_decode], k_cache, v_cache, meta, scale)
+    for span in meta.prefills:
+        out[span.start:span.start + span.n] = _prefill_ref(q, k, v, k_cache, v_cache, span, scale)
+    return out
