@@ -381,7 +381,7 @@ def _describe(s: Mapping[str, Any]) -> str:
     if "const" in s:
         return _show(s["const"])
     if "enum" in s:
-        return "one of " + ", ".join(_show(v) for v in s["enum"])
+        return _show(s["enum"][0]) if len(s["enum"]) == 1 else "one of " + ", ".join(_show(v) for v in s["enum"])
     if "format" in s:
         return _FORMAT_WORDS.get(s["format"], f"a {s['format']}")
     types = [s["type"]] if isinstance(s.get("type"), str) else list(s.get("type", []))
@@ -539,7 +539,8 @@ def _model_problems(backend: dict[str, Any], dep: dict[str, Any], bad: set[str])
         name, base = lo.get("name"), lo.get("baseModelName")
         if isinstance(name, str) and f"{_D}.LoraModules[{i}].name" not in bad:
             if name in seen:
-                p.append(f"{_D}.LoraModules[{i}].name must be unique, got {_show(name)} (also LoraModules[{seen[name]}])")
+                p.append(f"{_D}.LoraModules[{i}].name must be unique, got {_show(name)} "
+                         f"(also LoraModules[{seen[name]}])")
             elif name in names:
                 p.append(f"{_D}.LoraModules[{i}].name must differ from every modelName, got {_show(name)}")
             seen.setdefault(name, i)
@@ -619,7 +620,8 @@ def _build(cfg_path: Path, d: dict[str, Any], raw: dict[str, Any]) -> ServiceCon
     loras = tuple(LoraModuleSpec(name=lo["name"], path=_resolve(base, lo["path"]),
                                  base_model_name=lo.get("baseModelName") or models[0].name)
                   for lo in dep["LoraModules"])
-    log_settings = LogSettings(level=log["logLevel"], path=_resolve(base, log["logPath"]) if log.get("logPath") else None,
+    log_path = _resolve(base, log["logPath"]) if log.get("logPath") else None
+    log_settings = LogSettings(level=log["logLevel"], path=log_path,
                                file_size_mb=int(log["logFileSize"]), file_num=int(log["logFileNum"]))
     return ServiceConfig(path=cfg_path, server=server, backend=backend, models=models, schedule=schedule,
                          lora_modules=loras, log=log_settings, raw=raw)

@@ -42,6 +42,11 @@ class LLM:
     def __init__(self, model: str, dtype: str = "float32", **overrides: object) -> None:
         unknown = set(overrides) - EngineConfig.field_names()
         check(not unknown, "LLM keyword", f"one of {sorted(EngineConfig.field_names())}", sorted(unknown))
+        # Defaults that depend on an overridden key follow it instead of contradicting it.
+        if "max_batch_size" in overrides:
+            overrides.setdefault("max_prefill_batch_size", min(50, int(overrides["max_batch_size"])))  # type: ignore[arg-type]
+        if "max_seq_len" in overrides:
+            overrides.setdefault("max_iter_times", min(512, int(overrides["max_seq_len"])))  # type: ignore[arg-type]
         self.engine = LLMEngine(EngineConfig(model=str(model), dtype=dtype, **overrides))  # type: ignore[arg-type]
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()

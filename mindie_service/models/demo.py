@@ -61,11 +61,12 @@ class DemoPreset:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = False
-    # Init scales (std of normal draws). Projections small, lm_head large so logits have
-    # std ~4 after the final RMSNorm: greedy argmax then has clear margins, not near-ties.
-    proj_std: float = 0.02
+    # Init scales (std of normal draws); see make_weights. Chosen by measurement so that
+    # greedy argmax has clear margins AND depends on attention/RoPE (so engine bugs show).
     embed_std: float = 1.0
-    lm_head_gain: float = 4.0  # lm_head std = gain / sqrt(hidden)
+    attn_score_std: float = 2.0  # q/k std = sqrt(attn_score_std / hidden): q.k/sqrt(d) ~ this
+    proj_gain: float = 0.5  # v/o/gate/up/down std = gain / sqrt(fan_in)
+    lm_head_gain: float = 4.0  # lm_head std = gain / sqrt(hidden): logit std ~4 after final norm
 
     @property
     def head_dim(self) -> int:
@@ -93,7 +94,7 @@ def config_dict(p: DemoPreset) -> dict[str, Any]:
         "head_dim": p.head_dim,
         "hidden_act": "silu",
         "hidden_size": p.hidden_size,
-        "initializer_range": p.proj_std,
+        "initializer_range": 0.02,
         "intermediate_size": p.intermediate_size,
         "max_position_embeddings": p.max_position_embeddings,
         "mlp_bias": False,
@@ -119,19 +120,21 @@ def make_weights(p: DemoPreset, seed: int) -> dict[str, torch.Tensor]:
     def normal(*shape: int, std: float) -> torch.Tensor:
         return torch.empty(*shape, dtype=torch.float32).normal_(0.0, std, generator=g)
 
-    h, kv = p.hidden_size, p.num_key_value_heads * p.head_dim
+    h, q, kv, inter = (p.hidden_size, p.num_attention_heads * p.head_dim,
+                       p.num_key_value_heads * p.head_dim, p.intermediate_size)
+    qk_std = (p.attn_score_std / h) ** 0.5  # inputs are RMS-normed: q_i, k_i ~ qk_std * sqrt(h)
     w: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal(p.vocab_size, h, std=p.embed_std)}
     for i in range(p.num_hidden_layers):
         pre = f"model.layers.{i}."
         w[pre + "input_layernorm.weight"] = torch.ones(h)
-        w[pre + "self_attn.q_proj.weight"] = normal(p.num_attention_heads * p.head_dim, h, std=p.proj_std)
-        w[pre + "self_attn.k_proj.weight"] = normal(kv, h, std=p.proj_std)
-        w[pre + "self_attn.v_proj.weight"] = normal(kv, h, std=p.proj_std)
-        w[pre + "self_attn.o_proj.weight"] = normal(h, p.num_attention_heads * p.head_dim, std=p.proj_std)
+        w[pre + "self_attn.q_proj.weight"] = normal(q, h, std=qk_std)
+        w[pre + "self_attn.k_proj.weight"] = normal(kv, h, std=qk_std)
+        w[pre + "self_attn.v_proj.weight"] = normal(kv, h, std=p.proj_gain / h ** 0.5)
+        w[pre + "self_attn.o_proj.weight"] = normal(h, q, std=p.proj_gain / q ** 0.5)
         w[pre + "post_attention_layernorm.weight"] = torch.ones(h)
-        w[pre + "mlp.gate_proj.weight"] = normal(p.intermediate_size, h, std=p.proj_std)
-        w[pre + "mlp.up_proj.weight"] = normal(p.intermediate_size, h, std=p.proj_std)
-        w[pre + "mlp.down_proj.weight"] = normal(h, p.intermediate_size, std=p.proj_std)
+        w[pre + "mlp.gate_proj.weight"] = normal(inter, h, std=p.proj_gain / h ** 0.5)
+        w[pre + "mlp.up_proj.weight"] = normal(inter, h, std=p.proj_gain / h ** 0.5)
+        w[pre + "mlp.down_proj.weight"] = normal(h, inter, std=p.proj_gain / inter ** 0.5)
     w["model.norm.weight"] = torch.ones(h)
     if not p.tie_word_embeddings:
         w["lm_head.weight"] = normal(p.vocab_size, h, std=p.lm_head_gain / h ** 0.5)

@@ -1,0 +1,61 @@
+"""Tornado applications: one per listener, holding the routes of the planes it serves."""
+from __future__ import annotations
+
+from typing import Any
+
+import tornado.web
+
+from mindie_service.server.context import ServerContext
+from mindie_service.server.handlers_base import NotFoundHandler
+from mindie_service.server.handlers_mgmt import (
+    ConfigHandler,
+    LiveHandler,
+    MetricsHandler,
+    ReadyHandler,
+    StatusHandler,
+    StopServiceHandler,
+)
+from mindie_service.server.handlers_mindie import MindieGenerateHandler, TokenizerHandler
+from mindie_service.server.handlers_tgi import (
+    HealthHandler,
+    InfoHandler,
+    TgiGenerateHandler,
+    TgiGenerateStreamHandler,
+)
+
+# /health and /info are TGI routes too, so the business port serves them as TGI does (read-only).
+PLANE_ROUTES: dict[str, list[tuple[str, type[tornado.web.RequestHandler]]]] = {
+    "business": [
+        (r"/", MindieGenerateHandler),
+        (r"/generate", TgiGenerateHandler),
+        (r"/generate_stream", TgiGenerateStreamHandler),
+        (r"/v1/tokenizer", TokenizerHandler),
+        (r"/health", HealthHandler),
+        (r"/info", InfoHandler),
+    ],
+    "management": [
+        (r"/health", HealthHandler),
+        (r"/info", InfoHandler),
+        (r"/v2/health/live", LiveHandler),
+        (r"/v2/health/ready", ReadyHandler),
+        (r"/v1/config", ConfigHandler),
+        (r"/v1/status", StatusHandler),
+        (r"/stopService", StopServiceHandler),
+    ],
+    "metrics": [
+        (r"/metrics", MetricsHandler),
+    ],
+}
+
+
+def make_app(ctx: ServerContext, planes: tuple[str, ...] | list[str]) -> tornado.web.Application:
+    """The application for one listener serving ``planes`` (business, management, metrics)."""
+    routes: list[Any] = []
+    seen: set[str] = set()
+    for plane in planes:
+        for path, handler in PLANE_ROUTES[plane]:
+            if path not in seen:
+                seen.add(path)
+                routes.append((path, handler, {"ctx": ctx}))
+    return tornado.web.Application(routes, default_handler_class=NotFoundHandler,
+                                   default_handler_args={"ctx": ctx}, compress_response=False)

@@ -1,0 +1,160 @@
+"""The one generation path behind `/`, `/generate` and `/generate_stream`: admission, parse (off the
+IO loop), engine events with token/e2e timeouts, best_of fan-out, streaming, disconnects, metrics.
+Routes differ only in their parser and encoder."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import os
+import time
+from contextlib import aclosing
+from typing import Any, AsyncIterator
+
+from tornado.iostream import StreamClosedError
+
+from mindie_service.engine.types import EngineRequest, TokenEvent
+from mindie_service.protocol.encoders import Encoder, StreamState
+from mindie_service.protocol.errors import GenerationError, MindieError, TimeoutError_
+from mindie_service.protocol.generation import GenerationRequest, GenerationResult
+from mindie_service.server.handlers_base import BaseHandler
+
+logger = logging.getLogger(__name__)
+
+_ids = itertools.count(1)
+_PREFIX = f"{os.getpid():x}"
+
+
+class GenerationHandler(BaseHandler):
+    """Subclasses define ``parse`` (body -> GenerationRequest, runs in the tokenizer pool) and ``encoder``."""
+
+    def initialize(self, ctx: Any) -> None:  # type: ignore[override]
+        super().initialize(ctx)
+        self._task: asyncio.Future[bool] | None = None
+        self._client_gone = False
+        self.request_id = f"{_PREFIX}-{next(_ids)}"
+
+    def parse(self, body: dict[str, Any]) -> GenerationRequest:
+        raise NotImplementedError
+
+    @property
+    def encoder(self) -> Encoder:
+        raise NotImplementedError
+
+    def on_connection_close(self) -> None:
+        self._client_gone = True
+        if self._task is not None and not self._task.done():
+            logger.info("%s: client disconnected, aborting", self.request_id)
+            self._task.cancel()
+
+    async def post(self) -> None:
+        ctx = self.ctx
+        t0 = time.monotonic()
+        ctx.metrics.request_received.inc()
+        ok = False
+        try:
+            with ctx.admit():
+                body = self.json_body()
+                req = await ctx.run_blocking(self.parse, body)
+                self._task = asyncio.ensure_future(self._serve(req, t0))
+                try:
+                    ok = await self._task
+                except asyncio.CancelledError:
+                    if not self._client_gone:
+                        raise
+        finally:
+            ctx.metrics.observe_request(ok=ok, e2e=time.monotonic() - t0)
+
+    async def _serve(self, req: GenerationRequest, t0: float) -> bool:
+        if req.stream:
+            return await self._stream(req, t0)
+        tasks = [asyncio.ensure_future(self._collect(req, i, t0)) for i in range(req.best_of)]
+        try:
+            results = list(await asyncio.gather(*tasks))
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        self.write_json(self.encoder.complete(req, results))
+        return True
+
+    async def _collect(self, req: GenerationRequest, index: int, t0: float) -> GenerationResult:
+        result = GenerationResult()
+        async with aclosing(self._events(req, index, t0)) as events:
+            async for ev in events:
+                result.add(ev)
+        return result
+
+    async def _stream(self, req: GenerationRequest, t0: float) -> bool:
+        enc = self.encoder
+        self.set_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.set_header("Cache-Control", "no-cache")
+        self.set_header("X-Accel-Buffering", "no")
+        result, state, started = GenerationResult(), StreamState(), False
+        async with aclosing(self._events(req, 0, t0)) as events:
+            try:
+                async for ev in events:
+                    result.add(ev)
+                    self.write(enc.stream_frame(req, ev, result, state))
+                    started = True
+                    await self.flush()
+            except StreamClosedError:
+                self._client_gone = True
+                logger.info("%s: client disconnected mid-stream, aborting", self.request_id)
+                return False
+            except MindieError as e:
+                if not started:
+                    raise  # nothing sent yet: a plain HTTP error response
+                logger.info("%s: error after the stream started: %s %s", self.request_id, e.error_type, e.message)
+                self.write(enc.stream_error(e))
+                try:
+                    await self.flush()
+                except StreamClosedError:
+                    pass
+                return False
+        return True
+
+    async def _events(self, req: GenerationRequest, index: int, t0: float) -> AsyncIterator[TokenEvent]:
+        """The engine's events for sample ``index`` of ``req``, under tokenTimeout and e2eTimeout.
+        Closing this generator (finished, failed, cancelled or abandoned) closes the engine's, which
+        aborts the request and frees its KV blocks."""
+        s, ctx = self.ctx.settings, self.ctx
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() - (time.monotonic() - t0) + s.e2e_timeout
+        rid = self.request_id if req.best_of == 1 else f"{self.request_id}.{index}"
+        params = dataclasses.replace(req.params) if req.best_of > 1 else req.params
+        ereq = EngineRequest(request_id=rid, prompt_token_ids=list(req.prompt_token_ids), params=params)
+        agen = ctx.engine.generate(ereq)
+        first: float | None = None
+        n, prompt_n = 0, len(req.prompt_token_ids)
+        try:
+            while True:
+                left = deadline - loop.time()
+                try:
+                    async with asyncio.timeout(max(0.0, min(s.token_timeout, left))):
+                        ev = await anext(agen)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    key, limit = (("e2eTimeout", s.e2e_timeout) if left <= s.token_timeout
+                                  else ("tokenTimeout", s.token_timeout))
+                    raise TimeoutError_(f"generation timed out after {n} tokens "
+                                        f"(ServerConfig.{key} = {limit:g} s)") from None
+                except MindieError:
+                    raise
+                except Exception as e:  # the engine broke on this request: 424, the server goes on
+                    logger.exception("%s: engine error", rid)
+                    raise GenerationError(f"Request failed during generation: {type(e).__name__}: {e}") from None
+                if first is None:
+                    first = time.monotonic()
+                    prompt_n = ev.num_prompt_tokens or prompt_n
+                n += 1
+                yield ev
+                if ev.finish_reason is not None:
+                    return
+        finally:
+            await agen.aclose()
+            ctx.metrics.observe_sequence(prompt_tokens=prompt_n, generated=n,
+                                         ttft=None if first is None else first - t0, e2e=time.monotonic() - t0)

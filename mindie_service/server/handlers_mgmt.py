@@ -1,0 +1,77 @@
+"""Management routes (MindIE): liveness, readiness, config, status, stopService; and GET /metrics."""
+from __future__ import annotations
+
+import logging
+
+from mindie_service.protocol.errors import UnhealthyError
+from mindie_service.server.handlers_base import BaseHandler
+from mindie_service.server.metrics import CONTENT_TYPE
+
+logger = logging.getLogger(__name__)
+
+
+class LiveHandler(BaseHandler):
+    """GET /v2/health/live: the process answers."""
+
+    def get(self) -> None:
+        self.write_json({"status": "live"})
+
+
+class ReadyHandler(BaseHandler):
+    """GET /v2/health/ready: 503 while loading, draining, unhealthy or at maxLinkNum."""
+
+    def get(self) -> None:
+        ctx = self.ctx
+        if not ctx.healthy() or ctx.draining:
+            raise UnhealthyError("not ready")
+        if ctx.in_flight >= ctx.settings.max_link_num:
+            raise UnhealthyError(f"not ready: overloaded ({ctx.in_flight} requests in flight)")
+        self.write_json({"status": "ready"})
+
+
+class ConfigHandler(BaseHandler):
+    """GET /v1/config: the deployment's model and limits, MindIE's keys."""
+
+    def get(self) -> None:
+        ctx = self.ctx
+        m, ec = ctx.config.models[0], ctx.engine_config
+        self.write_json({
+            "modelName": m.name, "maxSeqLen": ec.max_seq_len, "maxInputTokenLen": ec.effective_max_input_len,
+            "npuMemSize": m.npu_mem_size_gb, "cpuMemSize": m.cpu_mem_size_gb, "worldSize": m.world_size,
+            "maxOutputLen": ec.max_iter_times, "cacheBlockSize": ec.cache_block_size,
+            "maxBatchSize": ec.max_batch_size, "maxPrefillTokens": ec.max_prefill_tokens,
+            "maxLinkNum": ctx.settings.max_link_num,
+        })
+
+
+class StatusHandler(BaseHandler):
+    """GET /v1/status: scheduler queues and KV blocks."""
+
+    def get(self) -> None:
+        st = self.ctx.stats()
+        if st is None:
+            raise UnhealthyError("the model is still loading")
+        self.write_json({
+            "status": "ready" if self.ctx.healthy() else "not ready",
+            "requests": {"running": st.running, "waiting": st.waiting, "swapped": st.swapped,
+                         "in_flight": self.ctx.in_flight},
+            "blocks": {"total": st.total_blocks, "free": st.free_blocks, "used": st.total_blocks - st.free_blocks},
+            "cacheUsage": st.cache_usage, "prefixCacheHitRate": st.prefix_cache_hit_rate,
+        })
+
+
+class StopServiceHandler(BaseHandler):
+    """POST /stopService: answer, then drain (stop accepting, finish running requests, exit 0)."""
+
+    def post(self) -> None:
+        logger.info("stopService received from %s", self.request.remote_ip)
+        self.write_json({"status": "stopping"})
+        self.ctx.request_stop()
+
+
+class MetricsHandler(BaseHandler):
+    """GET /metrics: Prometheus text of this service's registry."""
+
+    def get(self) -> None:
+        self.set_header("Content-Type", CONTENT_TYPE)
+        self.finish(self.ctx.metrics.render())

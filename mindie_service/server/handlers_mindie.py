@@ -1,0 +1,33 @@
+"""MindIE routes on the business port: POST / (text and stream inference) and POST /v1/tokenizer."""
+from __future__ import annotations
+
+from typing import Any
+
+from mindie_service.protocol.encoders import Encoder
+from mindie_service.protocol.errors import UnhealthyError
+from mindie_service.protocol.generation import GenerationRequest
+from mindie_service.protocol.mindie import parse_mindie_request, parse_tokenizer_request
+from mindie_service.server.generation import GenerationHandler
+from mindie_service.server.handlers_base import BaseHandler
+
+
+class MindieGenerateHandler(GenerationHandler):
+    """POST /: MindIE's contract (TGI's client also talks to this route)."""
+
+    def parse(self, body: dict[str, Any]) -> GenerationRequest:
+        return parse_mindie_request(body, self.ctx.limits, self.ctx.tokenize)  # type: ignore[arg-type]
+
+    @property
+    def encoder(self) -> Encoder:
+        return self.ctx.mindie_encoder
+
+
+class TokenizerHandler(BaseHandler):
+    """POST /v1/tokenizer {"inputs": "..."} -> {"token_number": N, "tokens": [ids]}."""
+
+    async def post(self) -> None:
+        text = parse_tokenizer_request(self.json_body())
+        if not self.ctx.ready:
+            raise UnhealthyError("the model is still loading")
+        ids = await self.ctx.run_blocking(self.ctx.tokenize, text)
+        self.write_json({"token_number": len(ids), "tokens": ids})

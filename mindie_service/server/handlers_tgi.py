@@ -1,0 +1,70 @@
+"""TGI 1.1 routes: POST /generate, POST /generate_stream, GET /info, GET /health."""
+from __future__ import annotations
+
+from typing import Any
+
+from mindie_service.protocol.encoders import Encoder
+from mindie_service.protocol.errors import UnhealthyError
+from mindie_service.protocol.generation import GenerationRequest
+from mindie_service.protocol.tgi import info_payload, parse_tgi_request
+from mindie_service.server.generation import GenerationHandler
+from mindie_service.server.handlers_base import BaseHandler
+
+
+def service_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("mindie-service")
+    except Exception:  # not installed as a distribution (running from a checkout)
+        return "0.1.0"
+
+
+class TgiGenerateHandler(GenerationHandler):
+    """POST /generate: one JSON object."""
+
+    stream = False
+
+    def parse(self, body: dict[str, Any]) -> GenerationRequest:
+        return parse_tgi_request(body, self.ctx.limits, self.ctx.tokenize, stream=self.stream)  # type: ignore[arg-type]
+
+    @property
+    def encoder(self) -> Encoder:
+        return self.ctx.tgi_encoder
+
+
+class TgiGenerateStreamHandler(TgiGenerateHandler):
+    """POST /generate_stream: Server-Sent Events with integer token ids."""
+
+    stream = True
+
+
+class HealthHandler(BaseHandler):
+    """GET /health: 200 once the engine answers, 503 otherwise (loading, dead engine thread, draining)."""
+
+    def get(self) -> None:
+        if not self.ctx.healthy() or self.ctx.draining:
+            raise UnhealthyError("unhealthy")
+        self.set_status(200)
+        self.finish()
+
+
+class InfoHandler(BaseHandler):
+    """GET /info: TGI's Info, with real values."""
+
+    def get(self) -> None:
+        ctx = self.ctx
+        eng, ec = ctx.engine, ctx.engine_config
+        if eng is None:
+            raise UnhealthyError("the model is still loading")
+        st = eng.stats()
+        self.write_json(info_payload(
+            model_id=ctx.model_name, dtype=str(eng.dtype), device_type=str(eng.device_type),
+            max_concurrent_requests=ctx.settings.max_link_num, max_best_of=ctx.limits.max_best_of,
+            max_stop_sequences=ctx.limits.max_stop_sequences, max_input_length=ec.effective_max_input_len,
+            max_total_tokens=ec.max_seq_len, max_batch_total_tokens=int(st.total_blocks) * ec.cache_block_size,
+            validation_workers=ctx.tokenizer_workers, version=service_version(),
+            extra={"model_device_reason": str(getattr(eng, "device_reason", "")),
+                   "max_new_tokens_cap": ec.max_iter_times, "max_batch_size": ec.max_batch_size,
+                   "max_top_n_tokens": ctx.limits.max_top_n_tokens},
+        ))
