@@ -268,7 +268,7 @@ def _validator() -> jsonschema.Draft202012Validator:
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> ServiceConfig:
     """Read, validate and resolve a config.json. ``env`` defaults to ``os.environ`` (read now)."""
-    cfg_path = Path(path).expanduser().absolute()
+    cfg_path = Path(os.path.abspath(Path(path).expanduser()))
     env = os.environ if env is None else env
     raw = _read_json(cfg_path)
     data = copy.deepcopy(raw)

@@ -1,0 +1,214 @@
+"""`mindie-service serve`: load the config, open the listeners, load the engine, serve, drain on SIGTERM.
+
+Order: config (and, with --prepare, the demo model and dev certificates) -> files and TLS material
+checked (a bad one stops start-up, naming its key) -> listeners open (generation answers 503 and
+/health 503 until the engine is ready) -> engine loaded in a worker thread, started, warmed up ->
+ready. SIGTERM, SIGINT or POST /stopService: stop accepting, let running requests finish (bounded),
+exit 0.
+"""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import logging.handlers
+import os
+import shlex
+import signal
+import ssl
+import sys
+from pathlib import Path
+from typing import Any
+
+from tornado.httpserver import HTTPServer
+
+from mindie_service.config import ServiceConfig, load_config
+from mindie_service.engine.types import EngineRequest
+from mindie_service.protocol.errors import ConfigError
+from mindie_service.sampling_params import SamplingParams
+from mindie_service.server.app import make_app
+from mindie_service.server.context import ServerContext
+
+logger = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT_S = 60.0
+MAX_HEADER_BYTES = 64 * 1024
+IDLE_CONNECTION_TIMEOUT_S = 300.0
+
+
+# -- preparation (serve --prepare) -----------------------------------------------------------------
+def _dev_cert_dir(cfg: ServiceConfig) -> Path | None:
+    """The folder generate_dev_certs writes to, when the config's TLS paths follow its layout."""
+    s = cfg.server
+    out = Path(s.tls_cert).parent.parent
+    expected = {Path(s.tls_cert): out / "certs/server.pem", Path(s.tls_pk): out / "keys/server.key.pem"}
+    if s.tls_ca_files:
+        expected[Path(s.tls_ca_files[0])] = out / "ca/ca.pem"
+    return out if all(k == v for k, v in expected.items()) else None
+
+
+def prepare_assets(cfg: ServiceConfig) -> None:
+    """Build the demo model the config names and development certificates, each only if missing."""
+    for m in cfg.models:
+        if m.mock or (Path(m.weight_path) / "config.json").is_file():
+            continue
+        from mindie_service.models.demo import PRESETS, build_demo_model
+
+        preset = Path(m.weight_path).name if Path(m.weight_path).name in PRESETS else "small"
+        logger.info("building the demo model %r into %s", preset, m.weight_path)
+        build_demo_model(preset, m.weight_path, if_missing=True)
+    if cfg.server.https_enabled:
+        out = _dev_cert_dir(cfg)
+        if out is None:
+            logger.warning("TLS paths do not follow the gen-certs layout; not generating certificates")
+        else:
+            from mindie_service.server.certs import generate_dev_certs
+
+            generate_dev_certs(str(out), if_missing=True)
+
+
+def curl_line(cfg: ServiceConfig) -> str:
+    s = cfg.server
+    host = s.ip_address
+    ip = ipaddress.ip_address(host)
+    if ip.is_unspecified:
+        host = "127.0.0.1" if ip.version == 4 else "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    body = '{"inputs": "My name is Olivier and I", "parameters": {"max_new_tokens": 20}}'
+    parts = ["curl"]
+    if s.https_enabled:
+        if s.tls_ca_files:
+            parts += ["--cacert", s.tls_ca_files[0]]
+        out = _dev_cert_dir(cfg)
+        client_cert = out / "certs/client.pem" if out else None
+        if client_cert is not None and client_cert.is_file():
+            parts += ["--cert", str(client_cert), "--key", str(out / "keys/client.key.pem")]  # type: ignore[operator]
+        elif s.tls_ca_files:
+            parts += ["--cert", "CLIENT_CERT.pem", "--key", "CLIENT_KEY.pem"]
+    scheme = "https" if s.https_enabled else "http"
+    parts += ["-H", "Content-Type: application/json", "-d", body, f"{scheme}://{host}:{s.port}/"]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+# -- engine -----------------------------------------------------------------------------------------
+def build_engine(cfg: ServiceConfig) -> Any:
+    """The engine for the first model (runs in a worker thread: it loads weights)."""
+    if cfg.models[0].mock:
+        from mindie_service.server.mock_engine import MockEngine
+
+        return MockEngine(cfg.engine_config())
+    from mindie_service.engine.async_engine import AsyncEngine
+
+    return AsyncEngine(cfg.engine_config())
+
+
+async def warm_up(engine: Any) -> None:
+    """One greedy token through the whole engine: /health turns green only after the engine answered."""
+    ids = list(engine.tokenize("Hello")) or [0]
+    req = EngineRequest(request_id="warmup", prompt_token_ids=ids, params=SamplingParams(max_tokens=1, temperature=0.0))
+    agen = engine.generate(req)
+    try:
+        async for _ in agen:
+            pass
+    finally:
+        await agen.aclose()
+
+
+def _setup_file_logging(cfg: ServiceConfig) -> None:
+    level = {"Debug": logging.DEBUG, "Info": logging.INFO, "Warning": logging.WARNING, "Error": logging.ERROR,
+             "Critical": logging.CRITICAL}[cfg.log.level]
+    logging.getLogger("mindie_service").setLevel(level)
+    if cfg.log.path:
+        Path(cfg.log.path).parent.mkdir(parents=True, exist_ok=True)
+        h = logging.handlers.RotatingFileHandler(cfg.log.path, maxBytes=cfg.log.file_size_mb * 1024 * 1024,
+                                                 backupCount=cfg.log.file_num)
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(h)
+
+
+# -- serving ----------------------------------------------------------------------------------------
+async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], show_curl: bool) -> int:
+    loop = asyncio.get_running_loop()
+    ctx = ServerContext(cfg)
+    stop = asyncio.Event()
+    ctx.request_stop = stop.set
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    s = cfg.server
+    servers: list[HTTPServer] = []
+    try:
+        for (addr, port), planes in s.listeners().items():
+            srv = HTTPServer(make_app(ctx, planes), ssl_options=contexts.get(planes[0]),
+                             max_body_size=2 * s.max_request_bytes + (1 << 20), max_header_size=MAX_HEADER_BYTES,
+                             idle_connection_timeout=IDLE_CONNECTION_TIMEOUT_S, decompress_request=False)
+            srv.listen(port, address=addr)
+            servers.append(srv)
+            logger.info("listening on %s://%s:%d for %s", "https" if s.https_enabled else "http", addr, port,
+                        ", ".join(planes))
+    except OSError as e:
+        logger.error("cannot listen: %s", e)
+        for srv in servers:
+            srv.stop()
+        return 1
+
+    code = 0
+    engine: Any = None
+    try:
+        load = loop.run_in_executor(None, build_engine, cfg)
+        await asyncio.wait([load, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        if not load.done():
+            logger.info("stop requested while loading the model; exiting once it is loaded")
+        engine = await load
+        if not stop.is_set():
+            engine.start()
+            ctx.attach_engine(engine)
+            await warm_up(engine)
+            ctx.ready = True
+            logger.info("ready: model %s on %s (%s), %s", ctx.model_name, engine.device_type,
+                        getattr(engine, "device_reason", ""), engine.dtype)
+            if show_curl:
+                print(f"\nmindie-service is ready. Try:\n\n  {curl_line(cfg)}\n", flush=True)
+            await stop.wait()
+    except Exception:
+        logger.exception("the engine failed to start")
+        code = 1
+
+    # Drain: stop accepting, let running requests finish (bounded), close connections, stop the engine.
+    logger.info("draining: %d request(s) in flight", ctx.in_flight)
+    ctx.draining = True
+    for srv in servers:
+        srv.stop()
+    if not await ctx.wait_idle(min(DRAIN_TIMEOUT_S, s.e2e_timeout)):
+        logger.warning("drain timed out with %d request(s) in flight", ctx.in_flight)
+    for srv in servers:
+        try:
+            await asyncio.wait_for(srv.close_all_connections(), 5.0)
+        except asyncio.TimeoutError:
+            pass
+    if engine is not None:
+        engine.shutdown()
+    ctx.executor.shutdown(wait=False, cancel_futures=True)
+    logger.info("stopped")
+    return code
+
+
+def serve(config_path: str, prepare: bool = False) -> int:
+    """Entry point of `mindie-service serve`; returns the process exit code."""
+    try:
+        cfg = load_config(config_path)
+        _setup_file_logging(cfg)
+        if prepare:
+            prepare_assets(cfg)
+        cfg.check_files()
+        contexts: dict[str, ssl.SSLContext] = {}
+        if cfg.server.https_enabled:
+            from mindie_service.server.tls import plane_contexts
+
+            contexts = plane_contexts(cfg.server)
+    except ConfigError as e:
+        print(f"mindie-service: {e}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return asyncio.run(_run(cfg, contexts, show_curl=prepare))

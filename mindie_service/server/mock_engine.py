@@ -1,0 +1,99 @@
+"""The engine behind ``modelInstanceType: "StandardMock"``: no model, the AsyncEngine interface.
+
+Tokens are UTF-8 bytes (ids 3..258; 0 <unk>, 1 <s>, 2 </s>); the output is seeded pseudo-random
+lower-case words, one token per millisecond. It lets the frontend be load-tested (bench_serve)
+and exercised without weights; its numbers say nothing about a model."""
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import secrets
+from typing import AsyncIterator
+
+from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.types import (FINISH_LENGTH, FINISH_STOP, EngineRequest, EngineStats, TokenEvent,
+                                         TokenInfo)
+
+_SPECIAL = ("<unk>", "<s>", "</s>")
+_ALPHABET = "abcdefghijklmnopqrstuvwxyz    "
+TOTAL_BLOCKS = 4096
+
+
+class MockEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.tokenizer = None
+        self.model_name = config.model_name or "mock"
+        self.vocab_size = 259
+        self.eos_token_ids = frozenset({2})
+        self.device_type, self.device_reason, self.dtype = "cpu", "StandardMock: no model", "float32"
+        self.token_delay_s = 0.001
+        self._active: dict[str, int] = {}
+        self._started = False
+
+    def start(self) -> None:
+        self._started = True
+
+    def healthy(self) -> bool:
+        return self._started
+
+    def shutdown(self) -> None:
+        self._started = False
+
+    def tokenize(self, text: str) -> list[int]:
+        return [1] + [b + 3 for b in text.encode("utf-8")]
+
+    def _info(self, tid: int, logprob: float | None) -> TokenInfo:
+        text = _SPECIAL[tid] if tid < 3 else bytes([tid - 3]).decode("latin-1")
+        return TokenInfo(id=tid, logprob=logprob, text=text, special=tid < 3)
+
+    def abort(self, request_id: str) -> None:
+        self._active.pop(request_id, None)
+
+    def stats(self) -> EngineStats:
+        bs = self.config.cache_block_size
+        used = sum(math.ceil(n / bs) for n in self._active.values())
+        return EngineStats(running=len(self._active), waiting=0, swapped=0, total_blocks=TOTAL_BLOCKS,
+                           free_blocks=TOTAL_BLOCKS - used, cache_usage=used / TOTAL_BLOCKS,
+                           prefix_cache_hit_rate=0.0, num_preemptions=0)
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenEvent]:
+        p, ids, cfg = request.params, request.prompt_token_ids, self.config
+        seed = p.seed if p.seed is not None else secrets.randbits(63) + 1
+        rng = random.Random(seed if not p.greedy else 0)
+        cap = max(1, min(p.max_tokens, cfg.max_iter_times, cfg.max_seq_len - len(ids)))
+        text = ""
+        rid = request.request_id
+        self._active[rid] = len(ids)
+        try:
+            for i in range(cap):
+                await asyncio.sleep(self.token_delay_s)
+                tid = ord(rng.choice(_ALPHABET)) + 3
+                info = self._info(tid, -1.0)
+                if p.logprobs:
+                    info = TokenInfo(info.id, info.logprob, info.text, info.special,
+                                     tuple(self._info(ord(c) + 3, -2.0) for c in "etaoin"[:p.logprobs]))
+                self._active[rid] += 1
+                delta, finish = info.text, None
+                text += delta
+                for s in p.stop:
+                    at = text.find(s)
+                    if at >= 0:
+                        delta = delta[: max(0, len(delta) - (len(text) - at))]
+                        text, finish = text[:at], FINISH_STOP
+                        break
+                if finish is None and i == cap - 1:
+                    finish = FINISH_LENGTH
+                ev = TokenEvent(request_id=rid, token=info, text_delta=delta, index=i, finish_reason=finish)
+                if i == 0:
+                    ev.prompt_tokens = [self._info(t, None if k == 0 or not p.prompt_logprobs else -1.0)
+                                        for k, t in enumerate(ids)]
+                    ev.num_prompt_tokens, ev.seed = len(ids), seed
+                if finish is not None:
+                    ev.full_text = text
+                yield ev
+                if finish is not None:
+                    return
+        finally:
+            self.abort(rid)
