@@ -215,7 +215,7 @@ def corpus_lines(seed: int = 20240501) -> list[str]:
     for user, assistant in DIALOGUE:
         lines.append(f"User: {user}\nAssistant: {assistant}")
     # Invented names in varied frames, so the larger presets still find merges to make.
-    for _ in range(900):
+    for _ in range(2000):
         w = _made_up_word(rng)
         cap = w.capitalize()
         lines.append(rng.choice((

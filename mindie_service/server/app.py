@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 import tornado.web
+from tornado.log import access_log
 
 from mindie_service.server.context import ServerContext
 from mindie_service.server.handlers_base import NotFoundHandler
@@ -48,6 +49,14 @@ PLANE_ROUTES: dict[str, list[tuple[str, type[tornado.web.RequestHandler]]]] = {
 }
 
 
+def log_request(handler: tornado.web.RequestHandler) -> None:
+    """Access log: errors of the server itself (5xx but 503) as warnings, the rest as info."""
+    status = handler.get_status()
+    log = access_log.warning if status >= 500 and status != 503 else access_log.info
+    r = handler.request
+    log("%d %s %s (%s) %.2fms", status, r.method, r.path, r.remote_ip, 1000.0 * r.request_time())
+
+
 def make_app(ctx: ServerContext, planes: tuple[str, ...] | list[str]) -> tornado.web.Application:
     """The application for one listener serving ``planes`` (business, management, metrics)."""
     routes: list[Any] = []
@@ -58,4 +67,5 @@ def make_app(ctx: ServerContext, planes: tuple[str, ...] | list[str]) -> tornado
                 seen.add(path)
                 routes.append((path, handler, {"ctx": ctx}))
     return tornado.web.Application(routes, default_handler_class=NotFoundHandler,
-                                   default_handler_args={"ctx": ctx}, compress_response=False)
+                                   default_handler_args={"ctx": ctx}, compress_response=False,
+                                   log_function=log_request)

@@ -103,7 +103,7 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
         if isinstance(value, MindieError):
-            logger.info("%s %s -> %d %s: %s", self.request.method, self.request.path, value.status,
+            logger.debug("%s %s -> %d %s: %s", self.request.method, self.request.path, value.status,
                         value.error_type, value.message)
         else:
             super().log_exception(typ, value, tb)

@@ -1,0 +1,168 @@
+"""Helpers for the HTTP tests: write a config, start the real server process on free loopback ports,
+wait until it is ready, read SSE streams, stop it (SIGTERM) at the end of the session.
+
+Server processes are shared across test modules through ``shared_server`` (one per name)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Small and fast: the tiny demo model, 16-token KV blocks, a fixed KV pool.
+BASE_SCHEDULE = {"cacheBlockSize": 16, "maxPrefillTokens": 512, "maxBatchSize": 32, "maxPrefillBatchSize": 16,
+                 "maxIterTimes": 128, "numKvBlocks": 256}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(path: Path, model: Path, *, server: dict[str, Any] | None = None,
+                 deploy: dict[str, Any] | None = None, schedule: dict[str, Any] | None = None,
+                 model_name: str = "tiny") -> Path:
+    srv = {"ipAddress": "127.0.0.1", "managementIpAddress": "127.0.0.1", "port": free_port(),
+           "managementPort": free_port(), "metricsPort": free_port(), "httpsEnabled": False,
+           "maxLinkNum": 64, "maxRequestLength": 1}
+    srv.update(server or {})
+    dep = {"maxSeqLen": 512, "maxInputTokenLen": 256,
+           "ModelConfig": [{"modelName": model_name, "modelWeightPath": str(model)}]}
+    dep.update(deploy or {})
+    sch = dict(BASE_SCHEDULE)
+    sch.update(schedule or {})
+    cfg = {"LogConfig": {"logLevel": "Info"}, "ServerConfig": srv,
+           "BackendConfig": {"tokenizerProcessNumber": 1, "ModelDeployConfig": dep, "ScheduleConfig": sch}}
+    path.write_text(json.dumps(cfg, indent=2))
+    return path
+
+
+class ServerProcess:
+    """``python -m mindie_service serve --config PATH`` as a child process."""
+
+    def __init__(self, config: Path, log: Path, *, verify: Any = None, cert: Any = None) -> None:
+        self.config_path = config
+        self.cfg = json.loads(config.read_text())["ServerConfig"]
+        self.log_path = log
+        self.scheme = "https" if self.cfg.get("httpsEnabled", True) else "http"
+        self.verify, self.cert = verify, cert
+        self.proc: subprocess.Popen | None = None
+
+    def url(self, plane: str = "business") -> str:
+        port = {"business": self.cfg["port"], "management": self.cfg["managementPort"],
+                "metrics": self.cfg["metricsPort"]}[plane]
+        host = "localhost" if self.scheme == "https" else "127.0.0.1"
+        return f"{self.scheme}://{host}:{port}"
+
+    def start(self) -> "ServerProcess":
+        env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "mindie_service", "serve", "--config", str(self.config_path)],
+                                     cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        return self
+
+    def wait_ready(self, timeout: float = 120.0) -> "ServerProcess":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                r = requests.get(self.url("management") + "/health", timeout=2, verify=self.verify, cert=self.cert)
+                if r.status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            return None
+        finally:
+            self._log.close()
+
+    # -- client helpers --------------------------------------------------------------------------
+    def post(self, path: str, body: Any, **kw: Any) -> requests.Response:
+        kw.setdefault("timeout", 60)
+        return requests.post(self.url() + path, json=body, verify=self.verify, cert=self.cert, **kw)
+
+    def get(self, path: str, plane: str = "business", **kw: Any) -> requests.Response:
+        kw.setdefault("timeout", 30)
+        return requests.get(self.url(plane) + path, verify=self.verify, cert=self.cert, **kw)
+
+    def status(self) -> dict[str, Any]:
+        return self.get("/v1/status", "management").json()
+
+
+def sse_frames(resp: requests.Response) -> Iterator[dict[str, Any]]:
+    """The JSON payload of each ``data:`` line of an SSE response, as it arrives."""
+    for line in resp.iter_lines():
+        if line.startswith(b"data:"):
+            yield json.loads(line[5:])
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 15.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(interval)
+    return cond()
+
+
+_SERVERS: dict[str, ServerProcess] = {}
+
+
+def shared_server(name: str, request: pytest.FixtureRequest, make: Callable[[Path], ServerProcess]) -> ServerProcess:
+    """One server per ``name`` for the whole session, whichever module asks first; stopped at session end."""
+    srv = _SERVERS.get(name)
+    if srv is None or (srv.proc is not None and srv.proc.poll() is not None):
+        tmp = request.getfixturevalue("tmp_path_factory").mktemp(name)
+        srv = make(tmp).start().wait_ready()
+        _SERVERS[name] = srv
+        request.addfinalizer(srv.stop)
+    return srv
+
+
+def plain_server(request: pytest.FixtureRequest, tiny_model: Path) -> ServerProcess:
+    """HTTP, three listeners, MindIE defaults for `/` (list ids, delta text)."""
+    return shared_server("plain", request, lambda tmp: ServerProcess(
+        write_config(tmp / "config.json", tiny_model), tmp / "server.log"))
+
+
+def alt_server(request: pytest.FixtureRequest, tiny_model: Path) -> ServerProcess:
+    """One listener for every plane; streamTokenIdFormat "int" (TGI's client streams from `/`),
+    fullTextEnabled, maxLinkNum 2, room for long generations (load and disconnect tests)."""
+    def make(tmp: Path) -> ServerProcess:
+        port = free_port()
+        cfg = write_config(tmp / "config.json", tiny_model,
+                           server={"port": port, "managementPort": port, "metricsPort": port, "maxLinkNum": 2,
+                                   "streamTokenIdFormat": "int", "fullTextEnabled": True},
+                           deploy={"maxSeqLen": 4096, "maxInputTokenLen": 256},
+                           schedule={"maxIterTimes": 4000, "numKvBlocks": 600, "maxPrefillTokens": 4096})
+        return ServerProcess(cfg, tmp / "server.log")
+    return shared_server("alt", request, make)

@@ -1,0 +1,234 @@
+"""Protocol validation: POST / (MindIE) and /generate* (TGI) parameters -> GenerationRequest.
+Needs only the tiny demo model's tokenizer."""
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from mindie_service.protocol.errors import BadRequestError, ValidationError
+from mindie_service.protocol.generation import ProtocolLimits, parse_generation
+from mindie_service.protocol.mindie import parse_mindie_request
+from mindie_service.protocol.tgi import parse_tgi_request
+from mindie_service.protocol.validation import parse_json_body
+
+SEED_BODY = {
+    "inputs": "My name is Olivier and I",
+    "parameters": {"decoder_input_details": True, "details": True, "do_sample": True, "max_new_tokens": 20,
+                   "repetition_penalty": 1.03, "return_full_text": False, "seed": None, "temperature": 0.5,
+                   "top_k": 10, "top_p": 0.95, "truncate": None, "typical_p": 0.5, "watermark": False,
+                   "stop": ["stop1", "stop2"], "adapter_id": "None"},
+    "stream": False,
+}
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model):
+    t = AutoTokenizer.from_pretrained(str(tiny_model))
+    return lambda s: list(t(s).input_ids)
+
+
+@pytest.fixture(scope="module")
+def limits():
+    return ProtocolLimits(vocab_size=2048, max_input_len=32, truncation=False)
+
+
+def mindie(body, limits, tok):
+    return parse_mindie_request(body, limits, tok)
+
+
+def params(**p):
+    return {"inputs": "hello world", "parameters": p}
+
+
+def test_seed_sample_body_parses_to_sampling_request(limits, tok):
+    r = mindie(SEED_BODY, limits, tok)
+    assert r.prompt_token_ids == tok("My name is Olivier and I")
+    assert r.details and r.decoder_input_details and not r.stream and r.sampling
+    p = r.params
+    assert (p.max_tokens, p.temperature, p.top_k, p.top_p, p.typical_p) == (20, 0.5, 10, 0.95, 0.5)
+    assert p.repetition_penalty == 1.03 and p.stop == ["stop1", "stop2"] and p.seed is None
+    assert p.prompt_logprobs and p.adapter_id is None
+
+
+def test_defaults_are_greedy_with_twenty_tokens(limits, tok):
+    r = mindie({"inputs": "hello"}, limits, tok)
+    assert r.params.max_tokens == 20 and r.params.greedy and not r.sampling
+    assert not r.details and not r.stream and r.best_of == 1 and not r.params.prompt_logprobs
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("max_new_tokens", 0, "Parameter max_new_tokens must be in (0, 2147483647], got 0"),
+    ("max_new_tokens", 2**31, "Parameter max_new_tokens must be in (0, 2147483647], got 2147483648"),
+    ("max_new_tokens", 2.5, "Parameter max_new_tokens must be an integer, got 2.5"),
+    ("max_new_tokens", True, "Parameter max_new_tokens must be an integer, got True"),
+    ("repetition_penalty", 0, "Parameter repetition_penalty must be > 0.0, got 0"),
+    ("temperature", 1e-7, "Parameter temperature must be > 1e-06, got 1e-07"),
+    ("top_k", 0, "Parameter top_k must be in (0, 2147483647], got 0"),
+    ("top_p", 1.0, "Parameter top_p must be in (1e-06, 1.0), got 1.0"),
+    ("top_p", 0.0, "Parameter top_p must be in (1e-06, 1.0), got 0.0"),
+    ("typical_p", 0.0, "Parameter typical_p must be in (0.0, 1.0], got 0.0"),
+    ("typical_p", 1.5, "Parameter typical_p must be in (0.0, 1.0], got 1.5"),
+    ("seed", 0, "Parameter seed must be in (0, 18446744073709551615], got 0"),
+    ("seed", 2**64, "Parameter seed must be in (0, 18446744073709551615], got 18446744073709551616"),
+    ("truncate", 0, "Parameter truncate must be in (0, 2147483647], got 0"),
+    ("details", "yes", "Parameter details must be a boolean, got 'yes'"),
+    ("watermark", 1, "Parameter watermark must be a boolean, got 1"),
+    ("stop", [""], "Parameter stop must be a list of non-empty strings"),
+    ("stop", 5, "Parameter stop must be a string or a list of strings, got 5"),
+    ("adapter_id", "bad id!", "Parameter adapter_id must be a string matching"),
+    ("adapter_id", "my-lora", "Parameter adapter_id must name a loaded LoRA adapter"),
+    ("best_of", 0, "Parameter best_of must be in (0, 4], got 0"),
+    ("top_n_tokens", 21, "Parameter top_n_tokens must be in [0, 20], got 21"),
+    ("grammar", {"type": "regex", "value": "a+"}, "Parameter grammar must be null"),
+    ("frequency_penalty", 3.0, "Parameter frequency_penalty must be in [-2.0, 2.0], got 3.0"),
+])
+def test_out_of_range_parameters_name_parameter_rule_and_value(limits, tok, name, value, message):
+    with pytest.raises(ValidationError) as e:
+        mindie(params(**{name: value}), limits, tok)
+    assert str(e.value).startswith(message), str(e.value)
+    assert e.value.status == 422 and e.value.error_type == "validation"
+
+
+def test_null_parameters_mean_defaults(limits, tok):
+    r = mindie(params(seed=None, truncate=None, temperature=None, top_k=None, top_p=None, typical_p=None,
+                      stop=None, best_of=None, top_n_tokens=None, grammar=None, do_sample=None), limits, tok)
+    assert r.params.greedy and r.params.stop == [] and r.best_of == 1
+
+
+def test_stop_accepts_a_string(limits, tok):
+    assert mindie(params(stop="end"), limits, tok).params.stop == ["end"]
+
+
+def test_decoder_input_details_with_stream_is_refused(limits, tok):
+    body = {"inputs": "hi", "stream": True, "parameters": {"decoder_input_details": True}}
+    with pytest.raises(ValidationError, match="decoder_input_details must be false when stream is true"):
+        mindie(body, limits, tok)
+
+
+@pytest.mark.parametrize("inputs,match", [
+    ([{"type": "text", "text": "hi"}], "multimodal list form is not supported"),
+    ("", "inputs must be a non-empty string"),
+    (5, "inputs must be a string"),
+    (None, "inputs is required"),
+])
+def test_bad_inputs(limits, tok, inputs, match):
+    with pytest.raises(ValidationError, match=match):
+        mindie({"inputs": inputs}, limits, tok)
+
+
+def test_stream_must_be_boolean(limits, tok):
+    with pytest.raises(ValidationError, match="Parameter stream must be a boolean, got 'true'"):
+        mindie({"inputs": "hi", "stream": "true"}, limits, tok)
+
+
+def test_parameters_must_be_an_object(limits, tok):
+    with pytest.raises(ValidationError, match="parameters must be a JSON object"):
+        mindie({"inputs": "hi", "parameters": [1]}, limits, tok)
+
+
+def test_sampling_follows_tgi_rule(limits, tok):
+    assert mindie(params(do_sample=True), limits, tok).params.temperature == 1.0
+    assert not mindie(params(do_sample=False), limits, tok).sampling
+    assert mindie(params(temperature=0.7), limits, tok).sampling  # a warper turns sampling on
+    assert mindie(params(do_sample=False, top_k=5), limits, tok).sampling
+    assert not mindie(params(temperature=1.0), limits, tok).sampling  # neutral values stay greedy
+    greedy = mindie(params(repetition_penalty=1.2), limits, tok).params
+    assert greedy.greedy and greedy.repetition_penalty == 1.2
+
+
+def test_top_k_at_or_above_vocab_means_off(limits, tok):
+    assert mindie(params(top_k=2048), limits, tok).params.top_k == 0
+    assert mindie(params(top_k=2047), limits, tok).params.top_k == 2047
+
+
+def test_truncate_keeps_last_tokens(limits, tok):
+    ids = tok("one two three four five six")
+    r = mindie(params(truncate=3) | {"inputs": "one two three four five six"}, limits, tok)
+    assert r.prompt_token_ids == ids[-3:]
+    r = mindie(params(truncate=1000) | {"inputs": "one two three four five six"}, limits, tok)
+    assert r.prompt_token_ids == ids
+
+
+def test_too_long_input_names_count_and_limit(tok):
+    lim = ProtocolLimits(vocab_size=2048, max_input_len=4, truncation=False)
+    text = "one two three four five six seven"
+    n = len(tok(text))
+    with pytest.raises(ValidationError) as e:
+        mindie({"inputs": text}, lim, tok)
+    assert f"at most 4 tokens" in str(e.value) and f"got {n} tokens" in str(e.value)
+    # truncate below the limit makes it fit
+    assert len(mindie({"inputs": text, "parameters": {"truncate": 4}}, lim, tok).prompt_token_ids) == 4
+
+
+def test_truncation_config_cuts_instead_of_refusing(tok):
+    lim = ProtocolLimits(vocab_size=2048, max_input_len=4, truncation=True)
+    text = "one two three four five six seven"
+    assert mindie({"inputs": text}, lim, tok).prompt_token_ids == tok(text)[-4:]
+
+
+def test_best_of_rules(limits, tok):
+    assert mindie(params(best_of=2, do_sample=True), limits, tok).best_of == 2
+    with pytest.raises(ValidationError, match="best_of must be 1 when stream is true"):
+        mindie({"inputs": "hi", "stream": True, "parameters": {"best_of": 2, "do_sample": True}}, limits, tok)
+    with pytest.raises(ValidationError, match="best_of must be 1 when a seed is given"):
+        mindie(params(best_of=2, do_sample=True, seed=3), limits, tok)
+    with pytest.raises(ValidationError, match="best_of must be 1 unless sampling"):
+        mindie(params(best_of=2), limits, tok)
+    with pytest.raises(ValidationError, match=r"best_of must be in \(0, 4\], got 5"):
+        mindie(params(best_of=5, do_sample=True), limits, tok)
+
+
+def test_top_n_tokens_asks_for_alternatives(limits, tok):
+    r = mindie(params(top_n_tokens=3), limits, tok)
+    assert r.top_n_tokens == 3 and r.params.logprobs == 3
+    assert mindie(params(top_n_tokens=0), limits, tok).params.logprobs is None
+
+
+def test_text_generation_client_body_is_accepted(limits, tok):
+    """Exactly what text-generation 0.7's Client.generate sends to `/`."""
+    from text_generation.types import Parameters, Request
+
+    req = Request(inputs="hello", stream=False, parameters=Parameters(
+        details=True, max_new_tokens=5, stop=[], best_of=None, top_n_tokens=None, grammar=None))
+    r = mindie(req.dict(), limits, tok)
+    assert r.details and r.params.max_tokens == 5 and not r.sampling
+
+
+def test_tgi_dialect_ranges(limits, tok):
+    r = parse_tgi_request(params(top_p=1.0, temperature=1e-7), limits, tok, stream=False)
+    assert r.sampling and r.params.top_p == 1.0  # TGI: top_p in (0, 1], temperature > 0
+    assert not r.params.prompt_logprobs  # TGI: prefill only with decoder_input_details
+    r = parse_tgi_request(params(details=True), limits, tok, stream=False)
+    assert r.details and not r.params.prompt_logprobs
+    r = parse_tgi_request(params(decoder_input_details=True), limits, tok, stream=False)
+    assert r.details and r.params.prompt_logprobs
+    r = parse_tgi_request({"inputs": "hi", "stream": False}, limits, tok, stream=True)
+    assert r.stream  # the route decides
+    with pytest.raises(ValidationError, match="decoder_input_details must be false when stream is true"):
+        parse_tgi_request(params(decoder_input_details=True), limits, tok, stream=True)
+
+
+def test_mindie_details_asks_for_prompt_logprobs(limits, tok):
+    assert mindie(params(details=True), limits, tok).params.prompt_logprobs
+
+
+def test_adapter_known_to_limits_is_accepted(tok):
+    lim = ProtocolLimits(vocab_size=2048, max_input_len=32, truncation=False, adapters=frozenset({"my-lora"}))
+    assert parse_generation(params(adapter_id="my-lora"), dialect="mindie", stream=False, limits=lim,
+                            tokenize=tok).params.adapter_id == "my-lora"
+
+
+def test_json_body_errors():
+    assert parse_json_body(b'{"a": 1}', "application/json; charset=utf-8") == {"a": 1}
+    with pytest.raises(BadRequestError, match="Content-Type must be application/json"):
+        parse_json_body(b'{"a": 1}', "text/plain")
+    with pytest.raises(BadRequestError, match="Content-Type must be application/json"):
+        parse_json_body(b'{"a": 1}', None)
+    with pytest.raises(BadRequestError, match="not valid JSON"):
+        parse_json_body(b'{"a": ', "application/json")
+    with pytest.raises(BadRequestError, match="not valid JSON"):
+        parse_json_body(b'{"a": NaN}', "application/json")
+    with pytest.raises(BadRequestError, match="not valid UTF-8"):
+        parse_json_body(b'{"a": "\xff"}', "application/json")
+    with pytest.raises(ValidationError, match="must be a JSON object, got list"):
+        parse_json_body(b'[1]', "application/json")

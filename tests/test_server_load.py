@@ -1,0 +1,93 @@
+"""Admission and disconnects on the real server (alt server: maxLinkNum 2, one listener for all planes):
+429 at maxLinkNum, a client that goes away frees its slot and KV blocks, concurrent identical
+requests agree."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import socket
+import time
+
+import pytest
+import requests
+
+from server_utils import alt_server, wait_until
+
+LONG = {"max_new_tokens": 3000}  # seconds of work on the tiny model: far longer than each test holds it
+PROMPT = "The lantern by the harbor window"
+
+
+@pytest.fixture(scope="module")
+def srv(request, tiny_model):
+    return alt_server(request, tiny_model)
+
+
+def idle(srv) -> bool:
+    st = srv.status()
+    return (st["requests"]["running"] == 0 and st["requests"]["waiting"] == 0 and st["requests"]["in_flight"] == 0
+            and st["blocks"]["free"] == st["blocks"]["total"])
+
+
+def open_stream(srv):
+    r = requests.post(srv.url() + "/generate_stream", json={"inputs": PROMPT, "parameters": LONG}, stream=True,
+                      timeout=60)
+    assert r.status_code == 200, r.text
+    lines = r.iter_lines()
+    first = next(line for line in lines if line.startswith(b"data:"))  # generation is under way
+    assert b'"token"' in first
+    return r, lines  # keep the line iterator alive: dropping it closes the connection
+
+
+def test_requests_beyond_max_link_num_get_429_quickly_and_disconnects_free_blocks(srv):
+    assert wait_until(lambda: idle(srv))
+    streams = [open_stream(srv), open_stream(srv)]
+    try:
+        assert srv.status()["requests"]["in_flight"] == 2
+        t0 = time.monotonic()
+        r = srv.post("/", {"inputs": "hi", "parameters": {"max_new_tokens": 2}})
+        assert r.status_code == 429 and r.json()["error_type"] == "overloaded"
+        assert "maxLinkNum" in r.json()["error"] and time.monotonic() - t0 < 2.0
+        assert srv.get("/v2/health/ready").status_code == 503  # overloaded: not ready
+        st = srv.status()
+        assert st["blocks"]["free"] < st["blocks"]["total"]
+    finally:
+        for resp, _lines in streams:
+            resp.close()  # the client goes away mid-stream
+    assert wait_until(lambda: idle(srv)), srv.status()
+    metrics = srv.get("/metrics").text
+    assert 'num_requests_running{model_name="tiny"} 0.0' in metrics
+    assert 'npu_cache_usage_perc{model_name="tiny"} 0.0' in metrics
+    # the slots are free again
+    assert srv.post("/", {"inputs": "hi", "parameters": {"max_new_tokens": 2}}).status_code == 200
+
+
+def test_non_stream_client_that_disconnects_frees_its_request(srv):
+    assert wait_until(lambda: idle(srv))
+    body = ('{"inputs": "%s", "parameters": {"max_new_tokens": 3000}}' % PROMPT).encode()
+    port = int(srv.url().rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    assert wait_until(lambda: srv.status()["requests"]["running"] == 1, timeout=10)
+    sock.close()
+    t0 = time.monotonic()
+    assert wait_until(lambda: idle(srv), timeout=10), srv.status()
+    assert time.monotonic() - t0 < 5.0  # aborted, not run to its 3000 tokens
+
+
+def test_client_that_disconnects_before_the_first_token_frees_its_slot(srv):
+    assert wait_until(lambda: idle(srv))
+    body = ('{"inputs": "%s", "stream": true, "parameters": {"max_new_tokens": 3000}}' % PROMPT).encode()
+    port = int(srv.url().rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    sock.close()  # gone at once
+    assert wait_until(lambda: idle(srv), timeout=10), srv.status()
+
+
+def test_identical_concurrent_greedy_requests_agree(srv):
+    body = {"inputs": PROMPT, "parameters": {"max_new_tokens": 12}}
+    solo = srv.post("/", body).json()[0]["generated_text"]
+    with cf.ThreadPoolExecutor(2) as ex:  # maxLinkNum is 2 here
+        outs = list(ex.map(lambda _: srv.post("/", body).json()[0]["generated_text"], range(2)))
+    assert outs == [solo, solo]
