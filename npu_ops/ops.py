@@ -93,15 +93,22 @@ class AttentionMetadata:
     prefills: list[PrefillSpan] = field(default_factory=list)
 
 
+def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Rows of the cache at ``slots`` (any shape) -> [*slots.shape, kv_heads, head_dim].
+
+    index_select on a 2-D view copies whole rows and runs 2-3x faster on CPU than advanced indexing."""
+    n_kv, hd = cache.shape[2], cache.shape[3]
+    rows = cache.view(-1, n_kv * hd).index_select(0, slots.reshape(-1))
+    return rows.view(*slots.shape, n_kv, hd)
+
+
 def _decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                 scale: float) -> torch.Tensor:
     bd = meta.num_decode
     n_kv, hd = k_cache.shape[2], k_cache.shape[3]
     group = q.shape[1] // n_kv
-    flat_k = k_cache.view(-1, n_kv, hd)
-    flat_v = v_cache.view(-1, n_kv, hd)
-    k = flat_k[meta.decode_gather].transpose(1, 2)  # [Bd, kv, L, D]
-    v = flat_v[meta.decode_gather].transpose(1, 2)
+    k = _gather(k_cache, meta.decode_gather).transpose(1, 2)  # [Bd, kv, L, D]
+    v = _gather(v_cache, meta.decode_gather).transpose(1, 2)
     # GQA without repeating K/V: the query heads of one KV head become that head's query rows.
     qg = q.view(bd, n_kv, group, hd)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.decode_mask, scale=scale)
@@ -117,9 +124,8 @@ def _prefill_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: tor
         vi = v[s:s + n].transpose(0, 1)[None]
         out = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True)
     else:
-        n_kv, hd = k_cache.shape[2], k_cache.shape[3]
-        ki = k_cache.view(-1, n_kv, hd)[span.ctx_slots].transpose(0, 1)[None]
-        vi = v_cache.view(-1, n_kv, hd)[span.ctx_slots].transpose(0, 1)[None]
+        ki = _gather(k_cache, span.ctx_slots).transpose(0, 1)[None]
+        vi = _gather(v_cache, span.ctx_slots).transpose(0, 1)[None]
         q_pos = torch.arange(span.ctx_len - n, span.ctx_len, device=q.device)
         mask = torch.arange(span.ctx_len, device=q.device)[None, :] <= q_pos[:, None]
         out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True)

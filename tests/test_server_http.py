@@ -20,7 +20,7 @@ FINISH = {"length", "eos_token", "stop_sequence"}
 PROMPT = "The river runs past the old mill and"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def srv(request, tiny_model):
     return plain_server(request, tiny_model)
 

@@ -16,7 +16,7 @@ LONG = {"max_new_tokens": 3000}  # seconds of work on the tiny model: far longer
 PROMPT = "The lantern by the harbor window"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def srv(request, tiny_model):
     return alt_server(request, tiny_model)
 

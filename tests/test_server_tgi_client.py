@@ -12,12 +12,12 @@ from server_utils import alt_server, plain_server
 PROMPT = "Once upon a time in a quiet harbor"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def client(request, tiny_model):
     return Client(plain_server(request, tiny_model).url(), timeout=60)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def stream_client(request, tiny_model):
     return Client(alt_server(request, tiny_model).url(), timeout=60)
 

@@ -42,6 +42,9 @@ class GenerationHandler(BaseHandler):
     def encoder(self) -> Encoder:
         raise NotImplementedError
 
+    def _parse_body(self) -> GenerationRequest:
+        return self.parse(self.json_body())
+
     def on_connection_close(self) -> None:
         self._client_gone = True
         if self._task is not None and not self._task.done():
@@ -55,8 +58,10 @@ class GenerationHandler(BaseHandler):
         ok = False
         try:
             with ctx.admit():
-                body = self.json_body()
-                req = await ctx.run_blocking(self.parse, body)
+                # JSON decoding and tokenization run in the tokenizer pool, off the IO loop.
+                req = await ctx.run_blocking(self._parse_body)
+                if self._client_gone:
+                    return
                 self._task = asyncio.ensure_future(self._serve(req, t0))
                 try:
                     ok = await self._task

@@ -1,0 +1,135 @@
+"""Failure paths of the generation handler, in process with an engine that misbehaves on demand:
+424 when the engine fails a request (others go on), an error after the stream started as a final
+SSE frame, 504 on tokenTimeout / e2eTimeout, 503 while loading or when the engine thread died."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tornado.testing import AsyncHTTPTestCase
+
+from mindie_service.config import load_config
+from mindie_service.protocol.errors import GenerationError
+from mindie_service.server.app import make_app
+from mindie_service.server.context import ServerContext
+from mindie_service.server.mock_engine import MockEngine
+
+
+class MisbehavingEngine(MockEngine):
+    """The prompt picks the fault: "fail@K" raises GenerationError before token K, "crash@K" raises a
+    plain exception, "slow" waits longer than tokenTimeout, "steady" stays under it but passes e2eTimeout."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.alive = True
+
+    def healthy(self) -> bool:
+        return self.alive and super().healthy()
+
+    async def generate(self, request):
+        text = bytes(t - 3 for t in request.prompt_token_ids[1:]).decode()
+        self.token_delay_s = {"slow": 1.0, "steady": 0.15}.get(text, 0.001)
+        k = 0
+        async for ev in super().generate(request):
+            for kind, exc in (("fail@", GenerationError("the device fell over")), ("crash@", RuntimeError("bug"))):
+                if text.startswith(kind) and k == int(text[len(kind):]):
+                    raise exc
+            k += 1
+            yield ev
+
+
+def write_cfg(tmp: Path) -> Path:
+    cfg = {"ServerConfig": {"httpsEnabled": False, "tokenTimeout": 0.4, "e2eTimeout": 0.8, "maxLinkNum": 8},
+           "BackendConfig": {"tokenizerProcessNumber": 1, "ModelDeployConfig": {
+               "maxSeqLen": 256, "maxInputTokenLen": 128,
+               "ModelConfig": [{"modelInstanceType": "StandardMock", "modelName": "mock", "modelWeightPath": "none"}]},
+               "ScheduleConfig": {"maxPrefillTokens": 256, "maxIterTimes": 64}}}
+    path = tmp / "config.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+class GenerationFailures(AsyncHTTPTestCase):
+    def get_app(self):
+        import tempfile
+
+        self._tmp = tempfile.TemporaryDirectory()
+        self.ctx = ServerContext(load_config(write_cfg(Path(self._tmp.name))))
+        self.engine = MisbehavingEngine(self.ctx.engine_config)
+        self.engine.start()
+        self.ctx.attach_engine(self.engine)
+        self.ctx.ready = True
+        return make_app(self.ctx, ("business", "management", "metrics"))
+
+    def tearDown(self):
+        super().tearDown()
+        self.ctx.executor.shutdown(wait=False)
+        self._tmp.cleanup()
+
+    def post(self, body, path="/"):
+        return self.fetch(path, method="POST", body=json.dumps(body), headers={"Content-Type": "application/json"},
+                          raise_error=False, request_timeout=20)
+
+    def frames(self, resp):
+        assert resp.code == 200, resp.body
+        return [json.loads(line[len("data:"):]) for line in resp.body.decode().split("\n") if line.startswith("data:")]
+
+    def error(self, resp, status, error_type):
+        assert resp.code == status, (resp.code, resp.body)
+        body = json.loads(resp.body)
+        assert body["error_type"] == error_type
+        return body["error"]
+
+    def test_engine_failure_is_424_and_the_server_keeps_serving(self):
+        self.error(self.post({"inputs": "fail@0"}), 424, "generation")
+        self.error(self.post({"inputs": "crash@1"}, "/generate"), 424, "generation")
+        assert self.post({"inputs": "fine", "parameters": {"max_new_tokens": 3}}).code == 200
+        assert self.fetch("/health").code == 200
+        assert self.ctx.in_flight == 0
+
+    def test_error_after_the_stream_started_is_a_final_sse_frame(self):
+        frames = self.frames(self.post({"inputs": "fail@2", "stream": True, "parameters": {"max_new_tokens": 5}}))
+        assert [("token" in f) for f in frames] == [True, True, False]
+        assert frames[-1] == {"error": "the device fell over", "error_type": "generation"}
+        frames = self.frames(self.post({"inputs": "fail@1", "parameters": {"max_new_tokens": 5}}, "/generate_stream"))
+        assert frames[-1]["error_type"] == "generation" and len(frames) == 2
+
+    def test_error_before_the_first_token_of_a_stream_is_a_plain_http_error(self):
+        self.error(self.post({"inputs": "fail@0", "stream": True}), 424, "generation")
+
+    def test_token_timeout_is_504(self):
+        msg = self.error(self.post({"inputs": "slow"}), 504, "timeout")
+        assert "tokenTimeout" in msg
+
+    def test_e2e_timeout_is_504_and_a_final_frame_once_streaming(self):
+        msg = self.error(self.post({"inputs": "steady", "parameters": {"max_new_tokens": 60}}), 504, "timeout")
+        assert "e2eTimeout" in msg
+        frames = self.frames(self.post({"inputs": "steady", "stream": True, "parameters": {"max_new_tokens": 60}}))
+        assert frames[-1]["error_type"] == "timeout" and len(frames) > 1
+
+    def test_503_while_loading_and_when_the_engine_died(self):
+        self.ctx.ready = False
+        self.error(self.post({"inputs": "fine"}), 503, "healthcheck")
+        self.error(self.fetch("/health"), 503, "healthcheck")
+        self.ctx.ready = True
+        self.engine.alive = False
+        self.error(self.fetch("/health"), 503, "healthcheck")
+        self.error(self.fetch("/v2/health/ready"), 503, "healthcheck")
+        self.error(self.post({"inputs": "fine"}), 503, "healthcheck")
+        assert self.fetch("/v2/health/live").code == 200
+        self.engine.alive = True
+        assert self.fetch("/health").code == 200
+
+    def test_failures_are_counted_in_metrics(self):
+        self.post({"inputs": "fail@0"})
+        self.post({"inputs": "fine", "parameters": {"max_new_tokens": 2}})
+        text = self.fetch("/metrics").body.decode()
+        assert 'request_failed_total{model_name="mock"} 1.0' in text
+        assert 'request_success_total{model_name="mock"} 1.0' in text
+        assert 'request_received_total{model_name="mock"} 2.0' in text
+
+    def test_too_many_headers_is_400(self):
+        headers = {f"X-H{i}": "v" for i in range(120)}
+        headers["Content-Type"] = "application/json"
+        r = self.fetch("/", method="POST", body='{"inputs": "fine"}', headers=headers, raise_error=False)
+        assert "too many HTTP headers" in self.error(r, 400, "validation")
