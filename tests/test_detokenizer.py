@@ -52,3 +52,11 @@ def test_text_held_for_a_stop_prefix_is_released_when_no_stop_follows(tok):
     ids = tok(text, add_special_tokens=False).input_ids
     deltas, st = _stream(tok, ids, ["city garden"])
     assert not st.stopped and "".join(deltas) == text
+
+
+def test_generation_ending_mid_character_emits_no_half_character(tok):
+    ids = tok("你好世界", add_special_tokens=False).input_ids
+    cut = next(k for k in range(1, len(ids)) if tok.decode(ids[:k]).endswith("\ufffd"))
+    deltas, _ = _stream(tok, ids[:cut], [])
+    out = "".join(deltas)
+    assert "\ufffd" not in out and "你好世界".startswith(out)

@@ -6,7 +6,7 @@ import copy
 import pytest
 import requests
 
-from server_utils import plain_server, sse_frames
+from server_utils import alt_server, plain_server, sse_frames
 
 SEED_BODY = {
     "inputs": "My name is Olivier and I",
@@ -92,6 +92,22 @@ def test_stream_deltas_concatenate_to_the_non_stream_text(srv):
     whole = greedy(srv)["generated_text"]
     frames = stream(srv, {"inputs": PROMPT, "stream": True, "parameters": {"max_new_tokens": 16}})
     assert "".join(f["token"]["text"] for f in frames) == whole == frames[-1]["generated_text"]
+
+
+@pytest.mark.parametrize("prompt", ["北京是中国的首都，上海是", "Emoji time 🎉🚀 and more 😀"])
+def test_cjk_and_emoji_stream_deltas_equal_the_non_stream_text(srv, prompt):
+    whole = greedy(srv, prompt, max_new_tokens=24)["generated_text"]
+    frames = stream(srv, {"inputs": prompt, "stream": True, "parameters": {"max_new_tokens": 24}})
+    assert "".join(f["token"]["text"] for f in frames) == whole
+
+
+def test_full_text_enabled_frames_carry_the_text_so_far(request, tiny_model):
+    """Seed sample "stream 2": ServerConfig.fullTextEnabled (the alt server, which also streams int ids)."""
+    alt = alt_server(request, tiny_model)
+    frames = stream(alt, {"inputs": PROMPT, "stream": True, "parameters": {"max_new_tokens": 6, "details": True}})
+    texts = [f["token"]["text"] for f in frames]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    assert texts[-1] == frames[-1]["generated_text"] and isinstance(frames[0]["token"]["id"], int)
 
 
 def test_seeded_sampling_is_reproducible(srv):

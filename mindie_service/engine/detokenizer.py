@@ -76,11 +76,12 @@ def step(dec: TokenDecoder, st: DetokState, token_id: int) -> str:
 
 
 def flush(dec: TokenDecoder, st: DetokState) -> str:
-    """At the end of a request: bytes that never formed a whole character, and text held back
-    for stop matching."""
+    """At the end of a request: the text held back for stop matching. Pending bytes are decoded
+    too, except a trailing character that never completed (generation stopped mid-character):
+    half a character is never emitted."""
     if not st.stopped and st.read_offset < len(st.ids):
         prefix = dec.decode(st.ids[st.prefix_offset:st.read_offset])
-        st.text += dec.decode(st.ids[st.prefix_offset:])[len(prefix):]
+        st.text += dec.decode(st.ids[st.prefix_offset:])[len(prefix):].rstrip("\ufffd")
         st.read_offset = len(st.ids)
     out = st.text[st.emitted:]
     st.emitted = len(st.text)

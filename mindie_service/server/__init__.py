@@ -1,0 +1,1 @@
+"""The HTTP(S) frontend: Tornado listeners for the business, management and metrics planes."""
