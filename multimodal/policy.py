@@ -1,0 +1,108 @@
+"""What the media layer may fetch and decode: one frozen value object, built once from config.
+
+Every limit the loader enforces lives here, so a request can never widen them. Defaults follow
+MindIE (20 media items, 4096-character URLs, image 20 MB, video 512 MB, audio 20 MB, 5 s connect
+and 30 s read timeouts) plus the guards MindIE lacks (private-address block, pixel / frame /
+duration caps, a per-request byte budget)."""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+logger = logging.getLogger(__name__)
+
+MediaKind = Literal["image", "video", "audio"]
+MEDIA_KINDS: tuple[MediaKind, ...] = ("image", "video", "audio")
+
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class MediaPolicy:
+    """Limits and allow-lists for media parts.
+
+    - ``allowed_local_paths``: folders a server-local path (or ``file:///`` URI) may point into,
+      after symlinks are resolved. Empty: local paths are refused.
+    - ``allow_private_urls``: let URLs reach loopback, private, link-local, multicast, reserved
+      and cloud-metadata addresses. Off by default (server-side request forgery).
+    - ``allowed_hosts``: if non-empty, the only URL hosts allowed. ``example.com`` matches that
+      host exactly; ``.example.com`` or ``*.example.com`` match its subdomains.
+    - ``connect_timeout``: seconds to resolve and connect. ``read_timeout``: seconds allowed for
+      the response after that (the whole fetch must end within ``connect_timeout +
+      read_timeout``, so a server trickling bytes cannot hold a request for long).
+    - ``max_request_bytes``: raw bytes all media of one request may take together.
+    """
+
+    allowed_local_paths: tuple[str, ...] = ()
+    allow_private_urls: bool = False
+    allowed_hosts: tuple[str, ...] = ()
+    max_items: int = 20
+    max_url_len: int = 4096
+    max_image_bytes: int = 20 * MB
+    max_video_bytes: int = 512 * MB
+    max_audio_bytes: int = 20 * MB
+    max_request_bytes: int = 1024 * MB
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    max_response_headers: int = 100
+    max_header_bytes: int = 64 * 1024
+    max_image_pixels: int = 40_000_000
+    max_video_frames_total: int = 108_000
+    max_video_seconds: float = 3600.0
+    max_audio_seconds: float = 600.0
+    max_audio_sample_rate: int = 384_000
+    max_audio_channels: int = 64
+
+    def __post_init__(self) -> None:
+        paths = tuple(str(p) for p in self.allowed_local_paths)
+        for p in paths:
+            if not os.path.isabs(p):
+                raise ValueError(f"MediaPolicy.allowed_local_paths must be absolute, got {p!r}")
+        object.__setattr__(self, "allowed_local_paths", paths)
+        hosts = tuple(h.strip().lower().rstrip(".") for h in self.allowed_hosts if h.strip())
+        object.__setattr__(self, "allowed_hosts", hosts)
+        for name in (
+            "max_items", "max_url_len", "max_image_bytes", "max_video_bytes", "max_audio_bytes",
+            "max_request_bytes", "max_response_headers", "max_header_bytes", "max_image_pixels",
+            "max_video_frames_total", "max_audio_sample_rate", "max_audio_channels",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"MediaPolicy.{name} must be a positive integer, got {value!r}")
+        for name in ("connect_timeout", "read_timeout", "max_video_seconds", "max_audio_seconds"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"MediaPolicy.{name} must be a positive number, got {value!r}")
+
+    def max_bytes(self, kind: MediaKind) -> int:
+        """The byte cap of one item of this kind."""
+        if kind == "image":
+            return self.max_image_bytes
+        if kind == "video":
+            return self.max_video_bytes
+        if kind == "audio":
+            return self.max_audio_bytes
+        raise ValueError(f"unknown media kind {kind!r}")
+
+    def host_allowed(self, host: str) -> bool:
+        """True if ``host`` (lower case, no trailing dot) passes the host allow-list."""
+        if not self.allowed_hosts:
+            return True
+        host = host.lower().rstrip(".")
+        for entry in self.allowed_hosts:
+            if entry.startswith("*."):
+                entry = entry[1:]
+            if entry.startswith("."):
+                if host.endswith(entry) and len(host) > len(entry):
+                    return True
+            elif host == entry:
+                return True
+        return False
+
+
+def where(index: int, kind: str) -> str:
+    """How an error names a part: ``inputs[2] (image_url)``."""
+    label = kind if kind == "text" or kind.endswith("_url") else f"{kind}_url"
+    return f"inputs[{index}] ({label})"
