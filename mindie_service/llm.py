@@ -51,9 +51,14 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
-    def generate(self, prompts: str | Seq[str] | Seq[list[int]], params: SamplingParams | Seq[SamplingParams] | None = None,
+    def generate(self, prompts: str | dict | Seq[str | dict] | Seq[list[int]],
+                 params: SamplingParams | Seq[SamplingParams] | None = None,
                  use_tqdm: bool = True, adapter_id: str | None = None) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        """A prompt is a string, a list of token ids, or (multimodal checkpoints) ``{"parts": [...]}``: the
+        user message's parts in order, e.g. ``[{"type": "image", "image": pil}, {"type": "text", "text": "?"}]``
+        (also ``{"type": "video", "video": [frames]}``, ``{"type": "audio", "audio": wav, "sampling_rate": sr}``;
+        see mindie_service.models.multimodal). Parts are rendered with the processor's chat template."""
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)
         plist = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
@@ -63,14 +68,21 @@ class LLM:
         for i, (prompt, p) in enumerate(zip(prompts, plist)):
             if adapter_id is not None:
                 p = replace(p, adapter_id=adapter_id)
-            if isinstance(prompt, str):
+            mm, hashes = None, ()
+            if isinstance(prompt, dict):
+                enc = self.engine.mm_encoder
+                check(enc is not None, "prompt", "a string or token ids (this model takes no media)", "parts")
+                check(isinstance(prompt.get("parts"), (list, tuple)), "prompt", 'a dict {"parts": [...]}', sorted(prompt))
+                mp = enc.prepare(prompt["parts"])
+                ids, mm, hashes = mp.prompt_token_ids, mp.mm_inputs, mp.mm_hashes
+            elif isinstance(prompt, str):
                 check(prompt.strip() != "", "prompt", "a non-empty string", prompt)
                 ids = self.tokenizer(prompt).input_ids
             else:
                 check(isinstance(prompt, list) and len(prompt) > 0, "prompt", "a non-empty string or list of ids", prompt)
                 ids = list(prompt)
             rid = f"offline-{next(self._ids)}"
-            seq = self.engine.add_request(EngineRequest(rid, ids, p))
+            seq = self.engine.add_request(EngineRequest(rid, ids, p, mm_inputs=mm, mm_hashes=hashes))
             order[rid] = i
             outputs[rid] = RequestOutput(rid, prompt if isinstance(prompt, str) else None, seq.prompt_token_ids,
                                          [CompletionOutput(0, "", [], None, 0.0, [] if p.logprobs is not None else None)],

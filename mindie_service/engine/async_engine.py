@@ -81,8 +81,27 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._post("abort", request_id)
 
-    async def generate(self, request: EngineRequest, cache_key: bytes = b"",
-                       adapter_slot: int = 0) -> AsyncIterator[TokenEvent]:
+    # ------------------------------------------------------------ LoRA adapters
+    # The registry is lock-protected and the pool is written only on the engine thread, so these are
+    # safe beside the running loop; requests in flight keep their adapter.
+    async def load_adapter(self, name: str, path: str) -> dict[str, Any]:
+        """Read + validate off the IO loop. ConflictError (409) name taken; ValidationError (422) bad folder/rank."""
+        return await asyncio.to_thread(self.engine.load_adapter, name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """NotFoundError (404) unknown name; ConflictError (409) while requests use it."""
+        self.engine.unload_adapter(name)
+
+    def list_adapters(self) -> list[dict[str, Any]]:
+        """[{name, path, rank, targets, id, resident, in_use}] in load order."""
+        return self.engine.list_adapters()
+
+    def adapter_names(self) -> list[str]:
+        return self.engine.lora.names()
+
+    async def generate(self, request: EngineRequest, cache_key: bytes = b"") -> AsyncIterator[TokenEvent]:
+        """``cache_key``: media hashes for the prefix cache. The LoRA adapter is request.params.adapter_id;
+        the engine resolves it (an unknown one raises ValidationError, 422, from the first iteration)."""
         if not self.healthy():
             raise UnhealthyError(f"engine is not serving ({self._dead or 'not started'})")
         rid = request.request_id
@@ -90,7 +109,7 @@ class AsyncEngine:
             raise GenerationError(f"request id {rid!r} is already running")
         queue: asyncio.Queue[Event | Exception] = asyncio.Queue()
         self._streams[rid] = (asyncio.get_running_loop(), queue)
-        self._post("add", (request, cache_key, adapter_slot))
+        self._post("add", (request, cache_key))
         finished = False
         try:
             while True:
@@ -140,9 +159,9 @@ class AsyncEngine:
                     if kind == "abort":
                         self.engine.abort_request(payload)
                         continue
-                    request, cache_key, slot = payload
+                    request, cache_key = payload
                     try:
-                        self.engine.add_request(request, cache_key=cache_key, adapter_slot=slot)
+                        self.engine.add_request(request, cache_key=cache_key)
                     except MindieError as exc:
                         out.append((request.request_id, exc))
                     except ValueError as exc:

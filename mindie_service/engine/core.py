@@ -21,6 +21,7 @@ from mindie_service.engine.scheduler import Scheduler, SchedulerOutput
 from mindie_service.engine.sequence import Sequence
 from mindie_service.engine.types import (FINISH_EOS, FINISH_LENGTH, FINISH_STOP, EngineRequest, EngineStats,
                                          FailedEvent, TokenEvent, TokenInfo)
+from mindie_service.lora.manager import LoraManager
 from mindie_service.models.loader import load_model
 from mindie_service.protocol.errors import ValidationError, check
 from npu_ops.device import select_device
@@ -48,13 +49,20 @@ class LLMEngine:
         loaded = load_model(cfg.model, cfg.dtype, self.device, cfg.max_seq_len)
         self.model, self.hf_config, self.dtype = loaded.model, loaded.hf_config, loaded.dtype
         self.architecture = loaded.architecture
+        # Media encoders + processor of a multimodal checkpoint (models/multimodal.py); None for text models.
+        self.mm_encoder = loaded.encoder
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)
         self.vocab_size = int(self.model.dims.vocab)
         self.eos_token_ids = self._eos_ids()
         num_blocks = cfg.num_kv_blocks or self._auto_num_blocks()
         self.blocks = BlockManager(num_blocks, cfg.cache_block_size, cfg.enable_prefix_caching)
-        self.scheduler = Scheduler(cfg, self.blocks)
+        self.lora = LoraManager(self.model, cfg.max_loras, cfg.max_lora_rank, self.device, self.dtype, cfg.lora_modules,
+                                reserved=(cfg.model_name,))
+        self.scheduler = Scheduler(cfg, self.blocks, adapters=self.lora)
         self.runner = ModelRunner(self.model, num_blocks, cfg.cache_block_size, self.device, self.dtype)
+        if self.mm_encoder is not None:
+            self.runner.embeds_hook = self.mm_encoder.embeds_hook
+        self.runner.lora_hook = self.lora.step_applier
         self.sampler = Sampler()
         self.decoder = TokenDecoder(self.tokenizer)
         self.tracked: dict[str, _Tracked] = {}
@@ -101,17 +109,26 @@ class LLMEngine:
             ids = ids[-limit:]
         return ids
 
-    def add_request(self, req: EngineRequest, cache_key: bytes = b"", adapter_slot: int = 0) -> Sequence:
+    def add_request(self, req: EngineRequest, cache_key: bytes = b"") -> Sequence:
+        """Queue a request. ``cache_key`` carries media hashes; the LoRA adapter named by
+        ``params.adapter_id`` is resolved here (unknown -> ValidationError) and its identity prefixed."""
         check(req.request_id not in self.tracked, "request_id", "unique among running requests", req.request_id)
         ids = self.check_prompt(list(req.prompt_token_ids))
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         check(not bad, "inputs", f"token ids in [0, {self.vocab_size})", bad[:3])
+        if self.mm_encoder is not None:
+            self.mm_encoder.check_prompt(ids, req.mm_inputs)
+        else:
+            check(req.mm_inputs is None, "inputs", "text only (this model takes no media)", "media parts")
+        if req.mm_hashes:  # identical tokens with different media must never share KV blocks
+            cache_key += b"|mm:" + ",".join(req.mm_hashes).encode()
         p = req.params
         max_output = min(p.max_tokens, self.cfg.max_iter_times, self.cfg.max_seq_len - len(ids),
                          self.pool_tokens - len(ids))
         seed = p.seed if p.seed is not None else secrets.randbits(63)
+        cache_key = self.lora.bind(req.request_id, p.adapter_id) + cache_key  # last check: counts the request
         seq = Sequence(req.request_id, ids, p, max(1, max_output), seed, cache_key=cache_key,
-                       adapter_slot=adapter_slot, mm_inputs=req.mm_inputs)
+                       mm_inputs=req.mm_inputs)
         self.tracked[req.request_id] = _Tracked(seq, DetokState.start(ids, p.stop))
         self.scheduler.add(seq)
         return seq
@@ -127,6 +144,18 @@ class LLMEngine:
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
+
+    # ------------------------------------------------------------ LoRA adapters (thread-safe)
+    def load_adapter(self, name: str, path: str) -> dict:
+        """ConflictError (409) when the name is taken, ValidationError (422) for a bad folder or rank."""
+        return self.lora.load(name, path)
+
+    def unload_adapter(self, name: str) -> None:
+        """NotFoundError (404) when unknown, ConflictError (409) while requests use it."""
+        self.lora.unload(name)
+
+    def list_adapters(self) -> list[dict]:
+        return self.lora.list()
 
     def stats(self) -> EngineStats:
         return EngineStats(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting), swapped=0,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.config import EngineConfig
@@ -32,9 +33,17 @@ class SchedulerOutput:
         return self.decodes + self.prefills
 
 
+class AdapterSlots(Protocol):
+    """Pins a sequence's LoRA adapter in a pool slot while it runs (see mindie_service.lora)."""
+
+    def acquire(self, seq: Sequence) -> bool: ...  # False: no slot free now, the sequence waits
+
+    def release(self, seq: Sequence, done: bool) -> None: ...  # preempted (done=False) or finished
+
+
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, blocks: BlockManager) -> None:
-        self.cfg, self.blocks = cfg, blocks
+    def __init__(self, cfg: EngineConfig, blocks: BlockManager, adapters: AdapterSlots | None = None) -> None:
+        self.cfg, self.blocks, self.adapters = cfg, blocks, adapters
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -54,10 +63,14 @@ class Scheduler:
             self.waiting.remove(seq)
         self.blocks.free_seq(seq)
         seq.status = SeqStatus.FINISHED
+        if self.adapters is not None:
+            self.adapters.release(seq, done=True)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
         self.blocks.free_seq(seq)
+        if self.adapters is not None:
+            self.adapters.release(seq, done=False)
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -91,7 +104,12 @@ class Scheduler:
                 break
             if out.prefills and seq.num_tokens > budget:
                 break
+            # Distinct adapters are bounded by the LoRA pool's slots: the head waits for one to free up.
+            if self.adapters is not None and not self.adapters.acquire(seq):
+                break
             if not self.blocks.allocate(seq, use_prefix_cache=not seq.params.prompt_logprobs):
+                if self.adapters is not None:
+                    self.adapters.release(seq, done=False)
                 break
             new_tokens = seq.num_tokens - seq.num_computed_tokens
             budget -= new_tokens

@@ -198,19 +198,22 @@ def build_demo_model(preset: str, out: str | os.PathLike[str], seed: int = 0,
     Files are written to a temporary sibling folder first and then moved in, config.json
     last, so an interrupted build never leaves something that looks like a checkpoint.
     """
-    if preset not in PRESETS:
-        raise ValueError(f"unknown demo preset {preset!r}; choose from {sorted(PRESETS)}")
+    from mindie_service.models.demo_mm import WRITERS as MM_WRITERS  # multimodal presets (tiny-vl, tiny-audio)
+    if preset not in PRESETS and preset not in MM_WRITERS:
+        raise ValueError(f"unknown demo preset {preset!r}; choose from {sorted([*PRESETS, *MM_WRITERS])}")
     out_path = Path(out).resolve()
     if if_missing and (out_path / "config.json").is_file():
         logger.info("demo model already present at %s; not rebuilding", out_path)
         return out_path
-    p = PRESETS[preset]
     t0 = time.perf_counter()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.tmp-", dir=out_path.parent))
     tmp.chmod(0o755)  # mkdtemp makes it 0700; it may become `out` itself
     try:
-        _write_checkpoint(p, seed, tmp)
+        if preset in MM_WRITERS:
+            MM_WRITERS[preset](seed, tmp)
+        else:
+            _write_checkpoint(PRESETS[preset], seed, tmp)
         if not out_path.exists():
             tmp.rename(out_path)  # atomic on one filesystem
         else:
@@ -220,9 +223,7 @@ def build_demo_model(preset: str, out: str | os.PathLike[str], seed: int = 0,
                 os.replace(f, out_path / f.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    n_params = param_count(p)
-    logger.info("built demo model %r (seed %d, %.2fM params) at %s in %.1fs",
-                preset, seed, n_params / 1e6, out_path, time.perf_counter() - t0)
+    logger.info("built demo model %r (seed %d) at %s in %.1fs", preset, seed, out_path, time.perf_counter() - t0)
     return out_path
 
 

@@ -27,6 +27,8 @@ class LoadedModel:
     hf_config: Any
     architecture: str
     dtype: torch.dtype
+    # Media encoders of a multimodal checkpoint (models/multimodal.py), None for text-only models.
+    encoder: Any = None
 
 
 def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
@@ -102,15 +104,20 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
         ckpt = str(raw.get("torch_dtype") or raw.get("dtype") or "float32")
         dtype = "float32" if device.type == "cpu" else ckpt
     torch_dtype = DTYPES[dtype]
-    max_pos = min(max_positions, getattr(hf_cfg, "max_position_embeddings", max_positions) or max_positions)
-    cos, sin = _rope_tables(family.rotary_class, hf_cfg, max_pos)
+    text_cfg = getattr(hf_cfg, family.text_config) if family.text_config else hf_cfg
+    max_pos = min(max_positions, getattr(text_cfg, "max_position_embeddings", max_positions) or max_positions)
+    cos, sin = _rope_tables(family.rotary_class, text_cfg, max_pos)
     with torch.device("meta"):
-        model = family.build(hf_cfg, cos, sin)
+        model = family.build(text_cfg, cos, sin)
     model = model.to_empty(device="cpu")
     model.rope_cos, model.rope_sin = cos, sin
-    load_weights(model, p)
+    load_weights(model, p, dict(family.weight_prefixes))
     model = model.to(device=device, dtype=torch_dtype).eval()
     model.rope_cos, model.rope_sin = cos.to(device, torch_dtype), sin.to(device, torch_dtype)
     n_params = sum(t.numel() for t in model.parameters())
     logger.info("loaded %s (%s, %.1fM parameters, %s) on %s", p.name, arch, n_params / 1e6, dtype, device)
-    return LoadedModel(model, hf_cfg, arch, torch_dtype)
+    encoder = None
+    if family.encoder:
+        mod_name, cls_name = family.encoder.split(":")
+        encoder = getattr(importlib.import_module(mod_name), cls_name).load(p, hf_cfg, device, torch_dtype)
+    return LoadedModel(model, hf_cfg, arch, torch_dtype, encoder)

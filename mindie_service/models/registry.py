@@ -14,6 +14,12 @@ from mindie_service.models.llama import LlamaDims, LlamaForCausalLM
 class ModelFamily:
     build: Callable[[Any, torch.Tensor, torch.Tensor], nn.Module]  # (hf_config, cos, sin) -> model
     rotary_class: str  # transformers class whose tables we reuse so RoPE matches bit for bit
+    # Multimodal wrappers: the language model's config is ``hf_config.text_config``, its weights sit under
+    # ``weight_prefixes`` (checkpoint prefix -> ours), and ``encoder`` ("module:Class") builds the media
+    # encoders (see models/multimodal.py). Plain LMs keep the defaults.
+    text_config: str | None = None
+    weight_prefixes: tuple[tuple[str, str], ...] = (("model.", ""),)
+    encoder: str | None = None
 
 
 def _llama(qkv_bias: bool | None) -> Callable[[Any, torch.Tensor, torch.Tensor], nn.Module]:
@@ -28,6 +34,15 @@ REGISTRY: dict[str, ModelFamily] = {
                                       "transformers.models.mistral.modeling_mistral.MistralRotaryEmbedding"),
     # Qwen2 has biases on q/k/v but not on o_proj.
     "Qwen2ForCausalLM": ModelFamily(_llama(True), "transformers.models.qwen2.modeling_qwen2.Qwen2RotaryEmbedding"),
+    # transformers 5 layout: model.{vision_tower,audio_tower,multi_modal_projector,language_model}.*, lm_head.*
+    "LlavaForConditionalGeneration": ModelFamily(
+        _llama(None), "transformers.models.llama.modeling_llama.LlamaRotaryEmbedding", text_config="text_config",
+        weight_prefixes=(("model.language_model.", ""), ("language_model.model.", ""), ("language_model.", "")),
+        encoder="mindie_service.models.multimodal:LlavaEncoder"),
+    "Qwen2AudioForConditionalGeneration": ModelFamily(
+        _llama(True), "transformers.models.qwen2.modeling_qwen2.Qwen2RotaryEmbedding", text_config="text_config",
+        weight_prefixes=(("model.language_model.", ""), ("language_model.model.", ""), ("language_model.", "")),
+        encoder="mindie_service.models.multimodal:Qwen2AudioEncoder"),
 }
 
 

@@ -211,4 +211,7 @@ def serve(config_path: str, prepare: bool = False) -> int:
         print(f"mindie-service: {e}", file=sys.stderr)
         return 2
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # The engine thread holds the GIL between torch ops; a shorter switch interval lets the IO
+    # thread flush each token as it comes instead of in bursts every 5 ms.
+    sys.setswitchinterval(0.001)
     return asyncio.run(_run(cfg, contexts, show_curl=prepare))
