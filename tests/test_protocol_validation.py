@@ -106,7 +106,9 @@ def test_decoder_input_details_with_stream_is_refused(limits, tok):
 
 
 @pytest.mark.parametrize("inputs,match", [
-    ([{"type": "text", "text": "hi"}], "multimodal list form is not supported"),
+    ([{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": "/x.png"}], r"inputs\[1\].*takes no image"),
+    ([{"type": "sound_url", "sound_url": "/x.wav"}], "sound_url"),
+    ([{"type": "text", "text": ""}], "text"),
     ("", "inputs must be a non-empty string"),
     (5, "inputs must be a string"),
     (None, "inputs is required"),

@@ -37,6 +37,7 @@ class AsyncEngine:
         self.device_type = self.engine.device_info.type
         self.device_reason = self.engine.device_info.reason
         self.dtype = str(self.engine.dtype).removeprefix("torch.")
+        self.mm_encoder = self.engine.mm_encoder  # None for text-only models
         self._cond = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
         self._streams: dict[str, _Stream] = {}

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Literal
 
 from mindie_service.engine.types import TokenEvent, TokenInfo
+from multimodal import MediaItem, MediaPolicy, TextPart, parse_parts
 from mindie_service.protocol.errors import ValidationError, check
 from mindie_service.protocol.validation import (
     INT32_MAX,
@@ -49,6 +50,8 @@ class ProtocolLimits:
     max_input_len: int  # effective min(maxInputTokenLen, maxSeqLen - 1)
     truncation: bool  # ModelDeployConfig.truncation: cut long inputs instead of refusing them
     adapters: Collection[str] = ()  # known LoRA adapter names besides the base model
+    modalities: Collection[str] = ()  # media kinds the model takes ("image", "audio"); video = images
+    media_policy: MediaPolicy | None = None  # allow-lists and caps for list-form inputs
     max_best_of: int = MAX_BEST_OF
     max_stop_sequences: int = MAX_STOP_STRINGS
     max_top_n_tokens: int = MAX_TOP_N_TOKENS
@@ -68,28 +71,45 @@ class GenerationRequest:
     best_of: int = 1
     top_n_tokens: int = 0
     sampling: bool = False  # False: greedy (TGI reports seed null then)
+    parts: list[Any] | None = None  # list-form inputs with media, loaded by the server before generation
+    mm_inputs: Any = None  # set once the media are loaded and the processor built the prompt
+    mm_hashes: tuple[str, ...] = ()
 
     @property
     def prefix(self) -> str:
         return self.inputs if self.return_full_text else ""
 
 
-def _inputs_text(body: dict[str, Any]) -> str:
+def _inputs(body: dict[str, Any], limits: ProtocolLimits) -> tuple[str, list[Any] | None]:
+    """``inputs`` -> (text, media parts). A string, or MindIE's list of text/image_url/video_url/
+    audio_url parts; a list with media comes back as parts (fetched and decoded later, off the
+    parser), the text being its text parts joined (what return_full_text prepends)."""
     v = body.get("inputs")
     if v is None:
         raise ValidationError("Parameter inputs is required, got none")
     if isinstance(v, list):
-        raise ValidationError("Parameter inputs must be a string for this model: the multimodal list form is "
-                              "not supported yet")
-    check(isinstance(v, str), "inputs", "a string", v)
+        parts = parse_parts(v, limits.media_policy or MediaPolicy())
+        text = "\n".join(p.text for p in parts if isinstance(p, TextPart))
+        media = [p for p in parts if isinstance(p, MediaItem)]
+        if not media:
+            check(len(text) > 0, "inputs", "a list holding at least one non-empty text part", v)
+            return text, None
+        for m in media:
+            wanted = "image" if m.kind == "video" else m.kind
+            if wanted not in limits.modalities:
+                takes = ", ".join(sorted(limits.modalities)) or "text only"
+                raise ValidationError(f"Parameter inputs[{m.index}] must be a part this model accepts ({takes}); "
+                                      f"it takes no {m.kind} input, got {m.kind}_url")
+        return text, parts
+    check(isinstance(v, str), "inputs", "a string or a list of parts", v)
     check(len(v) > 0, "inputs", "a non-empty string", v)
-    return v
+    return v, None
 
 
 def parse_generation(body: dict[str, Any], *, dialect: Dialect, stream: bool, limits: ProtocolLimits,
                      tokenize: Callable[[str], list[int]]) -> GenerationRequest:
     """Validate ``body`` (``inputs`` + ``parameters``) and tokenize; raise ValidationError on bad input."""
-    inputs = _inputs_text(body)
+    inputs, parts = _inputs(body, limits)
     p = require_object(body.get("parameters"), "parameters")
 
     details = bool(get_bool(p, "details", False))
@@ -151,9 +171,14 @@ def parse_generation(body: dict[str, Any], *, dialect: Dialect, stream: bool, li
     except ValueError as e:  # pragma: no cover - SamplingParams raises ValidationError already
         raise ValidationError(str(e)) from None
 
-    ids = prompt_ids(inputs, tokenize, truncate, limits)
+    if parts is not None:
+        # The prompt is built by the model's processor once the media are loaded (server side).
+        check(truncate is None, "truncate", "absent for inputs holding media (it would cut placeholders)", truncate)
+        ids: list[int] = []
+    else:
+        ids = prompt_ids(inputs, tokenize, truncate, limits)
     return GenerationRequest(
-        inputs=inputs, prompt_token_ids=ids, params=params, stream=stream,
+        inputs=inputs, prompt_token_ids=ids, params=params, stream=stream, parts=parts,
         details=details or decoder_input_details, decoder_input_details=decoder_input_details,
         return_full_text=return_full_text, best_of=best_of, top_n_tokens=top_n_tokens, sampling=sampling,
     )

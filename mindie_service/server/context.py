@@ -10,9 +10,10 @@ from typing import Any, Callable, Iterator
 
 from mindie_service.config import ServiceConfig
 from mindie_service.protocol.encoders import MindieEncoder, TgiEncoder
-from mindie_service.protocol.errors import OverloadedError, UnhealthyError
+from mindie_service.protocol.errors import OverloadedError, UnhealthyError, ValidationError
 from mindie_service.protocol.generation import ProtocolLimits
 from mindie_service.server.metrics import ServiceMetrics
+from multimodal import DecodeOptions, MediaPolicy, load_media
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,11 @@ class ServerContext:
         self.started_at = time.time()
         self._idle = asyncio.Event()
         self._idle.set()
+        self.media_policy = MediaPolicy(
+            allowed_local_paths=tuple(self.settings.allowed_local_media_paths),
+            allow_private_urls=self.settings.allow_private_media_urls,
+            allowed_hosts=tuple(self.settings.media_url_allowed_hosts),
+            max_items=self.settings.max_media_items)
         self.tokenizer_workers = max(1, config.backend.tokenizer_process_number)
         self.executor = ThreadPoolExecutor(max_workers=self.tokenizer_workers, thread_name_prefix="tokenize")
         self.metrics = ServiceMetrics(self.model_name, self.stats, config.backend.max_seq_len)
@@ -49,7 +55,29 @@ class ServerContext:
             max_input_len=self.engine_config.effective_max_input_len,
             truncation=self.engine_config.truncation,
             adapters=self.adapter_names(),
+            modalities=frozenset(getattr(self.mm_encoder, "modalities", ())),
+            media_policy=self.media_policy,
         )
+
+    @property
+    def mm_encoder(self) -> Any:
+        """The model's media encoder (None for text-only models and the mock engine)."""
+        return getattr(self.engine, "mm_encoder", None)
+
+    async def prepare_media(self, req: Any) -> None:
+        """Fetch and decode the request's media (thread pool, never the IO loop), then let the model's
+        processor build the prompt with its placeholders expanded."""
+        enc = self.mm_encoder
+        opts = DecodeOptions(num_video_frames=min(self.engine_config.video_frames, self.engine_config.max_video_frames),
+                             audio_sampling_rate=enc.sampling_rate or 16000)
+        loaded = await load_media(req.parts, self.media_policy, self.executor, opts)
+        prompt = await self.run_blocking(enc.prepare, loaded)
+        limit = self.limits.max_input_len if self.limits else self.engine_config.effective_max_input_len
+        n = len(prompt.prompt_token_ids)
+        if n > limit:
+            raise ValidationError(f"Parameter inputs must be at most {limit} tokens (maxInputTokenLen, or maxSeqLen - 1)"
+                                  f" with media placeholders expanded, got {n} tokens")
+        req.prompt_token_ids, req.mm_inputs, req.mm_hashes = prompt.prompt_token_ids, prompt.mm_inputs, prompt.mm_hashes
 
     def adapter_names(self) -> frozenset[str]:
         """LoRA adapters a request may name. The LoRA work fills this; until then only the base model."""

@@ -60,6 +60,8 @@ class GenerationHandler(BaseHandler):
             with ctx.admit():
                 # JSON decoding and tokenization run in the tokenizer pool, off the IO loop.
                 req = await ctx.run_blocking(self._parse_body)
+                if req.parts is not None:
+                    await ctx.prepare_media(req)
                 if self._client_gone:
                     return
                 self._task = asyncio.ensure_future(self._serve(req, t0))
@@ -130,7 +132,8 @@ class GenerationHandler(BaseHandler):
         deadline = loop.time() - (time.monotonic() - t0) + s.e2e_timeout
         rid = self.request_id if req.best_of == 1 else f"{self.request_id}.{index}"
         params = dataclasses.replace(req.params) if req.best_of > 1 else req.params
-        ereq = EngineRequest(request_id=rid, prompt_token_ids=list(req.prompt_token_ids), params=params)
+        ereq = EngineRequest(request_id=rid, prompt_token_ids=list(req.prompt_token_ids), params=params,
+                             mm_inputs=req.mm_inputs, mm_hashes=req.mm_hashes)
         agen = ctx.engine.generate(ereq)
         first: float | None = None
         n, prompt_n = 0, len(req.prompt_token_ids)
