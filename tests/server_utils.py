@@ -106,9 +106,9 @@ class ServerProcess:
             self._log.close()
 
     # -- client helpers --------------------------------------------------------------------------
-    def post(self, path: str, body: Any, **kw: Any) -> requests.Response:
+    def post(self, path: str, body: Any, plane: str = "business", **kw: Any) -> requests.Response:
         kw.setdefault("timeout", 60)
-        return requests.post(self.url() + path, json=body, verify=self.verify, cert=self.cert, **kw)
+        return requests.post(self.url(plane) + path, json=body, verify=self.verify, cert=self.cert, **kw)
 
     def get(self, path: str, plane: str = "business", **kw: Any) -> requests.Response:
         kw.setdefault("timeout", 30)

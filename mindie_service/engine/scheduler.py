@@ -117,4 +117,11 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             out.prefills.append(seq)
+        if self.adapters is not None:  # one LoRA segment per adapter (stable: order kept within each)
+            out.decodes.sort(key=_adapter_slot)
+            out.prefills.sort(key=_adapter_slot)
         return out
+
+
+def _adapter_slot(seq: Sequence) -> int:
+    return seq.adapter_slot

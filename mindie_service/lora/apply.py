@@ -22,47 +22,34 @@ import torch
 
 from mindie_service.lora.pool import AdapterPool
 
-Rows = slice | torch.Tensor
-
 
 class BatchedLoraApplier:
-    def __init__(self, pool: AdapterPool, groups: list[tuple[int, Rows]]) -> None:
+    def __init__(self, pool: AdapterPool, segments: list[tuple[int, slice]]) -> None:
         self.entries = pool.entries
-        self.groups = groups
+        self.segments = segments
 
     def apply(self, layer: int, module: str, x: torch.Tensor, out: torch.Tensor) -> None:
         key = (layer, module)
-        for slot, rows in self.groups:
-            pair = self.entries[slot].get(key)
-            if pair is None:  # this adapter does not target the module in this layer
+        for slot, rows in self.segments:
+            entry = self.entries[slot].get(key)
+            if entry is None:  # this adapter does not target the module in this layer
                 continue
-            a, b = pair
-            if isinstance(rows, slice):
-                out[rows].addmm_(x[rows] @ a.T, b)
-            else:
-                out.index_add_(0, rows, (x.index_select(0, rows) @ a.T) @ b)
+            a, expands = entry
+            xa = x[rows] @ a.T  # shrink: all sub-modules at once
+            o = out[rows]
+            for r0, r1, c0, c1, b in expands:  # expand: each into its own output columns, in place
+                o[:, c0:c1].addmm_(xa[:, r0:r1], b)
 
 
-def build_applier(pool: AdapterPool, slots: list[int], counts: list[int],
-                  device: torch.device) -> BatchedLoraApplier | None:
-    """Group the packed tokens (``counts[i]`` consecutive tokens use ``slots[i]``) by slot; None when all base."""
-    runs: dict[int, list[tuple[int, int]]] = {}
+def build_applier(pool: AdapterPool, slots: list[int], counts: list[int]) -> BatchedLoraApplier | None:
+    """Segments of the packed tokens (``counts[i]`` consecutive tokens use ``slots[i]``); None when all base."""
+    segments: list[tuple[int, slice]] = []
     start = 0
     for slot, n in zip(slots, counts):
         if slot:
-            spans = runs.setdefault(slot, [])
-            if spans and spans[-1][1] == start:
-                spans[-1] = (spans[-1][0], start + n)
+            if segments and segments[-1][0] == slot and segments[-1][1].stop == start:
+                segments[-1] = (slot, slice(segments[-1][1].start, start + n))
             else:
-                spans.append((start, start + n))
+                segments.append((slot, slice(start, start + n)))
         start += n
-    if not runs:
-        return None
-    groups: list[tuple[int, Rows]] = []
-    for slot, spans in runs.items():
-        if len(spans) == 1:
-            groups.append((slot, slice(*spans[0])))
-        else:
-            idx = [i for a, b in spans for i in range(a, b)]
-            groups.append((slot, torch.tensor(idx, dtype=torch.long, device=device)))
-    return BatchedLoraApplier(pool, groups)
+    return BatchedLoraApplier(pool, segments) if segments else None

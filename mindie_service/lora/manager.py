@@ -139,4 +139,4 @@ class LoraManager:
         slots = [s.adapter_slot for s in seqs]
         if not any(slots) or self.pool is None:
             return None
-        return build_applier(self.pool, slots, counts, self.device)
+        return build_applier(self.pool, slots, counts)

@@ -1,10 +1,11 @@
 """The stacked adapter pool (S-LoRA / Punica layout) with LRU residency and pin counts.
 
-Per layer and per packed module the pool holds ``A [slots, width, in]`` and ``B [slots, width, out]``
-with ``width = subs x rank``: a slot packs its sub-projections' A rows one after another (q, k, v
-share the input, so one shrink matmul serves all three) and B is block-diagonal over the packed
-output (sub i's rows write only its own output slice). Scaling is folded into B. Slot 0 is the
-base model and stays empty. ``rank`` grows to the largest resident adapter's rank, up to
+Per layer the pool holds, for each packed module, ``A [slots, subs x rank, in]`` (a slot packs its
+sub-projections' A rows one after another: q, k, v share the input, so one shrink matmul serves
+all three) and, for each checkpoint sub-module, ``B [slots, rank, out_sub]`` (each expand writes
+only its own slice of the packed output; a block-diagonal B over the packed output would read a
+third zeros for q/k/v, and decode on CPU is bound by memory traffic). Scaling is folded into B.
+Slot 0 is the base model and stays empty. ``rank`` grows to the largest resident adapter's rank, up to
 maxLoraRank, so a pool of rank-8 adapters does not pay for rank 64.
 
 Residency: at most ``num_slots`` adapters; acquiring one that is not resident takes a free slot or
@@ -27,7 +28,10 @@ SUBS: dict[str, list[str]] = {}
 for _sub, (_, _module, _) in TARGETS.items():
     SUBS.setdefault(_module, []).append(_sub)
 
-Pair = tuple[torch.Tensor, torch.Tensor]  # (A [w, in], B [w, out]) views into the pool
+# Per (layer, module) of a slot: A [w, in] over the slot's used width, and per present sub-module
+# (first row in xa, last row, first output column, last column, B [r, out_sub]). Views into the pool.
+Expand = tuple[int, int, int, int, torch.Tensor]
+Entry = tuple[torch.Tensor, tuple[Expand, ...]]
 
 
 class AdapterPool:
@@ -38,10 +42,10 @@ class AdapterPool:
         self.dims = {m: (self.shapes[subs[0]].in_features, sum(self.shapes[s].out_features for s in subs))
                      for m, subs in SUBS.items()}
         self.rank = 0
-        self.A: list[dict[str, torch.Tensor]] = []
-        self.B: list[dict[str, torch.Tensor]] = []
-        # entries[slot][(layer, module)] -> (A, B) views over the slot's used width; empty for slot 0.
-        self.entries: list[dict[tuple[int, str], Pair]] = [{} for _ in range(num_slots + 1)]
+        self.A: list[dict[str, torch.Tensor]] = []  # [layer][module] -> [slots + 1, subs x rank, in]
+        self.B: list[dict[str, torch.Tensor]] = []  # [layer][sub-module] -> [slots + 1, rank, out_sub]
+        # entries[slot][(layer, module)]: what the applier reads; empty for slot 0 and untargeted modules.
+        self.entries: list[dict[tuple[int, str], Entry]] = [{} for _ in range(num_slots + 1)]
         self.resident: list[LoraAdapter | None] = [None] * (num_slots + 1)
         self.pins = [0] * (num_slots + 1)
         self.lru: OrderedDict[int, None] = OrderedDict()  # occupied slots, least recently used first
@@ -93,45 +97,54 @@ class AdapterPool:
     def _grow(self, rank: int) -> None:
         old_a, old_b, old_rank = self.A, self.B, self.rank
         self.A, self.B, self.rank = [], [], rank
+        kw = {"device": self.device, "dtype": self.dtype}
         for layer in range(self.layers):
             a_layer, b_layer = {}, {}
-            for m, (d_in, d_out) in self.dims.items():
-                width = len(SUBS[m]) * rank
-                a_layer[m] = torch.zeros(self.num_slots + 1, width, d_in, device=self.device, dtype=self.dtype)
-                b_layer[m] = torch.zeros(self.num_slots + 1, width, d_out, device=self.device, dtype=self.dtype)
+            for m, (d_in, _) in self.dims.items():
+                a_layer[m] = torch.zeros(self.num_slots + 1, len(SUBS[m]) * rank, d_in, **kw)
                 if old_rank:
-                    old_w = len(SUBS[m]) * old_rank
-                    a_layer[m][:, :old_w].copy_(old_a[layer][m])
-                    b_layer[m][:, :old_w].copy_(old_b[layer][m])
+                    a_layer[m][:, :len(SUBS[m]) * old_rank].copy_(old_a[layer][m])
+            for sub, shape in self.shapes.items():
+                b_layer[sub] = torch.zeros(self.num_slots + 1, rank, shape.out_features, **kw)
+                if old_rank:
+                    b_layer[sub][:, :old_rank].copy_(old_b[layer][sub])
             self.A.append(a_layer)
             self.B.append(b_layer)
-        for slot, entries in enumerate(self.entries):  # re-point every view at the new tensors
-            for (layer, m), (a, _) in list(entries.items()):
-                w = a.shape[0]
-                entries[(layer, m)] = (self.A[layer][m][slot, :w], self.B[layer][m][slot, :w])
+        for slot, adapter in enumerate(self.resident):  # re-point every view at the new tensors
+            if adapter is not None:
+                self.entries[slot] = self._views(slot, adapter)
         logger.info("LoRA pool: %d slots of rank %d", self.num_slots, rank)
+
+    def _views(self, slot: int, adapter: LoraAdapter) -> dict[tuple[int, str], Entry]:
+        entries: dict[tuple[int, str], Entry] = {}
+        for layer in range(self.layers):
+            for m, subs in SUBS.items():
+                expands: list[Expand] = []
+                row = 0
+                for s in subs:
+                    if (layer, s) in adapter.weights:
+                        r, shape = adapter.weights[(layer, s)][0].shape[0], self.shapes[s]
+                        expands.append((row, row + r, shape.offset, shape.offset + shape.out_features,
+                                        self.B[layer][s][slot, :r]))
+                        row += r
+                if expands:
+                    entries[(layer, m)] = (self.A[layer][m][slot, :row], tuple(expands))
+        return entries
 
     @torch.inference_mode()
     def _write(self, slot: int, adapter: LoraAdapter) -> None:
         if adapter.rank > self.rank:
             self._grow(adapter.rank)
-        entries: dict[tuple[int, str], Pair] = {}
         for layer in range(self.layers):
             for m, subs in SUBS.items():
-                present = [(s, adapter.weights[(layer, s)]) for s in subs if (layer, s) in adapter.weights]
-                if not present:
-                    continue
-                a_slot, b_slot = self.A[layer][m][slot], self.B[layer][m][slot]
-                w = sum(a.shape[0] for _, (a, _) in present)
-                b_slot[:w].zero_()
                 row = 0
-                for s, (a, b) in present:
-                    r, shape = a.shape[0], self.shapes[s]
-                    a_slot[row:row + r].copy_(a)
-                    b_slot[row:row + r, shape.offset:shape.offset + shape.out_features].copy_(b.T)
-                    row += r
-                entries[(layer, m)] = (a_slot[:w], b_slot[:w])
-        self.entries[slot] = entries
+                for s in subs:
+                    if (layer, s) in adapter.weights:
+                        a, b = adapter.weights[(layer, s)]
+                        self.A[layer][m][slot, row:row + a.shape[0]].copy_(a)
+                        self.B[layer][s][slot, :a.shape[0]].copy_(b.T)
+                        row += a.shape[0]
+        self.entries[slot] = self._views(slot, adapter)
         self.resident[slot] = adapter
         adapter.slot = slot
         self.lru[slot] = None

@@ -16,6 +16,7 @@ from mindie_service.server.handlers_mgmt import (
     StatusHandler,
     StopServiceHandler,
 )
+from mindie_service.server.handlers_lora import LoadLoraHandler, ModelsHandler, UnloadLoraHandler
 from mindie_service.server.handlers_mindie import MindieGenerateHandler, TokenizerHandler
 from mindie_service.server.handlers_tgi import (
     HealthHandler,
@@ -31,6 +32,7 @@ PLANE_ROUTES: dict[str, list[tuple[str, type[tornado.web.RequestHandler]]]] = {
         (r"/generate", TgiGenerateHandler),
         (r"/generate_stream", TgiGenerateStreamHandler),
         (r"/v1/tokenizer", TokenizerHandler),
+        (r"/v1/models", ModelsHandler),
         (r"/health", HealthHandler),
         (r"/info", InfoHandler),
     ],
@@ -42,6 +44,8 @@ PLANE_ROUTES: dict[str, list[tuple[str, type[tornado.web.RequestHandler]]]] = {
         (r"/v1/config", ConfigHandler),
         (r"/v1/status", StatusHandler),
         (r"/stopService", StopServiceHandler),
+        (r"/v1/load_lora_adapter", LoadLoraHandler),
+        (r"/v1/unload_lora_adapter", UnloadLoraHandler),
     ],
     "metrics": [
         (r"/metrics", MetricsHandler),

@@ -18,6 +18,22 @@ from multimodal import DecodeOptions, MediaPolicy, load_media
 logger = logging.getLogger(__name__)
 
 
+class _LiveNames:
+    """The adapter names as they are now (adapters load and unload at run time)."""
+
+    def __init__(self, names: Callable[[], frozenset[str]]) -> None:
+        self._names = names
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+
 class ServerContext:
     """One per process. ``engine`` is None until ``attach_engine``; generation requests get 503 until then."""
 
@@ -54,7 +70,7 @@ class ServerContext:
             vocab_size=int(engine.vocab_size),
             max_input_len=self.engine_config.effective_max_input_len,
             truncation=self.engine_config.truncation,
-            adapters=self.adapter_names(),
+            adapters=_LiveNames(self.adapter_names),
             modalities=frozenset(getattr(self.mm_encoder, "modalities", ())),
             media_policy=self.media_policy,
         )

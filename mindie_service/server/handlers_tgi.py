@@ -66,5 +66,6 @@ class InfoHandler(BaseHandler):
             validation_workers=ctx.tokenizer_workers, version=service_version(),
             extra={"model_device_reason": str(getattr(eng, "device_reason", "")),
                    "max_new_tokens_cap": ec.max_iter_times, "max_batch_size": ec.max_batch_size,
-                   "max_top_n_tokens": ctx.limits.max_top_n_tokens},
+                   "max_top_n_tokens": ctx.limits.max_top_n_tokens,
+                   "adapters": sorted(ctx.adapter_names())},
         ))
