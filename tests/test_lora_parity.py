@@ -87,3 +87,31 @@ def test_mixed_batch_of_24_matches_each_request_alone(tiny_model, adapters, prom
         assert alone_llm.generate([p], _params(a), use_tqdm=False)[0].outputs[0].token_ids == out
     assert llm.engine.stats().free_blocks == llm.engine.blocks.num_blocks
     assert all(a["in_use"] == 0 for a in llm.engine.list_adapters())
+
+
+def test_partial_targets_and_layers_match_peft(tiny_model, tmp_path, prompts):
+    """q and v without k, up without gate, layer 2 untouched: packed slices must land in the right columns."""
+    import json
+
+    from peft import PeftModel
+    from safetensors.torch import load_file, save_file
+    path = build_demo_lora(str(tiny_model), str(tmp_path / "partial"), rank=8, seed=11,
+                           targets=("q_proj", "v_proj", "up_proj", "o_proj"))
+    weights = load_file(str(path / "adapter_model.safetensors"))
+    save_file({k: v for k, v in weights.items() if ".layers.2." not in k}, str(path / "adapter_model.safetensors"))
+    cfg = json.loads((path / "adapter_config.json").read_text())
+    (path / "adapter_config.json").write_text(json.dumps({**cfg, "layers_to_transform": [0, 1, 3]}))
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    hf = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), str(path))
+    ref = []
+    with torch.inference_mode():
+        for p in prompts[:2]:
+            ids = tok(p, return_tensors="pt").input_ids
+            gen = hf.eval().generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_TOKENS,
+                                     min_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=tok.pad_token_id)
+            ref.append(gen[0, ids.shape[1]:].tolist())
+    llm = LLM(str(tiny_model), cache_block_size=16, num_kv_blocks=128, max_lora_rank=8)
+    info = llm.engine.load_adapter("partial", str(path))
+    assert info["targets"] == ["q_proj", "v_proj", "o_proj", "up_proj"]
+    outs = llm.generate(prompts[:2], _params("partial"), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == ref

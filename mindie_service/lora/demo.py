@@ -51,7 +51,8 @@ def build_demo_lora(base: str, out: str, rank: int = 8, seed: int = 0,
             parent = "self_attn" if t in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
             key = f"base_model.model.model.layers.{layer}.{parent}.{t}"
             tensors[f"{key}.lora_A.weight"] = torch.randn(rank, d_in, generator=gen) / math.sqrt(d_in)
-            tensors[f"{key}.lora_B.weight"] = torch.randn(d_out, rank, generator=gen) * (gain / scaling / math.sqrt(rank))
+            b_std = gain / scaling / math.sqrt(rank)
+            tensors[f"{key}.lora_B.weight"] = torch.randn(d_out, rank, generator=gen) * b_std
     dest = Path(out)
     dest.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(dest / WEIGHTS_FILE), metadata={"format": "pt"})
