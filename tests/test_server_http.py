@@ -253,9 +253,10 @@ def test_validation_error_names_parameter_rule_and_value(srv):
     error(srv.post("/generate_stream", {"inputs": "hi", "parameters": {"temperature": 0}}), 422, "validation")
 
 
-def test_multimodal_list_inputs_are_a_clear_422(srv):
-    msg = error(srv.post("/", {"inputs": [{"type": "text", "text": "hi"}]}), 422, "validation")
-    assert "multimodal" in msg
+def test_media_list_inputs_on_a_text_model_are_a_clear_422(srv):
+    body = {"inputs": [{"type": "text", "text": "hi"}, {"type": "audio_url", "audio_url": "/x.wav"}]}
+    msg = error(srv.post("/", body), 422, "validation")
+    assert "inputs[1]" in msg and "audio" in msg
 
 
 def test_decoder_input_details_with_stream_is_a_422(srv):
