@@ -35,10 +35,35 @@ def media_dir(tmp_path_factory) -> Path:
     return d
 
 
+class _MediaHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves the folder; /redirect answers 302 to a metadata address, /huge.png streams 21 MB."""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path == "/redirect":
+            self.send_response(302)
+            self.send_header("Location", "http://169.254.169.254/latest/meta-data")
+            self.end_headers()
+        elif self.path == "/huge.png":
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.end_headers()
+            chunk = synth.image_bytes(8, 8, "PNG") + b"\0" * (1 << 20)
+            try:
+                for _ in range(21):
+                    self.wfile.write(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+        else:
+            super().do_GET()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
 @pytest.fixture(scope="module")
 def media_url(media_dir):
     """A loopback HTTP server for the media folder (the tests turn allowPrivateMediaUrls on for it)."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(media_dir / "allowed"))
+    handler = functools.partial(_MediaHandler, directory=str(media_dir / "allowed"))
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
@@ -146,3 +171,11 @@ def test_text_only_model_names_the_modality_it_refuses(request, tiny_model, medi
     assert r.status_code == 422 and "image" in r.json()["error"]
     ok = _ask(srv, [{"type": "text", "text": "River mountain"}])  # text parts alone are plain text
     assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("path, status, needle", [("/redirect", 422, "redirect"), ("/huge.png", 413, "inputs[0]")])
+def test_redirects_and_oversized_bodies_are_refused(vl_srv, media_url, path, status, needle):
+    r = _ask(vl_srv, [_image_part(media_url + path), {"type": "text", "text": "hi"}])
+    assert r.status_code == status, r.text
+    assert needle in r.json()["error"]
+    assert vl_srv.get("/health").status_code == 200
