@@ -86,8 +86,8 @@ class AttentionMetadata:
 
     slots: torch.Tensor  # [T] where each token's K/V is written
     num_decode: int = 0
-    decode_gather: torch.Tensor | None = None  # [Bd, L] slots of each decode sequence's context
-    decode_mask: torch.Tensor | None = None  # [Bd, 1, 1, L] True where a key is real
+    decode_block_gather: torch.Tensor | None = None  # [Bd, max_blocks] block ids (padded) of each context
+    decode_mask: torch.Tensor | None = None  # [Bd, 1, 1, max_blocks * block_size] True where a key is real
     decode_block_tables: torch.Tensor | None = None  # [Bd, max_blocks] int32 (NPU kernels)
     decode_ctx_lens: torch.Tensor | None = None  # [Bd] int32 (NPU kernels)
     prefills: list[PrefillSpan] = field(default_factory=list)
@@ -102,13 +102,21 @@ def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return rows.view(*slots.shape, n_kv, hd)
 
 
+def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """Whole blocks [Bd, nb] -> [Bd, nb * block_size, kv_heads, head_dim]: whole-block rows copy
+    ~2x faster than per-slot rows; the padding past each context is masked out."""
+    nb_total, bs, n_kv, hd = cache.shape
+    rows = cache.view(nb_total, -1).index_select(0, blocks.reshape(-1))
+    return rows.view(blocks.shape[0], blocks.shape[1] * bs, n_kv, hd)
+
+
 def _decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                 scale: float) -> torch.Tensor:
     bd = meta.num_decode
     n_kv, hd = k_cache.shape[2], k_cache.shape[3]
     group = q.shape[1] // n_kv
-    k = _gather(k_cache, meta.decode_gather).transpose(1, 2)  # [Bd, kv, L, D]
-    v = _gather(v_cache, meta.decode_gather).transpose(1, 2)
+    k = _gather_blocks(k_cache, meta.decode_block_gather).transpose(1, 2)  # [Bd, kv, L, D]
+    v = _gather_blocks(v_cache, meta.decode_block_gather).transpose(1, 2)
     # GQA without repeating K/V: the query heads of one KV head become that head's query rows.
     qg = q.view(bd, n_kv, group, hd)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.decode_mask, scale=scale)

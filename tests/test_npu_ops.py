@@ -77,11 +77,12 @@ def test_paged_attention_matches_dense_attention(device):
     slots = torch.tensor([slot(t, p) for t, c, n in zip(tables, ctx_lens, new) for p in range(c - n, c)], device=device)
     ops.write_kv(k_cache, v_cache, k, v, slots)
     L = ctx_lens[0]
-    pos = torch.arange(L)
     bt = torch.tensor([tables[0]])
+    # Whole blocks are gathered: 12 key slots of which the last is padding, masked out.
+    mask = (torch.arange(len(tables[0]) * bs) < L)[None, None, None, :]
     meta = ops.AttentionMetadata(slots=slots, num_decode=1,
-                                 decode_gather=(bt[:, pos // bs] * bs + pos % bs).to(device),
-                                 decode_mask=torch.ones(1, 1, 1, L, dtype=torch.bool, device=device),
+                                 decode_block_gather=bt.to(device),
+                                 decode_mask=mask.to(device),
                                  decode_block_tables=bt.to(torch.int32).to(device),
                                  decode_ctx_lens=torch.tensor([L], dtype=torch.int32, device=device),
                                  prefills=[ops.PrefillSpan(1, 7, 7, None),

@@ -82,8 +82,8 @@ class ModelRunner:
             bt = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in sched.decodes],
                               device=dev)
             ctx_t = torch.tensor(ctx, device=dev)
-            pos = torch.arange(max(ctx), device=dev)
-            meta.decode_gather = bt[:, pos // bs] * bs + pos % bs
+            pos = torch.arange(max_blocks * bs, device=dev)
+            meta.decode_block_gather = bt
             meta.decode_mask = (pos[None, :] < ctx_t[:, None])[:, None, None, :]
             meta.decode_block_tables = bt.to(torch.int32)
             meta.decode_ctx_lens = ctx_t.to(torch.int32)
