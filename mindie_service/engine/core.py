@@ -23,7 +23,8 @@ from mindie_service.engine.types import (FINISH_EOS, FINISH_LENGTH, FINISH_STOP,
                                          FailedEvent, TokenEvent, TokenInfo)
 from mindie_service.lora.manager import LoraManager
 from mindie_service.models.loader import load_model
-from mindie_service.protocol.errors import ValidationError, check
+from mindie_service.protocol.errors import check
+from mindie_service.protocol.validation import fit_prompt
 from npu_ops.device import select_device
 
 logger = logging.getLogger(__name__)
@@ -99,15 +100,8 @@ class LLMEngine:
     def check_prompt(self, ids: list[int], truncate: int | None = None) -> list[int]:
         """Apply ``truncate`` (keep the last N) and the input-length limit; ValidationError when too long."""
         check(len(ids) > 0, "inputs", "non-empty after tokenization", len(ids))
-        if truncate is not None and truncate < len(ids):
-            ids = ids[-truncate:]
         limit = min(self.cfg.effective_max_input_len, self.pool_tokens - 1)
-        if len(ids) > limit:
-            if not self.cfg.truncation:
-                raise ValidationError(f"Parameter inputs must be at most {limit} tokens (maxInputTokenLen), "
-                                      f"got {len(ids)} tokens")
-            ids = ids[-limit:]
-        return ids
+        return fit_prompt(ids, truncate, limit, self.cfg.truncation)
 
     def add_request(self, req: EngineRequest, cache_key: bytes = b"") -> Sequence:
         """Queue a request. ``cache_key`` carries media hashes; the LoRA adapter named by

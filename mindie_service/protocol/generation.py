@@ -18,6 +18,7 @@ from mindie_service.protocol.validation import (
     INT32_MAX,
     UINT64_MAX,
     Range,
+    fit_prompt,
     get_bool,
     get_float,
     get_int,
@@ -187,15 +188,7 @@ def parse_generation(body: dict[str, Any], *, dialect: Dialect, stream: bool, li
 def prompt_ids(inputs: str, tokenize: Callable[[str], list[int]], truncate: int | None,
                limits: ProtocolLimits) -> list[int]:
     """Tokenize, apply ``truncate`` (keep the last N tokens), then the input-length limit."""
-    ids = list(tokenize(inputs))
-    if truncate is not None and truncate < len(ids):
-        ids = ids[-truncate:]
-    if len(ids) > limits.max_input_len:
-        if not limits.truncation:
-            raise ValidationError(
-                f"Parameter inputs must be at most {limits.max_input_len} tokens (maxInputTokenLen, or maxSeqLen - 1),"
-                f" got {len(ids)} tokens")
-        ids = ids[-limits.max_input_len:]
+    ids = fit_prompt(list(tokenize(inputs)), truncate, limits.max_input_len, limits.truncation)
     check(len(ids) > 0, "inputs", "at least one token after tokenization", inputs)
     return ids
 
