@@ -19,6 +19,16 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# MindIE's sample request body for POST / (single-modal), from the seed document.
+SEED_BODY = {
+    "inputs": "My name is Olivier and I",
+    "parameters": {"decoder_input_details": True, "details": True, "do_sample": True, "max_new_tokens": 20,
+                   "repetition_penalty": 1.03, "return_full_text": False, "seed": None, "temperature": 0.5,
+                   "top_k": 10, "top_p": 0.95, "truncate": None, "typical_p": 0.5, "watermark": False,
+                   "stop": ["stop1", "stop2"], "adapter_id": "None"},
+    "stream": False,
+}
+
 # Small and fast: the tiny demo model, 16-token KV blocks, a fixed KV pool.
 BASE_SCHEDULE = {"cacheBlockSize": 16, "maxPrefillTokens": 512, "maxBatchSize": 32, "maxPrefillBatchSize": 16,
                  "maxIterTimes": 128, "numKvBlocks": 256}

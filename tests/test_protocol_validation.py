@@ -10,15 +10,8 @@ from mindie_service.protocol.generation import ProtocolLimits, parse_generation
 from mindie_service.protocol.mindie import parse_mindie_request
 from mindie_service.protocol.tgi import parse_tgi_request
 from mindie_service.protocol.validation import parse_json_body
+from server_utils import SEED_BODY
 
-SEED_BODY = {
-    "inputs": "My name is Olivier and I",
-    "parameters": {"decoder_input_details": True, "details": True, "do_sample": True, "max_new_tokens": 20,
-                   "repetition_penalty": 1.03, "return_full_text": False, "seed": None, "temperature": 0.5,
-                   "top_k": 10, "top_p": 0.95, "truncate": None, "typical_p": 0.5, "watermark": False,
-                   "stop": ["stop1", "stop2"], "adapter_id": "None"},
-    "stream": False,
-}
 
 
 @pytest.fixture(scope="module")

@@ -6,16 +6,8 @@ import copy
 import pytest
 import requests
 
-from server_utils import alt_server, plain_server, sse_frames
+from server_utils import SEED_BODY, alt_server, plain_server, sse_frames
 
-SEED_BODY = {
-    "inputs": "My name is Olivier and I",
-    "parameters": {"decoder_input_details": True, "details": True, "do_sample": True, "max_new_tokens": 20,
-                   "repetition_penalty": 1.03, "return_full_text": False, "seed": None, "temperature": 0.5,
-                   "top_k": 10, "top_p": 0.95, "truncate": None, "typical_p": 0.5, "watermark": False,
-                   "stop": ["stop1", "stop2"], "adapter_id": "None"},
-    "stream": False,
-}
 FINISH = {"length", "eos_token", "stop_sequence"}
 PROMPT = "The river runs past the old mill and"
 

@@ -5,6 +5,7 @@ table and counters and returns logits for the last position of every sequence (a
 prompt position of sequences that asked for prompt logprobs)."""
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -94,7 +95,7 @@ class ModelRunner:
             step.embeds_override = self.embeds_hook(span_seqs)
         hidden = self.model(torch.tensor(ids, device=dev), step, self.kv_caches)
         # Last position of each sequence.
-        ends = torch.tensor(list(_cumsum(counts)), device=dev) - 1
+        ends = torch.tensor(list(itertools.accumulate(counts)), device=dev) - 1
         logits = self.model.compute_logits(hidden[ends])
         result = StepResult(sched.seqs, logits)
         for seq, start, first in span_seqs:
@@ -103,10 +104,3 @@ class ModelRunner:
                 result.prompt_logits[seq.request_id] = self.model.compute_logits(hidden[start:start + n - 1])
         return result
 
-
-def _cumsum(xs: list[int]) -> list[int]:
-    total, out = 0, []
-    for x in xs:
-        total += x
-        out.append(total)
-    return out
