@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from npu_ops import cpu_kernels
+
 
 @lru_cache(maxsize=1)
 def _torch_npu() -> Any:
@@ -162,13 +164,25 @@ def _decode_npu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, m
     return out
 
 
+def _decode_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                scale: float) -> torch.Tensor:
+    # The C kernel reads the block tables directly: no gather, no padding to the longest context.
+    return cpu_kernels.paged_decode_attention(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_ctx_lens,
+                                              scale)
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    if q.device.type != "npu" or not meta.num_decode:
-        # CPU and CUDA: the reference path (SDPA picks flash/efficient kernels on CUDA).
+    if not meta.num_decode:
+        return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale)
+    if q.device.type == "npu":
+        decode = _decode_npu
+    elif cpu_kernels.supports(q, k_cache):
+        decode = _decode_cpu
+    else:  # CUDA, and the CPU without its kernel: the reference (SDPA picks flash kernels on CUDA)
         return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale)
     out = torch.empty_like(q)
-    out[:meta.num_decode] = _decode_npu(q[:meta.num_decode], k_cache, v_cache, meta, scale)
+    out[:meta.num_decode] = decode(q[:meta.num_decode], k_cache, v_cache, meta, scale)
     for span in meta.prefills:
         out[span.start:span.start + span.n] = _prefill_ref(q, k, v, k_cache, v_cache, span, scale)
     return out

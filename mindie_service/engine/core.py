@@ -47,7 +47,7 @@ class LLMEngine:
         self.device = self.device_info.torch_device
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
-        loaded = load_model(cfg.model, cfg.dtype, self.device, cfg.max_seq_len)
+        loaded = load_model(cfg.model, cfg.dtype, self.device, cfg.max_seq_len, min(cfg.max_batch_size, 128))
         self.model, self.hf_config, self.dtype = loaded.model, loaded.hf_config, loaded.dtype
         self.architecture = loaded.architecture
         # Media encoders + processor of a multimodal checkpoint (models/multimodal.py); None for text models.

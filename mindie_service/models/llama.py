@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from npu_ops.linear import FastLinear
 from npu_ops.ops import AttentionMetadata, paged_attention, rms_norm, rotary, write_kv
 
 
@@ -73,8 +74,8 @@ class Attention(nn.Module):
         super().__init__()
         self.d, self.layer = d, layer
         self.q_size, self.kv_size = d.heads * d.head_dim, d.kv_heads * d.head_dim
-        self.qkv_proj = nn.Linear(d.hidden, self.q_size + 2 * self.kv_size, bias=d.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, d.hidden, bias=d.o_bias)
+        self.qkv_proj = FastLinear(d.hidden, self.q_size + 2 * self.kv_size, bias=d.qkv_bias)
+        self.o_proj = FastLinear(self.q_size, d.hidden, bias=d.o_bias)
         self.scale = d.head_dim ** -0.5
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext,
@@ -99,8 +100,8 @@ class MLP(nn.Module):
     def __init__(self, d: LlamaDims, layer: int) -> None:
         super().__init__()
         self.layer, self.inter = layer, d.intermediate
-        self.gate_up_proj = nn.Linear(d.hidden, 2 * d.intermediate, bias=d.mlp_bias)
-        self.down_proj = nn.Linear(d.intermediate, d.hidden, bias=d.mlp_bias)
+        self.gate_up_proj = FastLinear(d.hidden, 2 * d.intermediate, bias=d.mlp_bias)
+        self.down_proj = FastLinear(d.intermediate, d.hidden, bias=d.mlp_bias)
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         gu = self.gate_up_proj(x)
@@ -141,7 +142,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Embedding(d.vocab, d.hidden)
         self.layers = nn.ModuleList(DecoderLayer(d, i) for i in range(d.layers))
         self.norm = RMSNorm(d.hidden, d.eps)
-        self.lm_head = nn.Linear(d.hidden, d.vocab, bias=False)
+        self.lm_head = FastLinear(d.hidden, d.vocab, bias=False)
         self.register_buffer("rope_cos", rope_cos, persistent=False)
         self.register_buffer("rope_sin", rope_sin, persistent=False)
 

@@ -15,6 +15,7 @@ from transformers import AutoConfig
 
 from mindie_service.models.registry import family_for
 from mindie_service.protocol.errors import check
+from npu_ops.linear import pack_linears
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,9 @@ def load_weights(model: nn.Module, path: Path, prefix_map: dict[str, str] | None
         raise ValueError(f"Parameter model must hold every weight; checkpoint {path} lacks {missing[:5]}")
 
 
-def load_model(path: str | Path, dtype: str, device: torch.device, max_positions: int) -> LoadedModel:
+def load_model(path: str | Path, dtype: str, device: torch.device, max_positions: int,
+               batch_hint: int = 32) -> LoadedModel:
+    """``batch_hint``: the decode batch size CPU weight packing is tuned for (npu_ops.linear)."""
     p = Path(path)
     raw = read_checkpoint_config(p)
     hf_cfg = AutoConfig.from_pretrained(str(p))
@@ -114,6 +117,7 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     load_weights(model, p, dict(family.weight_prefixes))
     model = model.to(device=device, dtype=torch_dtype).eval()
     model.rope_cos, model.rope_sin = cos.to(device, torch_dtype), sin.to(device, torch_dtype)
+    pack_linears(model, batch_hint)
     n_params = sum(t.numel() for t in model.parameters())
     logger.info("loaded %s (%s, %.1fM parameters, %s) on %s", p.name, arch, n_params / 1e6, dtype, device)
     encoder = None

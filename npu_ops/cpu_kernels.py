@@ -1,0 +1,113 @@
+"""CPU kernels in C (``npu_ops/csrc``), compiled once per machine with the system C compiler and
+loaded with ctypes.
+
+PyTorch has no paged-attention op for the CPU, and gathering each sequence's blocks into a padded
+tensor for SDPA costs more than the attention itself. The kernel reads the cache in place. It is
+built on first use into ``$MINDIE_KERNEL_CACHE`` (default ``~/.cache/mindie_service/kernels``),
+keyed by the source, flags, compiler and CPU; it links the OpenMP runtime PyTorch has already
+loaded, so both share one thread pool. Anything that goes wrong (no compiler, a failed build,
+``MINDIE_CPU_KERNELS=0``) leaves the portable PyTorch path in use, with the reason logged."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+_I64, _I32P, _F32P = ctypes.c_int64, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("MINDIE_KERNEL_CACHE") or Path.home() / ".cache" / "mindie_service" / "kernels")
+
+
+def _cpu_signature() -> str:
+    """-march=native code must not run on another CPU sharing the same home folder."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _build(cc: str) -> Path:
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, platform.machine(),
+                                    _cpu_signature()]).encode()).hexdigest()[:16]
+    out = _cache_dir() / f"paged_attention-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename: concurrent builders (test workers, servers) never see half a file.
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        part = Path(tmp) / out.name
+        proc = subprocess.run([cc, *FLAGS, "-o", str(part), str(SOURCE), "-lm"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
+        os.replace(part, out)
+    logger.info("built CPU kernel %s", out)
+    return out
+
+
+@lru_cache(maxsize=1)
+def load() -> ctypes.CDLL | None:
+    """The compiled kernels, or None (reason logged) where they cannot be had."""
+    if os.environ.get("MINDIE_CPU_KERNELS", "1") == "0":
+        logger.info("CPU kernels disabled by MINDIE_CPU_KERNELS=0")
+        return None
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        logger.warning("no C compiler found: paged attention on the CPU uses the PyTorch path")
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(cc)))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        logger.warning("CPU kernels unavailable (%s): paged attention uses the PyTorch path", exc)
+        return None
+    fn = lib.paged_decode_attention_f32
+    fn.argtypes = [_F32P, _F32P, _F32P, _I32P, _I32P, _F32P, _I64, _I64, _I64, _I64, _I64, _I64,
+                   ctypes.c_float, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return lib
+
+
+def _ptr(t: torch.Tensor, kind: type) -> ctypes._Pointer:
+    return ctypes.cast(t.data_ptr(), kind)
+
+
+def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    return (q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
+            and k_cache.is_contiguous() and load() is not None)
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, ctx_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [B, H, D] fp32; caches [num_blocks, block_size, KVH, D]; block_tables [B, max_blocks] int32;
+    ctx_lens [B] int32. Returns [B, H, D]. Call ``supports`` first."""
+    lib = load()
+    assert lib is not None
+    q = q.contiguous()
+    bt, lens = block_tables.to(torch.int32).contiguous(), ctx_lens.to(torch.int32).contiguous()
+    b, h, d = q.shape
+    _, bs, kvh, _ = k_cache.shape
+    out = torch.empty_like(q)
+    rc = lib.paged_decode_attention_f32(_ptr(q, _F32P), _ptr(k_cache, _F32P), _ptr(v_cache, _F32P),
+                                        _ptr(bt, _I32P), _ptr(lens, _I32P), _ptr(out, _F32P),
+                                        b, h, kvh, d, bs, bt.shape[1], float(scale), torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"paged_decode_attention_f32 failed with code {rc} (bad shapes or lengths)")
+    return out

@@ -1,0 +1,122 @@
+"""The CPU fast paths: the C paged-decode-attention kernel and oneDNN-packed linears, each held
+against the portable PyTorch reference, and the fallbacks when they cannot be had."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from npu_ops import cpu_kernels, ops
+from npu_ops.linear import FastLinear, onednn_linear_available
+
+needs_kernel = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C compiler: CPU kernel not built")
+
+
+def _decode_case(batch: int, heads: int, kv_heads: int, d: int, bs: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(1, 5 * bs + 3, (batch,), generator=g)
+    max_blocks = int((lens.max() + bs - 1) // bs)
+    num_blocks = batch * max_blocks + 5
+    k_cache = torch.randn(num_blocks, bs, kv_heads, d, generator=g)
+    v_cache = torch.randn(num_blocks, bs, kv_heads, d, generator=g)
+    # Scattered, non-overlapping block tables; padding entries point at block 0 (never read: past ctx_len).
+    tables = torch.randperm(num_blocks, generator=g)[:batch * max_blocks].view(batch, max_blocks)
+    q = torch.randn(batch, heads, d, generator=g)
+    pos = torch.arange(max_blocks * bs)
+    meta = ops.AttentionMetadata(slots=torch.empty(0, dtype=torch.long), num_decode=batch,
+                                 decode_block_gather=tables, decode_mask=(pos[None] < lens[:, None])[:, None, None, :],
+                                 decode_block_tables=tables.to(torch.int32), decode_ctx_lens=lens.to(torch.int32))
+    return q, k_cache, v_cache, meta
+
+
+@needs_kernel
+@pytest.mark.parametrize("batch", [1, 3, 40])  # few sequences split KV heads across tasks; many do not
+@pytest.mark.parametrize("heads,kv_heads,d,bs", [(8, 4, 64, 16), (4, 4, 32, 1), (8, 1, 16, 128), (6, 2, 8, 4)])
+def test_decode_kernel_matches_reference(batch, heads, kv_heads, d, bs):
+    q, kc, vc, meta = _decode_case(batch, heads, kv_heads, d, bs)
+    got = cpu_kernels.paged_decode_attention(q, kc, vc, meta.decode_block_tables, meta.decode_ctx_lens, d ** -0.5)
+    want = ops._decode_ref(q, kc, vc, meta, d ** -0.5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_decode_kernel_is_what_cpu_paged_attention_runs(monkeypatch):
+    q, kc, vc, meta = _decode_case(5, 8, 4, 16, 16)
+    calls = []
+    real = cpu_kernels.paged_decode_attention
+    monkeypatch.setattr(cpu_kernels, "paged_decode_attention", lambda *a: calls.append(1) or real(*a))
+    out = ops.paged_attention(q, q[:, :4], q[:, :4], kc, vc, meta, 0.25)
+    assert calls == [1]
+    torch.testing.assert_close(out, ops.paged_attention_ref(q, q[:, :4], q[:, :4], kc, vc, meta, 0.25),
+                               rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("bad_len", [0, 10_000])
+def test_decode_kernel_refuses_lengths_outside_the_block_table(bad_len):
+    q, kc, vc, meta = _decode_case(4, 8, 4, 16, 16)
+    lens = meta.decode_ctx_lens.clone()
+    lens[2] = bad_len
+    with pytest.raises(RuntimeError, match="bad shapes or lengths"):
+        cpu_kernels.paged_decode_attention(q, kc, vc, meta.decode_block_tables, lens, 0.25)
+
+
+@needs_kernel
+def test_decode_kernel_is_built_once_per_cache_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINDIE_KERNEL_CACHE", str(tmp_path))
+    cc = cpu_kernels.shutil.which("cc") or cpu_kernels.shutil.which("gcc")
+    first = cpu_kernels._build(cc)
+    stamp = first.stat().st_mtime_ns
+    assert cpu_kernels._build(cc) == first and first.stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no leftover temporary build folder
+
+
+def test_without_a_compiler_the_reference_path_is_used(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("MINDIE_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("CC", "/bin/false")
+    cpu_kernels.load.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="npu_ops.cpu_kernels"):
+            assert cpu_kernels.load() is None
+        assert "PyTorch path" in caplog.text
+        q, kc, vc, meta = _decode_case(3, 8, 4, 16, 16)
+        assert not cpu_kernels.supports(q, kc)
+        out = ops.paged_attention(q, q[:, :4], q[:, :4], kc, vc, meta, 0.25)
+        torch.testing.assert_close(out, ops.paged_attention_ref(q, q[:, :4], q[:, :4], kc, vc, meta, 0.25))
+    finally:
+        monkeypatch.undo()
+        cpu_kernels.load.cache_clear()
+
+
+def test_kernels_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv("MINDIE_CPU_KERNELS", "0")
+    cpu_kernels.load.cache_clear()
+    try:
+        assert cpu_kernels.load() is None
+    finally:
+        monkeypatch.undo()
+        cpu_kernels.load.cache_clear()
+
+
+# ---------------------------------------------------------------- packed linears
+@pytest.mark.skipif(not onednn_linear_available(), reason="PyTorch built without oneDNN")
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 7, 64, 1000])
+def test_packed_linear_matches_f_linear(bias, rows):
+    torch.manual_seed(0)
+    lin = FastLinear(96, 40, bias=bias)
+    assert lin.pack(batch_hint=32)
+    x = torch.randn(rows, 96)
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+        y = lin(x.view(1, rows, 96))  # any leading shape
+    assert y.shape == (1, rows, 40)
+
+
+def test_linear_is_left_unpacked_off_fp32_cpu():
+    lin = FastLinear(16, 8).to(torch.bfloat16)
+    assert not lin.pack(batch_hint=8) and lin.packed is None
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias))
