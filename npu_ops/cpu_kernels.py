@@ -24,7 +24,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "paged_attention.c"
+SOURCES = sorted((Path(__file__).with_name("csrc")).glob("*.c"))
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _I64, _I32P, _F32P = ctypes.c_int64, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)
 
@@ -46,16 +46,16 @@ def _cpu_signature() -> str:
 
 def _build(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, platform.machine(),
-                                    _cpu_signature()]).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"paged_attention-{key}.so"
+    key = hashlib.sha256("\0".join([*(p.read_text() for p in SOURCES), " ".join(FLAGS), version,
+                                    platform.machine(), _cpu_signature()]).encode()).hexdigest()[:16]
+    out = _cache_dir() / f"cpu_kernels-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the target and rename: concurrent builders (test workers, servers) never see half a file.
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         part = Path(tmp) / out.name
-        proc = subprocess.run([cc, *FLAGS, "-o", str(part), str(SOURCE), "-lm"], capture_output=True, text=True)
+        proc = subprocess.run([cc, *FLAGS, "-o", str(part), *map(str, SOURCES), "-lm"], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
         os.replace(part, out)
@@ -82,6 +82,11 @@ def load() -> ctypes.CDLL | None:
     fn.argtypes = [_F32P, _F32P, _F32P, _I32P, _I32P, _F32P, _I64, _I64, _I64, _I64, _I64, _I64,
                    ctypes.c_float, ctypes.c_int]
     fn.restype = ctypes.c_int
+    lib.rms_norm_f32.argtypes = [_F32P, _F32P, _F32P, _I64, _I64, ctypes.c_float, ctypes.c_int]
+    lib.silu_mul_f32.argtypes = [_F32P, _F32P, _I64, _I64, ctypes.c_int]
+    lib.rotary_f32.argtypes = [_F32P, _I64, _F32P, _F32P, _F32P, _I64, _I64, _I64, ctypes.c_int]
+    for name in ("rms_norm_f32", "silu_mul_f32", "rotary_f32"):
+        getattr(lib, name).restype = None
     return lib
 
 
@@ -89,15 +94,46 @@ def _ptr(t: torch.Tensor, kind: type) -> ctypes._Pointer:
     return ctypes.cast(t.data_ptr(), kind)
 
 
-def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    return (q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype == torch.float32
-            and k_cache.is_contiguous() and load() is not None)
+def supports(*tensors: torch.Tensor) -> bool:
+    """All fp32 on the CPU with unit stride in their last dimension, and the kernels built."""
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors)
+            and load() is not None)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., dim] (rows contiguous), weight [dim] -> [..., dim]; see ops.rms_norm_ref."""
+    lib, x, w = load(), x.contiguous(), weight.contiguous()
+    out = torch.empty_like(x)
+    lib.rms_norm_f32(_ptr(x, _F32P), _ptr(w, _F32P), _ptr(out, _F32P), x.numel() // x.shape[-1], x.shape[-1],
+                     float(eps), torch.get_num_threads())
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[rows, 2 * inter] (gate then up) -> silu(gate) * up [rows, inter]."""
+    lib, gu = load(), gate_up.contiguous()
+    rows, inter = gu.shape[0], gu.shape[1] // 2
+    out = gu.new_empty(rows, inter)
+    lib.silu_mul_f32(_ptr(gu, _F32P), _ptr(out, _F32P), rows, inter, torch.get_num_threads())
+    return out
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [rows, heads, head_dim] with heads packed in each row (any row stride, e.g. a slice of the
+    fused qkv output); cos, sin [rows, head_dim] -> rotated, contiguous; see ops.rotary_ref."""
+    lib, cos, sin = load(), cos.contiguous(), sin.contiguous()
+    rows, heads, d = x.shape
+    assert x.stride(1) == d and x.stride(2) == 1, "heads must be packed within a row"
+    out = x.new_empty(rows, heads, d)
+    lib.rotary_f32(_ptr(x, _F32P), x.stride(0), _ptr(cos, _F32P), _ptr(sin, _F32P), _ptr(out, _F32P), rows,
+                   heads, d, torch.get_num_threads())
+    return out
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, ctx_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, H, D] fp32; caches [num_blocks, block_size, KVH, D]; block_tables [B, max_blocks] int32;
-    ctx_lens [B] int32. Returns [B, H, D]. Call ``supports`` first."""
+    """q [B, H, D] fp32; caches [num_blocks, block_size, KVH, D] contiguous; block_tables
+    [B, max_blocks] int32; ctx_lens [B] int32. Returns [B, H, D]. Call ``supports`` first."""
     lib = load()
     assert lib is not None
     q = q.contiguous()

@@ -33,6 +33,8 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.device.type == "npu":
         return _torch_npu().npu_rms_norm(x, weight, eps)[0]
+    if x.device.type == "cpu" and cpu_kernels.supports(x, weight):
+        return cpu_kernels.rms_norm(x, weight, eps)
     return rms_norm_ref(x, weight, eps)
 
 
@@ -51,7 +53,22 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     if x.device.type == "npu":
         # npu_rotary_mul takes [B, S, N, D] with cos/sin broadcast as [1, S, 1, D].
         return _torch_npu().npu_rotary_mul(x[None], cos[None, :, None], sin[None, :, None])[0]
+    if x.device.type == "cpu" and x.stride(1) == x.shape[2] and cpu_kernels.supports(x, cos, sin):
+        return cpu_kernels.rotary(x, cos, sin)
     return rotary_ref(x, cos, sin)
+
+
+# ---------------------------------------------------------------- gated activation
+def silu_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """[T, 2 * inter] (gate then up, the packed MLP projection) -> silu(gate) * up."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    if gate_up.device.type == "cpu" and gate_up.dim() == 2 and cpu_kernels.supports(gate_up):
+        return cpu_kernels.silu_mul(gate_up)
+    return silu_mul_ref(gate_up)
 
 
 # ---------------------------------------------------------------- KV-cache write
@@ -177,7 +194,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale)
     if q.device.type == "npu":
         decode = _decode_npu
-    elif cpu_kernels.supports(q, k_cache):
+    elif cpu_kernels.supports(q, k_cache, v_cache) and k_cache.is_contiguous() and v_cache.is_contiguous():
         decode = _decode_cpu
     else:  # CUDA, and the CPU without its kernel: the reference (SDPA picks flash kernels on CUDA)
         return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale)

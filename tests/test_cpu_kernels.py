@@ -100,6 +100,44 @@ def test_kernels_can_be_switched_off(monkeypatch):
         cpu_kernels.load.cache_clear()
 
 
+# ---------------------------------------------------------------- fused elementwise ops
+@needs_kernel
+@pytest.mark.parametrize("rows,dim", [(1, 8), (5, 100), (300, 512)])  # single-threaded and shared-out sizes
+def test_rms_norm_kernel_matches_reference(rows, dim):
+    torch.manual_seed(rows)
+    x, w = torch.randn(rows, dim) * 3, torch.rand(dim) + 0.5
+    got = ops.rms_norm(x, w, 1e-6)
+    torch.testing.assert_close(got, ops.rms_norm_ref(x, w, 1e-6), rtol=1e-6, atol=1e-6)
+    assert torch.equal(got, cpu_kernels.rms_norm(x, w, 1e-6))
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 37, 700])
+def test_rotary_kernel_reads_heads_out_of_the_packed_qkv_rows(rows):
+    torch.manual_seed(rows)
+    heads, kv_heads, d = 4, 2, 16
+    qkv = torch.randn(rows, (heads + 2 * kv_heads) * d)
+    ang = torch.rand(rows, d // 2) * 6
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    q, k, _ = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    for part, n in ((q, heads), (k, kv_heads)):
+        x = part.view(rows, n, d)  # strided: rows are qkv rows
+        got = ops.rotary(x, cos, sin)
+        assert got.is_contiguous() and got.shape == (rows, n, d)
+        assert torch.equal(got, ops.rotary_ref(x, cos, sin))  # same operations, same roundings
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows,inter", [(3, 5), (16, 1408), (200, 13)])  # widths off the 8-lane vector too
+def test_silu_mul_kernel_matches_reference(rows, inter):
+    torch.manual_seed(inter)
+    gu = torch.randn(rows, 2 * inter) * 6
+    gu[0, :min(inter, 4)] = torch.tensor([-120.0, -88.0, 90.0, 0.0])[:min(inter, 4)]  # exp's clamps
+    got = ops.silu_mul(gu)
+    torch.testing.assert_close(got, ops.silu_mul_ref(gu), rtol=1e-6, atol=1e-6)
+    assert torch.isfinite(got).all()
+
+
 # ---------------------------------------------------------------- packed linears
 @pytest.mark.skipif(not onednn_linear_available(), reason="PyTorch built without oneDNN")
 @pytest.mark.parametrize("bias", [False, True])

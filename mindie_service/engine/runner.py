@@ -20,6 +20,9 @@ from npu_ops.ops import AttentionMetadata, PrefillSpan
 
 logger = logging.getLogger(__name__)
 
+# Tokens per forward piece of a large prefill (see ModelRunner._pieces).
+PIECE_TOKENS = 1024
+
 
 @dataclass
 class StepResult:
@@ -37,6 +40,7 @@ class ModelRunner:
     def __init__(self, model: nn.Module, num_blocks: int, block_size: int, device: torch.device,
                  dtype: torch.dtype) -> None:
         self.model, self.block_size, self.device = model, block_size, device
+        self.piece_tokens = PIECE_TOKENS
         d = model.dims
         shape = (num_blocks, block_size, d.kv_heads, d.head_dim)
         # zeros, not empty: padded gathers read unused slots, and NaN bits there would poison masked scores.
@@ -51,12 +55,37 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepResult:
+        """One forward over the step's tokens, run in pieces (``_pieces``) whose rows concatenate
+        in ``sched.seqs`` order."""
+        prompt_logits: dict[str, torch.Tensor] = {}
+        parts = [self._forward(decodes, prefills, prompt_logits) for decodes, prefills in self._pieces(sched)]
+        result = StepResult(sched.seqs, parts[0] if len(parts) == 1 else torch.cat(parts))
+        result.prompt_logits = prompt_logits
+        return result
+
+    def _pieces(self, sched: SchedulerOutput) -> list[tuple[list[Sequence], list[Sequence]]]:
+        """Split a large prefill into runs of whole sequences of about ``piece_tokens`` tokens: the
+        activations of a piece stay in the CPU's cache, where the elementwise ops between the matmuls
+        run several times faster than over one huge batch (and matmul speed is flat past ~256 rows)."""
+        pieces: list[tuple[list[Sequence], list[Sequence]]] = [(sched.decodes, [])]
+        tokens = len(sched.decodes)
+        for seq in sched.prefills:
+            n = seq.num_tokens - seq.num_computed_tokens
+            if tokens and tokens + n > self.piece_tokens:
+                pieces.append(([], []))
+                tokens = 0
+            pieces[-1][1].append(seq)
+            tokens += n
+        return pieces
+
+    def _forward(self, decodes: list[Sequence], prefills: list[Sequence],
+                 prompt_logits: dict[str, torch.Tensor]) -> torch.Tensor:
         bs, dev = self.block_size, self.device
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         counts: list[int] = []
-        for seq in sched.decodes:
+        for seq in decodes:
             pos = seq.num_tokens - 1
             ids.append(seq.token_at(pos))
             positions.append(pos)
@@ -64,7 +93,7 @@ class ModelRunner:
             counts.append(1)
         spans: list[PrefillSpan] = []
         span_seqs: list[tuple[Sequence, int, int]] = []
-        for seq in sched.prefills:
+        for seq in prefills:
             start, n = len(ids), seq.num_tokens - seq.num_computed_tokens
             first = seq.num_computed_tokens
             ids.extend(seq.token_ids()[first:])
@@ -76,11 +105,11 @@ class ModelRunner:
             spans.append(PrefillSpan(start, n, seq.num_tokens, ctx_slots))
             span_seqs.append((seq, start, first))
             counts.append(n)
-        meta = AttentionMetadata(slots=torch.tensor(slots, device=dev), num_decode=len(sched.decodes), prefills=spans)
-        if sched.decodes:
-            ctx = [s.num_tokens for s in sched.decodes]
-            max_blocks = max(len(s.block_table) for s in sched.decodes)
-            bt = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in sched.decodes],
+        meta = AttentionMetadata(slots=torch.tensor(slots, device=dev), num_decode=len(decodes), prefills=spans)
+        if decodes:
+            ctx = [s.num_tokens for s in decodes]
+            max_blocks = max(len(s.block_table) for s in decodes)
+            bt = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in decodes],
                               device=dev)
             ctx_t = torch.tensor(ctx, device=dev)
             pos = torch.arange(max_blocks * bs, device=dev)
@@ -90,17 +119,14 @@ class ModelRunner:
             meta.decode_ctx_lens = ctx_t.to(torch.int32)
         step = StepContext(positions=torch.tensor(positions, device=dev), attn=meta)
         if self.lora_hook is not None:
-            step.lora = self.lora_hook(sched.seqs, counts)
+            step.lora = self.lora_hook(decodes + prefills, counts)
         if self.embeds_hook is not None and span_seqs:
             step.embeds_override = self.embeds_hook(span_seqs)
         hidden = self.model(torch.tensor(ids, device=dev), step, self.kv_caches)
         # Last position of each sequence.
         ends = torch.tensor(list(itertools.accumulate(counts)), device=dev) - 1
-        logits = self.model.compute_logits(hidden[ends])
-        result = StepResult(sched.seqs, logits)
         for seq, start, first in span_seqs:
             if seq.params.prompt_logprobs and first == 0 and not seq.output_token_ids:
                 n = seq.num_tokens
-                result.prompt_logits[seq.request_id] = self.model.compute_logits(hidden[start:start + n - 1])
-        return result
-
+                prompt_logits[seq.request_id] = self.model.compute_logits(hidden[start:start + n - 1])
+        return self.model.compute_logits(hidden[ends])

@@ -9,11 +9,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from npu_ops.linear import FastLinear
-from npu_ops.ops import AttentionMetadata, paged_attention, rms_norm, rotary, write_kv
+from npu_ops.ops import AttentionMetadata, paged_attention, rms_norm, rotary, silu_mul, write_kv
 
 
 class LoraApplier(Protocol):
@@ -107,8 +106,7 @@ class MLP(nn.Module):
         gu = self.gate_up_proj(x)
         if ctx.lora is not None:
             ctx.lora.apply(self.layer, "gate_up_proj", x, gu)
-        gate, up = gu.split(self.inter, dim=-1)
-        h = F.silu(gate) * up
+        h = silu_mul(gu)
         out = self.down_proj(h)
         if ctx.lora is not None:
             ctx.lora.apply(self.layer, "down_proj", h, out)

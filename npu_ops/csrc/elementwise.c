@@ -1,0 +1,83 @@
+/* Fused elementwise ops for the CPU, fp32, each one pass over memory where PyTorch's eager
+ * reference makes several (and allocates a temporary per step). Each mirrors its reference in
+ * npu_ops/ops.py operation for operation: built with -std=c11, so no multiply-add contraction,
+ * and the roundings are those of the separate multiplies and adds. Rows are shared out over the
+ * threads of the OpenMP runtime that PyTorch has loaded; small inputs stay on the calling thread. */
+#include <math.h>
+#include <stdint.h>
+
+#define PAR_MIN_ELEMS 65536
+
+/* out[r] = w * (x[r] * rsqrt(mean(x[r]^2) + eps)) (Hugging Face's LlamaRMSNorm) */
+void rms_norm_f32(const float *restrict x, const float *restrict w, float *restrict out, int64_t rows,
+                  int64_t dim, float eps, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) if (rows * dim >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *xr = x + r * dim;
+        float *o = out + r * dim;
+        float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+        for (int64_t i = 0; i < dim; ++i) ss += xr[i] * xr[i];
+        const float inv = 1.f / sqrtf(ss / (float)dim + eps);
+#pragma omp simd
+        for (int64_t i = 0; i < dim; ++i) o[i] = w[i] * (xr[i] * inv);
+    }
+}
+
+/* silu(g) * u for one row. With AVX2, exp(-g) is Cephes' expf (Cody-Waite reduction, degree-6
+ * polynomial, about 1 ulp) eight lanes at a time: libm's expf is a scalar call per element. */
+#ifdef __AVX2__
+#include <immintrin.h>
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f)); /* 2^n stays normal */
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+    static const float c[] = {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f,
+                              5.0000001201e-1f};
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    for (int i = 0; i < 5; ++i) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c[i]));
+    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+static void silu_mul_row(const float *restrict g, const float *restrict u, float *restrict o, int64_t n) {
+    int64_t i = 0;
+#ifdef __AVX2__
+    const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, gv))));
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < n; ++i) o[i] = (g[i] / (1.f + expf(-g[i]))) * u[i];
+}
+
+/* gu: [rows, 2 * inter] (gate then up); out[r] = silu(gate) * up, silu(g) = g / (1 + exp(-g)) */
+void silu_mul_f32(const float *restrict gu, float *restrict out, int64_t rows, int64_t inter, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) if (rows * inter >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) silu_mul_row(gu + r * 2 * inter, gu + r * 2 * inter + inter, out + r * inter, inter);
+}
+
+static void rotary_head(const float *restrict x, const float *restrict c, const float *restrict s,
+                        float *restrict o, int64_t half) {
+    for (int64_t i = 0; i < half; ++i) o[i] = x[i] * c[i] + (-x[i + half]) * s[i];
+    for (int64_t i = 0; i < half; ++i) o[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
+}
+
+/* Rotary embedding (rotate-half layout) of the first `heads` heads of each row of x (row stride
+ * `stride` floats, heads of `d` floats) into out [rows, heads, d]:
+ * out = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x2, x1); cos, sin: [rows, d]. */
+void rotary_f32(const float *restrict x, int64_t stride, const float *restrict cos_, const float *restrict sin_,
+                float *restrict out, int64_t rows, int64_t heads, int64_t d, int nthreads) {
+    const int64_t half = d / 2;
+#pragma omp parallel for num_threads(nthreads) if (rows * heads * d >= PAR_MIN_ELEMS) schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+        const float *c = cos_ + r * d, *s = sin_ + r * d;
+        for (int64_t h = 0; h < heads; ++h) rotary_head(x + r * stride + h * d, c, s, out + (r * heads + h) * d, half);
+    }
+}
