@@ -24,7 +24,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = sorted((Path(__file__).with_name("csrc")).glob("*.c"))
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = sorted(CSRC.glob("*.c"))
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _I64, _I32P, _F32P = ctypes.c_int64, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)
 
@@ -46,7 +47,7 @@ def _cpu_signature() -> str:
 
 def _build(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([*(p.read_text() for p in SOURCES), " ".join(FLAGS), version,
+    key = hashlib.sha256("\0".join([*(p.read_text() for p in sorted(CSRC.glob("*.[ch]"))), " ".join(FLAGS), version,
                                     platform.machine(), _cpu_signature()]).encode()).hexdigest()[:16]
     out = _cache_dir() / f"cpu_kernels-{key}.so"
     if out.exists():

@@ -6,6 +6,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "vec_math.h"
+
 #define PAR_MIN_ELEMS 65536
 
 /* out[r] = w * (x[r] * rsqrt(mean(x[r]^2) + eps)) (Hugging Face's LlamaRMSNorm) */
@@ -24,26 +26,7 @@ void rms_norm_f32(const float *restrict x, const float *restrict w, float *restr
     }
 }
 
-/* silu(g) * u for one row. With AVX2, exp(-g) is Cephes' expf (Cody-Waite reduction, degree-6
- * polynomial, about 1 ulp) eight lanes at a time: libm's expf is a scalar call per element. */
-#ifdef __AVX2__
-#include <immintrin.h>
-static inline __m256 exp256(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f)); /* 2^n stays normal */
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
-    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
-    static const float c[] = {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f,
-                              5.0000001201e-1f};
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    for (int i = 0; i < 5; ++i) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c[i]));
-    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.f));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-#endif
-
+/* silu(g) * u for one row; exp256 (vec_math.h) does eight lanes at a time where AVX2 is there. */
 static void silu_mul_row(const float *restrict g, const float *restrict u, float *restrict o, int64_t n) {
     int64_t i = 0;
 #ifdef __AVX2__

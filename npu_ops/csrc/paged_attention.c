@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "vec_math.h"
+
 static inline float dot(const float *restrict a, const float *restrict b, int64_t n) {
     float s = 0.f;
 #pragma omp simd reduction(+ : s)
@@ -19,48 +21,124 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
     return s;
 }
 
+/* Blocks sit at random places in the pool, beyond the reach of the hardware prefetcher: ask for
+ * the next one while this one is being read. */
+static inline void prefetch_block(const float *p, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 1);
+}
+
+/* s[0:n] = softmax(s[0:n]) in place */
+static void softmax(float *restrict s, int64_t n) {
+    float m = s[0], sum = 0.f;
+    for (int64_t t = 1; t < n; ++t) m = s[t] > m ? s[t] : m;
+    int64_t t = 0;
+#ifdef __AVX2__
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
+    for (; t + 8 <= n; t += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
+        _mm256_storeu_ps(s + t, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    for (int i = 0; i < 8; ++i) sum += lanes[i];
+#endif
+    for (; t < n; ++t) {
+        s[t] = expf(s[t] - m);
+        sum += s[t];
+    }
+    const float inv = 1.f / sum;
+    for (t = 0; t < n; ++t) s[t] *= inv;
+}
+
+#ifdef __AVX2__
+static inline float hsum256(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+#endif
+
+/* s[j] = q . k_j * scale for the n rows k_j = k + j * stride. With AVX2 four rows go at once, so
+ * that four independent multiply-add chains hide each other's latency. */
+static void score_rows(const float *restrict q, const float *restrict k, int64_t stride, int64_t n, int64_t D,
+                       float scale, float *restrict s) {
+    int64_t j = 0;
+#ifdef __AVX2__
+    if (D % 8 == 0)
+        for (; j + 4 <= n; j += 4) {
+            const float *k0 = k + j * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t d = 0; d < D; d += 8) {
+                const __m256 qv = _mm256_loadu_ps(q + d);
+                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
+                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
+                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
+            }
+            s[j] = hsum256(a0) * scale;
+            s[j + 1] = hsum256(a1) * scale;
+            s[j + 2] = hsum256(a2) * scale;
+            s[j + 3] = hsum256(a3) * scale;
+        }
+#endif
+    for (; j < n; ++j) s[j] = dot(q, k + j * stride, D) * scale;
+}
+
+/* acc[0:D] += sum_j p[j] * v_j for the n rows v_j = v + j * stride. With AVX2 and D a multiple of
+ * 64, the accumulator stays in eight registers across the rows instead of going through memory. */
+static void accumulate_rows(const float *restrict p, const float *restrict v, int64_t stride, int64_t n, int64_t D,
+                            float *restrict acc) {
+#ifdef __AVX2__
+    if (D % 64 == 0) {
+        for (int64_t d0 = 0; d0 < D; d0 += 64) {
+            __m256 a[8];
+            for (int i = 0; i < 8; ++i) a[i] = _mm256_loadu_ps(acc + d0 + 8 * i);
+            for (int64_t j = 0; j < n; ++j) {
+                const __m256 pv = _mm256_set1_ps(p[j]);
+                const float *vr = v + j * stride + d0;
+                for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr + 8 * i), a[i]);
+            }
+            for (int i = 0; i < 8; ++i) _mm256_storeu_ps(acc + d0 + 8 * i, a[i]);
+        }
+        return;
+    }
+#endif
+    for (int64_t j = 0; j < n; ++j) {
+        const float pj = p[j], *vr = v + j * stride;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) acc[d] += pj * vr[d];
+    }
+}
+
 static void attend(const float *restrict q, const float *restrict k_cache, const float *restrict v_cache,
                    const int32_t *restrict bt, int64_t L, float *restrict out, int64_t h0, int64_t h1,
                    int64_t G, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride, float scale,
                    float *restrict scores, float *restrict acc) {
-    /* q, out: this sequence's [H, D]; heads [h0, h1) of the KV heads; scores [(h1-h0)*G, L] */
+    /* q, out: this sequence's [H, D]; KV heads [h0, h1); scores [(h1-h0)*G, L]; acc [(h1-h0)*G, D] */
     const int64_t nh = (h1 - h0) * G;
     for (int64_t start = 0; start < L; start += BS) {
         const float *kb = k_cache + (int64_t)bt[start / BS] * blk_stride;
         const int64_t n = L - start < BS ? L - start : BS;
-        for (int64_t j = 0; j < n; ++j)
-            for (int64_t kh = h0; kh < h1; ++kh) {
-                const float *k = kb + j * tok_stride + kh * D;
-                for (int64_t g = 0; g < G; ++g) {
-                    const int64_t r = (kh - h0) * G + g;
-                    scores[r * L + start + j] = dot(q + (kh * G + g) * D, k, D) * scale;
-                }
+        if (start + BS < L) prefetch_block(k_cache + (int64_t)bt[start / BS + 1] * blk_stride, blk_stride);
+        for (int64_t kh = h0; kh < h1; ++kh)
+            for (int64_t g = 0; g < G; ++g) {
+                const int64_t r = (kh - h0) * G + g;
+                score_rows(q + (kh * G + g) * D, kb + kh * D, tok_stride, n, D, scale, scores + r * L + start);
             }
     }
-    for (int64_t r = 0; r < nh; ++r) {
-        float *s = scores + r * L, m = s[0], sum = 0.f;
-        for (int64_t t = 1; t < L; ++t) m = s[t] > m ? s[t] : m;
-        for (int64_t t = 0; t < L; ++t) {
-            s[t] = expf(s[t] - m);
-            sum += s[t];
-        }
-        const float inv = 1.f / sum;
-        for (int64_t t = 0; t < L; ++t) s[t] *= inv;
-    }
+    for (int64_t r = 0; r < nh; ++r) softmax(scores + r * L, L);
     memset(acc, 0, sizeof(float) * (size_t)(nh * D));
     for (int64_t start = 0; start < L; start += BS) {
         const float *vb = v_cache + (int64_t)bt[start / BS] * blk_stride;
         const int64_t n = L - start < BS ? L - start : BS;
-        for (int64_t j = 0; j < n; ++j)
-            for (int64_t kh = h0; kh < h1; ++kh) {
-                const float *v = vb + j * tok_stride + kh * D;
-                for (int64_t g = 0; g < G; ++g) {
-                    const int64_t r = (kh - h0) * G + g;
-                    const float p = scores[r * L + start + j];
-                    float *a = acc + r * D;
-#pragma omp simd
-                    for (int64_t d = 0; d < D; ++d) a[d] += p * v[d];
-                }
+        if (start + BS < L) prefetch_block(v_cache + (int64_t)bt[start / BS + 1] * blk_stride, blk_stride);
+        for (int64_t kh = h0; kh < h1; ++kh)
+            for (int64_t g = 0; g < G; ++g) {
+                const int64_t r = (kh - h0) * G + g;
+                accumulate_rows(scores + r * L + start, vb + kh * D, tok_stride, n, D, acc + r * D);
             }
     }
     memcpy(out + h0 * G * D, acc, sizeof(float) * (size_t)(nh * D));
