@@ -79,8 +79,8 @@ def load() -> ctypes.CDLL | None:
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         logger.warning("CPU kernels unavailable (%s): paged attention uses the PyTorch path", exc)
         return None
-    fn = lib.paged_decode_attention_f32
-    fn.argtypes = [_F32P, _F32P, _F32P, _I32P, _I32P, _F32P, _I64, _I64, _I64, _I64, _I64, _I64,
+    fn = lib.paged_attention_rows_f32
+    fn.argtypes = [_F32P, _F32P, _F32P, _I32P, _I32P, _I32P, _F32P, _I64, _I64, _I64, _I64, _I64, _I64, _I64,
                    ctypes.c_float, ctypes.c_int]
     fn.restype = ctypes.c_int
     lib.rms_norm_f32.argtypes = [_F32P, _F32P, _F32P, _I64, _I64, ctypes.c_float, ctypes.c_int]
@@ -131,20 +131,29 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return out
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, ctx_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, H, D] fp32; caches [num_blocks, block_size, KVH, D] contiguous; block_tables
-    [B, max_blocks] int32; ctx_lens [B] int32. Returns [B, H, D]. Call ``supports`` first."""
+def paged_attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                         row_seq: torch.Tensor, row_pos: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [T, H, D] fp32: row t belongs to sequence row_seq[t] (a row of block_tables [S, max_blocks]
+    int32) at position row_pos[t], and attends to its positions 0..row_pos[t] in the caches
+    [num_blocks, block_size, KVH, D] (contiguous). Returns [T, H, D]. Call ``supports`` first."""
     lib = load()
     assert lib is not None
     q = q.contiguous()
-    bt, lens = block_tables.to(torch.int32).contiguous(), ctx_lens.to(torch.int32).contiguous()
-    b, h, d = q.shape
+    bt = block_tables.to(torch.int32).contiguous()
+    seq, pos = row_seq.to(torch.int32).contiguous(), row_pos.to(torch.int32).contiguous()
+    t, h, d = q.shape
     _, bs, kvh, _ = k_cache.shape
     out = torch.empty_like(q)
-    rc = lib.paged_decode_attention_f32(_ptr(q, _F32P), _ptr(k_cache, _F32P), _ptr(v_cache, _F32P),
-                                        _ptr(bt, _I32P), _ptr(lens, _I32P), _ptr(out, _F32P),
-                                        b, h, kvh, d, bs, bt.shape[1], float(scale), torch.get_num_threads())
+    rc = lib.paged_attention_rows_f32(_ptr(q, _F32P), _ptr(k_cache, _F32P), _ptr(v_cache, _F32P), _ptr(bt, _I32P),
+                                      _ptr(seq, _I32P), _ptr(pos, _I32P), _ptr(out, _F32P), t, bt.shape[0], h, kvh, d,
+                                      bs, bt.shape[1], float(scale), torch.get_num_threads())
     if rc != 0:
-        raise RuntimeError(f"paged_decode_attention_f32 failed with code {rc} (bad shapes or lengths)")
+        raise RuntimeError(f"paged_attention_rows_f32 failed with code {rc} (bad shapes, rows or positions)")
     return out
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, ctx_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query row per sequence at its last position: q [B, H, D], block_tables [B, max_blocks], ctx_lens [B]."""
+    rows = torch.arange(q.shape[0], dtype=torch.int32)
+    return paged_attention_rows(q, k_cache, v_cache, block_tables, rows, ctx_lens.to(torch.int32) - 1, scale)

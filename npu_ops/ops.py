@@ -107,9 +107,13 @@ class AttentionMetadata:
     num_decode: int = 0
     decode_block_gather: torch.Tensor | None = None  # [Bd, max_blocks] block ids (padded) of each context
     decode_mask: torch.Tensor | None = None  # [Bd, 1, 1, max_blocks * block_size] True where a key is real
-    decode_block_tables: torch.Tensor | None = None  # [Bd, max_blocks] int32 (NPU kernels)
-    decode_ctx_lens: torch.Tensor | None = None  # [Bd] int32 (NPU kernels)
+    decode_block_tables: torch.Tensor | None = None  # [Bd, max_blocks] int32 (NPU and CPU kernels)
+    decode_ctx_lens: torch.Tensor | None = None  # [Bd] int32 (NPU and CPU kernels)
     prefills: list[PrefillSpan] = field(default_factory=list)
+    # Every query row of the step at once, for kernels that read the cache per row (the CPU kernel):
+    block_tables: torch.Tensor | None = None  # [S, max_blocks] int32: each sequence's blocks, decodes first
+    row_seq: torch.Tensor | None = None  # [T] int32: the block_tables row of each token
+    row_pos: torch.Tensor | None = None  # [T] int32: each token's position in its sequence
 
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -134,11 +138,16 @@ def _decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, m
     bd = meta.num_decode
     n_kv, hd = k_cache.shape[2], k_cache.shape[3]
     group = q.shape[1] // n_kv
-    k = _gather_blocks(k_cache, meta.decode_block_gather).transpose(1, 2)  # [Bd, kv, L, D]
-    v = _gather_blocks(v_cache, meta.decode_block_gather).transpose(1, 2)
+    blocks, mask = meta.decode_block_gather, meta.decode_mask
+    if blocks is None:  # derived from the kernels' int32 tables when only those were given
+        blocks = meta.decode_block_tables.long()
+        pos = torch.arange(blocks.shape[1] * k_cache.shape[1], device=q.device)
+        mask = (pos[None, :] < meta.decode_ctx_lens[:, None])[:, None, None, :]
+    k = _gather_blocks(k_cache, blocks).transpose(1, 2)  # [Bd, kv, L, D]
+    v = _gather_blocks(v_cache, blocks).transpose(1, 2)
     # GQA without repeating K/V: the query heads of one KV head become that head's query rows.
     qg = q.view(bd, n_kv, group, hd)
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=meta.decode_mask, scale=scale)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
     return out.reshape(bd, n_kv * group, hd)
 
 
@@ -190,6 +199,11 @@ def _decode_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, m
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    if (q.device.type == "cpu" and meta.row_seq is not None
+            and cpu_kernels.supports(q, k_cache, v_cache) and k_cache.is_contiguous() and v_cache.is_contiguous()):
+        # Decode and prefill rows in one call, each reading its context in place through the block tables.
+        return cpu_kernels.paged_attention_rows(q, k_cache, v_cache, meta.block_tables, meta.row_seq, meta.row_pos,
+                                                scale)
     if not meta.num_decode:
         return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale)
     if q.device.type == "npu":

@@ -1,4 +1,4 @@
-"""The CPU fast paths: the C paged-decode-attention kernel and oneDNN-packed linears, each held
+"""The CPU fast paths: the C paged-attention and elementwise kernels and oneDNN-packed linears, each held
 against the portable PyTorch reference, and the fallbacks when they cannot be had."""
 from __future__ import annotations
 
@@ -54,12 +54,51 @@ def test_decode_kernel_is_what_cpu_paged_attention_runs(monkeypatch):
 
 
 @needs_kernel
+@pytest.mark.parametrize("bs", [1, 4, 16])
+def test_row_kernel_runs_a_mixed_step_like_the_reference(bs):
+    """Decodes, a fresh prefill longer than a tile, and a prefill after a cached prefix, in one call."""
+    g = torch.Generator().manual_seed(bs)
+    heads, kv_heads, d = 8, 2, 64
+    ctx_lens, new = [37, 3, 1, 29, 21], [1, 1, 1, 29, 9]  # three decodes, then two prefills
+    nb = [(c + bs - 1) // bs for c in ctx_lens]
+    num_blocks = sum(nb) + 4
+    k_cache, v_cache = torch.randn(num_blocks, bs, kv_heads, d, generator=g), torch.randn(num_blocks, bs, kv_heads, d,
+                                                                                          generator=g)
+    perm = torch.randperm(num_blocks, generator=g).tolist()
+    tables, i = [], 0
+    for n in nb:
+        tables.append(perm[i:i + n])
+        i += n
+    width = max(nb)
+    bt = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    slot = lambda t, p: t[p // bs] * bs + p % bs  # noqa: E731
+    rows = [(s, p) for s, (c, n) in enumerate(zip(ctx_lens, new)) for p in range(c - n, c)]
+    q = torch.randn(len(rows), heads, d, generator=g)
+    k = k_cache.view(-1, kv_heads, d)[[slot(tables[s], p) for s, p in rows]]
+    v = v_cache.view(-1, kv_heads, d)[[slot(tables[s], p) for s, p in rows]]
+    spans, start = [], 3
+    for s in (3, 4):
+        c, n = ctx_lens[s], new[s]
+        prefix = None if n == c else torch.tensor([slot(tables[s], p) for p in range(c)])
+        spans.append(ops.PrefillSpan(start, n, c, prefix))
+        start += n
+    meta = ops.AttentionMetadata(slots=torch.tensor([slot(tables[s], p) for s, p in rows]), num_decode=3,
+                                 prefills=spans, decode_block_tables=bt[:3],
+                                 decode_ctx_lens=torch.tensor(ctx_lens[:3], dtype=torch.int32), block_tables=bt,
+                                 row_seq=torch.tensor([s for s, _ in rows], dtype=torch.int32),
+                                 row_pos=torch.tensor([p for _, p in rows], dtype=torch.int32))
+    got = ops.paged_attention(q, k, v, k_cache, v_cache, meta, d ** -0.5)
+    torch.testing.assert_close(got, ops.paged_attention_ref(q, k, v, k_cache, v_cache, meta, d ** -0.5),
+                               rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
 @pytest.mark.parametrize("bad_len", [0, 10_000])
 def test_decode_kernel_refuses_lengths_outside_the_block_table(bad_len):
     q, kc, vc, meta = _decode_case(4, 8, 4, 16, 16)
     lens = meta.decode_ctx_lens.clone()
     lens[2] = bad_len
-    with pytest.raises(RuntimeError, match="bad shapes or lengths"):
+    with pytest.raises(RuntimeError, match="bad shapes, rows or positions"):
         cpu_kernels.paged_decode_attention(q, kc, vc, meta.decode_block_tables, lens, 0.25)
 
 

@@ -80,7 +80,7 @@ class ModelRunner:
 
     def _forward(self, decodes: list[Sequence], prefills: list[Sequence],
                  prompt_logits: dict[str, torch.Tensor]) -> torch.Tensor:
-        bs, dev = self.block_size, self.device
+        dev = self.device
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -105,19 +105,19 @@ class ModelRunner:
             spans.append(PrefillSpan(start, n, seq.num_tokens, ctx_slots))
             span_seqs.append((seq, start, first))
             counts.append(n)
-        meta = AttentionMetadata(slots=torch.tensor(slots, device=dev), num_decode=len(decodes), prefills=spans)
+        seqs = decodes + prefills
+        max_blocks = max(len(s.block_table) for s in seqs)
+        tables = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in seqs],
+                              dtype=torch.int32, device=dev)
+        pos_t = torch.tensor(positions, device=dev)
+        meta = AttentionMetadata(slots=torch.tensor(slots, device=dev), num_decode=len(decodes), prefills=spans,
+                                 block_tables=tables, row_pos=pos_t.to(torch.int32),
+                                 row_seq=torch.tensor([i for i, n in enumerate(counts) for _ in range(n)],
+                                                      dtype=torch.int32, device=dev))
         if decodes:
-            ctx = [s.num_tokens for s in decodes]
-            max_blocks = max(len(s.block_table) for s in decodes)
-            bt = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in decodes],
-                              device=dev)
-            ctx_t = torch.tensor(ctx, device=dev)
-            pos = torch.arange(max_blocks * bs, device=dev)
-            meta.decode_block_gather = bt
-            meta.decode_mask = (pos[None, :] < ctx_t[:, None])[:, None, None, :]
-            meta.decode_block_tables = bt.to(torch.int32)
-            meta.decode_ctx_lens = ctx_t.to(torch.int32)
-        step = StepContext(positions=torch.tensor(positions, device=dev), attn=meta)
+            meta.decode_block_tables = tables[:len(decodes)]
+            meta.decode_ctx_lens = torch.tensor([s.num_tokens for s in decodes], dtype=torch.int32, device=dev)
+        step = StepContext(positions=pos_t, attn=meta)
         if self.lora_hook is not None:
             step.lora = self.lora_hook(decodes + prefills, counts)
         if self.embeds_hook is not None and span_seqs:

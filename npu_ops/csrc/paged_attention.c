@@ -1,11 +1,15 @@
-/* Paged decode attention for the CPU, fp32: one query token per sequence attends over the K/V
- * rows that its block table points at, read in place from the cache (no gather, no padding).
+/* Paged attention for the CPU, fp32, one query row at a time: row t of sequence row_seq[t] at
+ * position row_pos[t] attends causally to positions 0..row_pos[t] of that sequence, read in place
+ * from the cache through its block table (no gather, no padding). Decode rows (one per sequence)
+ * and prefill rows (every new prompt token, with or without a cached prefix) are the same thing;
+ * a step's K/V are written to the cache before attention runs.
  *
- * Layouts (all contiguous): q, out [B, H, D]; k_cache, v_cache [num_blocks, BS, KVH, D];
- * block_tables [B, MB] int32; ctx_lens [B] int32. The H query heads are KVH groups of G = H / KVH
- * heads sharing one KV head (GQA). A task is one sequence and a run of its KV heads: with many
- * sequences each task walks whole blocks front to back (contiguous reads); with few, the KV heads
- * are split across tasks so that every thread has work.
+ * Layouts (all contiguous): q, out [T, H, D]; k_cache, v_cache [num_blocks, BS, KVH, D];
+ * block_tables [S, MB] int32; row_seq, row_pos [T] int32. The H query heads are KVH groups of
+ * G = H / KVH heads sharing one KV head (GQA). A task is a tile of consecutive rows of one
+ * sequence (a decode row alone) and a run of its KV heads: with many tiles each task walks whole
+ * blocks front to back (contiguous reads) once for all its rows; with few, the KV heads are split
+ * across tasks so that every thread has work.
  * Threads come from the OpenMP runtime the process already has loaded (PyTorch's libgomp). */
 #include <math.h>
 #include <stdint.h>
@@ -113,69 +117,96 @@ static void accumulate_rows(const float *restrict p, const float *restrict v, in
     }
 }
 
+/* Rows pos0 .. pos0 + nrows - 1 of one sequence (a tile; the last attends to pos0 + nrows keys),
+ * KV heads [h0, h1). q, out: the tile's first row [H, D], rows H * D apart. Each K/V block is read
+ * once per tile and used by all its rows while it sits in L1. scores: [nrows * nh, L] and acc:
+ * [nrows * nh, D] with nh = (h1 - h0) * G, L = pos0 + nrows. */
 static void attend(const float *restrict q, const float *restrict k_cache, const float *restrict v_cache,
-                   const int32_t *restrict bt, int64_t L, float *restrict out, int64_t h0, int64_t h1,
-                   int64_t G, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride, float scale,
-                   float *restrict scores, float *restrict acc) {
-    /* q, out: this sequence's [H, D]; KV heads [h0, h1); scores [(h1-h0)*G, L]; acc [(h1-h0)*G, D] */
-    const int64_t nh = (h1 - h0) * G;
+                   const int32_t *restrict bt, int64_t pos0, int64_t nrows, float *restrict out, int64_t h0,
+                   int64_t h1, int64_t H, int64_t G, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride,
+                   float scale, float *restrict scores, float *restrict acc) {
+    const int64_t nh = (h1 - h0) * G, L = pos0 + nrows;
     for (int64_t start = 0; start < L; start += BS) {
         const float *kb = k_cache + (int64_t)bt[start / BS] * blk_stride;
-        const int64_t n = L - start < BS ? L - start : BS;
         if (start + BS < L) prefetch_block(k_cache + (int64_t)bt[start / BS + 1] * blk_stride, blk_stride);
-        for (int64_t kh = h0; kh < h1; ++kh)
-            for (int64_t g = 0; g < G; ++g) {
-                const int64_t r = (kh - h0) * G + g;
-                score_rows(q + (kh * G + g) * D, kb + kh * D, tok_stride, n, D, scale, scores + r * L + start);
-            }
+        for (int64_t i = 0; i < nrows; ++i) {
+            const int64_t len = pos0 + i + 1 - start, n = len < BS ? len : BS; /* causal: keys <= pos0 + i */
+            if (n <= 0) continue;
+            for (int64_t kh = h0; kh < h1; ++kh)
+                for (int64_t g = 0; g < G; ++g) {
+                    const int64_t r = i * nh + (kh - h0) * G + g;
+                    score_rows(q + i * H * D + (kh * G + g) * D, kb + kh * D, tok_stride, n, D, scale,
+                               scores + r * L + start);
+                }
+        }
     }
-    for (int64_t r = 0; r < nh; ++r) softmax(scores + r * L, L);
-    memset(acc, 0, sizeof(float) * (size_t)(nh * D));
+    for (int64_t i = 0; i < nrows; ++i)
+        for (int64_t r = i * nh; r < (i + 1) * nh; ++r) softmax(scores + r * L, pos0 + i + 1);
+    memset(acc, 0, sizeof(float) * (size_t)(nrows * nh * D));
     for (int64_t start = 0; start < L; start += BS) {
         const float *vb = v_cache + (int64_t)bt[start / BS] * blk_stride;
-        const int64_t n = L - start < BS ? L - start : BS;
         if (start + BS < L) prefetch_block(v_cache + (int64_t)bt[start / BS + 1] * blk_stride, blk_stride);
-        for (int64_t kh = h0; kh < h1; ++kh)
-            for (int64_t g = 0; g < G; ++g) {
-                const int64_t r = (kh - h0) * G + g;
-                accumulate_rows(scores + r * L + start, vb + kh * D, tok_stride, n, D, acc + r * D);
-            }
+        for (int64_t i = 0; i < nrows; ++i) {
+            const int64_t len = pos0 + i + 1 - start, n = len < BS ? len : BS;
+            if (n <= 0) continue;
+            for (int64_t kh = h0; kh < h1; ++kh)
+                for (int64_t g = 0; g < G; ++g) {
+                    const int64_t r = i * nh + (kh - h0) * G + g;
+                    accumulate_rows(scores + r * L + start, vb + kh * D, tok_stride, n, D, acc + r * D);
+                }
+        }
     }
-    memcpy(out + h0 * G * D, acc, sizeof(float) * (size_t)(nh * D));
+    for (int64_t i = 0; i < nrows; ++i)
+        memcpy(out + i * H * D + h0 * G * D, acc + i * nh * D, sizeof(float) * (size_t)(nh * D));
 }
 
-int paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
-                               const int32_t *block_tables, const int32_t *ctx_lens, float *out,
-                               int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB,
-                               float scale, int nthreads) {
-    if (B <= 0) return 0;
+#define TILE_ROWS 8
+
+int paged_attention_rows_f32(const float *q, const float *k_cache, const float *v_cache,
+                             const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
+                             int64_t T, int64_t S, int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB,
+                             float scale, int nthreads) {
+    if (T <= 0) return 0;
     if (KVH <= 0 || H % KVH != 0 || nthreads < 1) return 1;
     const int64_t G = H / KVH, tok_stride = KVH * D, blk_stride = BS * KVH * D;
     int64_t max_len = 1;
-    for (int64_t b = 0; b < B; ++b) {
-        if (ctx_lens[b] <= 0 || ctx_lens[b] > MB * BS) return 2;
-        if (ctx_lens[b] > max_len) max_len = ctx_lens[b];
+    for (int64_t t = 0; t < T; ++t) {
+        if (row_seq[t] < 0 || row_seq[t] >= S || row_pos[t] < 0 || row_pos[t] >= MB * BS) return 2;
+        if (row_pos[t] + 1 > max_len) max_len = row_pos[t] + 1;
     }
-    /* KV heads per task: all of them when there are plenty of sequences to share out */
-    const int64_t split = B >= 4 * (int64_t)nthreads ? 1 : KVH, per = KVH / split;
+    /* Tiles: up to TILE_ROWS consecutive rows of one sequence at consecutive positions (a prefill);
+     * a decode row is a tile of its own. */
+    int64_t *tiles = malloc(sizeof(int64_t) * (size_t)(T + 1)), ntiles = 0;
+    if (tiles == NULL) return 3;
+    for (int64_t t = 0; t < T; ++t)
+        if (t == 0 || row_seq[t] != row_seq[t - 1] || row_pos[t] != row_pos[t - 1] + 1 ||
+            t - tiles[ntiles - 1] >= TILE_ROWS)
+            tiles[ntiles++] = t;
+    tiles[ntiles] = T;
+    /* KV heads per task: all of them when there are plenty of tiles to share out */
+    const int64_t split = ntiles >= 4 * (int64_t)nthreads ? 1 : KVH, per = KVH / split;
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
-        float *scores = malloc(sizeof(float) * (size_t)(per * G * max_len));
-        float *acc = malloc(sizeof(float) * (size_t)(per * G * D));
+        float *scores = malloc(sizeof(float) * (size_t)(TILE_ROWS * per * G * max_len));
+        float *acc = malloc(sizeof(float) * (size_t)(TILE_ROWS * per * G * D));
         if (scores == NULL || acc == NULL) {
 #pragma omp atomic write
             failed = 3;
         }
+        /* tiles come in sequence order with growing positions: walking them backwards hands out the
+         * longest first, which keeps the threads' shares even */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < B * split; ++task) {
+        for (int64_t task = ntiles * split - 1; task >= 0; --task) {
             if (scores == NULL || acc == NULL) continue;
-            const int64_t b = task / split, h0 = (task % split) * per;
-            attend(q + b * H * D, k_cache, v_cache, block_tables + b * MB, ctx_lens[b], out + b * H * D, h0,
-                   h0 + per, G, D, BS, tok_stride, blk_stride, scale, scores, acc);
+            const int64_t tile = task / split, h0 = (task % split) * per, t = tiles[tile];
+            attend(q + t * H * D, k_cache, v_cache, block_tables + (int64_t)row_seq[t] * MB, row_pos[t],
+                   tiles[tile + 1] - t, out + t * H * D, h0, h0 + per, H, G, D, BS, tok_stride, blk_stride, scale,
+                   scores, acc);
         }
         free(scores);
         free(acc);
     }
+    free(tiles);
     return failed;
 }
