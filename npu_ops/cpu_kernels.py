@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 CSRC = Path(__file__).with_name("csrc")
 SOURCES = sorted(CSRC.glob("*.c"))
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
-_I64, _I32P, _F32P = ctypes.c_int64, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_float)
+# Pointers cross as plain integers (Tensor.data_ptr()): cheaper per call than ctypes pointer objects.
+_I64, _I32P, _F32P = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
 
 
 def _cache_dir() -> Path:
@@ -91,21 +92,19 @@ def load() -> ctypes.CDLL | None:
     return lib
 
 
-def _ptr(t: torch.Tensor, kind: type) -> ctypes._Pointer:
-    return ctypes.cast(t.data_ptr(), kind)
-
-
 def supports(*tensors: torch.Tensor) -> bool:
     """All fp32 on the CPU with unit stride in their last dimension, and the kernels built."""
-    return (all(t.device.type == "cpu" and t.dtype == torch.float32 and t.stride(-1) == 1 for t in tensors)
-            and load() is not None)
+    for t in tensors:
+        if t.dtype != torch.float32 or t.device.type != "cpu" or t.stride(-1) != 1:
+            return False
+    return load() is not None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x [..., dim] (rows contiguous), weight [dim] -> [..., dim]; see ops.rms_norm_ref."""
     lib, x, w = load(), x.contiguous(), weight.contiguous()
     out = torch.empty_like(x)
-    lib.rms_norm_f32(_ptr(x, _F32P), _ptr(w, _F32P), _ptr(out, _F32P), x.numel() // x.shape[-1], x.shape[-1],
+    lib.rms_norm_f32(x.data_ptr(), w.data_ptr(), out.data_ptr(), x.numel() // x.shape[-1], x.shape[-1],
                      float(eps), torch.get_num_threads())
     return out
 
@@ -115,7 +114,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     lib, gu = load(), gate_up.contiguous()
     rows, inter = gu.shape[0], gu.shape[1] // 2
     out = gu.new_empty(rows, inter)
-    lib.silu_mul_f32(_ptr(gu, _F32P), _ptr(out, _F32P), rows, inter, torch.get_num_threads())
+    lib.silu_mul_f32(gu.data_ptr(), out.data_ptr(), rows, inter, torch.get_num_threads())
     return out
 
 
@@ -126,7 +125,7 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     rows, heads, d = x.shape
     assert x.stride(1) == d and x.stride(2) == 1, "heads must be packed within a row"
     out = x.new_empty(rows, heads, d)
-    lib.rotary_f32(_ptr(x, _F32P), x.stride(0), _ptr(cos, _F32P), _ptr(sin, _F32P), _ptr(out, _F32P), rows,
+    lib.rotary_f32(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), out.data_ptr(), rows,
                    heads, d, torch.get_num_threads())
     return out
 
@@ -144,8 +143,8 @@ def paged_attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     t, h, d = q.shape
     _, bs, kvh, _ = k_cache.shape
     out = torch.empty_like(q)
-    rc = lib.paged_attention_rows_f32(_ptr(q, _F32P), _ptr(k_cache, _F32P), _ptr(v_cache, _F32P), _ptr(bt, _I32P),
-                                      _ptr(seq, _I32P), _ptr(pos, _I32P), _ptr(out, _F32P), t, bt.shape[0], h, kvh, d,
+    rc = lib.paged_attention_rows_f32(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(),
+                                      seq.data_ptr(), pos.data_ptr(), out.data_ptr(), t, bt.shape[0], h, kvh, d,
                                       bs, bt.shape[1], float(scale), torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"paged_attention_rows_f32 failed with code {rc} (bad shapes, rows or positions)")
