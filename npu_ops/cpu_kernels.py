@@ -65,21 +65,39 @@ def _build(cc: str) -> Path:
     return out
 
 
+_status = "not loaded yet"
+
+
+def describe() -> str:
+    """One line for /info and the start-up log: which CPU attention and elementwise path runs, and why."""
+    load()
+    return f"CPU kernels: {_status}"
+
+
+def _unavailable(why: str, level: int = logging.WARNING) -> None:
+    global _status
+    _status = f"off ({why}); PyTorch reference path"
+    logger.log(level, "CPU kernels %s", _status)
+
+
 @lru_cache(maxsize=1)
 def load() -> ctypes.CDLL | None:
     """The compiled kernels, or None (reason logged) where they cannot be had."""
+    global _status
     if os.environ.get("MINDIE_CPU_KERNELS", "1") == "0":
-        logger.info("CPU kernels disabled by MINDIE_CPU_KERNELS=0")
+        _unavailable("MINDIE_CPU_KERNELS=0", logging.INFO)
         return None
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        logger.warning("no C compiler found: paged attention on the CPU uses the PyTorch path")
+        _unavailable("no C compiler found")
         return None
     try:
-        lib = ctypes.CDLL(str(_build(cc)))
+        path = _build(cc)
+        lib = ctypes.CDLL(str(path))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-        logger.warning("CPU kernels unavailable (%s): paged attention uses the PyTorch path", exc)
+        _unavailable(str(exc))
         return None
+    _status = f"on ({path.name})"
     fn = lib.paged_attention_rows_f32
     fn.argtypes = [_F32P, _F32P, _F32P, _I32P, _I32P, _I32P, _F32P, _I64, _I64, _I64, _I64, _I64, _I64, _I64,
                    ctypes.c_float, ctypes.c_int]

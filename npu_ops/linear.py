@@ -9,6 +9,7 @@ how many rows share the call. Packing is the same machinery PyTorch's own CPU in
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 import torch.nn.functional as F
@@ -61,7 +62,10 @@ class FastLinear(nn.Linear):
 
 
 def pack_linears(model: nn.Module, batch_hint: int) -> int:
-    """Pack every FastLinear of ``model``; returns how many were packed."""
+    """Pack every FastLinear of ``model``; returns how many were packed. ``MINDIE_CPU_KERNELS=0``
+    (the switch for every CPU fast path, see npu_ops.cpu_kernels) leaves them all on F.linear."""
+    if os.environ.get("MINDIE_CPU_KERNELS", "1") == "0":
+        return 0
     n = sum(m.pack(batch_hint) for m in model.modules() if isinstance(m, FastLinear))
     if n:
         logger.info("packed %d linear weights for oneDNN (batch hint %d)", n, batch_hint)

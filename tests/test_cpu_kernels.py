@@ -119,7 +119,7 @@ def test_without_a_compiler_the_reference_path_is_used(tmp_path, monkeypatch, ca
     try:
         with caplog.at_level(logging.WARNING, logger="npu_ops.cpu_kernels"):
             assert cpu_kernels.load() is None
-        assert "PyTorch path" in caplog.text
+        assert "PyTorch reference path" in caplog.text and "PyTorch reference path" in cpu_kernels.describe()
         q, kc, vc, meta = _decode_case(3, 8, 4, 16, 16)
         assert not cpu_kernels.supports(q, kc)
         out = ops.paged_attention(q, q[:, :4], q[:, :4], kc, vc, meta, 0.25)

@@ -6,6 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mindie_service import LLM, SamplingParams
+from npu_ops import cpu_kernels
 from tests.prompts import word_prompts
 
 MAX_TOKENS = 48
@@ -29,6 +30,17 @@ def reference(tiny_model):
     return prompts, outs
 
 
+@pytest.fixture(params=["kernels", "reference"])
+def cpu_path(request, monkeypatch):
+    """Run a test on the CPU fast paths (C kernels, packed linears) and again on the portable PyTorch path."""
+    if request.param == "reference":
+        monkeypatch.setenv("MINDIE_CPU_KERNELS", "0")
+    cpu_kernels.load.cache_clear()
+    yield request.param
+    monkeypatch.undo()
+    cpu_kernels.load.cache_clear()
+
+
 def _greedy(llm: LLM, prompts: list[str]) -> list[list[int]]:
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
@@ -40,13 +52,16 @@ def test_reference_is_context_sensitive(reference):
     assert len({tuple(o) for o in outs}) == len(outs)
 
 
-def test_batched_greedy_matches_transformers(tiny_model, reference):
+def test_batched_greedy_matches_transformers(tiny_model, reference, cpu_path):
     prompts, ref = reference
     llm = LLM(str(tiny_model), cache_block_size=16, num_kv_blocks=512, max_batch_size=32)
+    if llm.engine.device_info.type == "cpu":
+        kernels_on = cpu_path == "kernels" and cpu_kernels.load() is not None
+        assert ("CPU kernels: on" in llm.engine.device_info.reason) == kernels_on
     assert _greedy(llm, prompts[:12]) == ref[:12]
 
 
-def test_matches_transformers_under_preemption(tiny_model, reference):
+def test_matches_transformers_under_preemption(tiny_model, reference, cpu_path):
     prompts, ref = reference
     # 40 blocks of 8 tokens cannot hold 12 sequences of up to ~200 tokens: the scheduler must preempt.
     llm = LLM(str(tiny_model), cache_block_size=8, num_kv_blocks=40, max_batch_size=12, max_seq_len=400,
@@ -56,7 +71,7 @@ def test_matches_transformers_under_preemption(tiny_model, reference):
     assert llm.engine.stats().free_blocks == 40
 
 
-def test_matches_transformers_with_shared_prefixes(tiny_model, reference):
+def test_matches_transformers_with_shared_prefixes(tiny_model, reference, cpu_path):
     prompts, ref = reference
     llm = LLM(str(tiny_model), cache_block_size=4, num_kv_blocks=1024)
     # First run fills the prefix cache; the second (one prompt at a time) hits it.

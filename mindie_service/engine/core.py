@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import AutoTokenizer
@@ -25,6 +25,7 @@ from mindie_service.lora.manager import LoraManager
 from mindie_service.models.loader import load_model
 from mindie_service.protocol.errors import check
 from mindie_service.protocol.validation import fit_prompt
+from npu_ops import cpu_kernels
 from npu_ops.device import select_device
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,8 @@ class LLMEngine:
         cfg.validate()
         self.cfg = cfg
         self.device_info = select_device(cfg.device)
+        if self.device_info.type == "cpu":
+            self.device_info = replace(self.device_info, reason=f"{self.device_info.reason}; {cpu_kernels.describe()}")
         self.device = self.device_info.torch_device
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
