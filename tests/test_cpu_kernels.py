@@ -33,7 +33,8 @@ def _decode_case(batch: int, heads: int, kv_heads: int, d: int, bs: int, seed: i
 
 @needs_kernel
 @pytest.mark.parametrize("batch", [1, 3, 40])  # few sequences split KV heads across tasks; many do not
-@pytest.mark.parametrize("heads,kv_heads,d,bs", [(8, 4, 64, 16), (4, 4, 32, 1), (8, 1, 16, 128), (6, 2, 8, 4)])
+@pytest.mark.parametrize("heads,kv_heads,d,bs", [(8, 4, 64, 16), (4, 4, 32, 1), (8, 1, 16, 128), (6, 2, 8, 4),
+                                                 (4, 2, 128, 16), (3, 3, 12, 8)])
 def test_decode_kernel_matches_reference(batch, heads, kv_heads, d, bs):
     q, kc, vc, meta = _decode_case(batch, heads, kv_heads, d, bs)
     got = cpu_kernels.paged_decode_attention(q, kc, vc, meta.decode_block_tables, meta.decode_ctx_lens, d ** -0.5)

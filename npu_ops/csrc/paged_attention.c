@@ -176,20 +176,23 @@ int paged_attention_rows_f32(const float *q, const float *k_cache, const float *
     }
     /* Tiles: up to TILE_ROWS consecutive rows of one sequence at consecutive positions (a prefill);
      * a decode row is a tile of its own. */
-    int64_t *tiles = malloc(sizeof(int64_t) * (size_t)(T + 1)), ntiles = 0;
+    int64_t *tiles = malloc(sizeof(int64_t) * (size_t)(T + 1)), ntiles = 0, max_rows = 1;
     if (tiles == NULL) return 3;
     for (int64_t t = 0; t < T; ++t)
         if (t == 0 || row_seq[t] != row_seq[t - 1] || row_pos[t] != row_pos[t - 1] + 1 ||
             t - tiles[ntiles - 1] >= TILE_ROWS)
             tiles[ntiles++] = t;
+        else if (t - tiles[ntiles - 1] + 1 > max_rows)
+            max_rows = t - tiles[ntiles - 1] + 1;
     tiles[ntiles] = T;
     /* KV heads per task: all of them when there are plenty of tiles to share out */
     const int64_t split = ntiles >= 4 * (int64_t)nthreads ? 1 : KVH, per = KVH / split;
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
-        float *scores = malloc(sizeof(float) * (size_t)(TILE_ROWS * per * G * max_len));
-        float *acc = malloc(sizeof(float) * (size_t)(TILE_ROWS * per * G * D));
+        /* scratch for the largest tile: a decode-only step needs one row's worth */
+        float *scores = malloc(sizeof(float) * (size_t)(max_rows * per * G * max_len));
+        float *acc = malloc(sizeof(float) * (size_t)(max_rows * per * G * D));
         if (scores == NULL || acc == NULL) {
 #pragma omp atomic write
             failed = 3;
