@@ -26,15 +26,19 @@ def onednn_linear_available() -> bool:
 
 
 class FastLinear(nn.Linear):
-    """``nn.Linear`` that can pack its weight for oneDNN (``pack``); ``.weight`` stays the dense
-    reference so loaders, LoRA and ``state_dict`` see an ordinary Linear."""
+    """``nn.Linear`` that can pack its weight for oneDNN (``pack``). Until then, and wherever packing
+    does not apply, it is an ordinary Linear (loaders and LoRA only see ``in_features`` and
+    ``out_features`` and the checkpoint names)."""
 
     packed: torch.Tensor | None = None
 
-    def pack(self, batch_hint: int) -> bool:
+    def pack(self, batch_hint: int, keep_dense: bool = True) -> bool:
         """Pack the current weight (call after loading). Returns False, leaving F.linear in use,
-        where oneDNN is missing, the weight is not fp32 on the CPU, or the packed result disagrees."""
-        self.packed = None
+        where oneDNN is missing, the weight is not fp32 on the CPU, or the packed result disagrees.
+        ``keep_dense=False`` then frees the dense copy: the packed one is all a CPU fp32 forward needs,
+        and keeping both would double the weights' memory."""
+        if self.packed is not None:
+            return True
         w = self.weight
         if w.device.type != "cpu" or w.dtype != torch.float32 or not onednn_linear_available():
             return False
@@ -51,10 +55,16 @@ class FastLinear(nn.Linear):
                 logger.warning("oneDNN packed linear disagrees with F.linear; using F.linear")
                 return False
         self.packed = packed
+        if not keep_dense:
+            self.weight = None  # type: ignore[assignment]
         return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None or x.dtype != torch.float32 or x.device.type != "cpu":
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        if x.dtype != torch.float32 or x.device.type != "cpu":
+            if self.weight is None:
+                raise RuntimeError(f"this Linear's weight was packed for fp32 on the CPU; got {x.dtype} on {x.device}")
             return F.linear(x, self.weight, self.bias)
         if x.dim() != 2:
             return self.forward(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], self.out_features)
@@ -62,11 +72,11 @@ class FastLinear(nn.Linear):
 
 
 def pack_linears(model: nn.Module, batch_hint: int) -> int:
-    """Pack every FastLinear of ``model``; returns how many were packed. ``MINDIE_CPU_KERNELS=0``
+    """Pack every FastLinear of ``model`` (its dense weights freed); returns how many were packed. ``MINDIE_CPU_KERNELS=0``
     (the switch for every CPU fast path, see npu_ops.cpu_kernels) leaves them all on F.linear."""
     if os.environ.get("MINDIE_CPU_KERNELS", "1") == "0":
         return 0
-    n = sum(m.pack(batch_hint) for m in model.modules() if isinstance(m, FastLinear))
+    n = sum(m.pack(batch_hint, keep_dense=False) for m in model.modules() if isinstance(m, FastLinear))
     if n:
         logger.info("packed %d linear weights for oneDNN (batch hint %d)", n, batch_hint)
     return n

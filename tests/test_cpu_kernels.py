@@ -193,6 +193,19 @@ def test_packed_linear_matches_f_linear(bias, rows):
     assert y.shape == (1, rows, 40)
 
 
+@pytest.mark.skipif(not onednn_linear_available(), reason="PyTorch built without oneDNN")
+def test_packing_can_free_the_dense_weight():
+    torch.manual_seed(0)
+    lin = FastLinear(32, 24)
+    x = torch.randn(5, 32)
+    want = F.linear(x, lin.weight, lin.bias)
+    assert lin.pack(batch_hint=8, keep_dense=False) and lin.weight is None
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), want, rtol=1e-5, atol=1e-5)
+        with pytest.raises(RuntimeError, match="packed for fp32 on the CPU"):
+            lin(x.double())
+
+
 def test_linear_is_left_unpacked_off_fp32_cpu():
     lin = FastLinear(16, 8).to(torch.bfloat16)
     assert not lin.pack(batch_hint=8) and lin.packed is None

@@ -117,8 +117,8 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     load_weights(model, p, dict(family.weight_prefixes))
     model = model.to(device=device, dtype=torch_dtype).eval()
     model.rope_cos, model.rope_sin = cos.to(device, torch_dtype), sin.to(device, torch_dtype)
-    pack_linears(model, batch_hint)
     n_params = sum(t.numel() for t in model.parameters())
+    pack_linears(model, batch_hint)  # after counting: packing frees the dense weights
     logger.info("loaded %s (%s, %.1fM parameters, %s) on %s", p.name, arch, n_params / 1e6, dtype, device)
     encoder = None
     if family.encoder:
