@@ -211,3 +211,17 @@ def test_linear_is_left_unpacked_off_fp32_cpu():
     assert not lin.pack(batch_hint=8) and lin.packed is None
     x = torch.randn(3, 16, dtype=torch.bfloat16)
     torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias))
+
+
+# ---------------------------------------------------------------- KV pool memory
+def test_kv_pool_is_zeroed_contiguous_per_layer_and_one_allocation(tiny_model):
+    from mindie_service import LLM
+    from npu_ops import memory
+
+    t = memory.zeros((3, 5 << 18), torch.float32, torch.device("cpu"))  # 15 MiB: spans whole huge pages
+    assert t.shape == (3, 5 << 18) and not t.any()
+    runner = LLM(str(tiny_model), num_kv_blocks=64).engine.runner
+    base = runner.kv_caches[0][0].untyped_storage().data_ptr()
+    for k, v in runner.kv_caches:  # the kernels need each layer's K and V contiguous
+        assert k.is_contiguous() and v.is_contiguous() and not k.any() and not v.any()
+        assert k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr() == base

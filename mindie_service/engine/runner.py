@@ -16,6 +16,7 @@ from torch import nn
 from mindie_service.engine.scheduler import SchedulerOutput
 from mindie_service.engine.sequence import Sequence
 from mindie_service.models.llama import StepContext
+from npu_ops import memory
 from npu_ops.ops import AttentionMetadata, PrefillSpan
 
 logger = logging.getLogger(__name__)
@@ -42,10 +43,10 @@ class ModelRunner:
         self.model, self.block_size, self.device = model, block_size, device
         self.piece_tokens = PIECE_TOKENS
         d = model.dims
-        shape = (num_blocks, block_size, d.kv_heads, d.head_dim)
-        # zeros, not empty: padded gathers read unused slots, and NaN bits there would poison masked scores.
-        self.kv_caches = [(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-                          for _ in range(d.layers)]
+        # One allocation for every layer's K and V (huge pages on the CPU, see npu_ops.memory); zeros, not
+        # empty: padded gathers read unused slots, and NaN bits there would poison masked scores.
+        pool = memory.zeros((d.layers, 2, num_blocks, block_size, d.kv_heads, d.head_dim), dtype, device)
+        self.kv_caches = [(pool[i, 0], pool[i, 1]) for i in range(d.layers)]
         # Hooks set by the LoRA and multimodal layers: (step seqs, packed token counts) -> context parts.
         self.lora_hook: Callable[[list[Sequence], list[int]], Any] | None = None
         self.embeds_hook: Callable[[list[tuple[Sequence, int, int]]], Any] | None = None
