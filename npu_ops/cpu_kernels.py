@@ -105,7 +105,10 @@ def load() -> ctypes.CDLL | None:
     lib.rms_norm_f32.argtypes = [_F32P, _F32P, _F32P, _I64, _I64, ctypes.c_float, ctypes.c_int]
     lib.silu_mul_f32.argtypes = [_F32P, _F32P, _I64, _I64, ctypes.c_int]
     lib.rotary_f32.argtypes = [_F32P, _I64, _F32P, _F32P, _F32P, _I64, _I64, _I64, ctypes.c_int]
-    for name in ("rms_norm_f32", "silu_mul_f32", "rotary_f32"):
+    lib.packed_weight_numel.argtypes, lib.packed_weight_numel.restype = [_I64, _I64], _I64
+    lib.pack_weight_f32.argtypes = [_F32P, _I64, _I64, _F32P]
+    lib.linear_f32.argtypes = [_F32P, _I64, _I64, _F32P, _I64, _F32P, _F32P, ctypes.c_int]
+    for name in ("rms_norm_f32", "silu_mul_f32", "rotary_f32", "pack_weight_f32", "linear_f32"):
         getattr(lib, name).restype = None
     return lib
 
@@ -174,3 +177,23 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """One query row per sequence at its last position: q [B, H, D], block_tables [B, max_blocks], ctx_lens [B]."""
     rows = torch.arange(q.shape[0], dtype=torch.int32)
     return paged_attention_rows(q, k_cache, v_cache, block_tables, rows, ctx_lens.to(torch.int32) - 1, scale)
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] fp32 -> the panel layout ``linear`` takes (csrc/gemm.c)."""
+    lib, w = load(), weight.detach().contiguous()
+    n, k = w.shape
+    packed = torch.empty(lib.packed_weight_numel(n, k), dtype=torch.float32)
+    lib.pack_weight_f32(w.data_ptr(), n, k, packed.data_ptr())
+    return packed
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] fp32 . W^T (+ bias) with W packed by ``pack_weight`` -> [M, out_features]."""
+    lib, x = load(), x.contiguous()
+    m, k = x.shape
+    y = x.new_empty(m, out_features)
+    b = None if bias is None else bias.detach().contiguous()
+    lib.linear_f32(x.data_ptr(), m, k, packed.data_ptr(), out_features, None if b is None else b.data_ptr(),
+                   y.data_ptr(), torch.get_num_threads())
+    return y
