@@ -18,222 +18,42 @@
 #ifdef __AVX2__
 #include <immintrin.h>
 
-/* tileR: c[R, 16] = a[R, K] (rows lda apart) . panel b[K, 16]; pf: where to prefetch, pf_step floats per k */
-static void tile1(const float *restrict a, int64_t lda, const float *restrict b, int64_t K, float *restrict c,
-                  const float *restrict pf, int64_t pf_step) {
-    __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
+/* c[R, 16] = a[R, K] (rows lda apart) . panel b[K, 16]; pf: where to prefetch, pf_step floats per k.
+ * Always inlined with a constant R, so the accumulator arrays live in registers. */
+static inline __attribute__((always_inline)) void tile_r(const int R, const float *restrict a, int64_t lda,
+                                                         const float *restrict b, int64_t K, float *restrict c,
+                                                         const float *restrict pf, int64_t pf_step) {
+    __m256 c0[MR], c1[MR];
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; ++k) {
         const __m256 b0 = _mm256_loadu_ps(b + k * NR), b1 = _mm256_loadu_ps(b + k * NR + 8);
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 0 * lda + k);
-            c00 = _mm256_fmadd_ps(av, b0, c00);
-            c01 = _mm256_fmadd_ps(av, b1, c01);
+#pragma GCC unroll 6
+        for (int r = 0; r < R; ++r) {
+            const __m256 av = _mm256_broadcast_ss(a + r * lda + k);
+            c0[r] = _mm256_fmadd_ps(av, b0, c0[r]);
+            c1[r] = _mm256_fmadd_ps(av, b1, c1[r]);
         }
         __builtin_prefetch(pf + k * pf_step, 0, 1);
     }
-    _mm256_storeu_ps(c + 0 * NR, c00);
-    _mm256_storeu_ps(c + 0 * NR + 8, c01);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+        _mm256_storeu_ps(c + r * NR, c0[r]);
+        _mm256_storeu_ps(c + r * NR + 8, c1[r]);
+    }
 }
 
-static void tile2(const float *restrict a, int64_t lda, const float *restrict b, int64_t K, float *restrict c,
-                  const float *restrict pf, int64_t pf_step) {
-    __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
-    __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; ++k) {
-        const __m256 b0 = _mm256_loadu_ps(b + k * NR), b1 = _mm256_loadu_ps(b + k * NR + 8);
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 0 * lda + k);
-            c00 = _mm256_fmadd_ps(av, b0, c00);
-            c01 = _mm256_fmadd_ps(av, b1, c01);
-        }
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 1 * lda + k);
-            c10 = _mm256_fmadd_ps(av, b0, c10);
-            c11 = _mm256_fmadd_ps(av, b1, c11);
-        }
-        __builtin_prefetch(pf + k * pf_step, 0, 1);
+#define TILE(R)                                                                                            \
+    static void tile##R(const float *a, int64_t lda, const float *b, int64_t K, float *c, const float *pf, \
+                        int64_t pf_step) {                                                                 \
+        tile_r(R, a, lda, b, K, c, pf, pf_step);                                                           \
     }
-    _mm256_storeu_ps(c + 0 * NR, c00);
-    _mm256_storeu_ps(c + 0 * NR + 8, c01);
-    _mm256_storeu_ps(c + 1 * NR, c10);
-    _mm256_storeu_ps(c + 1 * NR + 8, c11);
-}
-
-static void tile3(const float *restrict a, int64_t lda, const float *restrict b, int64_t K, float *restrict c,
-                  const float *restrict pf, int64_t pf_step) {
-    __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
-    __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
-    __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; ++k) {
-        const __m256 b0 = _mm256_loadu_ps(b + k * NR), b1 = _mm256_loadu_ps(b + k * NR + 8);
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 0 * lda + k);
-            c00 = _mm256_fmadd_ps(av, b0, c00);
-            c01 = _mm256_fmadd_ps(av, b1, c01);
-        }
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 1 * lda + k);
-            c10 = _mm256_fmadd_ps(av, b0, c10);
-            c11 = _mm256_fmadd_ps(av, b1, c11);
-        }
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 2 * lda + k);
-            c20 = _mm256_fmadd_ps(av, b0, c20);
-            c21 = _mm256_fmadd_ps(av, b1, c21);
-        }
-        __builtin_prefetch(pf + k * pf_step, 0, 1);
-    }
-    _mm256_storeu_ps(c + 0 * NR, c00);
-    _mm256_storeu_ps(c + 0 * NR + 8, c01);
-    _mm256_storeu_ps(c + 1 * NR, c10);
-    _mm256_storeu_ps(c + 1 * NR + 8, c11);
-    _mm256_storeu_ps(c + 2 * NR, c20);
-    _mm256_storeu_ps(c + 2 * NR + 8, c21);
-}
-
-static void tile4(const float *restrict a, int64_t lda, const float *restrict b, int64_t K, float *restrict c,
-                  const float *restrict pf, int64_t pf_step) {
-    __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
-    __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
-    __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
-    __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; ++k) {
-        const __m256 b0 = _mm256_loadu_ps(b + k * NR), b1 = _mm256_loadu_ps(b + k * NR + 8);
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 0 * lda + k);
-            c00 = _mm256_fmadd_ps(av, b0, c00);
-            c01 = _mm256_fmadd_ps(av, b1, c01);
-        }
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 1 * lda + k);
-            c10 = _mm256_fmadd_ps(av, b0, c10);
-            c11 = _mm256_fmadd_ps(av, b1, c11);
-        }
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 2 * lda + k);
-            c20 = _mm256_fmadd_ps(av, b0, c20);
-            c21 = _mm256_fmadd_ps(av, b1, c21);
-        }
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 3 * lda + k);
-            c30 = _mm256_fmadd_ps(av, b0, c30);
-            c31 = _mm256_fmadd_ps(av, b1, c31);
-        }
-        __builtin_prefetch(pf + k * pf_step, 0, 1);
-    }
-    _mm256_storeu_ps(c + 0 * NR, c00);
-    _mm256_storeu_ps(c + 0 * NR + 8, c01);
-    _mm256_storeu_ps(c + 1 * NR, c10);
-    _mm256_storeu_ps(c + 1 * NR + 8, c11);
-    _mm256_storeu_ps(c + 2 * NR, c20);
-    _mm256_storeu_ps(c + 2 * NR + 8, c21);
-    _mm256_storeu_ps(c + 3 * NR, c30);
-    _mm256_storeu_ps(c + 3 * NR + 8, c31);
-}
-
-static void tile5(const float *restrict a, int64_t lda, const float *restrict b, int64_t K, float *restrict c,
-                  const float *restrict pf, int64_t pf_step) {
-    __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
-    __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
-    __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
-    __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
-    __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; ++k) {
-        const __m256 b0 = _mm256_loadu_ps(b + k * NR), b1 = _mm256_loadu_ps(b + k * NR + 8);
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 0 * lda + k);
-            c00 = _mm256_fmadd_ps(av, b0, c00);
-            c01 = _mm256_fmadd_ps(av, b1, c01);
-        }
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 1 * lda + k);
-            c10 = _mm256_fmadd_ps(av, b0, c10);
-            c11 = _mm256_fmadd_ps(av, b1, c11);
-        }
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 2 * lda + k);
-            c20 = _mm256_fmadd_ps(av, b0, c20);
-            c21 = _mm256_fmadd_ps(av, b1, c21);
-        }
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 3 * lda + k);
-            c30 = _mm256_fmadd_ps(av, b0, c30);
-            c31 = _mm256_fmadd_ps(av, b1, c31);
-        }
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 4 * lda + k);
-            c40 = _mm256_fmadd_ps(av, b0, c40);
-            c41 = _mm256_fmadd_ps(av, b1, c41);
-        }
-        __builtin_prefetch(pf + k * pf_step, 0, 1);
-    }
-    _mm256_storeu_ps(c + 0 * NR, c00);
-    _mm256_storeu_ps(c + 0 * NR + 8, c01);
-    _mm256_storeu_ps(c + 1 * NR, c10);
-    _mm256_storeu_ps(c + 1 * NR + 8, c11);
-    _mm256_storeu_ps(c + 2 * NR, c20);
-    _mm256_storeu_ps(c + 2 * NR + 8, c21);
-    _mm256_storeu_ps(c + 3 * NR, c30);
-    _mm256_storeu_ps(c + 3 * NR + 8, c31);
-    _mm256_storeu_ps(c + 4 * NR, c40);
-    _mm256_storeu_ps(c + 4 * NR + 8, c41);
-}
-
-static void tile6(const float *restrict a, int64_t lda, const float *restrict b, int64_t K, float *restrict c,
-                  const float *restrict pf, int64_t pf_step) {
-    __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
-    __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
-    __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
-    __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
-    __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();
-    __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; ++k) {
-        const __m256 b0 = _mm256_loadu_ps(b + k * NR), b1 = _mm256_loadu_ps(b + k * NR + 8);
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 0 * lda + k);
-            c00 = _mm256_fmadd_ps(av, b0, c00);
-            c01 = _mm256_fmadd_ps(av, b1, c01);
-        }
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 1 * lda + k);
-            c10 = _mm256_fmadd_ps(av, b0, c10);
-            c11 = _mm256_fmadd_ps(av, b1, c11);
-        }
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 2 * lda + k);
-            c20 = _mm256_fmadd_ps(av, b0, c20);
-            c21 = _mm256_fmadd_ps(av, b1, c21);
-        }
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 3 * lda + k);
-            c30 = _mm256_fmadd_ps(av, b0, c30);
-            c31 = _mm256_fmadd_ps(av, b1, c31);
-        }
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 4 * lda + k);
-            c40 = _mm256_fmadd_ps(av, b0, c40);
-            c41 = _mm256_fmadd_ps(av, b1, c41);
-        }
-        {
-            const __m256 av = _mm256_broadcast_ss(a + 5 * lda + k);
-            c50 = _mm256_fmadd_ps(av, b0, c50);
-            c51 = _mm256_fmadd_ps(av, b1, c51);
-        }
-        __builtin_prefetch(pf + k * pf_step, 0, 1);
-    }
-    _mm256_storeu_ps(c + 0 * NR, c00);
-    _mm256_storeu_ps(c + 0 * NR + 8, c01);
-    _mm256_storeu_ps(c + 1 * NR, c10);
-    _mm256_storeu_ps(c + 1 * NR + 8, c11);
-    _mm256_storeu_ps(c + 2 * NR, c20);
-    _mm256_storeu_ps(c + 2 * NR + 8, c21);
-    _mm256_storeu_ps(c + 3 * NR, c30);
-    _mm256_storeu_ps(c + 3 * NR + 8, c31);
-    _mm256_storeu_ps(c + 4 * NR, c40);
-    _mm256_storeu_ps(c + 4 * NR + 8, c41);
-    _mm256_storeu_ps(c + 5 * NR, c50);
-    _mm256_storeu_ps(c + 5 * NR + 8, c51);
-}
+TILE(1)
+TILE(2)
+TILE(3)
+TILE(4)
+TILE(5)
+TILE(6)
 
 typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, float *, const float *, int64_t);
 static const tile_fn TILES[MR + 1] = {0, tile1, tile2, tile3, tile4, tile5, tile6};
