@@ -31,8 +31,13 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _I64, _I32P, _F32P = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("MINDIE_KERNEL_CACHE") or Path.home() / ".cache" / "mindie_service" / "kernels")
+def _cache_dirs() -> list[Path]:
+    """Where built kernels are kept: $MINDIE_KERNEL_CACHE, else the user's cache folder, else (read-only
+    home, as in some containers) a per-user folder in the temp directory."""
+    if os.environ.get("MINDIE_KERNEL_CACHE"):
+        return [Path(os.environ["MINDIE_KERNEL_CACHE"])]
+    return [Path.home() / ".cache" / "mindie_service" / "kernels",
+            Path(tempfile.gettempdir()) / f"mindie_service-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}"]
 
 
 def _cpu_signature() -> str:
@@ -50,10 +55,20 @@ def _build(cc: str) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256("\0".join([*(p.read_text() for p in sorted(CSRC.glob("*.[ch]"))), " ".join(FLAGS), version,
                                     platform.machine(), _cpu_signature()]).encode()).hexdigest()[:16]
-    out = _cache_dir() / f"cpu_kernels-{key}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
+    name = f"cpu_kernels-{key}.so"
+    for folder in _cache_dirs():
+        if (folder / name).exists():
+            return folder / name
+    for folder in _cache_dirs():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            if os.access(folder, os.W_OK):
+                break
+        except OSError:
+            continue
+    else:
+        raise RuntimeError(f"no writable folder for built kernels among {[str(f) for f in _cache_dirs()]}")
+    out = folder / name
     # Build beside the target and rename: concurrent builders (test workers, servers) never see half a file.
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         part = Path(tmp) / out.name

@@ -113,6 +113,17 @@ def test_decode_kernel_is_built_once_per_cache_folder(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no leftover temporary build folder
 
 
+@needs_kernel
+def test_kernels_are_built_in_the_temp_folder_when_home_is_unusable(tmp_path, monkeypatch):
+    blocker = tmp_path / "home"
+    blocker.write_text("a file where the home folder should be: no cache folder can be made under it")
+    monkeypatch.delenv("MINDIE_KERNEL_CACHE", raising=False)
+    monkeypatch.setattr(cpu_kernels.Path, "home", lambda: blocker)
+    monkeypatch.setattr(cpu_kernels.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    built = cpu_kernels._build(cpu_kernels.shutil.which("cc") or cpu_kernels.shutil.which("gcc"))
+    assert built.parent.parent == tmp_path / "tmp" and built.exists()
+
+
 def test_without_a_compiler_the_reference_path_is_used(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("MINDIE_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", "/bin/false")
