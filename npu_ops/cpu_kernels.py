@@ -187,13 +187,6 @@ def paged_attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     return out
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, ctx_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """One query row per sequence at its last position: q [B, H, D], block_tables [B, max_blocks], ctx_lens [B]."""
-    rows = torch.arange(q.shape[0], dtype=torch.int32)
-    return paged_attention_rows(q, k_cache, v_cache, block_tables, rows, ctx_lens.to(torch.int32) - 1, scale)
-
-
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] fp32 -> the panel layout ``linear`` takes (csrc/gemm.c)."""
     lib, w = load(), weight.detach().contiguous()

@@ -107,8 +107,8 @@ class AttentionMetadata:
     num_decode: int = 0
     decode_block_gather: torch.Tensor | None = None  # [Bd, max_blocks] block ids (padded) of each context
     decode_mask: torch.Tensor | None = None  # [Bd, 1, 1, max_blocks * block_size] True where a key is real
-    decode_block_tables: torch.Tensor | None = None  # [Bd, max_blocks] int32 (NPU and CPU kernels)
-    decode_ctx_lens: torch.Tensor | None = None  # [Bd] int32 (NPU and CPU kernels)
+    decode_block_tables: torch.Tensor | None = None  # [Bd, max_blocks] int32 (NPU kernels)
+    decode_ctx_lens: torch.Tensor | None = None  # [Bd] int32 (NPU kernels)
     prefills: list[PrefillSpan] = field(default_factory=list)
     # Every query row of the step at once, for kernels that read the cache per row (the CPU kernel):
     block_tables: torch.Tensor | None = None  # [S, max_blocks] int32: each sequence's blocks, decodes first
@@ -190,13 +190,6 @@ def _decode_npu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, m
     return out
 
 
-def _decode_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                scale: float) -> torch.Tensor:
-    # The C kernel reads the block tables directly: no gather, no padding to the longest context.
-    return cpu_kernels.paged_decode_attention(q, k_cache, v_cache, meta.decode_block_tables, meta.decode_ctx_lens,
-                                              scale)
-
-
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     if (q.device.type == "cpu" and meta.row_seq is not None
@@ -204,16 +197,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         # Decode and prefill rows in one call, each reading its context in place through the block tables.
         return cpu_kernels.paged_attention_rows(q, k_cache, v_cache, meta.block_tables, meta.row_seq, meta.row_pos,
                                                 scale)
-    if not meta.num_decode:
-        return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale)
-    if q.device.type == "npu":
-        decode = _decode_npu
-    elif cpu_kernels.supports(q, k_cache, v_cache) and k_cache.is_contiguous() and v_cache.is_contiguous():
-        decode = _decode_cpu
-    else:  # CUDA, and the CPU without its kernel: the reference (SDPA picks flash kernels on CUDA)
+    if q.device.type != "npu" or not meta.num_decode:
+        # CUDA, and the CPU without its kernel: the reference (SDPA picks flash kernels on CUDA).
         return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale)
     out = torch.empty_like(q)
-    out[:meta.num_decode] = decode(q[:meta.num_decode], k_cache, v_cache, meta, scale)
+    out[:meta.num_decode] = _decode_npu(q[:meta.num_decode], k_cache, v_cache, meta, scale)
     for span in meta.prefills:
         out[span.start:span.start + span.n] = _prefill_ref(q, k, v, k_cache, v_cache, span, scale)
     return out

@@ -14,6 +14,12 @@ from npu_ops.linear import FastLinear, onednn_linear_available
 needs_kernel = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C compiler: CPU kernel not built")
 
 
+def _decode(q, k_cache, v_cache, tables, ctx_lens, scale):
+    """One query row per sequence, at its last position."""
+    rows = torch.arange(q.shape[0], dtype=torch.int32)
+    return cpu_kernels.paged_attention_rows(q, k_cache, v_cache, tables, rows, ctx_lens.to(torch.int32) - 1, scale)
+
+
 def _decode_case(batch: int, heads: int, kv_heads: int, d: int, bs: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(1, 5 * bs + 3, (batch,), generator=g)
@@ -37,17 +43,19 @@ def _decode_case(batch: int, heads: int, kv_heads: int, d: int, bs: int, seed: i
                                                  (4, 2, 128, 16), (3, 3, 12, 8)])
 def test_decode_kernel_matches_reference(batch, heads, kv_heads, d, bs):
     q, kc, vc, meta = _decode_case(batch, heads, kv_heads, d, bs)
-    got = cpu_kernels.paged_decode_attention(q, kc, vc, meta.decode_block_tables, meta.decode_ctx_lens, d ** -0.5)
+    got = _decode(q, kc, vc, meta.decode_block_tables, meta.decode_ctx_lens, d ** -0.5)
     want = ops._decode_ref(q, kc, vc, meta, d ** -0.5)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @needs_kernel
-def test_decode_kernel_is_what_cpu_paged_attention_runs(monkeypatch):
+def test_row_kernel_is_what_cpu_paged_attention_runs(monkeypatch):
     q, kc, vc, meta = _decode_case(5, 8, 4, 16, 16)
+    meta.block_tables, meta.row_seq = meta.decode_block_tables, torch.arange(5, dtype=torch.int32)
+    meta.row_pos = meta.decode_ctx_lens - 1
     calls = []
-    real = cpu_kernels.paged_decode_attention
-    monkeypatch.setattr(cpu_kernels, "paged_decode_attention", lambda *a: calls.append(1) or real(*a))
+    real = cpu_kernels.paged_attention_rows
+    monkeypatch.setattr(cpu_kernels, "paged_attention_rows", lambda *a: calls.append(1) or real(*a))
     out = ops.paged_attention(q, q[:, :4], q[:, :4], kc, vc, meta, 0.25)
     assert calls == [1]
     torch.testing.assert_close(out, ops.paged_attention_ref(q, q[:, :4], q[:, :4], kc, vc, meta, 0.25),
@@ -100,7 +108,7 @@ def test_decode_kernel_refuses_lengths_outside_the_block_table(bad_len):
     lens = meta.decode_ctx_lens.clone()
     lens[2] = bad_len
     with pytest.raises(RuntimeError, match="bad shapes, rows or positions"):
-        cpu_kernels.paged_decode_attention(q, kc, vc, meta.decode_block_tables, lens, 0.25)
+        _decode(q, kc, vc, meta.decode_block_tables, lens, 0.25)
 
 
 @needs_kernel
