@@ -1,12 +1,14 @@
 """CPU kernels in C (``npu_ops/csrc``), compiled once per machine with the system C compiler and
-loaded with ctypes.
+loaded with ctypes: paged attention (attention.c reads each query row's context in place through
+the block tables: PyTorch has no paged op for the CPU, and gathering the blocks into padded tensors
+for SDPA cost more than the attention itself), the packed fp32 GEMM of the linears (gemm.c) and
+fused RMSNorm, rotary and SiLU-multiply (elementwise.c).
 
-PyTorch has no paged-attention op for the CPU, and gathering each sequence's blocks into a padded
-tensor for SDPA costs more than the attention itself. The kernel reads the cache in place. It is
-built on first use into ``$MINDIE_KERNEL_CACHE`` (default ``~/.cache/mindie_service/kernels``),
-keyed by the source, flags, compiler and CPU; it links the OpenMP runtime PyTorch has already
-loaded, so both share one thread pool. Anything that goes wrong (no compiler, a failed build,
-``MINDIE_CPU_KERNELS=0``) leaves the portable PyTorch path in use, with the reason logged."""
+The library is built on first use into ``$MINDIE_KERNEL_CACHE`` (default
+``~/.cache/mindie_service/kernels``), keyed by the sources, flags, compiler and CPU; it links the
+OpenMP runtime PyTorch has already loaded, so both share one thread pool. Anything that goes wrong
+(no compiler, a failed build, ``MINDIE_CPU_KERNELS=0``) leaves the portable PyTorch path in use,
+with the reason logged and shown by ``describe()``."""
 from __future__ import annotations
 
 import ctypes
@@ -52,7 +54,7 @@ def _cpu_signature() -> str:
 
 
 def _build(cc: str) -> Path:
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True, timeout=30).stdout
     key = hashlib.sha256("\0".join([*(p.read_text() for p in sorted(CSRC.glob("*.[ch]"))), " ".join(FLAGS), version,
                                     platform.machine(), _cpu_signature()]).encode()).hexdigest()[:16]
     name = f"cpu_kernels-{key}.so"
@@ -72,7 +74,8 @@ def _build(cc: str) -> Path:
     # Build beside the target and rename: concurrent builders (test workers, servers) never see half a file.
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         part = Path(tmp) / out.name
-        proc = subprocess.run([cc, *FLAGS, "-o", str(part), *map(str, SOURCES), "-lm"], capture_output=True, text=True)
+        proc = subprocess.run([cc, *FLAGS, "-o", str(part), *map(str, SOURCES), "-lm"], capture_output=True, text=True,
+                              timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
         os.replace(part, out)
