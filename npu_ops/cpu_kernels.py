@@ -53,9 +53,9 @@ def _cpu_signature() -> str:
     return platform.processor()
 
 
-def _build(cc: str) -> Path:
+def _build(cc: str, flags: list[str] = FLAGS) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([*(p.read_text() for p in sorted(CSRC.glob("*.[ch]"))), " ".join(FLAGS), version,
+    key = hashlib.sha256("\0".join([*(p.read_text() for p in sorted(CSRC.glob("*.[ch]"))), " ".join(flags), version,
                                     platform.machine(), _cpu_signature()]).encode()).hexdigest()[:16]
     name = f"cpu_kernels-{key}.so"
     for folder in _cache_dirs():
@@ -74,7 +74,7 @@ def _build(cc: str) -> Path:
     # Build beside the target and rename: concurrent builders (test workers, servers) never see half a file.
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         part = Path(tmp) / out.name
-        proc = subprocess.run([cc, *FLAGS, "-o", str(part), *map(str, SOURCES), "-lm"], capture_output=True, text=True,
+        proc = subprocess.run([cc, *flags, "-o", str(part), *map(str, SOURCES), "-lm"], capture_output=True, text=True,
                               timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
@@ -116,6 +116,11 @@ def load() -> ctypes.CDLL | None:
         _unavailable(str(exc))
         return None
     _status = f"on ({path.name})"
+    return _declare(lib)
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Argument and result types of every kernel entry point."""
     fn = lib.paged_attention_rows_f32
     fn.argtypes = [_F32P, _F32P, _F32P, _I32P, _I32P, _I32P, _F32P, _I64, _I64, _I64, _I64, _I64, _I64, _I64,
                    ctypes.c_float, ctypes.c_int]

@@ -261,3 +261,27 @@ def test_kv_pool_is_zeroed_contiguous_per_layer_and_one_allocation(tiny_model):
     for k, v in runner.kv_caches:  # the kernels need each layer's K and V contiguous
         assert k.is_contiguous() and v.is_contiguous() and not k.any() and not v.any()
         assert k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr() == base
+
+
+# ---------------------------------------------------------------- the portable (non-AVX2) C paths
+@needs_kernel
+@pytest.mark.skipif(cpu_kernels.platform.machine() not in ("x86_64", "AMD64"), reason="baseline x86-64 build")
+def test_kernels_built_without_avx2_match_the_references(tmp_path, monkeypatch):
+    """CPUs without AVX2 get the plain-C tiles and loops: build that variant here and hold it to the references."""
+    from npu_ops.linear import _apply, _pack
+
+    monkeypatch.setenv("MINDIE_KERNEL_CACHE", str(tmp_path))
+    flags = [f for f in cpu_kernels.FLAGS if not f.startswith("-march")] + ["-march=x86-64"]
+    cc = cpu_kernels.shutil.which("cc") or cpu_kernels.shutil.which("gcc")
+    lib = cpu_kernels._declare(cpu_kernels.ctypes.CDLL(str(cpu_kernels._build(cc, flags))))
+    monkeypatch.setattr(cpu_kernels, "load", lambda: lib)
+    g = torch.Generator().manual_seed(7)
+    w, x, b = torch.randn(40, 72, generator=g), torch.randn(13, 72, generator=g), torch.randn(40, generator=g)
+    torch.testing.assert_close(_apply("csrc", x, _pack("csrc", w, 8), 40, b), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+    gu, h = torch.randn(9, 2 * 21, generator=g) * 5, torch.randn(9, 100, generator=g)
+    torch.testing.assert_close(ops.silu_mul(gu), ops.silu_mul_ref(gu), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(ops.rms_norm(h, h[0].abs() + 0.5, 1e-6), ops.rms_norm_ref(h, h[0].abs() + 0.5, 1e-6))
+    for d in (64, 12):  # attention's vector-shaped loops and its odd-size ones
+        q, kc, vc, meta = _decode_case(6, 4, 2, d, 4)
+        torch.testing.assert_close(_decode(q, kc, vc, meta.decode_block_tables, meta.decode_ctx_lens, 0.3),
+                                   ops._decode_ref(q, kc, vc, meta, 0.3), rtol=1e-5, atol=1e-5)
