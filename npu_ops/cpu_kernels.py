@@ -98,11 +98,16 @@ def _unavailable(why: str, level: int = logging.WARNING) -> None:
     logger.log(level, "CPU kernels %s", _status)
 
 
+def switched_off() -> bool:
+    """``MINDIE_CPU_KERNELS=0``: every CPU fast path off (these kernels and the packed linears)."""
+    return os.environ.get("MINDIE_CPU_KERNELS", "1") == "0"
+
+
 @lru_cache(maxsize=1)
 def load() -> ctypes.CDLL | None:
     """The compiled kernels, or None (reason logged) where they cannot be had."""
     global _status
-    if os.environ.get("MINDIE_CPU_KERNELS", "1") == "0":
+    if switched_off():
         _unavailable("MINDIE_CPU_KERNELS=0", logging.INFO)
         return None
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")

@@ -11,7 +11,6 @@ skipped, with the reason logged, where it disagrees or is unavailable."""
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 import torch.nn.functional as F
@@ -98,7 +97,7 @@ def pack_linears(model: nn.Module, batch_hint: int) -> int:
     """Pack every FastLinear of ``model`` (its dense weights freed); returns how many were packed.
     ``MINDIE_CPU_KERNELS=0`` (the switch for every CPU fast path, see npu_ops.cpu_kernels) leaves
     them all on F.linear."""
-    if os.environ.get("MINDIE_CPU_KERNELS", "1") == "0":
+    if cpu_kernels.switched_off():
         return 0
     mods = [m for m in model.modules() if isinstance(m, FastLinear)]
     n = sum(m.pack(batch_hint, keep_dense=False) for m in mods)

@@ -117,10 +117,10 @@ class ModelRunner:
                                                       dtype=torch.int32, device=dev))
         if decodes:
             meta.decode_block_tables = tables[:len(decodes)]
-            meta.decode_ctx_lens = torch.tensor([s.num_tokens for s in decodes], dtype=torch.int32, device=dev)
+            meta.decode_ctx_lens = meta.row_pos[:len(decodes)] + 1  # a decode row sits at its last position
         step = StepContext(positions=pos_t, attn=meta)
         if self.lora_hook is not None:
-            step.lora = self.lora_hook(decodes + prefills, counts)
+            step.lora = self.lora_hook(seqs, counts)
         if self.embeds_hook is not None and span_seqs:
             step.embeds_override = self.embeds_hook(span_seqs)
         hidden = self.model(torch.tensor(ids, device=dev), step, self.kv_caches)

@@ -98,7 +98,7 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, d: LlamaDims, layer: int) -> None:
         super().__init__()
-        self.layer, self.inter = layer, d.intermediate
+        self.layer = layer
         self.gate_up_proj = FastLinear(d.hidden, 2 * d.intermediate, bias=d.mlp_bias)
         self.down_proj = FastLinear(d.intermediate, d.hidden, bias=d.mlp_bias)
 
