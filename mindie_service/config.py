@@ -25,7 +25,7 @@ from typing import Any
 import jsonschema
 
 from mindie_service.engine.config import EngineConfig, LoraModuleSpec
-from mindie_service.protocol.errors import ConfigError
+from mindie_service.errors import ConfigError
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "conf" / "config.schema.json"
 ENV_IP = "MIES_CONTAINER_IP"

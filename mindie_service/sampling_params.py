@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mindie_service.protocol.errors import check
+from mindie_service.errors import check
 
 INT32_MAX = 2147483647
 UINT64_MAX = 2**64 - 1

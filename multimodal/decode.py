@@ -20,7 +20,7 @@ import numpy as np
 import soundfile as sf
 from PIL import Image, ImageOps
 
-from mindie_service.protocol.errors import MediaError
+from mindie_service.errors import MediaError
 
 from .policy import MediaPolicy, where
 from .sniff import require_format

@@ -14,7 +14,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
-from mindie_service.protocol.errors import MediaError
+from mindie_service.errors import MediaError
 
 from .decode import decode_audio, decode_image, decode_video
 from .policy import MediaKind, MediaPolicy, where

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from mindie_service.protocol.errors import MediaError
+from mindie_service.errors import MediaError
 
 from .policy import MediaKind, where
 

@@ -31,7 +31,7 @@ from tornado.httputil import HTTPInputError
 from tornado.netutil import Resolver
 from tornado.simple_httpclient import HTTPTimeoutError, SimpleAsyncHTTPClient
 
-from mindie_service.protocol.errors import MediaError
+from mindie_service.errors import MediaError
 
 from .policy import MediaKind, MediaPolicy, where
 from .sniff import SNIFF_BYTES, require_format

@@ -8,7 +8,7 @@ import pytest
 from mindie_service.engine.async_engine import AsyncEngine
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.types import EngineRequest
-from mindie_service.protocol.errors import GenerationError
+from mindie_service.errors import GenerationError
 from mindie_service.sampling_params import SamplingParams
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from mindie_service.config import ServiceConfig, load_config, load_schema
 from mindie_service.engine.config import EngineConfig, LoraModuleSpec
-from mindie_service.protocol.errors import ConfigError
+from mindie_service.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "conf" / "config.json"

@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 from PIL import Image
 
-from mindie_service.protocol.errors import MediaError
+from mindie_service.errors import MediaError
 from multimodal import (
     MediaPolicy,
     decode_audio,

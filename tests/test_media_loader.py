@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mindie_service.protocol.errors import MediaError
+from mindie_service.errors import MediaError
 from multimodal import (
     DecodeOptions,
     LoadedPart,

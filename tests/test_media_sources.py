@@ -16,7 +16,7 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 from tornado.web import Application, RequestHandler
 
-from mindie_service.protocol.errors import MediaError
+from mindie_service.errors import MediaError
 from multimodal import MediaPolicy, fetch_media, refusal_reason, synth
 from multimodal import sources
 

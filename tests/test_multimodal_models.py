@@ -16,7 +16,7 @@ from transformers import AutoProcessor
 from mindie_service import LLM, SamplingParams
 from mindie_service.engine.types import EngineRequest
 from mindie_service.models.demo import build_demo_model
-from mindie_service.protocol.errors import ValidationError
+from mindie_service.errors import ValidationError
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 24

@@ -5,7 +5,7 @@ import json
 
 from mindie_service.engine.types import TokenEvent, TokenInfo
 from mindie_service.protocol.encoders import MindieEncoder, StreamState, TgiEncoder
-from mindie_service.protocol.errors import GenerationError
+from mindie_service.errors import GenerationError
 from mindie_service.protocol.generation import GenerationRequest, GenerationResult, select_best
 from mindie_service.sampling_params import SamplingParams
 

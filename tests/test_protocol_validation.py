@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from mindie_service.protocol.errors import BadRequestError, ValidationError
+from mindie_service.errors import BadRequestError, ValidationError
 from mindie_service.protocol.generation import ProtocolLimits, parse_generation
 from mindie_service.protocol.mindie import parse_mindie_request
 from mindie_service.protocol.tgi import parse_tgi_request

@@ -9,7 +9,7 @@ from pathlib import Path
 from tornado.testing import AsyncHTTPTestCase
 
 from mindie_service.config import load_config
-from mindie_service.protocol.errors import GenerationError
+from mindie_service.errors import GenerationError
 from mindie_service.server.app import make_app
 from mindie_service.server.context import ServerContext
 from mindie_service.server.mock_engine import MockEngine

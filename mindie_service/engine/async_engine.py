@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.core import Event, LLMEngine
 from mindie_service.engine.types import EngineRequest, EngineStats, FailedEvent, TokenEvent
-from mindie_service.protocol.errors import GenerationError, MindieError, UnhealthyError
+from mindie_service.errors import GenerationError, MindieError, UnhealthyError
 
 logger = logging.getLogger(__name__)
 

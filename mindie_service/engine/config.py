@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from mindie_service.protocol.errors import check
+from mindie_service.errors import check
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from mindie_service.engine.types import (FINISH_EOS, FINISH_LENGTH, FINISH_STOP,
                                          FailedEvent, TokenEvent, TokenInfo)
 from mindie_service.lora.manager import LoraManager
 from mindie_service.models.loader import load_model
-from mindie_service.protocol.errors import check
+from mindie_service.errors import check
 from mindie_service.protocol.validation import fit_prompt
 from npu_ops import cpu_kernels
 from npu_ops.device import select_device

@@ -19,7 +19,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from mindie_service.protocol.errors import ValidationError
+from mindie_service.errors import ValidationError
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

@@ -26,7 +26,7 @@ from mindie_service.engine.sequence import Sequence
 from mindie_service.lora.adapter import LoraAdapter, read_adapter
 from mindie_service.lora.apply import BatchedLoraApplier, build_applier
 from mindie_service.lora.pool import AdapterPool
-from mindie_service.protocol.errors import ConflictError, NotFoundError, ValidationError
+from mindie_service.errors import ConflictError, NotFoundError, ValidationError
 
 logger = logging.getLogger(__name__)
 

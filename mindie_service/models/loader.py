@@ -14,7 +14,7 @@ from torch import nn
 from transformers import AutoConfig
 
 from mindie_service.models.registry import family_for
-from mindie_service.protocol.errors import check
+from mindie_service.errors import check
 from npu_ops.linear import pack_linears
 
 logger = logging.getLogger(__name__)

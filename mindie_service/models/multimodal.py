@@ -31,7 +31,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from mindie_service.protocol.errors import ValidationError, check
+from mindie_service.errors import ValidationError, check
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Collection, Literal
 
 from mindie_service.engine.types import TokenEvent, TokenInfo
 from multimodal import MediaItem, MediaPolicy, TextPart, parse_parts
-from mindie_service.protocol.errors import ValidationError, check
+from mindie_service.errors import ValidationError, check
 from mindie_service.protocol.validation import (
     INT32_MAX,
     UINT64_MAX,

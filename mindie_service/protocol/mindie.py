@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from mindie_service.protocol.errors import check
+from mindie_service.errors import check
 from mindie_service.protocol.generation import GenerationRequest, ProtocolLimits, parse_generation
 from mindie_service.protocol.validation import get_bool
 

@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from mindie_service.protocol.errors import BadRequestError, ValidationError, check
+from mindie_service.errors import BadRequestError, ValidationError, check
 
 INT32_MAX = 2147483647
 UINT64_MAX = 2**64 - 1

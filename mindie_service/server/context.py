@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 
 from mindie_service.config import ServiceConfig
 from mindie_service.protocol.encoders import MindieEncoder, TgiEncoder
-from mindie_service.protocol.errors import OverloadedError, UnhealthyError, ValidationError
+from mindie_service.errors import OverloadedError, UnhealthyError, ValidationError
 from mindie_service.protocol.generation import ProtocolLimits
 from mindie_service.server.metrics import ServiceMetrics
 from multimodal import DecodeOptions, MediaPolicy, load_media

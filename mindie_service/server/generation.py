@@ -16,7 +16,7 @@ from tornado.iostream import StreamClosedError
 
 from mindie_service.engine.types import EngineRequest, TokenEvent
 from mindie_service.protocol.encoders import Encoder, StreamState
-from mindie_service.protocol.errors import GenerationError, MindieError, TimeoutError_
+from mindie_service.errors import GenerationError, MindieError, TimeoutError_
 from mindie_service.protocol.generation import GenerationRequest, GenerationResult
 from mindie_service.server.handlers_base import BaseHandler
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import tornado.web
 
-from mindie_service.protocol.errors import (
+from mindie_service.errors import (
     BadRequestError,
     IncompleteGenerationError,
     MethodNotAllowedError,

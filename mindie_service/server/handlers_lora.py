@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from mindie_service.protocol.errors import UnhealthyError, check
+from mindie_service.errors import UnhealthyError, check
 from mindie_service.server.handlers_base import BaseHandler
 
 logger = logging.getLogger(__name__)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from mindie_service.protocol.errors import UnhealthyError
+from mindie_service.errors import UnhealthyError
 from mindie_service.server.handlers_base import BaseHandler
 from mindie_service.server.metrics import CONTENT_TYPE
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from mindie_service.protocol.encoders import Encoder
-from mindie_service.protocol.errors import UnhealthyError
+from mindie_service.errors import UnhealthyError
 from mindie_service.protocol.generation import GenerationRequest
 from mindie_service.protocol.mindie import parse_mindie_request, parse_tokenizer_request
 from mindie_service.server.generation import GenerationHandler

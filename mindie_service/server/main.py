@@ -24,7 +24,7 @@ from tornado.httpserver import HTTPServer
 
 from mindie_service.config import ServiceConfig, load_config
 from mindie_service.engine.types import EngineRequest
-from mindie_service.protocol.errors import ConfigError
+from mindie_service.errors import ConfigError
 from mindie_service.sampling_params import SamplingParams
 from mindie_service.server.app import make_app
 from mindie_service.server.context import ServerContext

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from mindie_service.config import TlsSettings
-from mindie_service.protocol.errors import ConfigError
+from mindie_service.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
