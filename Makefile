@@ -25,7 +25,8 @@ demo-models: $(STAMP)
 	$(VPY) -m mindie_service demo-model --preset tiny --out models/tiny --if-missing
 
 test: $(STAMP) demo-models
-	$(VPY) -m pytest -q -ra tests
+	$(VENV)/bin/lint-imports --no-cache
+	$(VPY) -m pytest -q -ra --durations=20 tests
 
 serve: $(STAMP)
 	$(VPY) -m mindie_service serve --config $(CONFIG) --prepare

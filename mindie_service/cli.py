@@ -17,10 +17,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="build the demo model and development certificates the config names if missing")
 
     d = sub.add_parser("demo-model", help="build a random-weight demo checkpoint with a locally trained tokenizer")
-    d.add_argument("--preset", default="tiny")
+    d.add_argument("--preset", default="tiny", help="a name in mindie_service.devkit.presets.PRESETS")
     d.add_argument("--out", required=True)
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--if-missing", action="store_true", help="do nothing if OUT already holds a checkpoint")
+    d.add_argument("--if-missing", action="store_true",
+                   help="do nothing if OUT holds a checkpoint this devkit version built; rebuild a stale one")
 
     lo = sub.add_parser("demo-lora", help="build a random PEFT LoRA adapter for a base checkpoint")
     lo.add_argument("--base", required=True)
@@ -39,23 +40,31 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _devkit(args: argparse.Namespace) -> None:
+    """The build commands of mindie_service.devkit."""
+    if args.command == "demo-model":
+        from mindie_service.devkit.presets import build_demo_model
+        build_demo_model(args.preset, args.out, seed=args.seed, if_missing=args.if_missing)
+    elif args.command == "demo-lora":
+        from mindie_service.devkit.lora import build_demo_lora
+        build_demo_lora(args.base, args.out, rank=args.rank, seed=args.seed)
+    else:
+        from mindie_service.devkit.certs import generate_dev_certs
+        generate_dev_certs(args.out, if_missing=args.if_missing)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         from mindie_service.server.main import serve
         return serve(args.config, prepare=args.prepare)
-    if args.command == "demo-model":
-        from mindie_service.models.demo import build_demo_model
-        build_demo_model(args.preset, args.out, seed=args.seed, if_missing=args.if_missing)
-        return 0
-    if args.command == "demo-lora":
-        from mindie_service.lora.demo import build_demo_lora
-        build_demo_lora(args.base, args.out, rank=args.rank, seed=args.seed)
-        return 0
-    if args.command == "gen-certs":
-        from mindie_service.server.certs import generate_dev_certs
-        generate_dev_certs(args.out, if_missing=args.if_missing)
+    if args.command in ("demo-model", "demo-lora", "gen-certs"):
+        try:
+            _devkit(args)
+        except ValueError as exc:  # a bad preset, rank or target: one line, not a traceback
+            print(f"mindie-service {args.command}: {exc}", file=sys.stderr)
+            return 2
         return 0
     if args.command == "generate":
         from mindie_service import LLM, SamplingParams

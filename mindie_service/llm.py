@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field, replace
-from typing import Sequence as Seq
+from typing import Any, Sequence as Seq
 
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.core import LLMEngine
 from mindie_service.engine.types import EngineRequest, FailedEvent
 from mindie_service.errors import GenerationError, check
+from mindie_service.inputs import InputProcessor, PartsPrompt, Prompt, TextPrompt, TokensPrompt
 from mindie_service.sampling_params import SamplingParams
 
 
@@ -49,6 +50,7 @@ class LLM:
             overrides.setdefault("max_iter_times", min(512, int(overrides["max_seq_len"])))  # type: ignore[arg-type]
         self.engine = LLMEngine(EngineConfig(model=str(model), dtype=dtype, **overrides))  # type: ignore[arg-type]
         self.tokenizer = self.engine.tokenizer
+        self.input_processor = InputProcessor.for_engine(self.engine)
         self._ids = itertools.count()
 
     def generate(self, prompts: str | dict | Seq[str | dict] | Seq[list[int]],
@@ -65,28 +67,18 @@ class LLM:
         check(len(plist) == len(prompts), "params", f"one SamplingParams or a list of {len(prompts)}", len(plist))
         order: dict[str, int] = {}
         outputs: dict[str, RequestOutput] = {}
-        for i, (prompt, p) in enumerate(zip(prompts, plist)):
+        # Every request is checked before any is queued: a bad prompt fails the call without running the others.
+        requests: list[EngineRequest] = []
+        for prompt, p in zip(prompts, plist):
             if adapter_id is not None:
                 p = replace(p, adapter_id=adapter_id)
-            mm, hashes = None, ()
-            if isinstance(prompt, dict):
-                enc = self.engine.mm_encoder
-                check(enc is not None, "prompt", "a string or token ids (this model takes no media)", "parts")
-                check(isinstance(prompt.get("parts"), (list, tuple)), "prompt", 'a dict {"parts": [...]}', sorted(prompt))
-                mp = enc.prepare(prompt["parts"])
-                ids, mm, hashes = mp.prompt_token_ids, mp.mm_inputs, mp.mm_hashes
-            elif isinstance(prompt, str):
-                check(prompt.strip() != "", "prompt", "a non-empty string", prompt)
-                ids = self.tokenizer(prompt).input_ids
-            else:
-                check(isinstance(prompt, list) and len(prompt) > 0, "prompt", "a non-empty string or list of ids", prompt)
-                ids = list(prompt)
-            rid = f"offline-{next(self._ids)}"
-            seq = self.engine.add_request(EngineRequest(rid, ids, p, mm_inputs=mm, mm_hashes=hashes))
-            order[rid] = i
-            outputs[rid] = RequestOutput(rid, prompt if isinstance(prompt, str) else None, seq.prompt_token_ids,
-                                         [CompletionOutput(0, "", [], None, 0.0, [] if p.logprobs is not None else None)],
-                                         seed=seq.seed)
+            requests.append(self.input_processor.process(_prompt(prompt), p, request_id=f"offline-{next(self._ids)}"))
+        for i, (prompt, req) in enumerate(zip(prompts, requests)):
+            seq = self.engine.add_request(req)
+            order[req.request_id] = i
+            outputs[req.request_id] = RequestOutput(
+                req.request_id, prompt if isinstance(prompt, str) else None, list(req.prompt_token_ids),
+                [CompletionOutput(0, "", [], None, 0.0, [] if req.params.logprobs is not None else None)], seed=seq.seed)
         bar = None
         if use_tqdm and len(prompts) > 1:
             from tqdm.auto import tqdm
@@ -119,3 +111,15 @@ class LLM:
         if failures:
             raise GenerationError("; ".join(failures))
         return [outputs[rid] for rid in sorted(order, key=order.__getitem__)]
+
+
+def _prompt(prompt: Any) -> Prompt:
+    """A string, a list of token ids, or ``{"parts": [...]}`` -> the input processor's prompt."""
+    if isinstance(prompt, dict):
+        check(isinstance(prompt.get("parts"), (list, tuple)), "prompt", 'a dict {"parts": [...]}', sorted(prompt))
+        return PartsPrompt(tuple(prompt["parts"]))
+    if isinstance(prompt, str):
+        check(prompt.strip() != "", "prompt", "a non-empty string", prompt)
+        return TextPrompt(prompt)
+    check(isinstance(prompt, (list, tuple)) and len(prompt) > 0, "prompt", "a non-empty string or list of ids", prompt)
+    return TokensPrompt(tuple(prompt))

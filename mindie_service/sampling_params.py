@@ -11,6 +11,17 @@ UINT64_MAX = 2**64 - 1
 MAX_STOP_STRINGS = 32
 MAX_STOP_LEN = 1024
 MAX_TOP_LOGPROBS = 20
+# The adapter name that means "the base model" (MindIE's adapter_id default); the offline API also takes None.
+BASE_ADAPTER = "None"
+
+
+def is_base_adapter(name: str | None) -> bool:
+    return name is None or name == BASE_ADAPTER
+
+
+def unknown_adapter_message(name: object) -> str:
+    """The one wording of an unknown adapter_id (422 on MindIE/TGI routes, ValueError offline)."""
+    return f"Parameter adapter_id must name a loaded LoRA adapter or \"{BASE_ADAPTER}\", got {name!r}"
 
 
 @dataclass
@@ -36,7 +47,6 @@ class SamplingParams:
     logprobs: int | None = None
     prompt_logprobs: bool = False
     adapter_id: str | None = None
-    watermark: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -1,8 +1,8 @@
 """MindIE list-form ``inputs`` -> validated parts -> fetched and decoded media.
 
-``parse_parts`` checks the shape (no I/O); ``load_media`` fetches every media part concurrently
-on the IO loop (sources.py guards) and decodes each in the given executor as soon as its bytes
-arrive. Every model's processor goes through this one loader."""
+``parse_parts`` (parts.py) checks the shape (no I/O); ``load_media`` fetches every media part
+concurrently on the IO loop (sources.py guards) and decodes each in the given executor as soon as
+its bytes arrive. Every model's processor goes through this one loader."""
 from __future__ import annotations
 
 import asyncio
@@ -12,47 +12,19 @@ import logging
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Any
 
 from mindie_service.errors import MediaError
 
 from .decode import decode_audio, decode_image, decode_video
-from .policy import MediaKind, MediaPolicy, where
+from .parts import MediaItem, Part, PartKind, TextPart, parse_parts
+from .policy import MediaKind, MediaPolicy
 from .sniff import sniff
 from .sources import ByteBudget, fetch_media
 
+__all__ = ["DecodeOptions", "LoadedPart", "MediaItem", "Part", "TextPart", "load_media", "parse_parts"]
+
 logger = logging.getLogger(__name__)
-
-PartKind = Literal["text", "image", "video", "audio"]
-
-_MEDIA_TYPES: dict[str, MediaKind] = {
-    "image_url": "image",
-    "video_url": "video",
-    "audio_url": "audio",
-}
-_TYPES = ("text", "image_url", "video_url", "audio_url")
-
-
-@dataclass(frozen=True)
-class TextPart:
-    """A ``{"type": "text", "text": ...}`` element of ``inputs``."""
-
-    index: int
-    text: str
-    kind: Literal["text"] = "text"
-
-
-@dataclass(frozen=True)
-class MediaItem:
-    """A media element of ``inputs``: ``ref`` is a local path, ``file:///`` URI, data: URI or
-    http(s) URL, not yet checked against the policy (fetch_media does that)."""
-
-    index: int
-    kind: MediaKind
-    ref: str
-
-
-Part = Union[TextPart, MediaItem]
 
 
 @dataclass(frozen=True)
@@ -85,51 +57,6 @@ class LoadedPart:
     sha256: str
     format: str | None = None
     nbytes: int = 0
-
-
-def parse_parts(inputs: Any, policy: MediaPolicy) -> list[Part]:
-    """Validate MindIE's list form of ``inputs``. Accepts ``{"type": "image_url", "image_url":
-    "..."}`` and OpenAI's ``{"type": "image_url", "image_url": {"url": "..."}}``. Raises
-    MediaError (422) naming the element."""
-    if not isinstance(inputs, list) or not inputs:
-        raise MediaError("inputs must be a non-empty list of parts", 422)
-    parts: list[Part] = []
-    media_count = 0
-    for i, element in enumerate(inputs):
-        if not isinstance(element, dict):
-            raise MediaError(f"inputs[{i}]: each part must be an object, got "
-                             f"{type(element).__name__}", 422)
-        part_type = element.get("type")
-        if not isinstance(part_type, str) or part_type not in _TYPES:
-            shown = part_type if isinstance(part_type, str) else repr(part_type)
-            raise MediaError(
-                f"inputs[{i}] ({shown}): unknown part type {shown!r} "
-                f"(expected one of {', '.join(_TYPES)})", 422)
-        if part_type == "text":
-            text = element.get("text")
-            if not isinstance(text, str):
-                raise MediaError(f"{where(i, 'text')}: 'text' must be a string", 422)
-            if not text:
-                raise MediaError(f"{where(i, 'text')}: 'text' must not be empty", 422)
-            parts.append(TextPart(i, text))
-            continue
-        kind = _MEDIA_TYPES[part_type]
-        media_count += 1
-        if media_count > policy.max_items:
-            raise MediaError(
-                f"{where(i, part_type)}: too many media items: at most {policy.max_items} "
-                "image_url, video_url and audio_url parts per request", 422)
-        value = element.get(part_type)
-        if isinstance(value, dict):  # OpenAI form
-            value = value.get("url")
-        if not isinstance(value, str):
-            raise MediaError(
-                f"{where(i, part_type)}: {part_type!r} must be a string (a server-local path, a "
-                f"data: URI or an http(s) URL), got {type(value).__name__}", 422)
-        if not value.strip():
-            raise MediaError(f"{where(i, part_type)}: {part_type!r} must not be empty", 422)
-        parts.append(MediaItem(i, kind, value.strip()))
-    return parts
 
 
 def _decode_and_hash(data: bytes, item_kind: MediaKind, index: int, policy: MediaPolicy,

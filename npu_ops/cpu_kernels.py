@@ -4,11 +4,13 @@ the block tables: PyTorch has no paged op for the CPU, and gathering the blocks 
 for SDPA cost more than the attention itself), the packed fp32 GEMM of the linears (gemm.c) and
 fused RMSNorm, rotary and SiLU-multiply (elementwise.c).
 
-The library is built on first use into ``$MINDIE_KERNEL_CACHE`` (default
-``~/.cache/mindie_service/kernels``), keyed by the sources, flags, compiler and CPU; it links the
-OpenMP runtime PyTorch has already loaded, so both share one thread pool. Anything that goes wrong
-(no compiler, a failed build, ``MINDIE_CPU_KERNELS=0``) leaves the portable PyTorch path in use,
-with the reason logged and shown by ``describe()``."""
+The engine calls ``configure(enabled, cache_dir)`` with its config (``cpu_kernels``,
+``kernel_cache_dir``) before loading a model; ``MINDIE_CPU_KERNELS`` (0/1) and ``MINDIE_KERNEL_CACHE``
+override it (read in ``settings()`` only). The library is built on first use into the cache folder
+(default ``~/.cache/mindie_service/kernels``), keyed by the sources, flags, compiler and CPU; it links
+the OpenMP runtime PyTorch has already loaded, so both share one thread pool. Anything that goes wrong
+(no compiler, a failed build, the kernels switched off) leaves the portable PyTorch path in use, with
+the reason logged and shown by ``describe()``."""
 from __future__ import annotations
 
 import ctypes
@@ -19,6 +21,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
@@ -33,11 +36,44 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _I64, _I32P, _F32P = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
 
 
+@dataclass(frozen=True)
+class KernelSettings:
+    enabled: bool = True  # False: every CPU fast path off (these kernels and the packed linears)
+    cache_dir: str | None = None  # None: the user's cache folder (see _cache_dirs)
+    why_off: str = ""  # what switched them off, for describe()
+
+
+_configured = KernelSettings()
+
+
+def configure(enabled: bool = True, cache_dir: str | None = None) -> None:
+    """Set from the engine config before a model loads; the environment still overrides (``settings``).
+    A change takes effect at the next ``load()``; weights already packed keep their kernels."""
+    global _configured
+    new = KernelSettings(enabled, cache_dir or None, "" if enabled else "cpu_kernels: false in the engine config")
+    if new != _configured:
+        _configured = new
+        load.cache_clear()
+
+
+def settings() -> KernelSettings:
+    """``configure``'s settings with the environment's overrides: the one place ``MINDIE_CPU_KERNELS`` and
+    ``MINDIE_KERNEL_CACHE`` are read."""
+    s, switch, folder = _configured, os.environ.get("MINDIE_CPU_KERNELS"), os.environ.get("MINDIE_KERNEL_CACHE")
+    if switch is not None and switch.strip() in ("0", "1"):
+        on = switch.strip() == "1"
+        s = KernelSettings(on, s.cache_dir, "" if on else "MINDIE_CPU_KERNELS=0")
+    if folder:
+        s = KernelSettings(s.enabled, folder, s.why_off)
+    return s
+
+
 def _cache_dirs() -> list[Path]:
-    """Where built kernels are kept: $MINDIE_KERNEL_CACHE, else the user's cache folder, else (read-only
+    """Where built kernels are kept: the configured folder, else the user's cache folder, else (read-only
     home, as in some containers) a per-user folder in the temp directory."""
-    if os.environ.get("MINDIE_KERNEL_CACHE"):
-        return [Path(os.environ["MINDIE_KERNEL_CACHE"])]
+    folder = settings().cache_dir
+    if folder:
+        return [Path(folder)]
     return [Path.home() / ".cache" / "mindie_service" / "kernels",
             Path(tempfile.gettempdir()) / f"mindie_service-kernels-{os.getuid() if hasattr(os, 'getuid') else 0}"]
 
@@ -84,6 +120,9 @@ def _build(cc: str, flags: list[str] = FLAGS) -> Path:
 
 
 _status = "not loaded yet"
+# The library last loaded: weights packed with it keep running on it after the kernels are switched off
+# (e.g. a later engine in this process configured with cpu_kernels: false).
+_last_loaded: ctypes.CDLL | None = None
 
 
 def describe() -> str:
@@ -99,16 +138,18 @@ def _unavailable(why: str, level: int = logging.WARNING) -> None:
 
 
 def switched_off() -> bool:
-    """``MINDIE_CPU_KERNELS=0``: every CPU fast path off (these kernels and the packed linears)."""
-    return os.environ.get("MINDIE_CPU_KERNELS", "1") == "0"
+    """Every CPU fast path off (these kernels and the packed linears): ``configure(enabled=False)`` or
+    ``MINDIE_CPU_KERNELS=0``."""
+    return not settings().enabled
 
 
 @lru_cache(maxsize=1)
 def load() -> ctypes.CDLL | None:
     """The compiled kernels, or None (reason logged) where they cannot be had."""
-    global _status
-    if switched_off():
-        _unavailable("MINDIE_CPU_KERNELS=0", logging.INFO)
+    global _status, _last_loaded
+    current = settings()
+    if not current.enabled:
+        _unavailable(current.why_off, logging.INFO)
         return None
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
@@ -121,7 +162,8 @@ def load() -> ctypes.CDLL | None:
         _unavailable(str(exc))
         return None
     _status = f"on ({path.name})"
-    return _declare(lib)
+    _last_loaded = _declare(lib)
+    return _last_loaded
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -211,7 +253,7 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 
 def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
     """x [M, K] fp32 . W^T (+ bias) with W packed by ``pack_weight`` -> [M, out_features]."""
-    lib, x = load(), x.contiguous()
+    lib, x = load() or _last_loaded, x.contiguous()
     m, k = x.shape
     y = x.new_empty(m, out_features)
     b = None if bias is None else bias.detach().contiguous()

@@ -95,8 +95,8 @@ def _apply(kind: str, x: torch.Tensor, packed: torch.Tensor, out_features: int,
 
 def pack_linears(model: nn.Module, batch_hint: int) -> int:
     """Pack every FastLinear of ``model`` (its dense weights freed); returns how many were packed.
-    ``MINDIE_CPU_KERNELS=0`` (the switch for every CPU fast path, see npu_ops.cpu_kernels) leaves
-    them all on F.linear."""
+    With the CPU fast paths switched off (``cpu_kernels.switched_off``: the engine config or
+    ``MINDIE_CPU_KERNELS=0``) they all stay on F.linear."""
     if cpu_kernels.switched_off():
         return 0
     mods = [m for m in model.modules() if isinstance(m, FastLinear)]

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _demo(preset: str) -> Path:
-    from mindie_service.models.demo import build_demo_model
+    from mindie_service.devkit.presets import build_demo_model
     out = ROOT / "models" / preset
     build_demo_model(preset, str(out), if_missing=True)
     return out

@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
 from mindie_service.engine.async_engine import AsyncEngine
+from mindie_service.engine.client import EngineClient
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.types import EngineRequest
-from mindie_service.errors import GenerationError
+from mindie_service.errors import GenerationError, ValidationError
+from mindie_service.inputs import TextPrompt
 from mindie_service.sampling_params import SamplingParams
 
 
@@ -22,7 +25,8 @@ def engine(tiny_model):
 
 
 def _req(eng: AsyncEngine, rid: str, n: int = 16, prompt: str = "River mountain city garden") -> EngineRequest:
-    return EngineRequest(rid, eng.tokenize(prompt), SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+    params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    return eng.input_processor.process(TextPrompt(prompt), params, request_id=rid)
 
 
 async def _collect(eng: AsyncEngine, req: EngineRequest) -> list[int]:
@@ -87,10 +91,26 @@ def test_a_request_that_breaks_the_engine_fails_alone(engine, monkeypatch):
 
     async def main():
         bad = _req(engine, "bad")
-        bad.prompt_token_ids = bad.prompt_token_ids + [poison]
+        bad = dataclasses.replace(bad, prompt_token_ids=bad.prompt_token_ids + (poison,))
         return await asyncio.gather(_collect(engine, _req(engine, "ok1")), _collect(engine, bad),
                                     _collect(engine, _req(engine, "ok2")), return_exceptions=True)
     ok1, bad, ok2 = asyncio.run(main())
     assert isinstance(bad, GenerationError) and "injected fault" in str(bad)
     assert isinstance(ok1, list) and ok1 == ok2 and len(ok1) == 16
     assert engine.healthy()
+
+
+def test_the_async_engine_is_an_engine_client_with_the_model_facts(engine):
+    assert isinstance(engine, EngineClient)
+    assert engine.vocab_size == engine.engine.vocab_size and engine.modalities == frozenset()
+    assert engine.dtype == "float32" and engine.device_type == "cpu" and engine.device_reason
+    assert engine.adapter_names() == [] and engine.list_adapters() == []
+    limits = engine.input_processor.limits
+    assert limits.max_input_len == min(engine.config.effective_max_input_len, engine.engine.pool_tokens - 1)
+
+
+def test_processor_limit_follows_the_kv_pool(engine):
+    """256 blocks of 4 tokens: a 2048-token maxInputTokenLen is bounded by the pool (1023 tokens)."""
+    assert engine.input_processor.limits.max_input_len == 1023
+    with pytest.raises(ValidationError, match="at most 1023 tokens"):
+        _req(engine, "huge", prompt="river " * 1100)

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import fields
+from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
 import jsonschema
 import pytest
 
-from mindie_service.config import ServiceConfig, load_config, load_schema
+from mindie_service.config import ServerSettings, ServiceConfig, load_config, load_schema
 from mindie_service.engine.config import EngineConfig, LoraModuleSpec
 from mindie_service.errors import ConfigError
 
@@ -64,6 +66,12 @@ def model0(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- the shipped files --------------------------------------------------------------------------
+def test_schema_ships_inside_the_package_not_in_conf() -> None:
+    packaged = resources.files("mindie_service.config").joinpath("config.schema.json")
+    assert packaged.is_file() and json.loads(packaged.read_text(encoding="utf-8")) == load_schema()
+    assert not (REPO / "conf" / "config.schema.json").exists()  # one copy: conf/ holds what users edit
+
+
 def test_schema_is_valid_draft_2020_12_and_documents_every_key() -> None:
     schema = load_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -85,11 +93,13 @@ def test_shipped_config_loads_with_cpu_values() -> None:
     s = cfg.server
     assert (s.ip_address, s.port, s.management_ip_address, s.management_port, s.metrics_port) == (
         "127.0.0.1", 1025, "127.0.0.1", 1026, 1027)
-    assert s.https_enabled and s.tls_ca_files == (str(REPO / "security" / "ca" / "ca.pem"),)
-    assert s.tls_cert == str(REPO / "security" / "certs" / "server.pem")
-    assert s.tls_pk == str(REPO / "security" / "keys" / "server.key.pem")
-    assert s.tls_pk_pwd is None and s.tls_crl_files == ()
+    assert s.https_enabled and s.tls.ca_files == (str(REPO / "security" / "ca" / "ca.pem"),)
+    assert s.tls.cert == str(REPO / "security" / "certs" / "server.pem")
+    assert s.tls.pk == str(REPO / "security" / "keys" / "server.key.pem")
+    assert s.tls.pk_pwd is None and s.tls.crl_files == ()
     assert s.management_tls == s.tls == s.metrics_tls
+    assert "tls" in {f.name for f in fields(ServerSettings)}  # a field like management_tls, no flat tls_*
+    assert not any(f.name.startswith("tls_") for f in fields(ServerSettings))
     assert (s.stream_token_id_format, s.max_media_items, s.max_request_bytes) == ("list", 20, 40 * 1024 * 1024)
     assert (cfg.backend.max_seq_len, cfg.backend.max_input_token_len) == (2560, 2048)
     sc = cfg.schedule
@@ -119,8 +129,6 @@ BAD: list[tuple[str, Callable[[dict[str, Any]], None], list[str]]] = [
     ("no ModelConfig", lambda d: deploy(d).update(ModelConfig=[]), [f"{D}.ModelConfig", "at least 1"]),
     ("missing modelWeightPath", lambda d: model0(d).pop("modelWeightPath"),
      [f"{D}.ModelConfig[0].modelWeightPath is required"]),
-    ("maxPrefillTokens < maxInputTokenLen", lambda d: sched(d).update(maxPrefillTokens=1000),
-     [f"{SC}.maxPrefillTokens", f"{D}.maxInputTokenLen", "2048", "got 1000"]),
     ("maxPrefillBatchSize > maxBatchSize", lambda d: sched(d).update(maxPrefillBatchSize=65),
      [f"{SC}.maxPrefillBatchSize", f"{SC}.maxBatchSize (64)", "got 65"]),
     ("maxIterTimes > maxSeqLen", lambda d: sched(d).update(maxIterTimes=3000),
@@ -146,6 +154,10 @@ BAD: list[tuple[str, Callable[[dict[str, Any]], None], list[str]]] = [
      [f"{D}.maxLoras", "got 0"]),
     ("unsupported multi-node", lambda d: d["BackendConfig"].update(multiNodesInferEnabled=True),
      ["BackendConfig.multiNodesInferEnabled", "false", "got true"]),
+    ("cpuKernels not a boolean", lambda d: deploy(d).update(cpuKernels="yes"),
+     [f"{D}.cpuKernels", "a boolean", '"yes"']),
+    ("kernelCacheDir empty", lambda d: deploy(d).update(kernelCacheDir=""),
+     [f"{D}.kernelCacheDir", "a non-empty string or null", 'got ""']),
 ]
 
 
@@ -179,6 +191,37 @@ def test_several_errors_are_all_reported_at_once(tmp_path: Path) -> None:
     for key in (f"{S}.port", f"{S}.colour", f"{SC}.cacheBlockSize", "modelName", f"{SC}.maxPrefillBatchSize"):
         assert any(key in p for p in problems), key
     assert all(str(tmp_path) in p for p in problems)
+
+
+def test_prefill_token_budget_below_max_input_len_loads(tmp_path: Path) -> None:
+    # Chunked prefill: maxPrefillTokens is one step's budget, a longer prompt spans several steps.
+    doc = shipped()
+    sched(doc).update(maxPrefillTokens=256)
+    cfg = load(tmp_path, doc)
+    e = cfg.engine_config()
+    assert (e.max_prefill_tokens, e.effective_max_input_len) == (256, 2048)
+    e.validate()
+    EngineConfig(model="x", max_prefill_tokens=1, max_input_token_len=2048).validate()
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"max_prefill_batch_size": 300}, "Parameter max_prefill_batch_size must be <= max_batch_size (200), got 300"),
+    ({"max_iter_times": 3000}, "Parameter max_iter_times must be <= max_seq_len (2560), got 3000"),
+    ({"max_preempt_count": 201}, "Parameter max_preempt_count must be <= max_batch_size (200), got 201"),
+    ({"video_frames": 33}, "Parameter video_frames must be <= max_video_frames (32), got 33"),
+])
+def test_offline_api_words_the_shared_rules_with_field_names(overrides: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError) as exc:
+        EngineConfig(model="x", **overrides).validate()
+    assert str(exc.value) == message
+
+
+def test_config_words_the_shared_rules_with_key_paths(tmp_path: Path) -> None:
+    doc = shipped()
+    sched(doc).update(maxPreemptCount=65, maxPrefillBatchSize=65)
+    problems = [p.split(": ", 1)[1] for p in problems_of(tmp_path, doc)]
+    assert sorted(problems) == [f"{SC}.maxPreemptCount must be <= {SC}.maxBatchSize (64), got 65",
+                                f"{SC}.maxPrefillBatchSize must be <= {SC}.maxBatchSize (64), got 65"]
 
 
 def test_cross_key_check_skipped_when_its_keys_already_failed(tmp_path: Path) -> None:
@@ -246,9 +289,9 @@ def test_relative_paths_resolve_against_the_config_folder(tmp_path: Path) -> Non
     conf = tmp_path / "conf"
     s = cfg.server
     assert cfg.models[0].weight_path == str(tmp_path / "models" / "m")
-    assert s.tls_ca_files == (str(tmp_path / "sec" / "ca" / "a.pem"), "/abs/b.pem")
-    assert (s.tls_cert, s.tls_pk, s.tls_pk_pwd) == (str(conf / "c.pem"), "/abs/k.pem", str(conf / "pw.txt"))
-    assert s.tls_crl_files == (str(conf / "crl" / "r.pem"),)
+    assert s.tls.ca_files == (str(tmp_path / "sec" / "ca" / "a.pem"), "/abs/b.pem")
+    assert (s.tls.cert, s.tls.pk, s.tls.pk_pwd) == (str(conf / "c.pem"), "/abs/k.pem", str(conf / "pw.txt"))
+    assert s.tls.crl_files == (str(conf / "crl" / "r.pem"),)
     assert s.management_tls.cert == str(conf / "mgmt.pem") and s.management_tls.pk == "/abs/k.pem"
     assert s.metrics_tls.cert == str(conf / "c.pem")
     assert s.allowed_local_media_paths == (str(tmp_path / "media"), "/srv/media")
@@ -284,7 +327,7 @@ def test_minimal_config_takes_mindie_defaults(tmp_path: Path) -> None:
         "127.0.0.1", 1025, "127.0.0.1", 1026, 1027)
     assert (s.max_link_num, s.https_enabled, s.token_timeout, s.e2e_timeout, s.max_request_length) == (
         1000, True, 600.0, 600.0, 40)
-    assert s.tls_ca_files == (str(tmp_path / "conf" / "security" / "ca" / "ca.pem"),)
+    assert s.tls.ca_files == (str(tmp_path / "conf" / "security" / "ca" / "ca.pem"),)
     assert (cfg.schedule.cache_block_size, cfg.schedule.max_batch_size, cfg.schedule.max_prefill_batch_size) == (
         128, 200, 50)
     assert cfg.backend.npu_device_ids == ((0,),) and cfg.models[0].npu_mem_size_gb == -1
@@ -297,7 +340,7 @@ def test_schema_defaults_agree_with_engine_defaults(tmp_path: Path) -> None:
 
 def test_engine_config_mapping(tmp_path: Path) -> None:
     doc = shipped()
-    deploy(doc).update(numThreads=2, truncation=True)
+    deploy(doc).update(numThreads=2, truncation=True, cpuKernels=False, kernelCacheDir="../cache/kernels")
     sched(doc).update(numKvBlocks=500, maxPreemptCount=3, maxQueueDelayMicroseconds=700, enablePrefixCaching=False)
     model0(doc).update(trustRemoteCode=True)
     second = {**model0(doc), "modelName": "other", "modelWeightPath": "/w/other", "npuMemSize": 7}
@@ -313,6 +356,7 @@ def test_engine_config_mapping(tmp_path: Path) -> None:
     assert (e.max_preempt_count, e.max_queue_delay_microseconds, e.num_kv_blocks) == (3, 700, 500)
     assert (e.kv_cache_memory_gb, e.enable_prefix_caching, e.num_threads) == (2.0, False, 2)
     assert (e.max_loras, e.max_lora_rank, e.video_frames, e.max_video_frames) == (4, 64, 8, 32)
+    assert (e.cpu_kernels, e.kernel_cache_dir) == (False, str(tmp_path / "cache" / "kernels"))
     assert e.lora_modules == (LoraModuleSpec("a1", "/ad/a1", "mindie-demo-small"),)
     e.validate()
     e2 = cfg.engine_config(1)

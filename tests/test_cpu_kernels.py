@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from npu_ops import cpu_kernels, ops
-from npu_ops.linear import FastLinear, onednn_linear_available
+from npu_ops.linear import FastLinear, onednn_linear_available, pack_linears
 
 needs_kernel = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C compiler: CPU kernel not built")
 
@@ -157,6 +157,62 @@ def test_kernels_can_be_switched_off(monkeypatch):
     finally:
         monkeypatch.undo()
         cpu_kernels.load.cache_clear()
+
+
+
+@pytest.fixture
+def configured(monkeypatch):
+    """configure() as the engine calls it, with the environment's overrides cleared; defaults restored after."""
+    monkeypatch.delenv("MINDIE_CPU_KERNELS", raising=False)
+    monkeypatch.delenv("MINDIE_KERNEL_CACHE", raising=False)
+    yield cpu_kernels.configure
+    cpu_kernels.configure()
+    monkeypatch.undo()
+    cpu_kernels.load.cache_clear()
+
+
+def test_configure_off_switches_every_cpu_fast_path_off(configured):
+    configured(enabled=False)
+    assert cpu_kernels.switched_off() and cpu_kernels.load() is None
+    assert "cpu_kernels: false" in cpu_kernels.describe()
+    q, kc, vc, meta = _decode_case(3, 8, 4, 16, 16)
+    assert not cpu_kernels.supports(q, kc)
+    lin = FastLinear(16, 8)
+    assert pack_linears(torch.nn.Sequential(lin), 8) == 0 and lin.packed is None
+    configured(enabled=True)
+    assert not cpu_kernels.switched_off()
+
+
+def test_environment_overrides_configure(configured, monkeypatch, tmp_path):
+    configured(enabled=False, cache_dir=str(tmp_path / "from-config"))
+    monkeypatch.setenv("MINDIE_CPU_KERNELS", "1")
+    monkeypatch.setenv("MINDIE_KERNEL_CACHE", str(tmp_path / "from-env"))
+    assert cpu_kernels.settings() == cpu_kernels.KernelSettings(True, str(tmp_path / "from-env"))
+    configured(enabled=True)
+    monkeypatch.setenv("MINDIE_CPU_KERNELS", "0")
+    assert cpu_kernels.switched_off() and "MINDIE_CPU_KERNELS=0" in cpu_kernels.settings().why_off
+
+
+@needs_kernel
+def test_configure_cache_dir_builds_into_that_folder(configured, tmp_path):
+    configured(cache_dir=str(tmp_path / "kernels"))
+    lib = cpu_kernels.load()
+    assert lib is not None
+    built = list((tmp_path / "kernels").iterdir())
+    assert len(built) == 1 and built[0].name.startswith("cpu_kernels-") and built[0].suffix == ".so"
+    assert built[0].name in cpu_kernels.describe()
+
+
+@needs_kernel
+def test_weights_packed_before_a_switch_off_keep_working(configured):
+    torch.manual_seed(0)
+    lin = FastLinear(32, 24)
+    x = torch.randn(5, 32)
+    want = F.linear(x, lin.weight, lin.bias)
+    assert lin.pack(batch_hint=8, keep_dense=False) and lin.packed_kind == "csrc"
+    configured(enabled=False)  # e.g. a second engine in this process with cpu_kernels: false
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), want, rtol=1e-5, atol=1e-5)
 
 
 # ---------------------------------------------------------------- fused elementwise ops

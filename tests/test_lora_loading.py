@@ -15,7 +15,7 @@ from mindie_service import LLM, SamplingParams
 from mindie_service.engine.async_engine import AsyncEngine
 from mindie_service.engine.config import EngineConfig, LoraModuleSpec
 from mindie_service.engine.types import EngineRequest
-from mindie_service.lora.demo import build_demo_lora
+from mindie_service.devkit.lora import build_demo_lora
 from mindie_service.errors import ConflictError, NotFoundError, ValidationError
 
 PROMPT = "River mountain city garden teacher window morning silver quiet market"

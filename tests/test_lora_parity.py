@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from mindie_service import LLM, SamplingParams
-from mindie_service.lora.demo import build_demo_lora
+from mindie_service.devkit.lora import build_demo_lora
 from tests.prompts import word_prompts
 
 MAX_TOKENS = 32

@@ -9,6 +9,7 @@ import pytest
 import soundfile as sf
 from PIL import Image
 
+from mindie_service.devkit import synth
 from mindie_service.errors import MediaError
 from multimodal import (
     MediaPolicy,
@@ -18,7 +19,6 @@ from multimodal import (
     require_format,
     sample_indices,
     sniff,
-    synth,
 )
 
 POLICY = MediaPolicy()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from mindie_service.devkit import synth
 from mindie_service.errors import MediaError
 from multimodal import (
     DecodeOptions,
@@ -22,7 +23,6 @@ from multimodal import (
     TextPart,
     load_media,
     parse_parts,
-    synth,
 )
 from multimodal import loader
 

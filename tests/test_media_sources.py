@@ -17,7 +17,8 @@ from tornado.netutil import bind_sockets
 from tornado.web import Application, RequestHandler
 
 from mindie_service.errors import MediaError
-from multimodal import MediaPolicy, fetch_media, refusal_reason, synth
+from mindie_service.devkit import synth
+from multimodal import MediaPolicy, fetch_media, refusal_reason
 from multimodal import sources
 
 PNG = synth.image_bytes()

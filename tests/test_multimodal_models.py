@@ -14,8 +14,9 @@ from PIL import Image
 from transformers import AutoProcessor
 
 from mindie_service import LLM, SamplingParams
+from mindie_service.inputs import PartsPrompt
 from mindie_service.engine.types import EngineRequest
-from mindie_service.models.demo import build_demo_model
+from mindie_service.devkit.presets import build_demo_model
 from mindie_service.errors import ValidationError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,6 +147,16 @@ def test_media_requests_match_transformers_under_preemption(vl, vl_batch):
     assert llm.engine.stats().free_blocks == 40
 
 
+def test_media_requests_match_transformers_with_chunked_prefill(vl, vl_batch):
+    # 7 prompt tokens a step: every image's placeholders straddle several chunks, and each chunk splices
+    # in only the embeddings of the placeholders it holds.
+    prompts, want = vl_batch
+    llm = LLM(str(vl), cache_block_size=4, num_kv_blocks=256, max_seq_len=150, max_input_token_len=120,
+              max_prefill_tokens=7, max_batch_size=4)
+    assert _ids(llm.generate(prompts, GREEDY, use_tqdm=False)) == want
+    assert llm.engine.stats().free_blocks == 256
+
+
 def test_media_layer_parts_are_accepted(vl_llm, vl_batch):
     from multimodal import LoadedPart
 
@@ -200,12 +211,16 @@ def test_placeholders_without_media_are_refused(vl_llm, tiny_model):
         vl_llm.generate({"parts": [{"type": "text", "text": "<image> here"}]}, GREEDY, use_tqdm=False)
     with pytest.raises(ValidationError, match="media type"):
         vl_llm.generate({"parts": [{"type": "audio", "audio": _tone(440, 1.0)}]}, GREEDY, use_tqdm=False)
-    # An image prompt whose placeholders were cut by truncation is refused, not crashed on.
-    mp = vl_llm.engine.mm_encoder.prepare([{"type": "image", "image": _image(0)}])
-    req = EngineRequest("cut", mp.prompt_token_ids[10:], GREEDY, mm_inputs=mp.mm_inputs, mm_hashes=mp.mm_hashes)
-    with pytest.raises(ValidationError):
-        vl_llm.engine.add_request(req)
-    assert not vl_llm.engine.has_work()
+    # Placeholders are never cut: truncate with media, and a media prompt over the limit even with
+    # truncation on, are refused by the input processor (nothing reaches the engine).
+    parts = PartsPrompt(({"type": "image", "image": _image(0)}, {"type": "text", "text": "What is this?"}))
+    with pytest.raises(ValidationError, match="truncate"):
+        vl_llm.input_processor.process(parts, GREEDY, request_id="cut", truncate=5)
+    short = LLM(str(vl_llm.engine.cfg.model), cache_block_size=16, num_kv_blocks=64, max_input_token_len=20,
+                truncation=True)
+    with pytest.raises(ValidationError, match="at most 20 tokens"):
+        short.input_processor.process(parts, GREEDY, request_id="long")
+    assert not vl_llm.engine.has_work() and not short.engine.has_work()
     text_llm = LLM(str(tiny_model), cache_block_size=16, num_kv_blocks=64)
     with pytest.raises(ValidationError, match="media"):
         text_llm.generate({"parts": [{"type": "text", "text": "hi"}]}, GREEDY, use_tqdm=False)

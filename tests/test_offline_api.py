@@ -104,3 +104,24 @@ def test_checkpoint_without_vocab_size_is_a_value_error(tiny_model, tmp_path):
 def test_unknown_override_is_a_value_error(tiny_model):
     with pytest.raises(ValueError, match="max_bach_size"):
         LLM(str(tiny_model), max_bach_size=3)
+
+
+def test_offline_prompts_go_through_the_input_processor(llm):
+    ids = llm.tokenizer("River mountain").input_ids
+    p = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    by_text, by_ids = llm.generate(["River mountain", ids], p, use_tqdm=False)
+    assert by_text.prompt_token_ids == by_ids.prompt_token_ids == ids
+    assert by_text.outputs[0].token_ids == by_ids.outputs[0].token_ids
+    with pytest.raises(ValueError, match=r"token ids in \[0, "):
+        llm.generate([[1, 2, 10**9]], p, use_tqdm=False)
+    with pytest.raises(ValueError, match="adapter_id"):
+        llm.generate(["River"], p, adapter_id="nope", use_tqdm=False)
+    with pytest.raises(ValueError, match="media"):
+        llm.generate({"parts": [{"type": "text", "text": "hi"}]}, p, use_tqdm=False)
+    with pytest.raises(ValueError, match="at most 511 tokens"):  # maxSeqLen 512: the input limit is 511
+        llm.generate(["river " * 600], p, use_tqdm=False)
+    # A bad prompt in a batch fails the call before anything is queued.
+    with pytest.raises(ValueError):
+        llm.generate(["River", [10**9]], p, use_tqdm=False)
+    assert not llm.engine.has_work()
+    assert llm.generate(["River"], SamplingParams(adapter_id="None", max_tokens=2), use_tqdm=False)[0].outputs

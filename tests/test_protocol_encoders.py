@@ -6,6 +6,7 @@ import json
 from mindie_service.engine.types import TokenEvent, TokenInfo
 from mindie_service.protocol.encoders import MindieEncoder, StreamState, TgiEncoder
 from mindie_service.errors import GenerationError
+from mindie_service.inputs import TextPrompt
 from mindie_service.protocol.generation import GenerationRequest, GenerationResult, select_best
 from mindie_service.sampling_params import SamplingParams
 
@@ -32,7 +33,7 @@ def result(texts, **kw):
 
 
 def req(**kw):
-    base = dict(inputs="Hi", prompt_token_ids=[1, 10], params=SamplingParams(max_tokens=3))
+    base = dict(prompt=TextPrompt("Hi"), params=SamplingParams(max_tokens=3))
     base.update(kw)
     return GenerationRequest(**base)
 

@@ -1,28 +1,37 @@
-"""The real scheduler on hand-made steps (no model): MindIE's limits and preemption."""
+"""The real scheduler on hand-made steps (no model): MindIE's limits, preemption, chunked prefill.
+
+Each step is the engine's contract without the model: ``schedule()``, then ``update()`` with a
+sampled token for every chunk that samples (what a runner + sampler would return)."""
 from __future__ import annotations
 
 from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SeqStatus
+from mindie_service.engine.step import SchedulerOutput
 from mindie_service.sampling_params import SamplingParams
 
 
 def _sched(blocks: int = 64, bs: int = 4, **kw) -> Scheduler:
-    cfg = EngineConfig(model="x", cache_block_size=bs, max_seq_len=256, max_input_token_len=64,
+    cfg = EngineConfig(model="x", cache_block_size=bs, max_seq_len=kw.pop("max_seq_len", 256),
+                       max_input_token_len=kw.pop("max_input_token_len", 64),
                        max_prefill_tokens=kw.pop("max_prefill_tokens", 256), **kw)
     return Scheduler(cfg, BlockManager(blocks, bs, enable_prefix_caching=False))
 
 
-def _seq(i: int, n: int = 6) -> Sequence:
-    return Sequence(f"r{i}", [i + 10] * n, SamplingParams(max_tokens=8), 8, seed=0)
+def _seq(i: int, n: int = 6, max_output: int = 8) -> Sequence:
+    return Sequence(f"r{i}", [i + 10] * n, SamplingParams(max_tokens=max_output), max_output, seed=0)
 
 
-def _finish_step(sched, out, token: int = 1) -> None:
-    """What the engine does after a step: mark K/V computed, append one sampled token."""
-    for s in out.seqs:
-        s.num_computed_tokens = s.num_tokens
-        s.output_token_ids.append(token)
+def _step(s: Scheduler, token: int = 1, finish: dict[str, str] | None = None) -> SchedulerOutput:
+    """One step: schedule, then report a sampled token for each sampling chunk."""
+    out = s.schedule()
+    s.update(out, {c.request_id: token for c in out.sampled}, finish or {})
+    return out
+
+
+def _ids(chunks) -> list[str]:
+    return [c.request_id for c in chunks]
 
 
 def test_prefill_batch_is_bounded_by_max_prefill_batch_size():
@@ -33,27 +42,53 @@ def test_prefill_batch_is_bounded_by_max_prefill_batch_size():
     assert len(out.prefills) == 3 and len(s.waiting) == 2
 
 
-def test_prefill_batch_is_bounded_by_max_prefill_tokens():
+def test_prompt_tokens_per_step_are_bounded_by_max_prefill_tokens():
     s = _sched(max_batch_size=8, max_prefill_batch_size=8, max_prefill_tokens=64)
     for i in range(5):
         s.add(_seq(i, n=30))
     out = s.schedule()
-    assert [q.request_id for q in out.prefills] == ["r0", "r1"]
+    # r0 whole (30), r1 whole (30), r2 its first 4 tokens: 64 prompt tokens, the rest waits.
+    assert [(c.request_id, c.num_tokens) for c in out.prefills] == [("r0", 30), ("r1", 30), ("r2", 4)]
+    assert out.num_tokens == 64 and [c.sample for c in out.prefills] == [True, True, False]
+    assert _ids(s.waiting) == ["r3", "r4"]
 
 
 def test_running_set_is_bounded_by_max_batch_size_and_new_requests_join_between_steps():
     s = _sched(max_batch_size=2, max_prefill_batch_size=2)
     for i in range(3):
         s.add(_seq(i))
-    out = s.schedule()
+    out = _step(s)
     assert len(out.prefills) == 2
-    _finish_step(s, out)
-    out = s.schedule()
+    out = _step(s)
     assert len(out.decodes) == 2 and not out.prefills  # r2 waits: batch full
-    _finish_step(s, out)
     s.finish(s.running[0])
+    out = _step(s)
+    assert len(out.decodes) == 1 and _ids(out.prefills) == ["r2"]
+
+
+def test_update_advances_counters_appends_tokens_and_finishes():
+    s = _sched()
+    a, b = _seq(0, n=5), _seq(1, n=5)
+    s.add(a)
+    s.add(b)
     out = s.schedule()
-    assert len(out.decodes) == 1 and [q.request_id for q in out.prefills] == ["r2"]
+    assert [c.start for c in out.chunks] == [0, 0]
+    s.update(out, {"r0": 7, "r1": 9}, {"r1": "eos_token"})
+    assert a.num_computed_tokens == 5 and a.output_token_ids == [7]
+    assert b.status is SeqStatus.FINISHED and b.finish_reason == "eos_token" and b.block_table == []
+    assert s.get("r1") is None and s.running == [a]
+    out = s.schedule()
+    assert _ids(out.decodes) == ["r0"] and out.decodes[0].token_ids == (7,) and out.decodes[0].start == 5
+
+
+def test_aborted_request_in_a_step_is_skipped_by_update():
+    s = _sched()
+    a = _seq(0)
+    s.add(a)
+    out = s.schedule()
+    s.finish(a)  # aborted while the step ran
+    s.update(out, {"r0": 3}, {})
+    assert a.output_token_ids == [] and a.status is SeqStatus.FINISHED
 
 
 def test_preempts_newest_when_blocks_run_out_and_recomputes_it():
@@ -61,19 +96,47 @@ def test_preempts_newest_when_blocks_run_out_and_recomputes_it():
     a, b = _seq(0, n=4), _seq(1, n=4)
     s.add(a)
     s.add(b)
-    out = s.schedule()
+    out = _step(s)
     assert len(out.prefills) == 2  # 1 block each
-    _finish_step(s, out)
-    out = s.schedule()  # each needs a 2nd block: 2 free, fine
-    _finish_step(s, out)
-    for _ in range(3):
-        out = s.schedule()
-        _finish_step(s, out)
+    for _ in range(4):  # each takes a 2nd block: 2 free, fine
+        _step(s)
     out = s.schedule()  # both need a 3rd block; none free: b (newest) is preempted
-    assert b in out.preempted and b.status is SeqStatus.WAITING and s.waiting[0] is b
-    assert out.decodes == [a]
+    assert out.preempted == ["r1"] and b.status is SeqStatus.WAITING and s.waiting[0] is b
+    assert _ids(out.decodes) == ["r0"]
     assert b.block_table == [] and b.num_computed_tokens == 0
-    s.finish(a)
+    s.update(out, {"r0": 1}, {"r0": "length"})
     out = s.schedule()
-    assert out.prefills == [b]  # recomputed from prompt + its output so far
-    assert b.num_tokens - b.num_computed_tokens == b.num_tokens
+    # Recomputed from its prompt plus its output so far, in one chunk that samples its next token.
+    assert _ids(out.prefills) == ["r1"] and out.prefills[0].num_tokens == b.num_tokens == 9
+    assert out.prefills[0].token_ids == tuple(b.prompt_token_ids + b.output_token_ids) and out.prefills[0].sample
+
+
+def test_long_prompt_is_chunked_while_running_requests_keep_decoding():
+    """maxPrefillTokens is the step's prompt-token budget: a 40-token prompt arriving beside a streaming
+    request is computed 16 tokens a step, and the stream gets a token in every one of those steps."""
+    s = _sched(blocks=64, bs=4, max_prefill_tokens=16)
+    stream = _seq(0, n=4, max_output=50)
+    s.add(stream)
+    _step(s)
+    long = _seq(1, n=40)
+    s.add(long)
+    order: list[list[tuple[str, int, int]]] = []
+    while long.num_computed_tokens < 40:
+        out = _step(s)
+        order.append([(c.request_id, c.start, c.num_tokens) for c in out.chunks])
+    assert order == [[("r0", 4, 1), ("r1", 0, 16)],
+                     [("r0", 5, 1), ("r1", 16, 16)],
+                     [("r0", 6, 1), ("r1", 32, 8)]]
+    assert long.output_token_ids == [1] and len(stream.output_token_ids) == 4
+    assert all(len(q.block_table) * 4 >= q.num_computed_tokens for q in (stream, long))
+
+
+def test_chunks_of_one_prompt_continue_before_new_admissions():
+    s = _sched(max_prefill_tokens=8, max_input_token_len=64)
+    s.add(_seq(0, n=20))
+    s.add(_seq(1, n=4))
+    assert [(c.request_id, c.start, c.num_tokens) for c in _step(s).chunks] == [("r0", 0, 8)]
+    assert [(c.request_id, c.start, c.num_tokens) for c in _step(s).chunks] == [("r0", 8, 8)]
+    out = _step(s)  # r0's last 4 tokens, then r1 takes the rest of the budget
+    assert [(c.request_id, c.start, c.num_tokens) for c in out.chunks] == [("r0", 16, 4), ("r1", 0, 4)]
+    assert [c.sample for c in out.chunks] == [True, True]

@@ -9,10 +9,11 @@ from pathlib import Path
 from tornado.testing import AsyncHTTPTestCase
 
 from mindie_service.config import load_config
+from mindie_service.devkit.mock_engine import MockEngine
+from mindie_service.engine.client import EngineClient
 from mindie_service.errors import GenerationError
 from mindie_service.server.app import make_app
 from mindie_service.server.context import ServerContext
-from mindie_service.server.mock_engine import MockEngine
 
 
 class MisbehavingEngine(MockEngine):
@@ -127,6 +128,34 @@ class GenerationFailures(AsyncHTTPTestCase):
         assert 'request_failed_total{model_name="mock"} 1.0' in text
         assert 'request_success_total{model_name="mock"} 1.0' in text
         assert 'request_received_total{model_name="mock"} 2.0' in text
+
+    def test_the_mock_is_an_engine_client_and_the_server_reads_its_facts(self):
+        assert isinstance(self.engine, EngineClient)
+        info = json.loads(self.fetch("/info").body)
+        assert info["model_device_reason"] == "StandardMock: no model" and info["model_dtype"] == "torch.float32"
+        assert info["adapters"] == [] and info["modalities"] == []
+        models = json.loads(self.fetch("/v1/models").body)["data"]
+        assert [m["id"] for m in models] == ["mock"]
+        r = self.post({"lora_name": "a", "lora_path": "/nowhere"}, "/v1/load_lora_adapter")
+        assert "StandardMock" in self.error(r, 422, "validation")
+        r = self.fetch("/v1/tokenizer", method="POST", body=json.dumps({"inputs": "ab"}),
+                       headers={"Content-Type": "application/json"})
+        assert json.loads(r.body) == {"token_number": 3, "tokens": [1, 100, 101]}
+
+    def test_watermark_is_a_422_on_every_route(self):
+        for path in ("/", "/generate", "/generate_stream"):
+            msg = self.error(self.post({"inputs": "fine", "parameters": {"watermark": True}}, path), 422, "validation")
+            assert "watermark" in msg and "not supported" in msg
+        assert self.post({"inputs": "fine", "parameters": {"watermark": False, "max_new_tokens": 2}}).code == 200
+
+    def test_input_processor_limits_apply_to_the_mock(self):
+        # maxInputTokenLen 128: the mock's tokens are bytes plus <s>.
+        msg = self.error(self.post({"inputs": "x" * 200}), 422, "validation")
+        assert "at most 128 tokens" in msg and "got 201 tokens" in msg
+        ok = self.post({"inputs": "x" * 200, "parameters": {"truncate": 100, "details": True, "max_new_tokens": 1}})
+        assert json.loads(ok.body)[0]["details"]["prompt_tokens"] == 100
+        assert "adapter_id" in self.error(self.post({"inputs": "fine", "parameters": {"adapter_id": "x"}}), 422,
+                                          "validation")
 
     def test_too_many_headers_is_400(self):
         headers = {f"X-H{i}": "v" for i in range(120)}

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from mindie_service import LLM, SamplingParams
-from mindie_service.lora.demo import build_demo_lora
+from mindie_service.devkit.lora import build_demo_lora
 from server_utils import ServerProcess, shared_server, write_config
 
 PROMPT = "River mountain city garden"

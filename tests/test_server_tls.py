@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 
 from mindie_service.config import TlsSettings
 from mindie_service.errors import ConfigError
-from mindie_service.server import certs
+from mindie_service.devkit import certs
 from mindie_service.server.tls import build_ssl_context
 from server_utils import ServerProcess, shared_server, write_config
 

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from mindie_service import LLM, SamplingParams  # noqa: E402
-from mindie_service.models.demo import build_demo_model  # noqa: E402
+from mindie_service.devkit.presets import build_demo_model  # noqa: E402
 from tests.prompts import WORDS  # noqa: E402
 
 

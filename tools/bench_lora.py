@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from mindie_service import LLM, SamplingParams  # noqa: E402
-from mindie_service.lora.demo import build_demo_lora  # noqa: E402
-from mindie_service.models.demo import build_demo_model  # noqa: E402
+from mindie_service.devkit.lora import build_demo_lora  # noqa: E402
+from mindie_service.devkit.presets import build_demo_model  # noqa: E402
 from tests.prompts import WORDS  # noqa: E402
 
 

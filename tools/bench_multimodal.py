@@ -20,8 +20,8 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mindie_service.models.demo import build_demo_model  # noqa: E402
-from multimodal import synth  # noqa: E402
+from mindie_service.devkit.presets import build_demo_model  # noqa: E402
+from mindie_service.devkit import synth  # noqa: E402
 from tools.bench_serve import _model_config, pct, start_server  # noqa: E402
 
 

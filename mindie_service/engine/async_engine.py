@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections import deque
 from typing import Any, AsyncIterator
 
@@ -19,6 +18,7 @@ from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.core import Event, LLMEngine
 from mindie_service.engine.types import EngineRequest, EngineStats, FailedEvent, TokenEvent
 from mindie_service.errors import GenerationError, MindieError, UnhealthyError
+from mindie_service.inputs.processor import InputProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -26,10 +26,12 @@ _Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[Event | Exception]"]
 
 
 class AsyncEngine:
+    """The real engine as an ``EngineClient`` (engine/client.py)."""
+
     def __init__(self, config: EngineConfig, engine: LLMEngine | None = None) -> None:
         self.engine = engine or LLMEngine(config)
         self.config = self.engine.cfg
-        # The frontend tokenizes on the IO thread; the engine thread decodes with its own instance.
+        # The frontend tokenizes in the tokenizer pool; the engine thread decodes with its own instance.
         self.tokenizer = AutoTokenizer.from_pretrained(self.config.model, trust_remote_code=self.config.trust_remote_code)
         self.model_name = self.config.model_name or self.config.model.rstrip("/").rsplit("/", 1)[-1]
         self.vocab_size = self.engine.vocab_size
@@ -37,14 +39,14 @@ class AsyncEngine:
         self.device_type = self.engine.device_info.type
         self.device_reason = self.engine.device_info.reason
         self.dtype = str(self.engine.dtype).removeprefix("torch.")
-        self.mm_encoder = self.engine.mm_encoder  # None for text-only models
+        self.input_processor = InputProcessor.for_engine(self.engine, self.tokenize)
+        self.modalities = self.input_processor.modalities
         self._cond = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
         self._streams: dict[str, _Stream] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._dead: str | None = None
-        self.last_step_at = time.monotonic()
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -65,13 +67,8 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
-    # ------------------------------------------------------------ frontend helpers
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text).input_ids)
-
-    def prepare_prompt(self, text: str, truncate: int | None = None) -> list[int]:
-        """Tokenize and apply ``truncate`` and the input-length limit (ValidationError when too long)."""
-        return self.engine.check_prompt(self.tokenize(text), truncate)
 
     # ------------------------------------------------------------ requests
     def _post(self, kind: str, payload: Any) -> None:
@@ -100,9 +97,9 @@ class AsyncEngine:
     def adapter_names(self) -> list[str]:
         return self.engine.lora.names()
 
-    async def generate(self, request: EngineRequest, cache_key: bytes = b"") -> AsyncIterator[TokenEvent]:
-        """``cache_key``: media hashes for the prefix cache. The LoRA adapter is request.params.adapter_id;
-        the engine resolves it (an unknown one raises ValidationError, 422, from the first iteration)."""
+    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenEvent]:
+        """``request`` comes from ``input_processor``. The engine binds its LoRA adapter (one unloaded since
+        raises ValidationError, 422, from the first iteration)."""
         if not self.healthy():
             raise UnhealthyError(f"engine is not serving ({self._dead or 'not started'})")
         rid = request.request_id
@@ -110,7 +107,7 @@ class AsyncEngine:
             raise GenerationError(f"request id {rid!r} is already running")
         queue: asyncio.Queue[Event | Exception] = asyncio.Queue()
         self._streams[rid] = (asyncio.get_running_loop(), queue)
-        self._post("add", (request, cache_key))
+        self._post("add", request)
         finished = False
         try:
             while True:
@@ -150,7 +147,6 @@ class AsyncEngine:
                 with self._cond:
                     while not self._inbox and not self.engine.has_work() and not self._stopping:
                         self._cond.wait(timeout=1.0)
-                        self.last_step_at = time.monotonic()
                     if self._stopping:
                         return
                     cmds = list(self._inbox)
@@ -160,16 +156,15 @@ class AsyncEngine:
                     if kind == "abort":
                         self.engine.abort_request(payload)
                         continue
-                    request, cache_key = payload
+                    request = payload
                     try:
-                        self.engine.add_request(request, cache_key=cache_key)
+                        self.engine.add_request(request)
                     except MindieError as exc:
                         out.append((request.request_id, exc))
                     except ValueError as exc:
                         out.append((request.request_id, GenerationError(str(exc))))
                 if self.engine.has_work():
                     out.extend((ev.request_id, ev) for ev in self.engine.step())
-                self.last_step_at = time.monotonic()
                 if out:
                     self._deliver(out)
         except BaseException as exc:  # noqa: BLE001 - the loop itself broke: fail everyone, report unhealthy

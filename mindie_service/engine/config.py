@@ -1,10 +1,14 @@
 """The engine's own configuration: snake_case forms of MindIE's schedule and deploy keys.
 
 `mindie_service.config` builds one from conf/config.json; the offline `LLM` builds one from
-keyword overrides. Every default lives here (and mirrors MindIE's)."""
+keyword overrides. Every default lives here (and mirrors MindIE's). The cross-field rules live
+here once (`cross_field_problems`): the offline API reports them with snake_case names, config
+loading with MindIE key paths."""
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from mindie_service.errors import check
 
@@ -28,6 +32,7 @@ class EngineConfig:
     truncation: bool = False
     cache_block_size: int = 128
     max_prefill_batch_size: int = 50
+    # Token budget of one step (vLLM's max_num_batched_tokens): a longer prompt is prefilled in chunks.
     max_prefill_tokens: int = 8192
     max_batch_size: int = 200
     max_iter_times: int = 512
@@ -43,6 +48,8 @@ class EngineConfig:
     video_frames: int = 8
     max_video_frames: int = 32
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default
+    cpu_kernels: bool = True  # the C kernels / packed-linear fast path on CPU (env MINDIE_CPU_KERNELS overrides)
+    kernel_cache_dir: str | None = None  # where compiled kernels are kept; None = the default (env MINDIE_KERNEL_CACHE overrides)
 
     @property
     def effective_max_input_len(self) -> int:
@@ -54,18 +61,61 @@ class EngineConfig:
             v = getattr(self, name)
             check(isinstance(v, int) and v >= 1, name, "an integer >= 1", v)
         check(self.cache_block_size <= 128, "cache_block_size", "in [1, 128]", self.cache_block_size)
-        check(self.max_prefill_batch_size <= self.max_batch_size, "max_prefill_batch_size",
-              f"<= max_batch_size ({self.max_batch_size})", self.max_prefill_batch_size)
-        check(self.max_iter_times <= self.max_seq_len, "max_iter_times", f"<= max_seq_len ({self.max_seq_len})",
-              self.max_iter_times)
-        check(self.max_prefill_tokens >= self.effective_max_input_len, "max_prefill_tokens",
-              f">= max_input_token_len ({self.effective_max_input_len})", self.max_prefill_tokens)
         if self.num_kv_blocks is not None:
             check(isinstance(self.num_kv_blocks, int) and self.num_kv_blocks >= 1, "num_kv_blocks",
                   "an integer >= 1", self.num_kv_blocks)
         check(self.dtype in ("auto", "float32", "float16", "bfloat16"), "dtype",
               "one of auto, float32, float16, bfloat16", self.dtype)
+        check(self.kernel_cache_dir is None or (isinstance(self.kernel_cache_dir, str) and self.kernel_cache_dir != ""),
+              "kernel_cache_dir", "a non-empty string or None", self.kernel_cache_dir)
+        for p in cross_field_problems({f.name: getattr(self, f.name) for f in fields(self)}):
+            check(False, p.field, p.rule(str), p.value)
 
     @classmethod
     def field_names(cls) -> set[str]:
         return {f.name for f in fields(cls)}
+
+
+@dataclass(frozen=True)
+class FieldProblem:
+    """One broken cross-field rule. ``template`` names other fields as ``{field_name}`` so each
+    caller can word them its own way (snake_case here, MindIE key paths in config loading)."""
+
+    field: str
+    template: str  # the phrase after "must be"
+    value: Any
+
+    def rule(self, name: Callable[[str], str]) -> str:
+        return self.template.format_map(_Names(name))
+
+
+class _Names(dict[str, str]):
+    def __init__(self, name: Callable[[str], str]) -> None:
+        super().__init__()
+        self._name = name
+
+    def __missing__(self, key: str) -> str:
+        return self._name(key)
+
+
+def cross_field_problems(v: Mapping[str, Any]) -> list[FieldProblem]:
+    """Every cross-field rule over EngineConfig field values. A rule whose inputs are absent or
+    None (config loading passes None for keys that already failed their own check) is skipped.
+    There is no maxPrefillTokens >= maxInputTokenLen rule: with chunked prefill
+    max_prefill_tokens is the budget of one step and a longer prompt spans several steps."""
+    def have(*names: str) -> bool:
+        return all(v.get(n) is not None for n in names)
+
+    out: list[FieldProblem] = []
+    if have("max_prefill_batch_size", "max_batch_size") and v["max_prefill_batch_size"] > v["max_batch_size"]:
+        out.append(FieldProblem("max_prefill_batch_size", f"<= {{max_batch_size}} ({v['max_batch_size']})",
+                                v["max_prefill_batch_size"]))
+    if have("max_iter_times", "max_seq_len") and v["max_iter_times"] > v["max_seq_len"]:
+        out.append(FieldProblem("max_iter_times", f"<= {{max_seq_len}} ({v['max_seq_len']})", v["max_iter_times"]))
+    if have("max_preempt_count", "max_batch_size") and v["max_preempt_count"] > v["max_batch_size"]:
+        out.append(FieldProblem("max_preempt_count", f"<= {{max_batch_size}} ({v['max_batch_size']})",
+                                v["max_preempt_count"]))
+    if have("video_frames", "max_video_frames") and v["video_frames"] > v["max_video_frames"]:
+        out.append(FieldProblem("video_frames", f"<= {{max_video_frames}} ({v['max_video_frames']})",
+                                v["video_frames"]))
+    return out

@@ -1,20 +1,18 @@
 """Packs a scheduled step into tensors, runs the model once, returns the logits that are needed.
 
-The runner never decides scheduling and never mutates queues: it reads each sequence's block
-table and counters and returns logits for the last position of every sequence (and for every
-prompt position of sequences that asked for prompt logprobs)."""
+The runner never decides scheduling and never touches a sequence: it reads the step's plain
+ScheduledChunks (tokens, positions, block tables) and returns the logits of the last row of every
+chunk that samples (and of every prompt row of chunks that asked for prompt logprobs)."""
 from __future__ import annotations
 
 import itertools
 import logging
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from mindie_service.engine.scheduler import SchedulerOutput
-from mindie_service.engine.sequence import Sequence
+from mindie_service.engine.step import ModelOutput, ScheduledChunk, SchedulerOutput
 from mindie_service.models.llama import StepContext
 from npu_ops import memory
 from npu_ops.ops import AttentionMetadata, PrefillSpan
@@ -24,12 +22,11 @@ logger = logging.getLogger(__name__)
 # Tokens per forward piece of a large prefill (see ModelRunner._pieces).
 PIECE_TOKENS = 1024
 
-
-@dataclass
-class StepResult:
-    seqs: list[Sequence]  # decodes then prefills, the row order of ``logits``
-    logits: torch.Tensor  # [len(seqs), vocab] at each sequence's last position
-    prompt_logits: dict[str, torch.Tensor] = field(default_factory=dict)  # request_id -> [n-1, vocab]
+# The LoRA layer's hook: (adapter slots, token counts) of a forward's rows -> its applier (it first writes
+# adapters newly given a pool slot). The multimodal encoder's: the prefill chunks holding media and their
+# packed start -> (token indices, embeddings) spliced over the placeholders.
+LoraHook = Callable[[list[int], list[int]], Any]
+EmbedsHook = Callable[[list[tuple[ScheduledChunk, int]]], Any]
 
 
 def kv_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
@@ -39,7 +36,7 @@ def kv_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) ->
 
 class ModelRunner:
     def __init__(self, model: nn.Module, num_blocks: int, block_size: int, device: torch.device,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, lora_hook: LoraHook | None = None, embeds_hook: EmbedsHook | None = None) -> None:
         self.model, self.block_size, self.device = model, block_size, device
         self.piece_tokens = PIECE_TOKENS
         d = model.dims
@@ -47,68 +44,67 @@ class ModelRunner:
         # empty: padded gathers read unused slots, and NaN bits there would poison masked scores.
         pool = memory.zeros((d.layers, 2, num_blocks, block_size, d.kv_heads, d.head_dim), dtype, device)
         self.kv_caches = [(pool[i, 0], pool[i, 1]) for i in range(d.layers)]
-        # Hooks set by the LoRA and multimodal layers: (step seqs, packed token counts) -> context parts.
-        self.lora_hook: Callable[[list[Sequence], list[int]], Any] | None = None
-        self.embeds_hook: Callable[[list[tuple[Sequence, int, int]]], Any] | None = None
+        self.lora_hook, self.embeds_hook = lora_hook, embeds_hook
 
-    def _slot(self, seq: Sequence, pos: int) -> int:
-        return seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size
+    def _slot(self, table: tuple[int, ...], pos: int) -> int:
+        return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
     @torch.inference_mode()
-    def execute(self, sched: SchedulerOutput) -> StepResult:
-        """One forward over the step's tokens, run in pieces (``_pieces``) whose rows concatenate
-        in ``sched.seqs`` order."""
+    def execute(self, out: SchedulerOutput) -> ModelOutput:
+        """One forward over the step's chunks, run in pieces (``_pieces``); the logits of the sampling
+        rows concatenate in ``out.chunks`` order."""
         prompt_logits: dict[str, torch.Tensor] = {}
-        parts = [self._forward(decodes, prefills, prompt_logits) for decodes, prefills in self._pieces(sched)]
-        result = StepResult(sched.seqs, parts[0] if len(parts) == 1 else torch.cat(parts))
-        result.prompt_logits = prompt_logits
-        return result
+        parts = [self._forward(decodes, prefills, prompt_logits) for decodes, prefills in self._pieces(out)]
+        parts = [p for p in parts if p is not None]
+        if not parts:
+            logits = torch.empty(0, self.model.dims.vocab, device=self.device)
+        else:
+            logits = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return ModelOutput(logits, prompt_logits)
 
-    def _pieces(self, sched: SchedulerOutput) -> list[tuple[list[Sequence], list[Sequence]]]:
-        """Split a large prefill into runs of whole sequences of about ``piece_tokens`` tokens: the
+    def _pieces(self, out: SchedulerOutput) -> list[tuple[list[ScheduledChunk], list[ScheduledChunk]]]:
+        """Split a large prefill into runs of whole chunks of about ``piece_tokens`` tokens: the
         activations of a piece stay in the CPU's cache, where the elementwise ops between the matmuls
         run several times faster than over one huge batch (and matmul speed is flat past ~256 rows)."""
-        pieces: list[tuple[list[Sequence], list[Sequence]]] = [(sched.decodes, [])]
-        tokens = len(sched.decodes)
-        for seq in sched.prefills:
-            n = seq.num_tokens - seq.num_computed_tokens
+        pieces: list[tuple[list[ScheduledChunk], list[ScheduledChunk]]] = [(out.decodes, [])]
+        tokens = out.num_decodes
+        for c in out.prefills:
+            n = c.num_tokens
             if tokens and tokens + n > self.piece_tokens:
                 pieces.append(([], []))
                 tokens = 0
-            pieces[-1][1].append(seq)
+            pieces[-1][1].append(c)
             tokens += n
         return pieces
 
-    def _forward(self, decodes: list[Sequence], prefills: list[Sequence],
-                 prompt_logits: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _forward(self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk],
+                 prompt_logits: dict[str, torch.Tensor]) -> torch.Tensor | None:
         dev = self.device
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
         counts: list[int] = []
-        for seq in decodes:
-            pos = seq.num_tokens - 1
-            ids.append(seq.token_at(pos))
-            positions.append(pos)
-            slots.append(self._slot(seq, pos))
+        for c in decodes:
+            ids.append(c.token_ids[0])
+            positions.append(c.start)
+            slots.append(self._slot(c.block_table, c.start))
             counts.append(1)
         spans: list[PrefillSpan] = []
-        span_seqs: list[tuple[Sequence, int, int]] = []
-        for seq in prefills:
-            start, n = len(ids), seq.num_tokens - seq.num_computed_tokens
-            first = seq.num_computed_tokens
-            ids.extend(seq.token_ids()[first:])
-            positions.extend(range(first, seq.num_tokens))
-            slots.extend(self._slot(seq, p) for p in range(first, seq.num_tokens))
+        starts: list[int] = []
+        for c in prefills:
+            start, n, first, end = len(ids), c.num_tokens, c.start, c.end
+            ids.extend(c.token_ids)
+            positions.extend(range(first, end))
+            slots.extend(self._slot(c.block_table, p) for p in range(first, end))
             ctx_slots = None
             if first > 0:
-                ctx_slots = torch.tensor([self._slot(seq, p) for p in range(seq.num_tokens)], device=dev)
-            spans.append(PrefillSpan(start, n, seq.num_tokens, ctx_slots))
-            span_seqs.append((seq, start, first))
+                ctx_slots = torch.tensor([self._slot(c.block_table, p) for p in range(end)], device=dev)
+            spans.append(PrefillSpan(start, n, end, ctx_slots))
+            starts.append(start)
             counts.append(n)
-        seqs = decodes + prefills
-        max_blocks = max(len(s.block_table) for s in seqs)
-        tables = torch.tensor([s.block_table + [0] * (max_blocks - len(s.block_table)) for s in seqs],
+        chunks = decodes + prefills
+        max_blocks = max(len(c.block_table) for c in chunks)
+        tables = torch.tensor([c.block_table + (0,) * (max_blocks - len(c.block_table)) for c in chunks],
                               dtype=torch.int32, device=dev)
         pos_t = torch.tensor(positions, device=dev)
         meta = AttentionMetadata(slots=torch.tensor(slots, device=dev), num_decode=len(decodes), prefills=spans,
@@ -120,14 +116,18 @@ class ModelRunner:
             meta.decode_ctx_lens = meta.row_pos[:len(decodes)] + 1  # a decode row sits at its last position
         step = StepContext(positions=pos_t, attn=meta)
         if self.lora_hook is not None:
-            step.lora = self.lora_hook(seqs, counts)
-        if self.embeds_hook is not None and span_seqs:
-            step.embeds_override = self.embeds_hook(span_seqs)
+            step.lora = self.lora_hook([c.adapter_slot for c in chunks], counts)
+        if self.embeds_hook is not None:
+            media = [(c, s) for c, s in zip(prefills, starts) if c.mm_inputs is not None]
+            if media:
+                step.embeds_override = self.embeds_hook(media)
         hidden = self.model(torch.tensor(ids, device=dev), step, self.kv_caches)
-        # Last position of each sequence.
-        ends = torch.tensor(list(itertools.accumulate(counts)), device=dev) - 1
-        for seq, start, first in span_seqs:
-            if seq.params.prompt_logprobs and first == 0 and not seq.output_token_ids:
-                n = seq.num_tokens
-                prompt_logits[seq.request_id] = self.model.compute_logits(hidden[start:start + n - 1])
-        return self.model.compute_logits(hidden[ends])
+        for c, start in zip(prefills, starts):
+            if c.prompt_logprobs:  # every row that predicts a prompt token (the sampling row does not)
+                rows = c.num_tokens - 1 if c.sample else c.num_tokens
+                prompt_logits[c.request_id] = self.model.compute_logits(hidden[start:start + rows])
+        # Last row of each chunk that samples.
+        ends = [e - 1 for c, e in zip(chunks, itertools.accumulate(counts)) if c.sample]
+        if not ends:
+            return None
+        return self.model.compute_logits(hidden[torch.tensor(ends, device=dev)])

@@ -1,8 +1,8 @@
-"""The one object the scheduler and the runner share: a request's token state."""
+"""A request's token state inside the engine (the scheduler and the block manager own it; the runner
+sees only the plain ScheduledChunks of engine.step)."""
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,6 @@ class Sequence:
     num_registered_blocks: int = 0  # leading full blocks already entered in the prefix cache
     block_hashes: list[bytes] = field(default_factory=list)
     num_preemptions: int = 0
-    arrival: float = field(default_factory=time.monotonic)
     finish_reason: str | None = None
     aborted: bool = False
 

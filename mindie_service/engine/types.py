@@ -1,7 +1,7 @@
 """Plain values passed between the frontend and the engine."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from mindie_service.sampling_params import SamplingParams
@@ -11,12 +11,14 @@ FINISH_EOS = "eos_token"
 FINISH_STOP = "stop_sequence"
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineRequest:
-    """What the frontend hands the engine: already tokenized and validated."""
+    """What the input processor hands the engine: tokenized, truncated, within the length rule, its
+    token ids in the vocabulary, its adapter name known. The engine trusts it (it only binds the
+    adapter, which may have been unloaded since)."""
 
     request_id: str
-    prompt_token_ids: list[int]
+    prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     # Multimodal inputs prepared by the model's processor (placeholder-expanded ids are already
     # in prompt_token_ids); None for text-only requests.
@@ -49,7 +51,6 @@ class TokenEvent:
     seed: int | None = None
     # Set on the last event: the whole generated text (stop text trimmed).
     full_text: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

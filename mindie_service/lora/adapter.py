@@ -20,6 +20,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from mindie_service.errors import ValidationError
+from npu_ops.platform import host_device
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -130,8 +131,10 @@ def read_config(name: str, folder: Path) -> dict[str, Any]:
 
 
 def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu") -> LoraAdapter:
-    """Load and validate a PEFT adapter for ``model``; tensors land on ``device`` in ``dtype``."""
+                 dtype: torch.dtype, device: torch.device | None = None) -> LoraAdapter:
+    """Load and validate a PEFT adapter for ``model``; tensors land on ``device`` (default: host memory)
+    in ``dtype``."""
+    device = device if device is not None else host_device()
     if not isinstance(name, str) or not NAME_RE.match(name) or name == "None":
         raise ValidationError(f"Parameter lora_name must match ^[A-Za-z0-9_./-]{{1,256}}$ and not be 'None', "
                               f"got {name!r}")

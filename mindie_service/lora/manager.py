@@ -4,14 +4,18 @@ Life of a request that names an adapter:
   ``bind`` (add_request)       resolve the name (unknown -> ValidationError, 422), count the request
                                as a user (unload is refused while any remain), return the cache key
                                that keeps its prefix-cache blocks apart from every other adapter's;
-  ``acquire`` (admission)      pin the adapter in a pool slot, loading it (and evicting the least
-                               recently used idle adapter) when it is not resident; False = wait;
+  ``acquire`` (admission)      pin the adapter in a pool slot (evicting the least recently used idle
+                               adapter when it is not resident) and return the slot; None = wait;
+  ``step_applier`` (runner)    write the adapters newly given a slot into the pool's tensors, then
+                               build the step's applier;
   ``release`` (preempt/finish) unpin; on finish (or abort) also stop counting the request.
+
+The scheduler only chooses slots; the tensor writes happen in the runner's call, between steps.
 
 ``load`` / ``unload`` / ``list`` may be called from any thread: they touch only the registry under
 the lock (reading and validating a folder happens outside it). The pool's tensors are written
-only by ``acquire``, i.e. on the engine thread between steps, so requests in flight keep their
-adapter while others come and go."""
+only by ``step_applier``, on the engine thread before a forward, so requests in flight keep their
+adapter while others come and go. Requests are known by id: lora never sees the engine's types."""
 from __future__ import annotations
 
 import logging
@@ -21,23 +25,22 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from mindie_service.engine.config import LoraModuleSpec
-from mindie_service.engine.sequence import Sequence
 from mindie_service.lora.adapter import LoraAdapter, read_adapter
 from mindie_service.lora.apply import BatchedLoraApplier, build_applier
 from mindie_service.lora.pool import AdapterPool
 from mindie_service.errors import ConflictError, NotFoundError, ValidationError
+from mindie_service.sampling_params import is_base_adapter, unknown_adapter_message
 
 logger = logging.getLogger(__name__)
 
-BASE_NAMES = (None, "None")
 
 
 class LoraManager:
     def __init__(self, model: nn.Module, max_loras: int, max_rank: int, device: torch.device,
-                 dtype: torch.dtype, modules: Iterable[LoraModuleSpec] = (), reserved: Iterable[str] = ()) -> None:
-        """``reserved``: names an adapter may not take (the served model's). A model without the Llama
-        layer layout gets no pool: loading an adapter for it is refused."""
+                 dtype: torch.dtype, modules: Iterable[tuple[str, str]] = (), reserved: Iterable[str] = ()) -> None:
+        """``modules``: the static adapters (name, folder) of the config. ``reserved``: names an adapter may
+        not take (the served model's). A model without the Llama layer layout gets no pool: loading an
+        adapter for it is refused."""
         self.model, self.max_loras, self.max_rank = model, max_loras, max_rank
         self.device, self.dtype = device, dtype
         self.reserved = frozenset(n for n in reserved if n)
@@ -47,13 +50,16 @@ class LoraManager:
             self.pool = None
         self.registry: dict[str, LoraAdapter] = {}
         self._bound: dict[str, LoraAdapter] = {}  # request id -> its adapter
+        self._pinned: set[str] = set()  # request ids holding a pin on their adapter's slot
         self._lock = threading.RLock()
-        for spec in modules:  # static adapters (LoraModules): a bad one stops start-up
-            self.load(spec.name, spec.path)
+        for name, path in modules:  # static adapters (LoraModules): a bad one stops start-up
+            self.load(name, path)
         with self._lock:  # make them resident up front (config allows at most maxLoras of them)
             for adapter in list(self.registry.values())[:max_loras]:
                 if self.pool is not None and self.pool.acquire(adapter):
                     self.pool.release(adapter)
+            if self.pool is not None:
+                self.pool.flush_writes()
 
     # ------------------------------------------------------------ registry (any thread)
     def load(self, name: str, path: str) -> dict[str, Any]:
@@ -100,43 +106,48 @@ class LoraManager:
     # ------------------------------------------------------------ requests (engine thread)
     def bind(self, request_id: str, adapter_id: str | None) -> bytes:
         """Resolve a request's adapter; returns its prefix-cache key (b"" for the base model)."""
-        if adapter_id in BASE_NAMES:
+        if is_base_adapter(adapter_id):
             return b""
         with self._lock:
             adapter = self.registry.get(adapter_id)  # type: ignore[arg-type]
             if adapter is None:
-                raise ValidationError(f"Parameter adapter_id must name a loaded LoRA adapter or \"None\", "
-                                      f"got {adapter_id!r}")
+                raise ValidationError(unknown_adapter_message(adapter_id))
             adapter.refs += 1
             self._bound[request_id] = adapter
             return adapter.cache_key
 
-    def acquire(self, seq: Sequence) -> bool:
-        adapter = self._bound.get(seq.request_id)
+    def acquire(self, request_id: str) -> int | None:
+        """Pin the request's adapter in a slot and return it (0: the base model); None when every slot
+        is pinned by running requests (the request waits)."""
+        adapter = self._bound.get(request_id)
         if adapter is None:
-            return True
+            return 0
         with self._lock:
             assert self.pool is not None  # an adapter was loaded, so the model has a pool
+            if request_id in self._pinned:
+                return adapter.slot
             if not self.pool.acquire(adapter):
-                return False
-            seq.adapter_slot = adapter.slot
-            return True
+                return None
+            self._pinned.add(request_id)
+            return adapter.slot
 
-    def release(self, seq: Sequence, done: bool) -> None:
-        adapter = self._bound.get(seq.request_id)
+    def release(self, request_id: str, done: bool) -> None:
+        adapter = self._bound.get(request_id)
         if adapter is None:
             return
         with self._lock:
-            if seq.adapter_slot and self.pool is not None:
+            if request_id in self._pinned and self.pool is not None:
                 self.pool.release(adapter)
-                seq.adapter_slot = 0
+                self._pinned.discard(request_id)
             if done:
                 adapter.refs -= 1
-                del self._bound[seq.request_id]
+                del self._bound[request_id]
 
-    def step_applier(self, seqs: list[Sequence], counts: list[int]) -> BatchedLoraApplier | None:
-        """The runner's lora_hook: None (no overhead) when every sequence of the step is on the base model."""
-        slots = [s.adapter_slot for s in seqs]
+    def step_applier(self, slots: list[int], counts: list[int]) -> BatchedLoraApplier | None:
+        """The runner's lora_hook: write pending adapters into the pool, then the step's applier; None (no
+        overhead) when every row of the forward is on the base model."""
         if not any(slots) or self.pool is None:
             return None
+        with self._lock:
+            self.pool.flush_writes()
         return build_applier(self.pool, slots, counts)

@@ -49,6 +49,7 @@ class AdapterPool:
         self.resident: list[LoraAdapter | None] = [None] * (num_slots + 1)
         self.pins = [0] * (num_slots + 1)
         self.lru: OrderedDict[int, None] = OrderedDict()  # occupied slots, least recently used first
+        self.pending: dict[int, LoraAdapter] = {}  # slots claimed but not yet written (flush_writes)
         self.loads = 0
         self.evictions = 0
 
@@ -60,7 +61,7 @@ class AdapterPool:
             slot = self._free_slot()
             if slot == 0:
                 return False
-            self._write(slot, adapter)
+            self._claim(slot, adapter)
         self.pins[slot] += 1
         self.lru.move_to_end(slot)
         return True
@@ -111,7 +112,7 @@ class AdapterPool:
             self.A.append(a_layer)
             self.B.append(b_layer)
         for slot, adapter in enumerate(self.resident):  # re-point every view at the new tensors
-            if adapter is not None:
+            if adapter is not None and slot not in self.pending:
                 self.entries[slot] = self._views(slot, adapter)
         logger.info("LoRA pool: %d slots of rank %d", self.num_slots, rank)
 
@@ -131,6 +132,21 @@ class AdapterPool:
                     entries[(layer, m)] = (self.A[layer][m][slot, :row], tuple(expands))
         return entries
 
+    def _claim(self, slot: int, adapter: LoraAdapter) -> None:
+        """Give ``adapter`` the slot now (bookkeeping only); its tensors are written by ``flush_writes``."""
+        self.resident[slot] = adapter
+        adapter.slot = slot
+        self.lru[slot] = None
+        self.pending[slot] = adapter
+        self.entries[slot] = {}
+
+    def flush_writes(self) -> None:
+        """Write the adapters given a slot since the last call (the runner calls this before a forward)."""
+        for slot, adapter in list(self.pending.items()):
+            if self.resident[slot] is adapter:
+                self._write(slot, adapter)
+        self.pending.clear()
+
     @torch.inference_mode()
     def _write(self, slot: int, adapter: LoraAdapter) -> None:
         if adapter.rank > self.rank:
@@ -145,7 +161,4 @@ class AdapterPool:
                         self.B[layer][s][slot, :a.shape[0]].copy_(b.T)
                         row += a.shape[0]
         self.entries[slot] = self._views(slot, adapter)
-        self.resident[slot] = adapter
-        adapter.slot = slot
-        self.lru[slot] = None
         self.loads += 1

@@ -16,6 +16,7 @@ from transformers import AutoConfig
 from mindie_service.models.registry import family_for
 from mindie_service.errors import check
 from npu_ops.linear import pack_linears
+from npu_ops.platform import default_dtype, staging_device
 
 logger = logging.getLogger(__name__)
 
@@ -104,15 +105,14 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     hf_cfg = AutoConfig.from_pretrained(str(p))
     arch, family = family_for(raw.get("architectures"))
     if dtype == "auto":
-        ckpt = str(raw.get("torch_dtype") or raw.get("dtype") or "float32")
-        dtype = "float32" if device.type == "cpu" else ckpt
+        dtype = default_dtype(device, str(raw.get("torch_dtype") or raw.get("dtype") or "float32"))
     torch_dtype = DTYPES[dtype]
     text_cfg = getattr(hf_cfg, family.text_config) if family.text_config else hf_cfg
     max_pos = min(max_positions, getattr(text_cfg, "max_position_embeddings", max_positions) or max_positions)
     cos, sin = _rope_tables(family.rotary_class, text_cfg, max_pos)
     with torch.device("meta"):
         model = family.build(text_cfg, cos, sin)
-    model = model.to_empty(device="cpu")
+    model = model.to_empty(device=staging_device(device))
     model.rope_cos, model.rope_sin = cos, sin
     load_weights(model, p, dict(family.weight_prefixes))
     model = model.to(device=device, dtype=torch_dtype).eval()

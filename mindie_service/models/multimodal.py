@@ -8,7 +8,7 @@ template. The flow for one request:
     prompt = encoder.prepare(parts)            # frontend thread: chat template + processor
     EngineRequest(rid, prompt.prompt_token_ids, params, mm_inputs=prompt.mm_inputs,
                   mm_hashes=prompt.mm_hashes)
-    # engine thread, at prefill: ModelRunner.embeds_hook -> encoder.embeds_hook(span_seqs)
+    # engine thread, at prefill: ModelRunner.embeds_hook -> encoder.embeds_hook(chunks)
     # encodes the media once per request and splices the embeddings over the placeholder tokens.
 
 ``parts`` is the request's content in order: dicts ``{"type": "text", "text": str}``,
@@ -186,22 +186,23 @@ class MultimodalEncoder(nn.Module):
         raise NotImplementedError
 
     @torch.inference_mode()
-    def embeds_hook(self, span_seqs: list[tuple[Any, int, int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """ModelRunner hook: (seq, packed_start, first_new_position) of each prefill -> (indices, embeddings)."""
+    def embeds_hook(self, chunks: list[tuple[Any, int]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """ModelRunner hook: (prefill chunk holding media, its packed start) -> (indices, embeddings) of the
+        placeholders that fall inside each chunk's positions."""
         idx: list[torch.Tensor] = []
         embs: list[torch.Tensor] = []
-        for seq, start, first in span_seqs:
-            mm: MultimodalInputs | None = seq.mm_inputs
+        for chunk, start in chunks:
+            mm: MultimodalInputs | None = chunk.mm_inputs
             if mm is None:
                 continue
             if mm.embeds is None:
                 mm.embeds = self.encode(mm)
                 check(mm.embeds.shape[0] == mm.num_embeds, "inputs", f"{mm.num_embeds} media embeddings",
                       mm.embeds.shape[0])
-            pos = torch.tensor([p for p, t in enumerate(seq.prompt_token_ids) if t == self.placeholder_id])
-            sel = (pos >= first) & (pos < seq.num_tokens)
+            pos = torch.tensor([p for p, t in enumerate(chunk.prompt_token_ids) if t == self.placeholder_id])
+            sel = (pos >= chunk.start) & (pos < chunk.end)
             if bool(sel.any()):
-                idx.append(pos[sel] - first + start)
+                idx.append(pos[sel] - chunk.start + start)
                 embs.append(mm.embeds[sel.to(mm.embeds.device)])
         if not idx:
             return None

@@ -1,16 +1,15 @@
 """POST /generate and /generate_stream (Text Generation Inference 1.1): parse + validate, and /info."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from mindie_service.protocol.generation import GenerationRequest, ProtocolLimits, parse_generation
 
 
-def parse_tgi_request(body: dict[str, Any], limits: ProtocolLimits, tokenize: Callable[[str], list[int]],
-                      *, stream: bool) -> GenerationRequest:
+def parse_tgi_request(body: dict[str, Any], limits: ProtocolLimits, *, stream: bool) -> GenerationRequest:
     """TGI's GenerateRequest ``{"inputs", "parameters"?}``; the route decides streaming (a ``stream`` key,
     which TGI's client sends to ``/`` only, is ignored here)."""
-    return parse_generation(body, dialect="tgi", stream=stream, limits=limits, tokenize=tokenize)
+    return parse_generation(body, dialect="tgi", stream=stream, limits=limits)
 
 
 def info_payload(*, model_id: str, dtype: str, device_type: str, max_concurrent_requests: int, max_best_of: int,

@@ -12,9 +12,6 @@ from typing import Any, Mapping
 
 from mindie_service.errors import BadRequestError, ValidationError, check
 
-INT32_MAX = 2147483647
-UINT64_MAX = 2**64 - 1
-
 _MISSING = object()
 
 
@@ -129,16 +126,3 @@ def parse_json_body(body: bytes, content_type: str | None) -> dict[str, Any]:
         raise ValidationError(f"request body must be a JSON object, got {type(obj).__name__}")
     return obj
 
-
-def fit_prompt(ids: list[int], truncate: int | None, limit: int, truncation: bool) -> list[int]:
-    """Apply ``truncate`` (keep the last N tokens), then the input-length limit: too long is a
-    ValidationError, or, with ModelDeployConfig.truncation on, cut to the last ``limit`` tokens.
-    The one rule behind both the HTTP protocol and the engine's own check."""
-    if truncate is not None and truncate < len(ids):
-        ids = ids[-truncate:]
-    if len(ids) > limit:
-        if not truncation:
-            raise ValidationError(f"Parameter inputs must be at most {limit} tokens (maxInputTokenLen, "
-                                  f"or maxSeqLen - 1), got {len(ids)} tokens")
-        ids = ids[-limit:]
-    return ids

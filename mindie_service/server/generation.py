@@ -1,6 +1,6 @@
-"""The one generation path behind `/`, `/generate` and `/generate_stream`: admission, parse (off the
-IO loop), engine events with token/e2e timeouts, best_of fan-out, streaming, disconnects, metrics.
-Routes differ only in their parser and encoder."""
+"""The one generation path behind `/`, `/generate` and `/generate_stream`: admission, parse and input
+processing (off the IO loop), engine events with token/e2e timeouts, best_of fan-out, streaming,
+disconnects, metrics. Routes differ only in their parser and encoder."""
 from __future__ import annotations
 
 import asyncio
@@ -18,6 +18,7 @@ from mindie_service.engine.types import EngineRequest, TokenEvent
 from mindie_service.protocol.encoders import Encoder, StreamState
 from mindie_service.errors import GenerationError, MindieError, TimeoutError_
 from mindie_service.protocol.generation import GenerationRequest, GenerationResult
+from mindie_service.server.context import ServerContext
 from mindie_service.server.handlers_base import BaseHandler
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ _PREFIX = f"{os.getpid():x}"
 class GenerationHandler(BaseHandler):
     """Subclasses define ``parse`` (body -> GenerationRequest, runs in the tokenizer pool) and ``encoder``."""
 
-    def initialize(self, ctx: Any) -> None:  # type: ignore[override]
+    def initialize(self, ctx: ServerContext) -> None:
         super().initialize(ctx)
         self._task: asyncio.Future[bool] | None = None
         self._client_gone = False
@@ -58,13 +59,12 @@ class GenerationHandler(BaseHandler):
         ok = False
         try:
             with ctx.admit():
-                # JSON decoding and tokenization run in the tokenizer pool, off the IO loop.
+                # JSON decoding, media and tokenization run in the tokenizer pool, off the IO loop.
                 req = await ctx.run_blocking(self._parse_body)
-                if req.parts is not None:
-                    await ctx.prepare_media(req)
+                ereq = await ctx.engine_request(req, self.request_id)
                 if self._client_gone:
                     return
-                self._task = asyncio.ensure_future(self._serve(req, t0))
+                self._task = asyncio.ensure_future(self._serve(req, ereq, t0))
                 try:
                     ok = await self._task
                 except asyncio.CancelledError:
@@ -73,10 +73,11 @@ class GenerationHandler(BaseHandler):
         finally:
             ctx.metrics.observe_request(ok=ok, e2e=time.monotonic() - t0)
 
-    async def _serve(self, req: GenerationRequest, t0: float) -> bool:
+    async def _serve(self, req: GenerationRequest, ereq: EngineRequest, t0: float) -> bool:
         if req.stream:
-            return await self._stream(req, t0)
-        tasks = [asyncio.ensure_future(self._collect(req, i, t0)) for i in range(req.best_of)]
+            return await self._stream(req, ereq, t0)
+        tasks = [asyncio.ensure_future(self._collect(self._sample(ereq, i, req.best_of), t0))
+                 for i in range(req.best_of)]
         try:
             results = list(await asyncio.gather(*tasks))
         except BaseException:
@@ -87,20 +88,27 @@ class GenerationHandler(BaseHandler):
         self.write_json(self.encoder.complete(req, results))
         return True
 
-    async def _collect(self, req: GenerationRequest, index: int, t0: float) -> GenerationResult:
+    def _sample(self, ereq: EngineRequest, index: int, best_of: int) -> EngineRequest:
+        """Sample ``index`` of a best_of request: its own request id and its own params (seeded apart)."""
+        if best_of == 1:
+            return ereq
+        return dataclasses.replace(ereq, request_id=f"{ereq.request_id}.{index}",
+                                   params=dataclasses.replace(ereq.params))
+
+    async def _collect(self, ereq: EngineRequest, t0: float) -> GenerationResult:
         result = GenerationResult()
-        async with aclosing(self._events(req, index, t0)) as events:
+        async with aclosing(self._events(ereq, t0)) as events:
             async for ev in events:
                 result.add(ev)
         return result
 
-    async def _stream(self, req: GenerationRequest, t0: float) -> bool:
+    async def _stream(self, req: GenerationRequest, ereq: EngineRequest, t0: float) -> bool:
         enc = self.encoder
         self.set_header("Content-Type", "text/event-stream; charset=utf-8")
         self.set_header("Cache-Control", "no-cache")
         self.set_header("X-Accel-Buffering", "no")
         result, state, started = GenerationResult(), StreamState(), False
-        async with aclosing(self._events(req, 0, t0)) as events:
+        async with aclosing(self._events(ereq, t0)) as events:
             try:
                 async for ev in events:
                     result.add(ev)
@@ -123,20 +131,17 @@ class GenerationHandler(BaseHandler):
                 return False
         return True
 
-    async def _events(self, req: GenerationRequest, index: int, t0: float) -> AsyncIterator[TokenEvent]:
-        """The engine's events for sample ``index`` of ``req``, under tokenTimeout and e2eTimeout.
+    async def _events(self, ereq: EngineRequest, t0: float) -> AsyncIterator[TokenEvent]:
+        """The engine's events for ``ereq``, under tokenTimeout and e2eTimeout.
         Closing this generator (finished, failed, cancelled or abandoned) closes the engine's, which
         aborts the request and frees its KV blocks."""
         s, ctx = self.ctx.settings, self.ctx
         loop = asyncio.get_running_loop()
         deadline = loop.time() - (time.monotonic() - t0) + s.e2e_timeout
-        rid = self.request_id if req.best_of == 1 else f"{self.request_id}.{index}"
-        params = dataclasses.replace(req.params) if req.best_of > 1 else req.params
-        ereq = EngineRequest(request_id=rid, prompt_token_ids=list(req.prompt_token_ids), params=params,
-                             mm_inputs=req.mm_inputs, mm_hashes=req.mm_hashes)
-        agen = ctx.engine.generate(ereq)
+        rid = ereq.request_id
+        agen = ctx.loaded_engine.generate(ereq)
         first: float | None = None
-        n, prompt_n = 0, len(req.prompt_token_ids)
+        n, prompt_n = 0, len(ereq.prompt_token_ids)
         try:
             while True:
                 left = deadline - loop.time()

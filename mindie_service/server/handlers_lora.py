@@ -2,20 +2,18 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
+from mindie_service.engine.client import EngineClient
 from mindie_service.errors import UnhealthyError, check
 from mindie_service.server.handlers_base import BaseHandler
 
 logger = logging.getLogger(__name__)
 
 
-def _adapter_engine(handler: BaseHandler) -> Any:
-    eng = handler.ctx.engine
-    if eng is None or not handler.ctx.ready:
+def _adapter_engine(handler: BaseHandler) -> EngineClient:
+    if not handler.ctx.ready:
         raise UnhealthyError("the model is still loading")
-    check(hasattr(eng, "load_adapter"), "lora_name", "usable only with a model engine (not StandardMock)", None)
-    return eng
+    return handler.ctx.loaded_engine
 
 
 class LoadLoraHandler(BaseHandler):
@@ -28,8 +26,7 @@ class LoadLoraHandler(BaseHandler):
         check(isinstance(path, str) and len(path) > 0, "lora_path", "a non-empty string", path)
         info = await _adapter_engine(self).load_adapter(name, path)
         logger.info("loaded LoRA adapter %s", name)
-        self.write_json({"status": "success", "lora_name": name,
-                         "rank": info.get("rank") if isinstance(info, dict) else None})
+        self.write_json({"status": "success", "lora_name": name, "rank": info.get("rank")})
 
 
 class UnloadLoraHandler(BaseHandler):
@@ -50,8 +47,7 @@ class ModelsHandler(BaseHandler):
         ctx = self.ctx
         data = [{"id": ctx.model_name, "object": "model", "owned_by": "mindie-service", "root": ctx.model_name,
                  "parent": None}]
-        lister = getattr(ctx.engine, "list_adapters", None)
-        for a in (lister() if callable(lister) else []):
+        for a in (ctx.engine.list_adapters() if ctx.engine is not None else []):
             data.append({"id": a["name"], "object": "model", "owned_by": "mindie-service", "root": a.get("path"),
                          "parent": ctx.model_name})
         self.write_json({"object": "list", "data": data})

@@ -15,7 +15,7 @@ class MindieGenerateHandler(GenerationHandler):
     """POST /: MindIE's contract (TGI's client also talks to this route)."""
 
     def parse(self, body: dict[str, Any]) -> GenerationRequest:
-        return parse_mindie_request(body, self.ctx.limits, self.ctx.tokenize)  # type: ignore[arg-type]
+        return parse_mindie_request(body, self.ctx.limits)
 
     @property
     def encoder(self) -> Encoder:
@@ -29,5 +29,5 @@ class TokenizerHandler(BaseHandler):
         text = parse_tokenizer_request(self.json_body())
         if not self.ctx.ready:
             raise UnhealthyError("the model is still loading")
-        ids = await self.ctx.run_blocking(self.ctx.tokenize, text)
+        ids = await self.ctx.run_blocking(self.ctx.loaded_engine.tokenize, text)
         self.write_json({"token_number": len(ids), "tokens": ids})

@@ -26,7 +26,7 @@ class TgiGenerateHandler(GenerationHandler):
     stream = False
 
     def parse(self, body: dict[str, Any]) -> GenerationRequest:
-        return parse_tgi_request(body, self.ctx.limits, self.ctx.tokenize, stream=self.stream)  # type: ignore[arg-type]
+        return parse_tgi_request(body, self.ctx.limits, stream=self.stream)
 
     @property
     def encoder(self) -> Encoder:
@@ -54,18 +54,16 @@ class InfoHandler(BaseHandler):
 
     def get(self) -> None:
         ctx = self.ctx
-        eng, ec = ctx.engine, ctx.engine_config
-        if eng is None:
-            raise UnhealthyError("the model is still loading")
+        eng, ec, limits = ctx.loaded_engine, ctx.engine_config, ctx.limits
         st = eng.stats()
         self.write_json(info_payload(
-            model_id=ctx.model_name, dtype=str(eng.dtype), device_type=str(eng.device_type),
-            max_concurrent_requests=ctx.settings.max_link_num, max_best_of=ctx.limits.max_best_of,
-            max_stop_sequences=ctx.limits.max_stop_sequences, max_input_length=ec.effective_max_input_len,
+            model_id=ctx.model_name, dtype=eng.dtype, device_type=eng.device_type,
+            max_concurrent_requests=ctx.settings.max_link_num, max_best_of=limits.max_best_of,
+            max_stop_sequences=limits.max_stop_sequences, max_input_length=ec.effective_max_input_len,
             max_total_tokens=ec.max_seq_len, max_batch_total_tokens=int(st.total_blocks) * ec.cache_block_size,
             validation_workers=ctx.tokenizer_workers, version=service_version(),
-            extra={"model_device_reason": str(getattr(eng, "device_reason", "")),
+            extra={"model_device_reason": eng.device_reason,
                    "max_new_tokens_cap": ec.max_iter_times, "max_batch_size": ec.max_batch_size,
-                   "max_top_n_tokens": ctx.limits.max_top_n_tokens,
-                   "adapters": sorted(ctx.adapter_names())},
+                   "max_top_n_tokens": limits.max_top_n_tokens, "modalities": sorted(eng.modalities),
+                   "adapters": sorted(eng.adapter_names())},
         ))

@@ -18,13 +18,13 @@ import signal
 import ssl
 import sys
 from pathlib import Path
-from typing import Any
 
 from tornado.httpserver import HTTPServer
 
 from mindie_service.config import ServiceConfig, load_config
-from mindie_service.engine.types import EngineRequest
+from mindie_service.engine.client import EngineClient
 from mindie_service.errors import ConfigError
+from mindie_service.inputs import TextPrompt
 from mindie_service.sampling_params import SamplingParams
 from mindie_service.server.app import make_app
 from mindie_service.server.context import ServerContext
@@ -39,11 +39,11 @@ IDLE_CONNECTION_TIMEOUT_S = 300.0
 # -- preparation (serve --prepare) -----------------------------------------------------------------
 def _dev_cert_dir(cfg: ServiceConfig) -> Path | None:
     """The folder generate_dev_certs writes to, when the config's TLS paths follow its layout."""
-    s = cfg.server
-    out = Path(s.tls_cert).parent.parent
-    expected = {Path(s.tls_cert): out / "certs/server.pem", Path(s.tls_pk): out / "keys/server.key.pem"}
-    if s.tls_ca_files:
-        expected[Path(s.tls_ca_files[0])] = out / "ca/ca.pem"
+    tls = cfg.server.tls
+    out = Path(tls.cert).parent.parent
+    expected = {Path(tls.cert): out / "certs/server.pem", Path(tls.pk): out / "keys/server.key.pem"}
+    if tls.ca_files:
+        expected[Path(tls.ca_files[0])] = out / "ca/ca.pem"
     return out if all(k == v for k, v in expected.items()) else None
 
 
@@ -52,7 +52,7 @@ def prepare_assets(cfg: ServiceConfig) -> None:
     for m in cfg.models:
         if m.mock or (Path(m.weight_path) / "config.json").is_file():
             continue
-        from mindie_service.models.demo import PRESETS, build_demo_model
+        from mindie_service.devkit.presets import PRESETS, build_demo_model
 
         preset = Path(m.weight_path).name if Path(m.weight_path).name in PRESETS else "small"
         logger.info("building the demo model %r into %s", preset, m.weight_path)
@@ -62,7 +62,7 @@ def prepare_assets(cfg: ServiceConfig) -> None:
         if out is None:
             logger.warning("TLS paths do not follow the gen-certs layout; not generating certificates")
         else:
-            from mindie_service.server.certs import generate_dev_certs
+            from mindie_service.devkit.certs import generate_dev_certs
 
             generate_dev_certs(str(out), if_missing=True)
 
@@ -78,13 +78,13 @@ def curl_line(cfg: ServiceConfig) -> str:
     body = '{"inputs": "My name is Olivier and I", "parameters": {"max_new_tokens": 20}}'
     parts = ["curl"]
     if s.https_enabled:
-        if s.tls_ca_files:
-            parts += ["--cacert", s.tls_ca_files[0]]
+        if s.tls.ca_files:
+            parts += ["--cacert", s.tls.ca_files[0]]
         out = _dev_cert_dir(cfg)
         client_cert = out / "certs/client.pem" if out else None
         if client_cert is not None and client_cert.is_file():
             parts += ["--cert", str(client_cert), "--key", str(out / "keys/client.key.pem")]  # type: ignore[operator]
-        elif s.tls_ca_files:
+        elif s.tls.ca_files:
             parts += ["--cert", "CLIENT_CERT.pem", "--key", "CLIENT_KEY.pem"]
     scheme = "https" if s.https_enabled else "http"
     parts += ["-H", "Content-Type: application/json", "-d", body, f"{scheme}://{host}:{s.port}/"]
@@ -92,10 +92,10 @@ def curl_line(cfg: ServiceConfig) -> str:
 
 
 # -- engine -----------------------------------------------------------------------------------------
-def build_engine(cfg: ServiceConfig) -> Any:
+def build_engine(cfg: ServiceConfig) -> EngineClient:
     """The engine for the first model (runs in a worker thread: it loads weights)."""
     if cfg.models[0].mock:
-        from mindie_service.server.mock_engine import MockEngine
+        from mindie_service.devkit.mock_engine import MockEngine
 
         return MockEngine(cfg.engine_config())
     from mindie_service.engine.async_engine import AsyncEngine
@@ -103,10 +103,10 @@ def build_engine(cfg: ServiceConfig) -> Any:
     return AsyncEngine(cfg.engine_config())
 
 
-async def warm_up(engine: Any) -> None:
-    """One greedy token through the whole engine: /health turns green only after the engine answered."""
-    ids = list(engine.tokenize("Hello")) or [0]
-    req = EngineRequest(request_id="warmup", prompt_token_ids=ids, params=SamplingParams(max_tokens=1, temperature=0.0))
+async def warm_up(engine: EngineClient) -> None:
+    """One greedy token through the input processor and the engine: /health turns green only after both answered."""
+    req = engine.input_processor.process(TextPrompt("Hello"), SamplingParams(max_tokens=1, temperature=0.0),
+                                         request_id="warmup")
     agen = engine.generate(req)
     try:
         async for _ in agen:
@@ -154,7 +154,7 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], show_cur
         return 1
 
     code = 0
-    engine: Any = None
+    engine: EngineClient | None = None
     try:
         load = loop.run_in_executor(None, build_engine, cfg)
         await asyncio.wait([load, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
@@ -167,7 +167,7 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], show_cur
             await warm_up(engine)
             ctx.ready = True
             logger.info("ready: model %s on %s (%s), %s", ctx.model_name, engine.device_type,
-                        getattr(engine, "device_reason", ""), engine.dtype)
+                        engine.device_reason, engine.dtype)
             if show_curl:
                 print(f"\nmindie-service is ready. Try:\n\n  {curl_line(cfg)}\n", flush=True)
             await stop.wait()

@@ -17,7 +17,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from mindie_service.config import TlsSettings
+from mindie_service.config import ServerSettings, TlsSettings
 from mindie_service.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -129,10 +129,10 @@ def build_ssl_context(tls: TlsSettings, prefix: str = "tls") -> ssl.SSLContext:
     return ctx
 
 
-def plane_contexts(server: object) -> dict[str, ssl.SSLContext]:
+def plane_contexts(server: ServerSettings) -> dict[str, ssl.SSLContext]:
     """One SSLContext per plane (business, management, metrics); planes with the same settings share one."""
-    settings = {"business": ("tls", server.tls), "management": ("managementTls", server.management_tls),  # type: ignore[attr-defined]
-                "metrics": ("metricsTls", server.metrics_tls)}  # type: ignore[attr-defined]
+    settings = {"business": ("tls", server.tls), "management": ("managementTls", server.management_tls),
+                "metrics": ("metricsTls", server.metrics_tls)}
     built: dict[TlsSettings, ssl.SSLContext] = {}
     out: dict[str, ssl.SSLContext] = {}
     for plane, (prefix, tls) in settings.items():

@@ -1,4 +1,4 @@
-"""The engine behind ``modelInstanceType: "StandardMock"``: no model, the AsyncEngine interface.
+"""The engine behind ``modelInstanceType: "StandardMock"``: no model, the ``EngineClient`` interface.
 
 Tokens are UTF-8 bytes (ids 3..258; 0 <unk>, 1 <s>, 2 </s>); the output is seeded pseudo-random
 lower-case words, one token per millisecond. It lets the frontend be load-tested (bench_serve)
@@ -9,25 +9,34 @@ import asyncio
 import math
 import random
 import secrets
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.types import (FINISH_LENGTH, FINISH_STOP, EngineRequest, EngineStats, TokenEvent,
                                          TokenInfo)
+from mindie_service.errors import ValidationError
+from mindie_service.inputs import InputLimits, InputProcessor
 
 _SPECIAL = ("<unk>", "<s>", "</s>")
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz    "
 TOTAL_BLOCKS = 4096
 
 
+_NO_ADAPTERS = "lora_name must name an adapter of a model engine; StandardMock has no model"
+
+
 class MockEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.tokenizer = None
         self.model_name = config.model_name or "mock"
         self.vocab_size = 259
         self.eos_token_ids = frozenset({2})
         self.device_type, self.device_reason, self.dtype = "cpu", "StandardMock: no model", "float32"
+        self.modalities: frozenset[str] = frozenset()
+        limits = InputLimits.of(effective_max_input_len=config.effective_max_input_len,
+                                pool_tokens=TOTAL_BLOCKS * config.cache_block_size, truncation=config.truncation,
+                                vocab_size=self.vocab_size)
+        self.input_processor = InputProcessor(self.tokenize, limits)
         self.token_delay_s = 0.001
         self._active: dict[str, int] = {}
         self._started = False
@@ -50,6 +59,19 @@ class MockEngine:
 
     def abort(self, request_id: str) -> None:
         self._active.pop(request_id, None)
+
+    # No model, so no adapters: the base model is the only name a request may use.
+    async def load_adapter(self, name: str, path: str) -> dict[str, Any]:
+        raise ValidationError(f"Parameter {_NO_ADAPTERS}, got {name!r}")
+
+    def unload_adapter(self, name: str) -> None:
+        raise ValidationError(f"Parameter {_NO_ADAPTERS}, got {name!r}")
+
+    def list_adapters(self) -> list[dict[str, Any]]:
+        return []
+
+    def adapter_names(self) -> list[str]:
+        return []
 
     def stats(self) -> EngineStats:
         bs = self.config.cache_block_size

@@ -1,19 +1,14 @@
 """Random-weight Llama demo checkpoints with a locally trained byte-level BPE tokenizer.
 
-``build_demo_model(preset, out)`` writes a Hugging Face style checkpoint (config.json,
-model.safetensors, tokenizer files, generation_config.json) that both this project's
-engine and ``transformers`` load unchanged. Nothing is downloaded. The build is
-deterministic: the same preset and seed give byte-identical files.
+``write_text_checkpoint(shape, seed, folder)`` writes a Hugging Face style checkpoint (config.json,
+model.safetensors, tokenizer files, generation_config.json) that both this project's engine and
+``transformers`` load unchanged. Nothing is downloaded. The build is deterministic: the same shape
+and seed give byte-identical files. Callers go through ``devkit.presets.build_demo_model``.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import os
-import shutil
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import save_file
 
-from mindie_service.models.corpus import corpus_lines
+from mindie_service.devkit.corpus import corpus_lines
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -47,8 +42,8 @@ CHAT_TEMPLATE = (
 
 
 @dataclass(frozen=True)
-class DemoPreset:
-    """Shape of a demo Llama model. Add presets to PRESETS; multimodal ones can subclass."""
+class TextShape:
+    """Shape and init scales of a demo Llama model (a preset of devkit/presets.py names one)."""
 
     vocab_size: int
     hidden_size: int
@@ -72,15 +67,14 @@ class DemoPreset:
         return self.hidden_size // self.num_attention_heads
 
 
-PRESETS: dict[str, DemoPreset] = {
-    "tiny": DemoPreset(vocab_size=2048, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-                       num_key_value_heads=2, intermediate_size=352),
-    "small": DemoPreset(vocab_size=8192, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
-                        num_key_value_heads=4, intermediate_size=1408),
-}
+# Shapes of the text presets (the registry in devkit/presets.py names them).
+TINY = TextShape(vocab_size=2048, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=352)
+SMALL = TextShape(vocab_size=8192, hidden_size=512, num_hidden_layers=8, num_attention_heads=8,
+                  num_key_value_heads=4, intermediate_size=1408)
 
 
-def config_dict(p: DemoPreset) -> dict[str, Any]:
+def config_dict(p: TextShape) -> dict[str, Any]:
     """config.json contents: legacy keys (torch_dtype, rope_theta) plus transformers 5 ones."""
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -112,9 +106,9 @@ def config_dict(p: DemoPreset) -> dict[str, Any]:
     }
 
 
-def make_weights(p: DemoPreset, seed: int) -> dict[str, torch.Tensor]:
+def make_weights(p: TextShape, seed: int) -> dict[str, torch.Tensor]:
     """Random fp32 weights in HF Llama naming, drawn on CPU in a fixed order from one generator."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)  # host generator: same draws on every machine
 
     def normal(*shape: int, std: float) -> torch.Tensor:
         return torch.empty(*shape, dtype=torch.float32).normal_(0.0, std, generator=g)
@@ -157,7 +151,7 @@ def train_tokenizer(vocab_size: int) -> Tokenizer:
     if tok.get_vocab_size() != vocab_size:
         # Ids the model can emit but the tokenizer can't decode would break detokenization.
         raise RuntimeError(f"corpus too small: tokenizer has {tok.get_vocab_size()} tokens, "
-                           f"preset wants {vocab_size}; extend mindie_service/models/corpus.py")
+                           f"preset wants {vocab_size}; extend mindie_service/devkit/corpus.py")
     tok.post_processor = processors.TemplateProcessing(
         single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", BOS_ID)])
     return tok
@@ -167,7 +161,8 @@ def _json(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
-def _write_checkpoint(p: DemoPreset, seed: int, d: Path) -> None:
+def write_text_checkpoint(p: TextShape, seed: int, d: Path) -> None:
+    """Write the whole checkpoint for shape ``p`` into the (empty) folder ``d``; config.json last."""
     tok = train_tokenizer(p.vocab_size)
     tok.save(str(d / "tokenizer.json"), pretty=True)
     special = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
@@ -187,53 +182,13 @@ def _write_checkpoint(p: DemoPreset, seed: int, d: Path) -> None:
     (d / "generation_config.json").write_text(_json({
         "bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "do_sample": False,
     }), encoding="utf-8")
-    # config.json last: its presence marks a complete checkpoint (see if_missing).
+    # config.json last: its presence marks a complete checkpoint (see presets.build_demo_model).
     (d / "config.json").write_text(_json(config_dict(p)), encoding="utf-8")
 
 
-def build_demo_model(preset: str, out: str | os.PathLike[str], seed: int = 0,
-                     if_missing: bool = False) -> Path:
-    """Build the `preset` demo checkpoint into `out` and return its path.
-
-    Files are written to a temporary sibling folder first and then moved in, config.json
-    last, so an interrupted build never leaves something that looks like a checkpoint.
-    """
-    from mindie_service.models.demo_mm import WRITERS as MM_WRITERS  # multimodal presets (tiny-vl, tiny-audio)
-    if preset not in PRESETS and preset not in MM_WRITERS:
-        raise ValueError(f"unknown demo preset {preset!r}; choose from {sorted([*PRESETS, *MM_WRITERS])}")
-    out_path = Path(out).resolve()
-    if if_missing and (out_path / "config.json").is_file():
-        logger.info("demo model already present at %s; not rebuilding", out_path)
-        return out_path
-    t0 = time.perf_counter()
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.tmp-", dir=out_path.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it 0700; it may become `out` itself
-    try:
-        if preset in MM_WRITERS:
-            MM_WRITERS[preset](seed, tmp)
-        else:
-            _write_checkpoint(PRESETS[preset], seed, tmp)
-        if not out_path.exists():
-            tmp.rename(out_path)  # atomic on one filesystem
-        else:
-            # Existing folder: never delete unknown files; invalidate, then move ours in.
-            (out_path / "config.json").unlink(missing_ok=True)
-            for f in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):
-                os.replace(f, out_path / f.name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("built demo model %r (seed %d) at %s in %.1fs", preset, seed, out_path, time.perf_counter() - t0)
-    return out_path
-
-
-def param_count(p: DemoPreset) -> int:
+def param_count(p: TextShape) -> int:
     """Number of parameters make_weights produces, without drawing them."""
     h, q, kv = p.hidden_size, p.num_attention_heads * p.head_dim, p.num_key_value_heads * p.head_dim
     layer = 2 * h + 2 * q * h + 2 * kv * h + 3 * h * p.intermediate_size
     return p.vocab_size * h * (1 if p.tie_word_embeddings else 2) + p.num_hidden_layers * layer + h
 
-
-def preset_dict(preset: str) -> dict[str, Any]:
-    """The preset's fields as a plain dict (for /info or logs)."""
-    return dataclasses.asdict(PRESETS[preset])

@@ -3,7 +3,7 @@
 Each is a complete Hugging Face folder (config.json, model.safetensors, tokenizer, processor with
 chat template) that ``AutoProcessor`` and the class named in config.json load unchanged, built
 from nothing but a seed: the text tokenizer is the ``tiny`` preset's locally trained BPE plus the
-media placeholder token, the language model weights follow ``demo.make_weights`` (scales chosen so
+media placeholder token, the language model weights follow ``text_model.make_weights`` (scales chosen so
 greedy output depends on context), and encoder/projector weights are redrawn with fan-in scaling so
 that media actually moves the output. Two builds with the same seed are byte-identical.
 """
@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from mindie_service.models.demo import (BOS_ID, EOS_ID, PAD_ID, PRESETS, DemoPreset, config_dict, make_weights,
-                                       train_tokenizer)
+from mindie_service.devkit.text_model import (BOS_ID, EOS_ID, PAD_ID, TINY, TextShape, config_dict, make_weights,
+                                             train_tokenizer)
 
 # User content is a list of {"type": "image"|"audio"|"text"} parts (HF form); media parts become
 # their placeholder, which the processor expands to one token per embedding.
@@ -35,16 +35,16 @@ _MM_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 
-TEXT_PRESET = "tiny"
+TEXT_SHAPE = TINY  # the text backbone of both presets
 IMAGE_SIZE, PATCH = 32, 8
 AUDIO_CHUNK_S, AUDIO_RATE = 2, 16000  # 2 s windows -> 200 mel frames -> at most 50 audio tokens
 
 
 def _tokenizer(placeholder: str) -> Any:
-    """The tiny preset's tokenizer with the placeholder appended as a special token (id = 2048)."""
+    """The tiny text tokenizer with the placeholder appended as a special token (id = 2048)."""
     from transformers import PreTrainedTokenizerFast
 
-    base = PRESETS[TEXT_PRESET]
+    base = TEXT_SHAPE
     tok = train_tokenizer(base.vocab_size)
     tok.add_special_tokens([placeholder])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
@@ -54,11 +54,11 @@ def _tokenizer(placeholder: str) -> Any:
     return fast
 
 
-def _text_preset(vocab: int) -> DemoPreset:
-    return dataclasses.replace(PRESETS[TEXT_PRESET], vocab_size=vocab)
+def _text_preset(vocab: int) -> TextShape:
+    return dataclasses.replace(TEXT_SHAPE, vocab_size=vocab)
 
 
-def _text_config(p: DemoPreset, qkv_bias: bool) -> dict[str, Any]:
+def _text_config(p: TextShape, qkv_bias: bool) -> dict[str, Any]:
     cfg = config_dict(p)
     for k in ("architectures", "torch_dtype", "rope_scaling"):
         cfg.pop(k)
@@ -110,7 +110,8 @@ def _save(model_cls: Any, cfg: Any, lm: dict[str, str], text: dict[str, torch.Te
         indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _write_vl(seed: int, d: Path) -> None:
+def write_vl(seed: int, d: Path) -> None:
+    """The ``tiny-vl`` checkpoint (LLaVA: CLIP vision tower + projector + tiny Llama) into ``d``."""
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
     from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
@@ -133,7 +134,8 @@ def _write_vl(seed: int, d: Path) -> None:
     proc.save_pretrained(str(d))
 
 
-def _write_audio(seed: int, d: Path) -> None:
+def write_audio(seed: int, d: Path) -> None:
+    """The ``tiny-audio`` checkpoint (Qwen2-Audio: Whisper-style encoder + tiny Qwen2) into ``d``."""
     from transformers import (Qwen2AudioConfig, Qwen2AudioEncoderConfig, Qwen2AudioForConditionalGeneration,
                               Qwen2AudioProcessor, Qwen2Config, WhisperFeatureExtractor)
 
@@ -161,5 +163,3 @@ def _write_audio(seed: int, d: Path) -> None:
                                audio_token="<|AUDIO|>")
     proc.save_pretrained(str(d))
 
-
-WRITERS = {"tiny-vl": _write_vl, "tiny-audio": _write_audio}

@@ -1,0 +1,60 @@
+"""The files a loaded config names: checked apart from loading (after ``serve --prepare`` made them)."""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+
+from mindie_service.config.messages import D, S
+from mindie_service.config.settings import ServiceConfig, TlsSettings
+from mindie_service.errors import ConfigError
+
+
+def check_files(cfg: ServiceConfig) -> None:
+    """Raise ConfigError naming every missing file or folder, each with its config key."""
+    problems: list[str] = []
+    for i, m in enumerate(cfg.models):
+        if not m.mock:
+            problems += _checkpoint_problems(f"{D}.ModelConfig[{i}].modelWeightPath", m.weight_path)
+    for i, lo in enumerate(cfg.lora_modules):
+        if not os.path.isdir(lo.path):
+            problems.append(f"{D}.LoraModules[{i}].path: folder not found: {lo.path}")
+    for i, p in enumerate(cfg.server.allowed_local_media_paths):
+        if not os.path.isdir(p):
+            problems.append(f"{S}.allowedLocalMediaPaths[{i}]: folder not found: {p}")
+    if cfg.server.https_enabled:
+        seen: set[str] = set()
+        for prefix, tls in (("tls", cfg.server.tls), ("managementTls", cfg.server.management_tls),
+                            ("metricsTls", cfg.server.metrics_tls)):
+            for key, p in _tls_files(prefix, tls):
+                if p not in seen and not os.path.isfile(p):
+                    problems.append(f"{S}.{key}: file not found: {p}")
+                seen.add(p)
+    if problems:
+        raise ConfigError([f"{cfg.path}: {p}" for p in problems])
+
+
+def _tls_files(prefix: str, tls: TlsSettings) -> Iterator[tuple[str, str]]:
+    yield from ((f"{prefix}CaFile", p) for p in tls.ca_files)
+    yield f"{prefix}Cert", tls.cert
+    yield f"{prefix}Pk", tls.pk
+    if tls.pk_pwd:
+        yield f"{prefix}PkPwd", tls.pk_pwd
+    yield from ((f"{prefix}CrlFiles", p) for p in tls.crl_files)
+
+
+def _checkpoint_problems(key: str, folder: str) -> list[str]:
+    cfg_file = os.path.join(folder, "config.json")
+    if not os.path.isdir(folder):
+        return [f"{key}: folder not found: {folder}"]
+    try:
+        with open(cfg_file, encoding="utf-8") as f:
+            hf = json.load(f)
+    except OSError:
+        return [f"{key}: {cfg_file} not found"]
+    except ValueError as e:
+        return [f"{key}: {cfg_file} is not valid JSON: {e}"]
+    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else {}
+    missing = [k for k, alts in (("torch_dtype", ("torch_dtype", "dtype")), ("vocab_size", ("vocab_size",)))
+               if not any(a in hf or a in text for a in alts)]
+    return [f"{key}: {cfg_file} must hold {', '.join(missing)}"] if missing else []

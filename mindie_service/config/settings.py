@@ -1,0 +1,165 @@
+"""The loaded configuration as frozen dataclasses: every path resolved, every default filled."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mindie_service.engine.config import EngineConfig, LoraModuleSpec
+
+STANDARD_MOCK = "StandardMock"
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    """One plane's TLS material; every path resolved. ``ca_files``/``crl_files`` are full paths."""
+
+    ca_path: str
+    ca_files: tuple[str, ...]
+    cert: str
+    pk: str
+    pk_pwd: str | None  # file holding the key's password; None = unencrypted key
+    crl_path: str | None
+    crl_files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    ip_address: str
+    port: int
+    management_ip_address: str
+    management_port: int
+    metrics_port: int  # listens on management_ip_address
+    allow_all_zero_ip: bool
+    max_link_num: int
+    https_enabled: bool
+    tls: TlsSettings  # business plane (config.json's flat tls* keys)
+    management_tls: TlsSettings  # inherits each managementTls* key it does not set from tls*
+    metrics_tls: TlsSettings  # likewise metricsTls*
+    full_text_enabled: bool
+    token_timeout: float  # seconds
+    e2e_timeout: float  # seconds
+    max_request_length: int  # MB
+    stream_token_id_format: str  # "list" | "int"
+    allowed_local_media_paths: tuple[str, ...]
+    allow_private_media_urls: bool
+    media_url_allowed_hosts: tuple[str, ...]  # lower-case; empty = any host
+    max_media_items: int
+
+    @property
+    def max_request_bytes(self) -> int:
+        return self.max_request_length * 1024 * 1024
+
+    def listeners(self) -> dict[tuple[str, int], tuple[str, ...]]:
+        """(address, port) -> the planes served there, in order business, management, metrics.
+        Planes sharing an address and port share one listener (with the first plane's TLS)."""
+        out: dict[tuple[str, int], tuple[str, ...]] = {}
+        for plane, addr in (("business", (self.ip_address, self.port)),
+                            ("management", (self.management_ip_address, self.management_port)),
+                            ("metrics", (self.management_ip_address, self.metrics_port))):
+            out[addr] = out.get(addr, ()) + (plane,)
+        return out
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    instance_type: str  # "Standard" | "StandardMock"
+    name: str
+    weight_path: str
+    world_size: int
+    cpu_mem_size_gb: int
+    npu_mem_size_gb: int  # -1 = size automatically
+    backend_type: str
+    trust_remote_code: bool
+
+    @property
+    def mock(self) -> bool:
+        """StandardMock: serve with no model (frontend load tests)."""
+        return self.instance_type == STANDARD_MOCK
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """BackendConfig and the scalar keys of its ModelDeployConfig."""
+
+    backend_name: str
+    model_instance_number: int
+    npu_device_ids: tuple[tuple[int, ...], ...]
+    tokenizer_process_number: int
+    max_seq_len: int
+    max_input_token_len: int
+    truncation: bool
+    max_loras: int
+    max_lora_rank: int
+    video_frames: int
+    max_video_frames: int
+    num_threads: int | None
+    cpu_kernels: bool
+    kernel_cache_dir: str | None  # resolved; None = npu_ops's default
+
+
+@dataclass(frozen=True)
+class ScheduleSettings:
+    cache_block_size: int
+    max_prefill_batch_size: int
+    max_prefill_tokens: int  # token budget of one step (chunked prefill)
+    prefill_time_ms_per_req: int
+    prefill_policy_type: int
+    decode_time_ms_per_req: int
+    decode_policy_type: int
+    max_batch_size: int
+    max_iter_times: int
+    max_preempt_count: int
+    support_select_batch: bool
+    max_queue_delay_microseconds: int
+    num_kv_blocks: int | None
+    enable_prefix_caching: bool
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    level: str  # Debug | Info | Warning | Error | Critical
+    path: str | None  # None = stderr only
+    file_size_mb: int
+    file_num: int
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    path: Path  # the config file, absolute
+    server: ServerSettings
+    backend: BackendSettings
+    models: tuple[ModelSettings, ...]
+    schedule: ScheduleSettings
+    lora_modules: tuple[LoraModuleSpec, ...]  # paths resolved; base_model_name always set
+    log: LogSettings
+    raw: dict[str, Any] = field(compare=False, repr=False)  # the file as read (no env, no defaults)
+
+    def model(self, name: str) -> ModelSettings:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+    def engine_config(self, model_index: int = 0) -> EngineConfig:
+        m, b, s = self.models[model_index], self.backend, self.schedule
+        return EngineConfig(
+            model=m.weight_path, model_name=m.name, trust_remote_code=m.trust_remote_code,
+            max_seq_len=b.max_seq_len, max_input_token_len=b.max_input_token_len, truncation=b.truncation,
+            cache_block_size=s.cache_block_size, max_prefill_batch_size=s.max_prefill_batch_size,
+            max_prefill_tokens=s.max_prefill_tokens, max_batch_size=s.max_batch_size,
+            max_iter_times=s.max_iter_times, max_preempt_count=s.max_preempt_count,
+            max_queue_delay_microseconds=s.max_queue_delay_microseconds, num_kv_blocks=s.num_kv_blocks,
+            kv_cache_memory_gb=float(m.npu_mem_size_gb), enable_prefix_caching=s.enable_prefix_caching,
+            max_loras=b.max_loras, max_lora_rank=b.max_lora_rank,
+            lora_modules=tuple(lo for lo in self.lora_modules if lo.base_model_name == m.name),
+            video_frames=b.video_frames, max_video_frames=b.max_video_frames, num_threads=b.num_threads,
+            cpu_kernels=b.cpu_kernels, kernel_cache_dir=b.kernel_cache_dir)
+
+    def check_files(self) -> None:
+        """Raise ConfigError naming every missing file the config points at: model checkpoints
+        (config.json with torch_dtype/dtype and vocab_size), TLS files when HTTPS is on, LoRA
+        folders, local media folders."""
+        from mindie_service.config.files import check_files  # files reads these dataclasses
+
+        check_files(self)

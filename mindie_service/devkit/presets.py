@@ -1,0 +1,125 @@
+"""The one table of demo-model presets and the versioned, atomic build behind ``mindie-service demo-model``.
+
+Each built folder holds ``devkit.json`` recording the preset, the seed and the devkit build version.
+The version is ``FORMAT`` plus a digest of the builder sources, so any edit to a builder (or the
+corpus its tokenizer is trained on) makes folders built before it stale, and ``if_missing`` rebuilds
+them: tests never run on test models an older builder made. Bump ``FORMAT`` for a change the
+digest cannot see (e.g. a transformers upgrade that changes what the multimodal builders write).
+
+This module imports the builders, never the other way round, so the text and multimodal builders
+stay free of each other's registry concerns.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache, partial
+from pathlib import Path
+
+from mindie_service.devkit import corpus, mm_model, text_model
+from mindie_service.devkit.text_model import SMALL, TINY, TextShape
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1
+MARKER = "devkit.json"  # written before config.json, which still marks a complete checkpoint
+_BUILDER_MODULES = (text_model, mm_model, corpus)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One buildable demo model. ``write(seed, folder)`` fills an empty folder, config.json last."""
+
+    name: str
+    kind: str  # "text" | "multimodal"
+    write: Callable[[int, Path], None]
+    description: str
+    shape: TextShape | None = None  # the Llama shape of a text preset (param_count, /info)
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in (
+    Preset("tiny", "text", partial(text_model.write_text_checkpoint, TINY), "1.3M-parameter Llama (GQA)", TINY),
+    Preset("small", "text", partial(text_model.write_text_checkpoint, SMALL), "32M-parameter Llama (GQA)", SMALL),
+    Preset("tiny-vl", "multimodal", mm_model.write_vl, "LLaVA: CLIP vision tower + tiny Llama"),
+    Preset("tiny-audio", "multimodal", mm_model.write_audio, "Qwen2-Audio: audio encoder + tiny Qwen2"),
+)}
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called ``name``; ValueError naming the choices otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown demo preset {name!r}; choose from {sorted(PRESETS)}") from None
+
+
+@lru_cache(maxsize=1)
+def build_version() -> str:
+    """``FORMAT.<digest of the builder sources>``: changes whenever a builder does."""
+    h = hashlib.sha256()
+    for mod in _BUILDER_MODULES:
+        h.update(Path(mod.__file__ or "").read_bytes())
+    return f"{FORMAT}.{h.hexdigest()[:12]}"
+
+
+def recorded_version(folder: str | os.PathLike[str]) -> str | None:
+    """The build version ``folder``'s marker records; None without a readable marker."""
+    try:
+        return str(json.loads((Path(folder) / MARKER).read_text(encoding="utf-8"))["devkit_version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def is_current(folder: str | os.PathLike[str]) -> bool:
+    """A complete checkpoint (config.json present) built by this devkit version."""
+    d = Path(folder)
+    return (d / "config.json").is_file() and recorded_version(d) == build_version()
+
+
+def _write_marker(preset: str, seed: int, d: Path) -> None:
+    body = {"devkit_version": build_version(), "preset": preset, "seed": seed}
+    (d / MARKER).write_text(json.dumps(body, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def build_demo_model(preset: str, out: str | os.PathLike[str], seed: int = 0, if_missing: bool = False) -> Path:
+    """Build the ``preset`` demo checkpoint into ``out`` and return its resolved path.
+
+    ``if_missing``: keep a folder this devkit version already built (whatever its seed); rebuild a
+    stale or incomplete one. Files are written to a temporary sibling folder first and then moved in,
+    config.json last, so an interrupted build never leaves something that looks like a checkpoint.
+    """
+    p = get_preset(preset)
+    out_path = Path(out).resolve()
+    if if_missing:
+        if is_current(out_path):
+            logger.info("demo model already present at %s; not rebuilding", out_path)
+            return out_path
+        if (out_path / "config.json").is_file():
+            logger.warning("demo model at %s was built by devkit version %s, not %s; rebuilding", out_path,
+                           recorded_version(out_path), build_version())
+    t0 = time.perf_counter()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.tmp-", dir=out_path.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it 0700; it may become `out` itself
+    try:
+        p.write(seed, tmp)
+        _write_marker(preset, seed, tmp)
+        if not out_path.exists():
+            tmp.rename(out_path)  # atomic on one filesystem
+        else:
+            # Existing folder: never delete unknown files; invalidate, then move ours in.
+            (out_path / "config.json").unlink(missing_ok=True)
+            for f in sorted(tmp.iterdir(), key=lambda f: f.name == "config.json"):
+                os.replace(f, out_path / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("built demo model %r (seed %d, devkit %s) at %s in %.1fs", preset, seed, build_version(), out_path,
+                time.perf_counter() - t0)
+    return out_path

@@ -1,0 +1,52 @@
+"""The engine client: what the server (and later the model catalog and batch jobs) holds of an engine.
+
+The real engine's async facade (engine.async_engine.AsyncEngine) and the StandardMock
+(devkit.mock_engine.MockEngine) implement it; a tensor-parallel engine will too. The server reads
+nothing else, so it never needs to probe an engine for what it has."""
+from __future__ import annotations
+
+from typing import Any, AsyncIterator, Protocol, runtime_checkable
+
+from mindie_service.engine.types import EngineRequest, EngineStats, TokenEvent
+from mindie_service.inputs.processor import InputProcessor
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    # Model facts (fixed once the engine is built).
+    model_name: str
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+    device_type: str  # npu | cuda | cpu
+    device_reason: str  # why that device (shown in /info)
+    dtype: str  # e.g. "float32", without the "torch." prefix
+    modalities: frozenset[str]  # media kinds the model takes ("image", "audio"); empty for text models
+    # Parsed request -> EngineRequest for this engine (tokenizer, length rule, media, adapters).
+    input_processor: InputProcessor
+
+    # Lifecycle.
+    def start(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def healthy(self) -> bool: ...
+
+    def stats(self) -> EngineStats: ...
+
+    # Requests. Closing or cancelling the iterator aborts the request and frees its KV blocks; an engine
+    # failure of this request alone raises GenerationError from the iterator.
+    def generate(self, request: EngineRequest) -> AsyncIterator[TokenEvent]: ...
+
+    def abort(self, request_id: str) -> None: ...
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    # LoRA adapters: ConflictError (409) name taken or in use, NotFoundError (404) unknown, ValidationError
+    # (422) bad folder, or an engine without adapters.
+    async def load_adapter(self, name: str, path: str) -> dict[str, Any]: ...
+
+    def unload_adapter(self, name: str) -> None: ...
+
+    def list_adapters(self) -> list[dict[str, Any]]: ...
+
+    def adapter_names(self) -> list[str]: ...

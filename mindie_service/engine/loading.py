@@ -1,0 +1,58 @@
+"""Everything an engine needs before its first step: the device, the weights, the tokenizer and the
+size of the KV pool. Kept apart from LLMEngine so that the engine itself is wiring plus ``step()``."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.runner import kv_bytes_per_block
+from mindie_service.models.loader import LoadedModel, load_model
+from npu_ops import cpu_kernels, platform
+from npu_ops.device import DeviceInfo, select_device
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineParts:
+    device_info: DeviceInfo
+    loaded: LoadedModel
+    tokenizer: Any
+    eos_token_ids: frozenset[int]
+    num_blocks: int
+
+
+def load_parts(cfg: EngineConfig) -> EngineParts:
+    cpu_kernels.configure(enabled=cfg.cpu_kernels, cache_dir=cfg.kernel_cache_dir)
+    info = select_device(cfg.device)
+    info = replace(info, reason=f"{info.reason}{platform.fast_path_note(info.torch_device)}")
+    device = info.torch_device
+    platform.apply_thread_settings(cfg.num_threads)
+    loaded = load_model(cfg.model, cfg.dtype, device, cfg.max_seq_len, min(cfg.max_batch_size, 128))
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    num_blocks = cfg.num_kv_blocks or auto_num_blocks(cfg, loaded, device)
+    logger.info("KV pool: %d blocks of %d tokens", num_blocks, cfg.cache_block_size)
+    return EngineParts(info, loaded, tokenizer, eos_ids(loaded.hf_config, tokenizer), num_blocks)
+
+
+def eos_ids(hf_config: Any, tokenizer: Any) -> frozenset[int]:
+    """The checkpoint's EOS ids: the model config's (an int or a list) and the tokenizer's."""
+    ids: set[int] = set()
+    for src in (getattr(hf_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(i) for i in src)
+    return frozenset(ids)
+
+
+def auto_num_blocks(cfg: EngineConfig, loaded: LoadedModel, device: Any) -> int:
+    """Blocks for maxBatchSize full-length sequences, within the device's KV budget (npu_ops.platform)."""
+    per_block = kv_bytes_per_block(loaded.model, cfg.cache_block_size, loaded.dtype)
+    need = cfg.max_batch_size * cfg.max_seq_len // cfg.cache_block_size + 1
+    budget = platform.kv_cache_budget(device, cfg.kv_cache_memory_gb)
+    return max(2, min(need, budget // per_block))

@@ -1,0 +1,84 @@
+"""The step contract: plain data between the scheduler, the model runner and the engine.
+
+One step is three calls::
+
+    out = scheduler.schedule()            # SchedulerOutput: which requests compute how many tokens
+    result = runner.execute(out)          # ModelOutput: logits of the rows that sample (no bookkeeping)
+    scheduler.update(out, sampled, done)  # counters, computed blocks registered, tokens appended, finishes
+
+A request is never "in prefill mode" or "in decode mode": each step it computes ``num_tokens``
+tokens from position ``start`` (one for a decode; a piece of its prompt under chunked prefill),
+and it samples only when that reaches the end of its known tokens. Everything here is plain
+Python (no torch), so a tensor-parallel rank 0 can send a step to its workers as it is."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """One request's work in one step: compute the K/V of ``token_ids`` at positions
+    ``start .. start + len(token_ids) - 1`` into the blocks of ``block_table``."""
+
+    request_id: str
+    start: int
+    token_ids: tuple[int, ...]
+    block_table: tuple[int, ...]
+    sample: bool  # the chunk ends at the request's last known token: its next token is sampled
+    adapter_slot: int = 0  # LoRA pool slot (0 = base model)
+    prompt_logprobs: bool = False  # return the logits of every prompt row of this chunk
+    mm_inputs: Any = None  # the model's media inputs (placeholders are in the prompt ids)
+    prompt_token_ids: tuple[int, ...] | None = None  # set with mm_inputs: where the placeholders are
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    """A step's rows: ``num_decodes`` single-token chunks first, then prefill chunks."""
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    num_decodes: int = 0
+    preempted: list[str] = field(default_factory=list)  # request ids moved back to the waiting queue
+
+    @property
+    def empty(self) -> bool:
+        return not self.chunks
+
+    @property
+    def decodes(self) -> list[ScheduledChunk]:
+        return self.chunks[:self.num_decodes]
+
+    @property
+    def prefills(self) -> list[ScheduledChunk]:
+        return self.chunks[self.num_decodes:]
+
+    @property
+    def sampled(self) -> list[ScheduledChunk]:
+        """The rows of ModelOutput.logits, in order."""
+        return [c for c in self.chunks if c.sample]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks)
+
+    def only(self, chunk: ScheduledChunk) -> "SchedulerOutput":
+        """This step restricted to one chunk (the engine re-runs a failed step one request at a time)."""
+        return SchedulerOutput([chunk], 1 if chunk in self.decodes else 0)
+
+
+@dataclass
+class ModelOutput:
+    """What the runner returns: ``logits`` [len(out.sampled), vocab] (a torch tensor), and for
+    chunks that asked, ``prompt_logits[request_id]`` [rows, vocab]: the logits at positions
+    ``start ..`` of every chunk row that predicts a prompt token."""
+
+    logits: Any
+    prompt_logits: dict[str, Any] = field(default_factory=dict)

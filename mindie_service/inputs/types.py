@@ -1,0 +1,59 @@
+"""What the input processor takes: an API-neutral prompt, and what it needs from a model's media encoder.
+
+Each API family parses its JSON into one of these prompt kinds; the offline API builds them from
+Python values. The next kinds (OpenAI chat messages, batch-job messages, a session continuation)
+join the ``Prompt`` union and get one branch in ``InputProcessor._prompt_ids``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence, Union
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    """Plain text, tokenized as is (the tokenizer adds its special tokens)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class TokensPrompt:
+    """Token ids the caller tokenized (the offline API); checked against the vocabulary."""
+
+    token_ids: tuple[int, ...]
+    text: str = ""  # no text: nothing for return_full_text to prepend
+
+
+@dataclass(frozen=True)
+class PartsPrompt:
+    """One user message of parts in order, for multimodal models. ``parts`` are either references still to
+    fetch (``multimodal.TextPart`` / ``MediaItem``, from MindIE's list-form ``inputs``) or parts the model's
+    processor takes as they are (``multimodal.LoadedPart`` or dicts such as ``{"type": "image", "image": pil}``)."""
+
+    parts: tuple[Any, ...]
+    text: str = ""  # the text parts joined: what return_full_text prepends
+
+
+Prompt = Union[TextPrompt, TokensPrompt, PartsPrompt]
+
+
+class MediaPrompt(Protocol):
+    """A media encoder's prompt: ids with placeholders expanded, the media tensors, their content hashes."""
+
+    prompt_token_ids: list[int]
+    mm_inputs: Any
+    mm_hashes: tuple[str, ...]
+
+
+class MediaEncoder(Protocol):
+    """The part of a multimodal model's encoder the input processor uses (models.multimodal.MultimodalEncoder)."""
+
+    modalities: tuple[str, ...]
+
+    @property
+    def sampling_rate(self) -> int | None: ...
+
+    def prepare(self, parts: Sequence[Any]) -> MediaPrompt: ...
+
+    def check_prompt(self, ids: list[int], mm: Any) -> None: ...
