@@ -19,7 +19,7 @@ from tornado.web import Application, RequestHandler
 from mindie_service.errors import MediaError
 from mindie_service.devkit import synth
 from multimodal import MediaPolicy, fetch_media, refusal_reason
-from multimodal import sources
+from multimodal import netfetch, sources
 
 PNG = synth.image_bytes()
 
@@ -343,7 +343,7 @@ def test_connection_goes_to_the_checked_address_keeping_the_host_header() -> Non
     async def body(base: str, settings: dict[str, Any]) -> bytes:
         port = int(base.rsplit(":", 1)[1])
         url = f"http://media.invalid:{port}/echo.png"
-        data = await sources.http_get(url, "media.invalid", [(socket.AF_INET, "127.0.0.1")],
+        data = await netfetch.http_get(url, "media.invalid", [(socket.AF_INET, "127.0.0.1")],
                                       "image", 0, LOOPBACK_OK, None)
         assert settings["seen_hosts"] == [f"media.invalid:{port}"]
         return data
@@ -352,7 +352,7 @@ def test_connection_goes_to_the_checked_address_keeping_the_host_header() -> Non
 
 
 def test_pinned_resolver_refuses_any_other_host() -> None:
-    resolver = sources._PinnedResolver(host="media.invalid",
+    resolver = netfetch._PinnedResolver(host="media.invalid",
                                        addresses=[(socket.AF_INET, "127.0.0.1")])
     assert run(resolver.resolve("media.invalid", 80)) == [(socket.AF_INET, ("127.0.0.1", 80))]
     with pytest.raises(OSError):
