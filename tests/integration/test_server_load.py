@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from server_utils import alt_server, wait_until
+from tests.server_utils import alt_server, wait_until
 
 LONG = {"max_new_tokens": 3000}  # seconds of work on the tiny model: far longer than each test holds it
 PROMPT = "The lantern by the harbor window"

@@ -16,7 +16,7 @@ from mindie_service.config import ServerSettings, ServiceConfig, load_config, lo
 from mindie_service.engine.config import EngineConfig, LoraModuleSpec
 from mindie_service.errors import ConfigError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "conf" / "config.json"
 S = "ServerConfig"
 D = "BackendConfig.ModelDeployConfig"

@@ -19,7 +19,7 @@ from mindie_service.engine.types import EngineRequest
 from mindie_service.devkit.presets import build_demo_model
 from mindie_service.errors import ValidationError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 N = 24
 GREEDY = SamplingParams(max_tokens=N, temperature=0.0, ignore_eos=True)
 

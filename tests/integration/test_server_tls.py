@@ -16,7 +16,7 @@ from mindie_service.config import TlsSettings
 from mindie_service.errors import ConfigError
 from mindie_service.devkit import certs
 from mindie_service.server.tls import build_ssl_context
-from server_utils import ServerProcess, shared_server, write_config
+from tests.server_utils import ServerProcess, shared_server, write_config
 
 PASSWORD = b"correct horse battery staple"
 

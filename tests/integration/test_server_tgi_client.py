@@ -7,7 +7,7 @@ import pytest
 from text_generation import Client
 from text_generation.errors import ValidationError
 
-from server_utils import alt_server, plain_server
+from tests.server_utils import alt_server, plain_server
 
 PROMPT = "Once upon a time in a quiet harbor"
 

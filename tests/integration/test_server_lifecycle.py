@@ -6,7 +6,7 @@ import time
 
 import requests
 
-from server_utils import ServerProcess, write_config
+from tests.server_utils import ServerProcess, write_config
 
 
 def test_sigterm_finishes_running_requests_then_exits_0(tiny_model, tmp_path):

@@ -15,7 +15,7 @@ from mindie_service.protocol.generation import GenerationRequest, ProtocolLimits
 from mindie_service.protocol.mindie import parse_mindie_request
 from mindie_service.protocol.tgi import parse_tgi_request
 from mindie_service.protocol.validation import parse_json_body
-from server_utils import SEED_BODY
+from tests.server_utils import SEED_BODY
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from server_utils import ROOT, free_port
+from tests.server_utils import ROOT, free_port
 
 TOP_LEVEL = {"mindie_service", "multimodal", "npu_ops"}
 # Top-level folders that are no build input (large or machine-local): never copied to the build folder.

@@ -16,7 +16,7 @@ from PIL import Image
 from mindie_service import LLM, SamplingParams
 from mindie_service.devkit.presets import build_demo_model
 from mindie_service.devkit import synth
-from server_utils import ROOT, ServerProcess, free_port, shared_server, plain_server, sse_frames, write_config
+from tests.server_utils import ROOT, ServerProcess, free_port, shared_server, plain_server, sse_frames, write_config
 
 GREEDY = {"max_new_tokens": 12, "do_sample": False}
 

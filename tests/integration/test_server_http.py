@@ -6,7 +6,7 @@ import copy
 import pytest
 import requests
 
-from server_utils import SEED_BODY, alt_server, plain_server, sse_frames
+from tests.server_utils import SEED_BODY, alt_server, plain_server, sse_frames
 
 FINISH = {"length", "eos_token", "stop_sequence"}
 PROMPT = "The river runs past the old mill and"

@@ -7,7 +7,7 @@ import pytest
 
 from mindie_service import LLM, SamplingParams
 from mindie_service.devkit.lora import build_demo_lora
-from server_utils import ServerProcess, shared_server, write_config
+from tests.server_utils import ServerProcess, shared_server, write_config
 
 PROMPT = "River mountain city garden"
 GREEDY = {"max_new_tokens": 12, "do_sample": False}
