@@ -48,12 +48,15 @@ def _dev_cert_dir(cfg: ServiceConfig) -> Path | None:
 
 
 def prepare_assets(cfg: ServiceConfig) -> None:
-    """Build the demo model the config names and development certificates, each only if missing."""
-    for m in cfg.models:
-        if m.mock or (Path(m.weight_path) / "config.json").is_file():
-            continue
-        from mindie_service.devkit.presets import PRESETS, build_demo_model
+    """Build the demo model the config names and development certificates, each only if missing. A demo
+    model built by an older devkit is rebuilt; a real checkpoint (no devkit marker) is never touched."""
+    from mindie_service.devkit.presets import PRESETS, build_demo_model, is_current, recorded_version
 
+    for m in cfg.models:
+        folder = Path(m.weight_path)
+        built_by_devkit = recorded_version(folder) is not None
+        if m.mock or ((folder / "config.json").is_file() and (not built_by_devkit or is_current(folder))):
+            continue
         preset = Path(m.weight_path).name if Path(m.weight_path).name in PRESETS else "small"
         logger.info("building the demo model %r into %s", preset, m.weight_path)
         build_demo_model(preset, m.weight_path, if_missing=True)
