@@ -1,9 +1,16 @@
 """mindie-service: an LLM inference service in the style of Huawei's MindIE Server."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import os
 
-from mindie_service.sampling_params import SamplingParams
+# torch-npu >= 2.5.1 registers itself to load on `import torch`; on a host without CANN that import then
+# fails outright. Off here (before anything imports torch), torch_npu is imported explicitly by
+# npu_ops.device, where a failure is a logged fallback, not a crash.
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
+from mindie_service.sampling_params import SamplingParams  # noqa: E402
 
 if TYPE_CHECKING:
     from mindie_service.llm import LLM

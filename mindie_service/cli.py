@@ -33,6 +33,11 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default="security")
     c.add_argument("--if-missing", action="store_true")
 
+    q = sub.add_parser("quantize", help="write an msModelSlim-layout int8 checkpoint (w8a8: W8A8_DYNAMIC)")
+    q.add_argument("--in", dest="src", required=True, help="float checkpoint folder")
+    q.add_argument("--out", required=True, help="output folder")
+    q.add_argument("--scheme", choices=("w8a8", "w8a16"), default="w8a8")
+
     g = sub.add_parser("generate", help="offline generation for a quick look")
     g.add_argument("--model", required=True)
     g.add_argument("--max-tokens", type=int, default=32)
@@ -64,6 +69,14 @@ def main(argv: list[str] | None = None) -> int:
             _devkit(args)
         except ValueError as exc:  # a bad preset, rank or target: one line, not a traceback
             print(f"mindie-service {args.command}: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if args.command == "quantize":
+        from mindie_service.models.msmodelslim import write_quantized
+        try:
+            print(write_quantized(args.src, args.out, args.scheme))
+        except ValueError as exc:
+            print(f"mindie-service quantize: {exc}", file=sys.stderr)
             return 2
         return 0
     if args.command == "generate":

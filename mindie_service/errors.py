@@ -41,9 +41,22 @@ class BadRequestError(MindieError):
     error_type = "validation"
 
 
+class ForbiddenError(MindieError):
+    """A request this server refuses whoever sends it that way (e.g. a cross-site form post): 403."""
+
+    status = 403
+    error_type = "forbidden"
+
+
 class NotFoundError(MindieError):
     status = 404
     error_type = "not_found"
+
+
+class ModelNotFoundError(NotFoundError):
+    """A ``model`` (OpenAI routes) or model id (catalog routes) that names no catalog model or adapter: 404."""
+
+    error_type = "model_not_found"
 
 
 class MethodNotAllowedError(MindieError):

@@ -11,6 +11,8 @@ UINT64_MAX = 2**64 - 1
 MAX_STOP_STRINGS = 32
 MAX_STOP_LEN = 1024
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 300  # OpenAI's cap on logit_bias entries
+MAX_BEAMS = 8
 # The adapter name that means "the base model" (MindIE's adapter_id default); the offline API also takes None.
 BASE_ADAPTER = "None"
 
@@ -41,12 +43,18 @@ class SamplingParams:
     typical_p: float = 1.0
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once from the logit of every token already generated
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (OpenAI's)
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: bool = False
     adapter_id: str | None = None
+    # Beam search (HF generate's semantics; greedy only): num_beams > 1 searches that many beams.
+    num_beams: int = 1
+    length_penalty: float = 1.0  # final score = sum of logprobs / generated_length ** length_penalty
+    early_stopping: bool | str = False  # True, False (HF's heuristic) or "never"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -75,6 +83,14 @@ class SamplingParams:
         check(self.repetition_penalty > 0.0, "repetition_penalty", "> 0", self.repetition_penalty)
         _num(self.frequency_penalty, "frequency_penalty")
         check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]", self.frequency_penalty)
+        _num(self.presence_penalty, "presence_penalty")
+        check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "in [-2, 2]", self.presence_penalty)
+        check(isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS, "logit_bias",
+              f"an object of at most {MAX_LOGIT_BIAS} token ids", len(self.logit_bias))
+        for tid, bias in self.logit_bias.items():
+            _int(tid, "logit_bias key", 0, INT32_MAX)
+            _num(bias, f"logit_bias[{tid}]")
+            check(-100.0 <= bias <= 100.0, f"logit_bias[{tid}]", "in [-100, 100]", bias)
         if self.seed is not None:
             _int(self.seed, "seed", 0, UINT64_MAX)
         check(len(self.stop) <= MAX_STOP_STRINGS, "stop", f"at most {MAX_STOP_STRINGS} strings", len(self.stop))
@@ -83,6 +99,13 @@ class SamplingParams:
                   f"a list of non-empty strings of at most {MAX_STOP_LEN} characters", s)
         if self.logprobs is not None:
             _int(self.logprobs, "logprobs", 0, MAX_TOP_LOGPROBS)
+        _int(self.num_beams, "num_beams", 1, MAX_BEAMS)
+        _num(self.length_penalty, "length_penalty")
+        check(self.early_stopping in (True, False, "never"), "early_stopping", 'True, False or "never"',
+              self.early_stopping)
+        if self.num_beams > 1:
+            check(self.greedy, "num_beams", "1 when sampling (temperature > 0): beam sampling is not supported",
+                  self.num_beams)
 
 
 def _num(v: object, name: str) -> None:

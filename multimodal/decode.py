@@ -22,6 +22,7 @@ from PIL import Image, ImageOps
 
 from mindie_service.errors import MediaError
 
+from .budget import DecodedBudget
 from .policy import MediaPolicy, where
 from .sniff import require_format
 
@@ -35,8 +36,24 @@ _AUDIO_BLOCK_FRAMES = 65536
 # Images
 
 
-def decode_image(data: bytes, index: int, policy: MediaPolicy) -> Image.Image:
-    """An RGB image. The pixel count is read from the header and checked before decoding."""
+def check_shape(w: str, width: int, height: int, policy: MediaPolicy, what: str) -> None:
+    """Aspect ratio of an image or video frame: a 200000x1 PNG is 661 bytes and 200,000 pixels, but a
+    shortest-edge resize makes it millions."""
+    if max(width, height) > policy.max_aspect_ratio * min(width, height):
+        raise MediaError(f"{w}: {what} is {width}x{height}, an aspect ratio over the limit of "
+                         f"{policy.max_aspect_ratio:g}:1", 413)
+
+
+def resized_pixels(width: int, height: int, shortest_edge: int) -> int:
+    """Pixels after a shortest-edge resize (CLIP, LLaVA): the short side becomes ``shortest_edge``."""
+    short, long = min(width, height), max(width, height)
+    return shortest_edge * -(-long * shortest_edge // short)
+
+
+def decode_image(data: bytes, index: int, policy: MediaPolicy, budget: DecodedBudget | None = None,
+                 resize_shortest_edge: int | None = None) -> Image.Image:
+    """An RGB image. The pixel count, aspect ratio, decoded bytes and (given the processor's shortest
+    edge) the pixels after resizing are read from the header and checked before decoding."""
     w = where(index, "image")
     fmt = require_format(data, "image", index)
     try:
@@ -52,8 +69,18 @@ def decode_image(data: bytes, index: int, policy: MediaPolicy) -> Image.Image:
                 raise MediaError(
                     f"{w}: the image is {width}x{height} = {width * height} pixels, over the "
                     f"limit of {policy.max_image_pixels}", 413)
+            check_shape(w, width, height, policy, "the image")
+            if resize_shortest_edge:
+                resized = resized_pixels(width, height, resize_shortest_edge)
+                if resized > policy.max_image_pixels:
+                    raise MediaError(f"{w}: the image is {width}x{height}; resized for the model it would be "
+                                     f"{resized} pixels, over the limit of {policy.max_image_pixels}", 413)
+            if budget is not None:
+                budget.take(width * height * 3, index, "image", "the image")
+                if resize_shortest_edge:  # the processor's float32 copy
+                    budget.take(resized * 3 * 4, index, "image", "the image resized for the model")
             image.load()
-            image = ImageOps.exif_transpose(image) or image
+            ImageOps.exif_transpose(image, in_place=True)  # no second copy of the pixels
             if image.mode != "RGB":
                 image = image.convert("RGB")
             return image
@@ -98,8 +125,8 @@ def _count_frames(data: bytes, demuxer: str | None, limit: int, w: str) -> int:
     return count
 
 
-def decode_video(data: bytes, index: int, policy: MediaPolicy,
-                 num_frames: int) -> list[np.ndarray]:
+def decode_video(data: bytes, index: int, policy: MediaPolicy, num_frames: int,
+                 budget: DecodedBudget | None = None) -> list[np.ndarray]:
     """``num_frames`` RGB frames (H x W x 3 uint8) sampled evenly over the video."""
     w = where(index, "video")
     if num_frames <= 0:
@@ -111,6 +138,8 @@ def decode_video(data: bytes, index: int, policy: MediaPolicy,
                 raise MediaError(f"{w}: the file has no video stream", 422)
             stream = container.streams.video[0]
             ctx = stream.codec_context
+            if ctx is None:  # a truncated file: the stream is listed but its codec was never read
+                raise MediaError(f"{w}: the {fmt.name} video is truncated or corrupt (no codec)", 422)
             width, height = int(ctx.width or 0), int(ctx.height or 0)
             if width * height > policy.max_image_pixels:
                 raise MediaError(
@@ -130,13 +159,53 @@ def decode_video(data: bytes, index: int, policy: MediaPolicy,
             total = _count_frames(data, fmt.demuxer, policy.max_video_frames_total, w)
         if total <= 0:
             raise MediaError(f"{w}: the video has no frames", 422)
+        if width > 0 and height > 0:
+            check_shape(w, width, height, policy, "a video frame")
+            if budget is not None:
+                budget.take(num_frames * width * height * 3, index, "video", f"{num_frames} sampled frames")
         wanted = sample_indices(total, num_frames)
-        return _decode_frames(data, fmt.demuxer, wanted, policy, w)
+        if max(wanted) < policy.max_video_frames_decoded:
+            return _decode_frames(data, fmt.demuxer, wanted, policy, w)
+        return _decode_seeking(data, fmt.demuxer, wanted, policy, w)  # a long video: never decode it all
     except MediaError:
         raise
-    except (av.FFmpegError, OSError, ValueError, IndexError, EOFError) as e:
+    except (av.FFmpegError, OSError, ValueError, IndexError, EOFError, AttributeError, TypeError,
+            ZeroDivisionError) as e:
         logger.info("inputs[%d]: video decode failed: %s", index, type(e).__name__)
         raise MediaError(f"{w}: the {fmt.name} video is truncated or corrupt", 422) from None
+
+
+def _decode_seeking(data: bytes, demuxer: str | None, wanted: list[int], policy: MediaPolicy,
+                    w: str) -> list[np.ndarray]:
+    """Each wanted frame by seeking to the keyframe before it and decoding forward; at most
+    ``max_video_frames_decoded`` frames decoded in all (sparse keyframes -> 413)."""
+    cap, decoded, picks = policy.max_video_frames_decoded, 0, []
+    with _open_video(data, demuxer) as container:
+        stream = container.streams.video[0]
+        rate, tb = stream.average_rate or stream.guessed_rate, stream.time_base
+        if not rate or not tb:
+            raise MediaError(f"{w}: the video has no frame rate to seek by and more than {cap} frames to "
+                             f"decode (ServerConfig.maxVideoFramesDecoded)", 413)
+        start = stream.start_time or 0
+        for idx in wanted:
+            target = start + int(idx / (rate * tb))
+            container.seek(target, stream=stream, backward=True, any_frame=False)
+            got: av.VideoFrame | None = None
+            for frame in container.decode(stream):
+                decoded += 1
+                if decoded > cap:
+                    raise MediaError(f"{w}: sampling the video needs more than {cap} frames decoded (keyframes "
+                                     f"too sparse; ServerConfig.maxVideoFramesDecoded)", 413)
+                if frame.width * frame.height > policy.max_image_pixels:
+                    raise MediaError(f"{w}: a video frame is {frame.width}x{frame.height} pixels, over the "
+                                     f"limit of {policy.max_image_pixels}", 413)
+                got = frame
+                if frame.pts is None or frame.pts >= target:
+                    break
+            if got is None:
+                raise MediaError(f"{w}: no video frame could be decoded near frame {idx}", 422)
+            picks.append(got.to_ndarray(format="rgb24"))
+    return picks
 
 
 def _video_seconds(container: av.container.InputContainer, stream: av.VideoStream) -> float | None:
@@ -199,7 +268,8 @@ def _resample_block(resampler: av.AudioResampler, mono: np.ndarray | None,
     return [f.to_ndarray().reshape(-1) for f in frames]
 
 
-def decode_audio(data: bytes, index: int, policy: MediaPolicy, sampling_rate: int) -> np.ndarray:
+def decode_audio(data: bytes, index: int, policy: MediaPolicy, sampling_rate: int,
+                 budget: DecodedBudget | None = None) -> np.ndarray:
     """Mono float32 samples at ``sampling_rate``. Sample rate, channel count and duration are
     checked from the header before decoding; decoding never reads past the duration limit."""
     w = where(index, "audio")
@@ -222,6 +292,8 @@ def decode_audio(data: bytes, index: int, policy: MediaPolicy, sampling_rate: in
                 raise MediaError(
                     f"{w}: the audio is {frames / rate:.1f} s long, over the limit of "
                     f"{policy.max_audio_seconds:g} s", 413)
+            if budget is not None:  # float32 samples at the model's rate (the read below never passes max_frames)
+                budget.take((min(frames, max_frames) * sampling_rate // rate + 1) * 4, index, "audio", "the audio")
             out: list[np.ndarray] = []
             resampler = _resampler(sampling_rate) if rate != sampling_rate else None
             read = 0

@@ -18,7 +18,8 @@ from mindie_service.errors import MediaError
 
 from .decode import decode_audio, decode_image, decode_video
 from .parts import MediaItem, Part, PartKind, TextPart, parse_parts
-from .policy import MediaKind, MediaPolicy
+from .budget import DecodedBudget
+from .policy import MediaKind, MediaPolicy, where
 from .sniff import sniff
 from .sources import ByteBudget, fetch_media
 
@@ -33,6 +34,7 @@ class DecodeOptions:
 
     num_video_frames: int = 8
     audio_sampling_rate: int = 16000
+    resize_shortest_edge: int | None = None  # the image processor's shortest-edge resize, when it has one
 
     def __post_init__(self) -> None:
         if self.num_video_frames <= 0:
@@ -60,29 +62,37 @@ class LoadedPart:
 
 
 def _decode_and_hash(data: bytes, item_kind: MediaKind, index: int, policy: MediaPolicy,
-                     options: DecodeOptions) -> tuple[Any, str, str | None] | tuple[str, int]:
+                     options: DecodeOptions, budget: DecodedBudget | None = None
+                     ) -> tuple[Any, str, str | None] | tuple[str, int]:
     """Executor side: decode and hash (hashing 512 MB takes a while too). A MediaError comes
-    back as ``(message, status)``, so its status survives a process-pool round trip."""
+    back as ``(message, status)``, so its status survives a process-pool round trip. Whatever else a
+    decoder raises on hostile bytes is this part's 422, never the server's 500."""
     try:
         if item_kind == "image":
-            payload = decode_image(data, index, policy)
+            payload = decode_image(data, index, policy, budget, options.resize_shortest_edge)
         elif item_kind == "video":
-            payload = decode_video(data, index, policy, options.num_video_frames)
+            payload = decode_video(data, index, policy, options.num_video_frames, budget)
         else:
-            payload = decode_audio(data, index, policy, options.audio_sampling_rate)
+            payload = decode_audio(data, index, policy, options.audio_sampling_rate, budget)
     except MediaError as e:
         return e.message, e.status
+    except MemoryError:
+        logger.warning("inputs[%d]: out of memory decoding a %s", index, item_kind)
+        return f"{where(index, item_kind)}: too large to decode", 413
+    except Exception:  # noqa: BLE001 - a decoder bug on hostile input: logged, answered as this part's error
+        logger.exception("inputs[%d]: %s decoder failed", index, item_kind)
+        return f"{where(index, item_kind)}: the {item_kind} could not be decoded", 422
     fmt = sniff(data)
     return payload, hashlib.sha256(data).hexdigest(), fmt.name if fmt else None
 
 
 async def _load_one(item: MediaItem, policy: MediaPolicy, executor: Executor,
-                    options: DecodeOptions, budget: ByteBudget) -> LoadedPart:
+                    options: DecodeOptions, budget: ByteBudget, decoded: DecodedBudget) -> LoadedPart:
     data = await fetch_media(item.ref, item.kind, item.index, policy, budget=budget)
     loop = asyncio.get_running_loop()
     result = await loop.run_in_executor(
         executor,
-        functools.partial(_decode_and_hash, data, item.kind, item.index, policy, options),
+        functools.partial(_decode_and_hash, data, item.kind, item.index, policy, options, decoded),
     )
     if len(result) == 2:
         message, status = result  # type: ignore[misc]
@@ -98,11 +108,12 @@ async def load_media(parts: Sequence[Part], policy: MediaPolicy, executor: Execu
     fetches are cancelled and the failure of the lowest-numbered part is raised."""
     options = options or DecodeOptions()
     budget = ByteBudget(policy.max_request_bytes)
+    decoded = DecodedBudget(policy.max_decoded_bytes)  # the per-request media budget, all items together
     tasks: dict[int, asyncio.Task[LoadedPart]] = {}
     for part in parts:
         if isinstance(part, MediaItem):
             tasks[part.index] = asyncio.ensure_future(
-                _load_one(part, policy, executor, options, budget))
+                _load_one(part, policy, executor, options, budget, decoded))
     try:
         if tasks:
             done, pending = await asyncio.wait(tasks.values(),

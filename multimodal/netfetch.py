@@ -221,11 +221,14 @@ async def _fetch_url(ref: str, kind: MediaKind, index: int, policy: MediaPolicy,
         raise MediaError(f"{w}: the URL contains whitespace, control characters or '\\'", 422)
     if not ref.isascii():
         raise MediaError(f"{w}: the URL must be ASCII (percent-encode or punycode it)", 422)
-    parts = urlsplit(ref)
+    try:
+        parts = urlsplit(ref)  # ValueError for a malformed IPv6 literal such as http://[::1/x.png
+        host = parts.hostname
+    except ValueError:
+        raise MediaError(f"{w}: the URL is malformed (its host cannot be parsed)", 422) from None
     scheme = parts.scheme.lower()
     if "@" in parts.netloc:
         raise MediaError(f"{w}: credentials in URLs are not allowed", 422)
-    host = parts.hostname
     if not host:
         raise MediaError(f"{w}: the URL has no host", 422)
     try:

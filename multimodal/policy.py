@@ -3,7 +3,7 @@
 Every limit the loader enforces lives here, so a request can never widen them. Defaults follow
 MindIE (20 media items, 4096-character URLs, image 20 MB, video 512 MB, audio 20 MB, 5 s connect
 and 30 s read timeouts) plus the guards MindIE lacks (private-address block, pixel / frame /
-duration caps, a per-request byte budget)."""
+duration caps, aspect-ratio and decoded-bytes caps, a per-request byte budget)."""
 from __future__ import annotations
 
 import logging
@@ -54,6 +54,9 @@ class MediaPolicy:
     max_audio_seconds: float = 600.0
     max_audio_sample_rate: int = 384_000
     max_audio_channels: int = 64
+    max_decoded_bytes: int = 256 * MB  # decoded bytes of all media of one request (ServerConfig.maxDecodedMediaBytes)
+    max_aspect_ratio: float = 200.0  # long side / short side of an image or video frame
+    max_video_frames_decoded: int = 2048  # frames decoded per video to reach the sampled ones
 
     def __post_init__(self) -> None:
         paths = tuple(str(p) for p in self.allowed_local_paths)
@@ -66,12 +69,14 @@ class MediaPolicy:
         for name in (
             "max_items", "max_url_len", "max_image_bytes", "max_video_bytes", "max_audio_bytes",
             "max_request_bytes", "max_response_headers", "max_header_bytes", "max_image_pixels",
-            "max_video_frames_total", "max_audio_sample_rate", "max_audio_channels",
+            "max_video_frames_total", "max_audio_sample_rate", "max_audio_channels", "max_decoded_bytes",
+            "max_video_frames_decoded",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"MediaPolicy.{name} must be a positive integer, got {value!r}")
-        for name in ("connect_timeout", "read_timeout", "max_video_seconds", "max_audio_seconds"):
+        for name in ("connect_timeout", "read_timeout", "max_video_seconds", "max_audio_seconds",
+                     "max_aspect_ratio"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"MediaPolicy.{name} must be a positive number, got {value!r}")

@@ -96,7 +96,10 @@ def local_path_of(ref: str, is_file_uri: bool, kind: MediaKind, index: int,
                          403)
     raw = ref
     if is_file_uri:
-        parts = urlsplit(ref)
+        try:
+            parts = urlsplit(ref)
+        except ValueError:
+            raise MediaError(f"{w}: the file URI is malformed", 422) from None
         if parts.netloc:
             raise MediaError(f"{w}: file URIs naming a host (file://host/...) are refused", 403)
         if parts.query or parts.fragment:

@@ -6,6 +6,7 @@ is ``block * block_size + offset``."""
 from __future__ import annotations
 
 import importlib
+import logging
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -13,12 +14,50 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from npu_ops import cpu_kernels
+from npu_ops import cpu_kernels, quant_kv
+from npu_ops.device import atb_status
+
+logger = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=1)
 def _torch_npu() -> Any:
     return importlib.import_module("torch_npu")
+
+
+def _on_npu(t: torch.Tensor) -> bool:
+    return t.device.type == "npu"
+
+
+# Ascend ATB's paged ops (_npu_reshape_and_cache, _npu_paged_attention) take fp16/bf16 caches with a block
+# size that is a multiple of 16, head size in (0, 256] and block size x head size <= 128 x 128 (ATB's
+# PagedAttentionOperation constraints). Any other cache runs the reference path on the NPU.
+ATB_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def atb_problem(cache: torch.Tensor) -> str | None:
+    """Why ATB's paged ops cannot take this KV cache [num_blocks, block_size, kv_heads, head_dim]; None if they can."""
+    bs, hd = cache.shape[1], cache.shape[3]
+    if cache.dtype not in ATB_DTYPES:
+        return f"KV cache dtype {cache.dtype} (ATB takes float16 or bfloat16)"
+    if bs % 16:
+        return f"cacheBlockSize {bs} (ATB needs a multiple of 16)"
+    if not 0 < hd <= 256 or bs * hd > 128 * 128:
+        return f"head size {hd} with cacheBlockSize {bs} (ATB needs head size <= 256 and their product <= 16384)"
+    found, why = atb_status()
+    return None if found else why
+
+
+@lru_cache(maxsize=None)
+def _note_fallback(problem: str) -> None:
+    logger.warning("NPU paged attention on the PyTorch reference path: %s", problem)
+
+
+def _atb_ok(cache: torch.Tensor) -> bool:
+    problem = atb_problem(cache)
+    if problem is not None:
+        _note_fallback(problem)  # once per reason
+    return problem is None
 
 
 # ---------------------------------------------------------------- RMSNorm
@@ -74,14 +113,16 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------- KV-cache write
 def write_kv_ref(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  slots: torch.Tensor) -> None:
-    """k, v: [T, kv_heads, head_dim] written at ``slots`` [T]."""
+    """k, v: [T, kv_heads, head_dim] written at ``slots`` [T] (quantized first into an int8 cache)."""
+    if quant_kv.is_quantized(k_cache):
+        k, v = quant_kv.quantize(k), quant_kv.quantize(v)
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
              slots: torch.Tensor) -> None:
-    if k.device.type == "npu":
+    if _on_npu(k) and not quant_kv.is_quantized(k_cache) and _atb_ok(k_cache):
         _torch_npu()._npu_reshape_and_cache(key=k, value=v, key_cache=k_cache, value_cache=v_cache,
                                             slot_indices=slots.to(torch.int32))
         return
@@ -108,7 +149,8 @@ class AttentionMetadata:
     decode_block_gather: torch.Tensor | None = None  # [Bd, max_blocks] block ids (padded) of each context
     decode_mask: torch.Tensor | None = None  # [Bd, 1, 1, max_blocks * block_size] True where a key is real
     decode_block_tables: torch.Tensor | None = None  # [Bd, max_blocks] int32 (NPU kernels)
-    decode_ctx_lens: torch.Tensor | None = None  # [Bd] int32 (NPU kernels)
+    decode_ctx_lens: torch.Tensor | None = None  # [Bd] int32 on the step's device
+    decode_ctx_lens_host: torch.Tensor | None = None  # [Bd] int32 in host memory: ATB reads lengths on the host
     prefills: list[PrefillSpan] = field(default_factory=list)
     # Every query row of the step at once, for kernels that read the cache per row (the CPU kernel):
     block_tables: torch.Tensor | None = None  # [S, max_blocks] int32: each sequence's blocks, decodes first
@@ -121,8 +163,8 @@ def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
     index_select on a 2-D view copies whole rows and runs 2-3x faster on CPU than advanced indexing."""
     n_kv, hd = cache.shape[2], cache.shape[3]
-    rows = cache.view(-1, n_kv * hd).index_select(0, slots.reshape(-1))
-    return rows.view(*slots.shape, n_kv, hd)
+    rows = cache.view(-1, n_kv * hd).index_select(0, slots.reshape(-1)).view(*slots.shape, n_kv, hd)
+    return quant_kv.dequantize(rows, torch.float32) if quant_kv.is_quantized(cache) else rows
 
 
 def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
@@ -130,21 +172,22 @@ def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     ~2x faster than per-slot rows; the padding past each context is masked out."""
     nb_total, bs, n_kv, hd = cache.shape
     rows = cache.view(nb_total, -1).index_select(0, blocks.reshape(-1))
-    return rows.view(blocks.shape[0], blocks.shape[1] * bs, n_kv, hd)
+    rows = rows.view(blocks.shape[0], blocks.shape[1] * bs, n_kv, hd)
+    return quant_kv.dequantize(rows, torch.float32) if quant_kv.is_quantized(cache) else rows
 
 
 def _decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                 scale: float) -> torch.Tensor:
     bd = meta.num_decode
-    n_kv, hd = k_cache.shape[2], k_cache.shape[3]
+    n_kv, hd = k_cache.shape[2], q.shape[-1]
     group = q.shape[1] // n_kv
     blocks, mask = meta.decode_block_gather, meta.decode_mask
     if blocks is None:  # derived from the kernels' int32 tables when only those were given
         blocks = meta.decode_block_tables.long()
         pos = torch.arange(blocks.shape[1] * k_cache.shape[1], device=q.device)
         mask = (pos[None, :] < meta.decode_ctx_lens[:, None])[:, None, None, :]
-    k = _gather_blocks(k_cache, blocks).transpose(1, 2)  # [Bd, kv, L, D]
-    v = _gather_blocks(v_cache, blocks).transpose(1, 2)
+    k = _gather_blocks(k_cache, blocks).to(q.dtype).transpose(1, 2)  # [Bd, kv, L, D]
+    v = _gather_blocks(v_cache, blocks).to(q.dtype).transpose(1, 2)
     # GQA without repeating K/V: the query heads of one KV head become that head's query rows.
     qg = q.view(bd, n_kv, group, hd)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
@@ -160,8 +203,8 @@ def _prefill_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: tor
         vi = v[s:s + n].transpose(0, 1)[None]
         out = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale, enable_gqa=True)
     else:
-        ki = _gather(k_cache, span.ctx_slots).transpose(0, 1)[None]
-        vi = _gather(v_cache, span.ctx_slots).transpose(0, 1)[None]
+        ki = _gather(k_cache, span.ctx_slots).to(q.dtype).transpose(0, 1)[None]
+        vi = _gather(v_cache, span.ctx_slots).to(q.dtype).transpose(0, 1)[None]
         q_pos = torch.arange(span.ctx_len - n, span.ctx_len, device=q.device)
         mask = torch.arange(span.ctx_len, device=q.device)[None, :] <= q_pos[:, None]
         out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scale, enable_gqa=True)
@@ -179,25 +222,36 @@ def paged_attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cac
     return out
 
 
+def _host_lens(meta: AttentionMetadata) -> torch.Tensor:
+    if meta.decode_ctx_lens_host is not None:
+        return meta.decode_ctx_lens_host
+    return meta.decode_ctx_lens.to(device="cpu", dtype=torch.int32)  # a device sync: runners set the host copy
+
+
 def _decode_npu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                 scale: float) -> torch.Tensor:
     # Ascend's paged decode kernel reads the block tables directly: no gather of the context.
     out = torch.empty_like(q)
     _torch_npu()._npu_paged_attention(query=q, key_cache=k_cache, value_cache=v_cache,
                                       num_kv_heads=k_cache.shape[2], num_heads=q.shape[1], scale_value=scale,
-                                      block_table=meta.decode_block_tables, context_lens=meta.decode_ctx_lens,
+                                      block_table=meta.decode_block_tables, context_lens=_host_lens(meta),
                                       out=out)
     return out
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    if quant_kv.is_quantized(k_cache):
+        if meta.row_seq is not None and quant_kv.kernel_supports(q, k_cache, v_cache):  # int8 pages read in place
+            return quant_kv.paged_attention_rows(q, k_cache, v_cache, meta.block_tables, meta.row_seq, meta.row_pos,
+                                                 scale)
+        return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale)
     if (q.device.type == "cpu" and meta.row_seq is not None
             and cpu_kernels.supports(q, k_cache, v_cache) and k_cache.is_contiguous() and v_cache.is_contiguous()):
         # Decode and prefill rows in one call, each reading its context in place through the block tables.
         return cpu_kernels.paged_attention_rows(q, k_cache, v_cache, meta.block_tables, meta.row_seq, meta.row_pos,
                                                 scale)
-    if q.device.type != "npu" or not meta.num_decode:
+    if not _on_npu(q) or not meta.num_decode or not _atb_ok(k_cache):
         # CUDA, and the CPU without its kernel: the reference (SDPA picks flash kernels on CUDA).
         return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale)
     out = torch.empty_like(q)

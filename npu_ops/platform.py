@@ -94,9 +94,14 @@ def staging_device(device: torch.device) -> torch.device:
 
 
 def default_dtype(device: torch.device, checkpoint_dtype: str) -> str:
-    """The dtype ``dtype: auto`` runs in: the checkpoint's on accelerators; fp32 on the CPU, where the C
-    kernels and packed GEMMs are fp32 and half-precision matmuls are slower, not faster."""
-    return "float32" if device.type == "cpu" else checkpoint_dtype
+    """The dtype ``dtype: auto`` runs in: fp32 on the CPU, where the C kernels and packed GEMMs are fp32 and
+    half-precision matmuls are slower, not faster; on an NPU the checkpoint's half precision, and bfloat16
+    for an fp32 checkpoint (ATB's paged ops take fp16/bf16 only); the checkpoint's own on CUDA."""
+    if device.type == "cpu":
+        return "float32"
+    if device.type == "npu" and checkpoint_dtype not in ("float16", "bfloat16"):
+        return "bfloat16"
+    return checkpoint_dtype
 
 
 def apply_thread_settings(num_threads: int | None) -> None:

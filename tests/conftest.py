@@ -22,3 +22,9 @@ def _demo(preset: str) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     return _demo("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_eos_model() -> Path:
+    """tiny with a reachable EOS: greedy generations end on it after a few to a few dozen tokens."""
+    return _demo("tiny-eos")

@@ -1,7 +1,10 @@
 """Helpers for the HTTP tests: write a config, start the real server process on free loopback ports,
 wait until it is ready, read SSE streams, stop it (SIGTERM) at the end of the session.
 
-Server processes are shared across test modules through ``shared_server`` (one per name)."""
+Server processes are shared across test modules through ``shared_server`` (one per name, for the whole
+session); one that died is a test failure, never silently replaced. Ports come from ``free_port``, which
+leaves each in TIME_WAIT so the kernel hands it to no one else, and a server that still finds its port
+taken is started again on fresh ones (``launch``)."""
 from __future__ import annotations
 
 import json
@@ -35,9 +38,23 @@ BASE_SCHEDULE = {"cacheBlockSize": 16, "maxPrefillTokens": 512, "maxBatchSize": 
 
 
 def free_port() -> int:
+    """A loopback port nobody else will be given for a while: after one accepted connection is closed from
+    the listening side, the port sits in TIME_WAIT (about 60 s), where ``bind(port 0)`` never picks it but a
+    server binding it with SO_REUSEADDR (Tornado, http.server) can."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        s.listen(1)
+        addr = s.getsockname()
+        with socket.create_connection(addr) as client:
+            conn, _ = s.accept()
+            conn.close()  # the accepted side closes first: the TIME_WAIT lands on our port
+            client.recv(1)
+        return addr[1]
+
+
+class PortInUse(RuntimeError):
+    """The server could not bind one of its ports (another process took it between choice and bind)."""
 
 
 def write_config(path: Path, model: Path, *, server: dict[str, Any] | None = None,
@@ -59,10 +76,11 @@ def write_config(path: Path, model: Path, *, server: dict[str, Any] | None = Non
 
 
 class ServerProcess:
-    """``python -m mindie_service serve --config PATH`` as a child process."""
+    """``python -m mindie_service serve --config PATH [ARGS]`` as a child process."""
 
-    def __init__(self, config: Path, log: Path, *, verify: Any = None, cert: Any = None) -> None:
-        self.config_path = config
+    def __init__(self, config: Path, log: Path, *, verify: Any = None, cert: Any = None,
+                 args: tuple[str, ...] = ()) -> None:
+        self.config_path, self.args = config, args
         self.cfg = json.loads(config.read_text())["ServerConfig"]
         self.log_path = log
         self.scheme = "https" if self.cfg.get("httpsEnabled", True) else "http"
@@ -78,7 +96,8 @@ class ServerProcess:
     def start(self) -> "ServerProcess":
         env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "mindie_service", "serve", "--config", str(self.config_path)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "mindie_service", "serve", "--config", str(self.config_path),
+                                      *self.args],
                                      cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         return self
 
@@ -86,12 +105,14 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+                log = self.log()
+                kind = PortInUse if "Address already in use" in log else RuntimeError
+                raise kind(f"server exited with {self.proc.returncode}:\n{log}")
             try:
                 r = requests.get(self.url("management") + "/health", timeout=2, verify=self.verify, cert=self.cert)
                 if r.status_code == 200:
                     return self
-            except requests.RequestException:
+            except OSError:  # requests' errors, and TLS files `serve --prepare` has not written yet
                 pass
             time.sleep(0.2)
         raise RuntimeError(f"server not ready after {timeout} s:\n{self.log()}")
@@ -144,17 +165,36 @@ def wait_until(cond: Callable[[], bool], timeout: float = 15.0, interval: float 
     return cond()
 
 
+def launch(make: Callable[[], ServerProcess], attempts: int = 3) -> ServerProcess:
+    """``make()`` (which writes a config with fresh ports), start it and wait until ready; started again with
+    a new ``make()`` when a port was taken before the server bound it."""
+    for attempt in range(attempts):
+        srv = make().start()
+        try:
+            return srv.wait_ready()
+        except PortInUse:
+            srv.stop()
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 _SERVERS: dict[str, ServerProcess] = {}
 
 
 def shared_server(name: str, request: pytest.FixtureRequest, make: Callable[[Path], ServerProcess]) -> ServerProcess:
-    """One server per ``name`` for the whole session, whichever module asks first; stopped at session end."""
+    """One server per ``name`` for the whole session, whichever module or test asks first; stopped when the
+    session ends. A shared server that has exited fails the test asking for it, with its log: a crash must
+    not be papered over by a fresh process."""
     srv = _SERVERS.get(name)
-    if srv is None or (srv.proc is not None and srv.proc.poll() is not None):
-        tmp = request.getfixturevalue("tmp_path_factory").mktemp(name)
-        srv = make(tmp).start().wait_ready()
-        _SERVERS[name] = srv
-        request.addfinalizer(srv.stop)
+    if srv is not None:
+        if srv.proc is not None and srv.proc.poll() is not None:
+            pytest.fail(f"shared server {name!r} died (exit code {srv.proc.returncode}); its log:\n{srv.log()}")
+        return srv
+    factory = request.getfixturevalue("tmp_path_factory")
+    srv = launch(lambda: make(factory.mktemp(name)))
+    _SERVERS[name] = srv
+    request.config.add_cleanup(srv.stop)  # the session's end, whatever scope the asking fixture has
     return srv
 
 

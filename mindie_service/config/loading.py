@@ -5,6 +5,7 @@ resolve against the config file's folder."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import os
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mindie_service.config.gen_defaults import generation_defaults
 from mindie_service.config.messages import S, schema_problems
 from mindie_service.config.rules import cross_key_problems
 from mindie_service.config.schema import load_schema
@@ -40,7 +42,9 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Servi
     if problems:
         raise ConfigError([f"{path}: {p}" for p in problems])
     logger.debug("loaded %s (env overrides: %s)", cfg_path, sorted(sources.values()) or "none")
-    return _build(cfg_path, data, raw)
+    built = _build(cfg_path, data, raw)
+    gen = generation_defaults(cfg_path, data.get("GenerationDefaults") or {}, env, built.models[0].weight_path)
+    return dataclasses.replace(built, generation_defaults=gen)
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -135,7 +139,13 @@ def _server(srv: dict[str, Any], base: Path) -> ServerSettings:
         allowed_local_media_paths=tuple(_resolve(base, p) for p in srv["allowedLocalMediaPaths"]),
         allow_private_media_urls=srv["allowPrivateMediaUrls"],
         media_url_allowed_hosts=tuple(h.lower() for h in srv["mediaUrlAllowedHosts"]),
-        max_media_items=int(srv["maxMediaItems"]))
+        max_media_items=int(srv["maxMediaItems"]), batch_jobs_dir=_resolve(base, srv["batchJobsDir"]),
+        batch_max_lines=int(srv["batchMaxLines"]),
+        batch_max_running=None if srv["batchMaxRunning"] is None else int(srv["batchMaxRunning"]), body_timeout=float(srv["bodyTimeoutSeconds"]),
+        max_connections_key=srv["maxConnections"], max_decoded_media_bytes=int(srv["maxDecodedMediaBytes"]),
+        max_image_aspect_ratio=float(srv["maxImageAspectRatio"]),
+        max_video_frames_decoded=int(srv["maxVideoFramesDecoded"]),
+        open_ai_support=srv.get("openAiSupport") or "openai")
 
 
 def _backend(be: dict[str, Any], base: Path) -> BackendSettings:
@@ -149,7 +159,8 @@ def _backend(be: dict[str, Any], base: Path) -> BackendSettings:
         max_video_frames=int(dep["maxVideoFrames"]),
         num_threads=None if dep["numThreads"] is None else int(dep["numThreads"]),
         cpu_kernels=dep["cpuKernels"],
-        kernel_cache_dir=None if dep["kernelCacheDir"] is None else _resolve(base, dep["kernelCacheDir"]))
+        kernel_cache_dir=None if dep["kernelCacheDir"] is None else _resolve(base, dep["kernelCacheDir"]),
+        models_dir=_resolve(base, dep["modelsDir"]), max_model_download_mb=int(dep["maxModelDownloadMb"]))
 
 
 def _schedule(sch: dict[str, Any]) -> ScheduleSettings:
@@ -162,7 +173,9 @@ def _schedule(sch: dict[str, Any]) -> ScheduleSettings:
         support_select_batch=sch["supportSelectBatch"],
         max_queue_delay_microseconds=int(sch["maxQueueDelayMicroseconds"]),
         num_kv_blocks=None if sch["numKvBlocks"] is None else int(sch["numKvBlocks"]),
-        enable_prefix_caching=sch["enablePrefixCaching"])
+        enable_prefix_caching=sch["enablePrefixCaching"], max_sessions=int(sch["maxSessions"]),
+        session_kv_share=float(sch["sessionKvShare"]), session_idle_seconds=float(sch["sessionIdleSeconds"]),
+        max_session_tokens=int(sch["maxSessionTokens"]))
 
 
 def _build(cfg_path: Path, d: dict[str, Any], raw: dict[str, Any]) -> ServiceConfig:
@@ -172,7 +185,8 @@ def _build(cfg_path: Path, d: dict[str, Any], raw: dict[str, Any]) -> ServiceCon
     models = tuple(ModelSettings(
         instance_type=m["modelInstanceType"], name=m["modelName"], weight_path=_resolve(base, m["modelWeightPath"]),
         world_size=int(m["worldSize"]), cpu_mem_size_gb=int(m["cpuMemSize"]), npu_mem_size_gb=int(m["npuMemSize"]),
-        backend_type=m["backendType"], trust_remote_code=m["trustRemoteCode"]) for m in dep["ModelConfig"])
+        backend_type=m["backendType"], trust_remote_code=m["trustRemoteCode"], quantization=m["quantization"],
+        kv_cache_dtype=m["kvCacheDtype"]) for m in dep["ModelConfig"])
     loras = tuple(LoraModuleSpec(name=lo["name"], path=_resolve(base, lo["path"]),
                                  base_model_name=lo.get("baseModelName") or models[0].name)
                   for lo in dep["LoraModules"])

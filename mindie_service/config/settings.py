@@ -45,6 +45,20 @@ class ServerSettings:
     allow_private_media_urls: bool
     media_url_allowed_hosts: tuple[str, ...]  # lower-case; empty = any host
     max_media_items: int
+    batch_jobs_dir: str  # resolved against the config's folder
+    batch_max_lines: int
+    batch_max_running: int | None  # None = a quarter of maxBatchSize
+    body_timeout: float = 30.0  # seconds to receive a body after its headers
+    max_connections_key: int | None = None  # ServerConfig.maxConnections; None = derived
+    max_decoded_media_bytes: int = 256 * 1024 * 1024
+    max_image_aspect_ratio: float = 200.0
+    max_video_frames_decoded: int = 2048
+    open_ai_support: str = "openai"  # "openai" | "vllm" (also vLLM's extra request fields)
+
+    @property
+    def max_connections(self) -> int:
+        """Open connections per listener: the key, or 3 x maxLinkNum + 256."""
+        return self.max_connections_key or 3 * self.max_link_num + 256
 
     @property
     def max_request_bytes(self) -> int:
@@ -71,6 +85,8 @@ class ModelSettings:
     npu_mem_size_gb: int  # -1 = size automatically
     backend_type: str
     trust_remote_code: bool
+    quantization: str | None = None  # None | "w8a16" | "w8a8"
+    kv_cache_dtype: str = "auto"  # "auto" | "int8"
 
     @property
     def mock(self) -> bool:
@@ -96,6 +112,8 @@ class BackendSettings:
     num_threads: int | None
     cpu_kernels: bool
     kernel_cache_dir: str | None  # resolved; None = npu_ops's default
+    models_dir: str = ""  # the model catalog's folder (resolved); "" = models/ beside the config
+    max_model_download_mb: int = 65536  # GET /v1/models/download/{id}: bytes fetched and unpacked, at most
 
 
 @dataclass(frozen=True)
@@ -114,6 +132,10 @@ class ScheduleSettings:
     max_queue_delay_microseconds: int
     num_kv_blocks: int | None
     enable_prefix_caching: bool
+    max_sessions: int = 1024
+    session_kv_share: float = 0.25
+    session_idle_seconds: float = 3600.0
+    max_session_tokens: int = 4194304
 
 
 @dataclass(frozen=True)
@@ -134,6 +156,8 @@ class ServiceConfig:
     lora_modules: tuple[LoraModuleSpec, ...]  # paths resolved; base_model_name always set
     log: LogSettings
     raw: dict[str, Any] = field(compare=False, repr=False)  # the file as read (no env, no defaults)
+    # /api/* generation_config defaults: env MINDIE_GEN_* (and .env) over GenerationDefaults over model.json
+    generation_defaults: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def model(self, name: str) -> ModelSettings:
         for m in self.models:
@@ -145,6 +169,7 @@ class ServiceConfig:
         m, b, s = self.models[model_index], self.backend, self.schedule
         return EngineConfig(
             model=m.weight_path, model_name=m.name, trust_remote_code=m.trust_remote_code,
+            quantization=m.quantization, kv_cache_dtype=m.kv_cache_dtype,
             max_seq_len=b.max_seq_len, max_input_token_len=b.max_input_token_len, truncation=b.truncation,
             cache_block_size=s.cache_block_size, max_prefill_batch_size=s.max_prefill_batch_size,
             max_prefill_tokens=s.max_prefill_tokens, max_batch_size=s.max_batch_size,
@@ -154,7 +179,9 @@ class ServiceConfig:
             max_loras=b.max_loras, max_lora_rank=b.max_lora_rank,
             lora_modules=tuple(lo for lo in self.lora_modules if lo.base_model_name == m.name),
             video_frames=b.video_frames, max_video_frames=b.max_video_frames, num_threads=b.num_threads,
-            cpu_kernels=b.cpu_kernels, kernel_cache_dir=b.kernel_cache_dir)
+            cpu_kernels=b.cpu_kernels, kernel_cache_dir=b.kernel_cache_dir, max_sessions=s.max_sessions,
+            session_kv_share=s.session_kv_share, session_idle_seconds=s.session_idle_seconds,
+            max_session_tokens=s.max_session_tokens)
 
     def check_files(self) -> None:
         """Raise ConfigError naming every missing file the config points at: model checkpoints

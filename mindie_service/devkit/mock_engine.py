@@ -53,6 +53,10 @@ class MockEngine:
     def tokenize(self, text: str) -> list[int]:
         return [1] + [b + 3 for b in text.encode("utf-8")]
 
+    def detokenize(self, token_ids: list[int]) -> str:
+        raw = b"".join(_SPECIAL[t].encode() if t < 3 else bytes([t - 3]) for t in token_ids)
+        return raw.decode("utf-8", errors="replace")
+
     def _info(self, tid: int, logprob: float | None) -> TokenInfo:
         text = _SPECIAL[tid] if tid < 3 else bytes([tid - 3]).decode("latin-1")
         return TokenInfo(id=tid, logprob=logprob, text=text, special=tid < 3)

@@ -33,6 +33,22 @@ MARKER = "devkit.json"  # written before config.json, which still marks a comple
 _BUILDER_MODULES = (text_model, mm_model, corpus)
 
 
+# tiny-eos: tiny with its lm_head row for EOS scaled by this gain, so greedy generations end on EOS after a
+# few to a few dozen tokens (the EOS tests need a reachable EOS). The digest does not cover this module:
+# bump FORMAT when changing the gain or _write_tiny_eos.
+EOS_GAIN = 2.0
+
+
+def _write_tiny_eos(seed: int, d: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    text_model.write_text_checkpoint(TINY, seed, d)
+    weights = load_file(str(d / "model.safetensors"))
+    weights["lm_head.weight"][text_model.EOS_ID] *= EOS_GAIN
+    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+    (d / "model.safetensors").chmod(0o644)
+
+
 @dataclass(frozen=True)
 class Preset:
     """One buildable demo model. ``write(seed, folder)`` fills an empty folder, config.json last."""
@@ -46,6 +62,7 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("tiny", "text", partial(text_model.write_text_checkpoint, TINY), "1.3M-parameter Llama (GQA)", TINY),
+    Preset("tiny-eos", "text", _write_tiny_eos, "tiny with a reachable EOS (for EOS tests)", TINY),
     Preset("small", "text", partial(text_model.write_text_checkpoint, SMALL), "32M-parameter Llama (GQA)", SMALL),
     Preset("tiny-vl", "multimodal", mm_model.write_vl, "LLaVA: CLIP vision tower + tiny Llama"),
     Preset("tiny-audio", "multimodal", mm_model.write_audio, "Qwen2-Audio: audio encoder + tiny Qwen2"),

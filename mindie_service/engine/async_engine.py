@@ -39,7 +39,7 @@ class AsyncEngine:
         self.device_type = self.engine.device_info.type
         self.device_reason = self.engine.device_info.reason
         self.dtype = str(self.engine.dtype).removeprefix("torch.")
-        self.input_processor = InputProcessor.for_engine(self.engine, self.tokenize)
+        self.input_processor = InputProcessor.for_engine(self.engine, self.tokenize, chat_tokenizer=self.tokenizer)
         self.modalities = self.input_processor.modalities
         self._cond = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
@@ -69,6 +69,9 @@ class AsyncEngine:
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text).input_ids)
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 
     # ------------------------------------------------------------ requests
     def _post(self, kind: str, payload: Any) -> None:

@@ -119,6 +119,34 @@ class BlockManager:
                 self.block_hash[b] = h
         seq.num_registered_blocks = full
 
+    def fork(self, parent: Sequence, child: Sequence) -> bool:
+        """Copy-on-write for beams: ``child`` (the parent's tokens plus one) shares the parent's full blocks and
+        gets fresh blocks from the partly filled one on, whose tokens it recomputes; the parent keeps writing
+        its own. False, changing nothing, when the pool lacks the fresh blocks."""
+        full = parent.num_computed_tokens // self.block_size
+        need = self.blocks_needed(child.num_tokens) - full
+        if need > len(self.free):
+            return False
+        shared = parent.block_table[:full]
+        for b in shared:
+            self.ref_counts[b] += 1
+        child.block_table = shared + [self._take_free() for _ in range(need)]
+        child.num_computed_tokens = full * self.block_size
+        child.block_hashes = list(parent.block_hashes[:full])
+        child.num_registered_blocks = min(parent.num_registered_blocks, full)
+        return True
+
+    def pin(self, block: int) -> None:
+        """One more reference to a cached block held outside any sequence (a kept session)."""
+        if self.ref_counts[block] == 0:
+            del self.free[block]
+        self.ref_counts[block] += 1
+
+    def unpin(self, block: int) -> None:
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            self.free[block] = None  # still in the prefix cache until the LRU hands it out
+
     def free_seq(self, seq: Sequence) -> None:
         # Reverse order: a sequence's tail blocks are evicted before its head, which more prompts share.
         for b in reversed(seq.block_table):

@@ -41,6 +41,8 @@ class EngineClient(Protocol):
 
     def tokenize(self, text: str) -> list[int]: ...
 
+    def detokenize(self, token_ids: list[int]) -> str: ...  # special tokens kept: the text as the model saw it
+
     # LoRA adapters: ConflictError (409) name taken or in use, NotFoundError (404) unknown, ValidationError
     # (422) bad folder, or an engine without adapters.
     async def load_adapter(self, name: str, path: str) -> dict[str, Any]: ...

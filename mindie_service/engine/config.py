@@ -50,6 +50,17 @@ class EngineConfig:
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default
     cpu_kernels: bool = True  # the C kernels / packed-linear fast path on CPU (env MINDIE_CPU_KERNELS overrides)
     kernel_cache_dir: str | None = None  # where compiled kernels are kept; None = the default (env MINDIE_KERNEL_CACHE overrides)
+    # Weight quantization at load (npu_ops.quant): None = as loaded, "w8a16" or "w8a8". A checkpoint already
+    # quantized by msModelSlim (quant_model_description*.json) loads as it is.
+    quantization: str | None = None
+    kv_cache_dtype: str = "auto"  # "auto" = the model dtype; "int8" = int8 K/V with per-token, per-head scales
+    # Sessions (continue a finished generation by its request_id; engine.sessions): how many are kept, the
+    # share of the KV pool their pinned blocks may hold, the idle time after which one is dropped, and
+    # the token ids all of them may keep.
+    max_sessions: int = 1024
+    session_kv_share: float = 0.25
+    session_idle_seconds: float = 3600.0
+    max_session_tokens: int = 4194304
 
     @property
     def effective_max_input_len(self) -> int:
@@ -66,6 +77,9 @@ class EngineConfig:
                   "an integer >= 1", self.num_kv_blocks)
         check(self.dtype in ("auto", "float32", "float16", "bfloat16"), "dtype",
               "one of auto, float32, float16, bfloat16", self.dtype)
+        check(self.quantization in (None, "w8a16", "w8a8"), "quantization", "one of None, w8a16, w8a8",
+              self.quantization)
+        check(self.kv_cache_dtype in ("auto", "int8"), "kv_cache_dtype", "one of auto, int8", self.kv_cache_dtype)
         check(self.kernel_cache_dir is None or (isinstance(self.kernel_cache_dir, str) and self.kernel_cache_dir != ""),
               "kernel_cache_dir", "a non-empty string or None", self.kernel_cache_dir)
         for p in cross_field_problems({f.name: getattr(self, f.name) for f in fields(self)}):

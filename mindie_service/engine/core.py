@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import logging
 import secrets
+from typing import Any
 
+from mindie_service.engine.beam import BeamGroup, BeamSearch, check_beam_request
 from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.loading import load_parts
 from mindie_service.engine.output import OutputProcessor
 from mindie_service.engine.runner import ModelRunner
-from mindie_service.engine.sampler import SampleResult, Sampler
+from mindie_service.engine.sampler import NonFiniteRows, SampleResult, Sampler
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence
+from mindie_service.engine.sessions import SessionStore
 from mindie_service.engine.step import ModelOutput, SchedulerOutput
-from mindie_service.engine.types import EngineRequest, EngineStats, FailedEvent, TokenEvent
+from mindie_service.engine.types import PRIORITY_ONLINE, EngineRequest, EngineStats, FailedEvent, TokenEvent
 from mindie_service.errors import check
 from mindie_service.lora.manager import LoraManager
 
@@ -48,12 +51,15 @@ class LLMEngine:
         self.blocks = BlockManager(parts.num_blocks, cfg.cache_block_size, cfg.enable_prefix_caching)
         self.lora = LoraManager(self.model, cfg.max_loras, cfg.max_lora_rank, self.device, self.dtype,
                                 [(m.name, m.path) for m in cfg.lora_modules], reserved=(cfg.model_name,))
-        self.scheduler = Scheduler(cfg, self.blocks, adapters=self.lora)
+        self.sessions = SessionStore(self.blocks, max_sessions=cfg.max_sessions, kv_share=cfg.session_kv_share,
+                                     idle_seconds=cfg.session_idle_seconds, max_tokens=cfg.max_session_tokens)
+        self.scheduler = Scheduler(cfg, self.blocks, adapters=self.lora, sessions=self.sessions)
         self.runner = ModelRunner(self.model, parts.num_blocks, cfg.cache_block_size, self.device, self.dtype,
                                   lora_hook=self.lora.step_applier,
                                   embeds_hook=self.mm_encoder.embeds_hook if self.mm_encoder else None)
         self.sampler = Sampler()
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids)
+        self.beams = BeamSearch(self.scheduler, self.outputs, self.eos_token_ids, self.sessions)
 
     @property
     def pool_tokens(self) -> int:
@@ -73,13 +79,26 @@ class LLMEngine:
         max_output = min(p.max_tokens, self.cfg.max_iter_times, self.cfg.max_seq_len - len(ids),
                          self.pool_tokens - len(ids))
         seed = p.seed if p.seed is not None else secrets.randbits(63)
+        if p.num_beams > 1:
+            check_beam_request(req, max(1, max_output), self.blocks.blocks_needed, self.blocks.num_blocks,
+                               self.cfg.max_batch_size)
         cache_key = self.lora.bind(rid, p.adapter_id) + cache_key  # last check: counts the request
-        seq = Sequence(rid, ids, p, max(1, max_output), seed, cache_key=cache_key, mm_inputs=req.mm_inputs)
+        seq = Sequence(rid, ids, p, max(1, max_output), seed, cache_key=cache_key, mm_inputs=req.mm_inputs,
+                       priority=req.priority,
+                       session_id=req.session_id if self.sessions.enabled else None)
+        if req.continued and req.session_id is not None:
+            self.sessions.continued(req.session_id)
         self.outputs.add(seq)
-        self.scheduler.add(seq)
+        if p.num_beams > 1:
+            self.beams.add(seq)  # its beams are scheduled; seq itself only carries the request
+        else:
+            self.scheduler.add(seq)
         return seq
 
     def abort_request(self, request_id: str) -> bool:
+        group = self.beams.group_of(request_id)  # a beam search: its client id or one of its beams'
+        if group is not None:
+            return self.beams.abort(group.request_id)
         seq = self.scheduler.get(request_id)
         if seq is None:
             return False
@@ -104,27 +123,41 @@ class LLMEngine:
         return self.lora.list()
 
     def stats(self) -> EngineStats:
-        s = self.scheduler
+        s, ss = self.scheduler, self.sessions.stats()
         return EngineStats(running=len(s.running), waiting=len(s.waiting), swapped=0,
                            total_blocks=self.blocks.num_blocks, free_blocks=self.blocks.num_free_blocks,
                            cache_usage=self.blocks.usage, prefix_cache_hit_rate=self.blocks.prefix_hit_rate,
-                           num_preemptions=s.num_preemptions)
+                           num_preemptions=s.num_preemptions, sessions_held=ss.held, session_hits=ss.hits,
+                           session_evictions=ss.evictions, session_pinned_blocks=ss.pinned_blocks,
+                           batch_running=sum(1 for q in s.running if q.priority != PRIORITY_ONLINE),
+                           batch_waiting=sum(1 for q in s.waiting if q.priority != PRIORITY_ONLINE))
 
     # ------------------------------------------------------------ the step
     def step(self) -> list[Event]:
+        self.sessions.expire()
         out = self.scheduler.schedule()
         if out.empty:
             return []
+        searching = set(self.beams.groups)
         outcomes, events = self._execute(out)
+        for ev in events:  # a beam that failed failed its whole search: tell the client's id
+            if "#b" in ev.request_id and ev.request_id.rsplit("#b", 1)[0] in searching:
+                ev.request_id = ev.request_id.rsplit("#b", 1)[0]
         sampled: dict[str, int] = {}
         finished: dict[str, str] = {}
+        beam_rows: dict[BeamGroup, dict[Sequence, Any]] = {}
         for sub, result, sample in outcomes:
             for chunk in sub.prefills:
                 logits = result.prompt_logits.get(chunk.request_id)
                 if logits is not None:
                     self.outputs.prompt_chunk(self.scheduler.seqs[chunk.request_id], chunk, logits)
             for row, chunk in enumerate(sub.sampled):
-                seq = self.scheduler.seqs[chunk.request_id]
+                seq = self.scheduler.seqs.get(chunk.request_id)
+                if seq is None:  # a beam whose search failed during the step
+                    continue
+                if seq.group is not None:  # beams are ranked together, after the update
+                    beam_rows.setdefault(seq.group, {})[seq] = result.logits[row]
+                    continue
                 tid = sample.token_ids[row]
                 ev = self.outputs.token(seq, tid, sample.logprobs[row], sample.top[row])
                 sampled[chunk.request_id] = tid
@@ -133,6 +166,9 @@ class LLMEngine:
                     self.sampler.forget(chunk.request_id)
                 events.append(ev)
         self.scheduler.update(out, sampled, finished)
+        for group, rows in beam_rows.items():
+            if group.request_id in self.beams.groups:
+                events.extend(self.beams.advance(group, rows))
         return events
 
     def _run(self, out: SchedulerOutput) -> _Outcome:
@@ -146,13 +182,21 @@ class LLMEngine:
             return [self._run(out)], []
         except Exception as exc:  # noqa: BLE001 - isolate the request that broke the batch
             logger.warning("step of %d requests failed (%s); retrying each alone", len(out.chunks), exc)
+        # The sampler draws nothing (and restores its generators) when it raises, so re-running a seeded
+        # request alone gives the very tokens it would have drawn in the batch.
         outcomes: list[_Outcome] = []
         failed: list[Event] = []
         for chunk in out.chunks:
+            rid = chunk.request_id
             try:
                 outcomes.append(self._run(out.only(chunk)))
-            except Exception as exc:  # noqa: BLE001
-                logger.exception("request %s failed in the engine", chunk.request_id)
-                self.abort_request(chunk.request_id)
-                failed.append(FailedEvent(chunk.request_id, f"Request failed in the engine: {type(exc).__name__}: {exc}"))
+            except NonFiniteRows:
+                logger.warning("request %s: non-finite logits, failing it", rid)
+                self.abort_request(rid)
+                failed.append(FailedEvent(rid, f"Request {rid} failed: the model produced non-finite logits (NaN or "
+                                               f"infinity) for it; its sampling parameters or LoRA adapter overflowed"))
+            except Exception:  # noqa: BLE001 - the details go to the log, never to the client
+                logger.exception("request %s failed in the engine", rid)
+                self.abort_request(rid)
+                failed.append(FailedEvent(rid, f"Request {rid} failed in the engine"))
         return outcomes, failed

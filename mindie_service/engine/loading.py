@@ -32,7 +32,8 @@ def load_parts(cfg: EngineConfig) -> EngineParts:
     info = replace(info, reason=f"{info.reason}{platform.fast_path_note(info.torch_device)}")
     device = info.torch_device
     platform.apply_thread_settings(cfg.num_threads)
-    loaded = load_model(cfg.model, cfg.dtype, device, cfg.max_seq_len, min(cfg.max_batch_size, 128))
+    loaded = load_model(cfg.model, cfg.dtype, device, cfg.max_seq_len, min(cfg.max_batch_size, 128),
+                        quantization=cfg.quantization, kv_cache_dtype=cfg.kv_cache_dtype)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)
     num_blocks = cfg.num_kv_blocks or auto_num_blocks(cfg, loaded, device)
     logger.info("KV pool: %d blocks of %d tokens", num_blocks, cfg.cache_block_size)
@@ -52,7 +53,7 @@ def eos_ids(hf_config: Any, tokenizer: Any) -> frozenset[int]:
 
 def auto_num_blocks(cfg: EngineConfig, loaded: LoadedModel, device: Any) -> int:
     """Blocks for maxBatchSize full-length sequences, within the device's KV budget (npu_ops.platform)."""
-    per_block = kv_bytes_per_block(loaded.model, cfg.cache_block_size, loaded.dtype)
+    per_block = kv_bytes_per_block(loaded.model, cfg.cache_block_size, loaded.dtype, cfg.kv_cache_dtype)
     need = cfg.max_batch_size * cfg.max_seq_len // cfg.cache_block_size + 1
     budget = platform.kv_cache_budget(device, cfg.kv_cache_memory_gb)
     return max(2, min(need, budget // per_block))

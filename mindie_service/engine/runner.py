@@ -14,7 +14,7 @@ from torch import nn
 
 from mindie_service.engine.step import ModelOutput, ScheduledChunk, SchedulerOutput
 from mindie_service.models.llama import StepContext
-from npu_ops import memory
+from npu_ops import memory, quant_kv
 from npu_ops.ops import AttentionMetadata, PrefillSpan
 
 logger = logging.getLogger(__name__)
@@ -29,8 +29,10 @@ LoraHook = Callable[[list[int], list[int]], Any]
 EmbedsHook = Callable[[list[tuple[ScheduledChunk, int]]], Any]
 
 
-def kv_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
+def kv_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype, kv_cache_dtype: str = "auto") -> int:
     d = model.dims
+    if kv_cache_dtype == "int8":  # int8 rows with their fp32 scale (npu_ops.quant_kv)
+        return 2 * d.layers * block_size * d.kv_heads * quant_kv.row_bytes(d.head_dim)
     return 2 * d.layers * block_size * d.kv_heads * d.head_dim * torch.tensor([], dtype=dtype).element_size()
 
 
@@ -42,7 +44,11 @@ class ModelRunner:
         d = model.dims
         # One allocation for every layer's K and V (huge pages on the CPU, see npu_ops.memory); zeros, not
         # empty: padded gathers read unused slots, and NaN bits there would poison masked scores.
-        pool = memory.zeros((d.layers, 2, num_blocks, block_size, d.kv_heads, d.head_dim), dtype, device)
+        if getattr(model, "kv_cache_dtype", "auto") == "int8":  # each row: head_dim int8 + its fp32 scale
+            pool = memory.zeros((d.layers, 2, num_blocks, block_size, d.kv_heads, quant_kv.row_bytes(d.head_dim)),
+                                torch.int8, device)
+        else:
+            pool = memory.zeros((d.layers, 2, num_blocks, block_size, d.kv_heads, d.head_dim), dtype, device)
         self.kv_caches = [(pool[i, 0], pool[i, 1]) for i in range(d.layers)]
         self.lora_hook, self.embeds_hook = lora_hook, embeds_hook
 
@@ -114,6 +120,8 @@ class ModelRunner:
         if decodes:
             meta.decode_block_tables = tables[:len(decodes)]
             meta.decode_ctx_lens = meta.row_pos[:len(decodes)] + 1  # a decode row sits at its last position
+            # ATB's paged attention reads the lengths on the host: built from Python ints, no device sync.
+            meta.decode_ctx_lens_host = torch.tensor([c.start + 1 for c in decodes], dtype=torch.int32)
         step = StepContext(positions=pos_t, attn=meta)
         if self.lora_hook is not None:
             step.lora = self.lora_hook([c.adapter_slot for c in chunks], counts)

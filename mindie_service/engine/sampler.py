@@ -3,7 +3,13 @@
 Order: repetition penalty (HF: over prompt and output), frequency penalty (output only), then
 greedy argmax, or temperature -> top-k -> top-p -> typical-p and a draw from each request's own
 seeded generator, so a seeded request gives the same tokens whatever else is in the batch.
-Logprobs are reported from the model's raw distribution."""
+Logprobs are reported from the model's raw distribution, floored at -9999.0 (OpenAI's value for
+"impossible") so that JSON never sees -inf.
+
+Robust by construction: penalties and warps run in float64 (a tiny temperature or penalty cannot
+overflow), every row is checked before any generator draws, and a row whose logits or probabilities
+are not finite raises NonFiniteRows naming its requests. The generators of the batch are restored if
+sampling fails half way, so a re-run cannot have advanced a seeded neighbour."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,6 +17,17 @@ from dataclasses import dataclass
 import torch
 
 from mindie_service.engine.sequence import Sequence
+
+
+LOGPROB_FLOOR = -9999.0
+
+
+class NonFiniteRows(RuntimeError):
+    """Rows whose logits (or probabilities after penalties and warps) are NaN or infinite."""
+
+    def __init__(self, request_ids: list[str]) -> None:
+        super().__init__(f"non-finite logits for {', '.join(request_ids)}")
+        self.request_ids = request_ids
 
 
 @dataclass
@@ -26,6 +43,15 @@ class Sampler:
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+
+    def _restore(self, snapshot: dict[str, torch.Tensor], request_ids: list[str]) -> None:
+        """Put back the generators of ``request_ids`` as they were before a failed draw."""
+        for rid in request_ids:
+            state = snapshot.get(rid)
+            if state is None:
+                self._generators.pop(rid, None)  # created during the failed draw: start afresh
+            else:
+                self._generators[rid].set_state(state)
 
     def _generator(self, seq: Sequence, device: torch.device) -> torch.Generator:
         g = self._generators.get(seq.request_id)
@@ -46,6 +72,13 @@ class Sampler:
             if p.frequency_penalty != 0.0 and seq.output_token_ids:
                 counts = torch.bincount(torch.tensor(seq.output_token_ids, device=x.device), minlength=x.shape[1])
                 x[r] -= p.frequency_penalty * counts[: x.shape[1]].to(x.dtype)
+            if p.presence_penalty != 0.0 and seq.output_token_ids:
+                seen = torch.tensor(seq.output_token_ids, device=x.device).unique()
+                x[r, seen[seen < x.shape[1]]] -= p.presence_penalty
+            if p.logit_bias:
+                ids = torch.tensor(list(p.logit_bias), device=x.device)
+                keep = ids < x.shape[1]
+                x[r, ids[keep]] += torch.tensor(list(p.logit_bias.values()), device=x.device, dtype=x.dtype)[keep]
 
     @staticmethod
     def _warp(x: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -81,17 +114,34 @@ class Sampler:
         return x.softmax(-1)
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
+        # NaN anywhere, +inf anywhere, or nothing above -inf: the row has no distribution to sample.
+        bad = logits.isnan().any(-1) | logits.isposinf().any(-1) | logits.isneginf().all(-1)
         raw_logprobs = logits.log_softmax(-1)
-        x = logits.clone()
+        x = logits.double()  # float64: a penalty or temperature near float32's limits cannot overflow
         self._penalise(x, seqs)
+        bad |= ~x.isfinite().any(-1) | x.isnan().any(-1) | x.isposinf().any(-1)
         chosen = x.argmax(-1)
         sample_rows = [r for r, s in enumerate(seqs) if not s.params.greedy]
+        probs = None
         if sample_rows:
             rows = torch.tensor(sample_rows, device=x.device)
             probs = self._warp(x[rows], [seqs[r] for r in sample_rows])
-            for j, r in enumerate(sample_rows):
-                g = self._generator(seqs[r], x.device)
-                chosen[r] = torch.multinomial(probs[j], 1, generator=g)[0]
+            row_ok = probs.isfinite().all(-1) & (probs.sum(-1) > 0)
+            bad[rows] |= ~row_ok
+        if bool(bad.any()):  # checked before any generator draws: the neighbours' streams are untouched
+            raise NonFiniteRows([seqs[r].request_id for r in bad.nonzero()[:, 0].tolist()])
+        if sample_rows:
+            assert probs is not None
+            snapshot = {seqs[r].request_id: g.get_state() for r in sample_rows
+                        if (g := self._generators.get(seqs[r].request_id)) is not None}
+            try:
+                for j, r in enumerate(sample_rows):
+                    g = self._generator(seqs[r], x.device)
+                    chosen[r] = torch.multinomial(probs[j], 1, generator=g)[0]
+            except BaseException:
+                self._restore(snapshot, [seqs[r].request_id for r in sample_rows])
+                raise
+        raw_logprobs = raw_logprobs.clamp(min=LOGPROB_FLOOR)
         chosen_lp = raw_logprobs.gather(1, chosen[:, None])[:, 0]
         tops: list[list[tuple[int, float]]] = [[] for _ in seqs]
         n_top = max((s.params.logprobs or 0) for s in seqs)

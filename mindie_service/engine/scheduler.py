@@ -17,12 +17,17 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.sequence import Sequence, SeqStatus
+from mindie_service.engine.sessions import SessionStore
 from mindie_service.engine.step import ScheduledChunk, SchedulerOutput
+from mindie_service.engine.types import PRIORITY_ONLINE
+
+if TYPE_CHECKING:
+    from mindie_service.engine.beam import BeamGroup
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +41,9 @@ class AdapterSlots(Protocol):
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, blocks: BlockManager, adapters: AdapterSlots | None = None) -> None:
-        self.cfg, self.blocks, self.adapters = cfg, blocks, adapters
+    def __init__(self, cfg: EngineConfig, blocks: BlockManager, adapters: AdapterSlots | None = None,
+                 sessions: SessionStore | None = None) -> None:
+        self.cfg, self.blocks, self.adapters, self.sessions = cfg, blocks, adapters, sessions
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.seqs: dict[str, Sequence] = {}
@@ -47,7 +53,18 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
         self.seqs[seq.request_id] = seq
-        self.waiting.append(seq)
+        self._enqueue(seq)
+
+    def _enqueue(self, seq: Sequence, front: bool = False) -> None:
+        """Online requests wait ahead of batch-job lines (engine.types.PRIORITY_*); within a priority first
+        come, first served, and a preempted request goes back to the front of its priority."""
+        w = self.waiting
+        if not front and (not w or w[-1].priority <= seq.priority):
+            w.append(seq)
+            return
+        at = next((k for k, q in enumerate(w) if (q.priority >= seq.priority if front else q.priority > seq.priority)),
+                  len(w))
+        w.insert(at, seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -61,6 +78,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is SeqStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
+        if reason is not None and seq.session_id is not None and self.sessions is not None:
+            self.sessions.keep(seq)  # pins its cached blocks before its own references go
         self.blocks.free_seq(seq)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
@@ -69,6 +88,9 @@ class Scheduler:
             self.adapters.release(seq.request_id, done=True)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        if seq.group is not None:
+            out.preempted.append(self.restart_group(seq.group).request_id)
+            return
         self.running.remove(seq)
         self.blocks.free_seq(seq)
         if self.adapters is not None:
@@ -77,7 +99,7 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self._enqueue(seq, front=True)
         out.preempted.append(seq.request_id)
         logger.debug("preempted %s (%d tokens)", seq.request_id, seq.num_tokens)
 
@@ -87,29 +109,39 @@ class Scheduler:
         decodes: list[Sequence] = []
         prefills: list[tuple[Sequence, int]] = []  # (sequence, tokens this step)
         budget = self.cfg.max_prefill_tokens
+        # Online requests first, batch-job lines last (stable: oldest first within each), so that the pool's
+        # last blocks go to online traffic and preemption takes the newest batch line first.
+        self.running.sort(key=_priority)
+        yielded = self._make_room_for_online(out)
         # Running requests, oldest first: decodes need a slot for their next token (preempt from the
         # newest end when the pool is dry); unfinished prompts take their next piece of the budget.
-        i = 0
-        while i < len(self.running):
-            seq = self.running[i]
-            if _prefilling(seq):  # its blocks were allocated at admission
+        for seq in list(self.running):
+            if seq.status is not SeqStatus.RUNNING:
+                continue  # preempted this step with its beam group
+            if _prefilling(seq):  # its blocks were allocated at admission (a forked beam's at the fork)
+                if seq.group is not None:  # a beam recomputes its partly filled block whole: beams stay in step
+                    prefills.append((seq, seq.num_tokens - seq.num_computed_tokens))
+                    continue
                 n = min(seq.num_tokens - seq.num_computed_tokens, budget)
                 if n > 0 and len(prefills) < self.cfg.max_prefill_batch_size:
                     prefills.append((seq, n))
                     budget -= n
-                i += 1
                 continue
             while not self.blocks.can_append(seq):
-                victim = self.running[-1]
+                if self.sessions is not None and self.sessions.release(1):
+                    continue  # kept sessions' blocks go before running requests are preempted
+                victim = self.running[-1]  # the newest batch-job line, else the newest request
                 self._preempt(victim, out)
-                if victim is seq:
+                if seq.status is not SeqStatus.RUNNING:
                     break
             if seq.status is not SeqStatus.RUNNING:
-                break
+                continue  # preempted itself (a beam group's beams may still follow it in the list)
             self.blocks.append_slot(seq)
             decodes.append(seq)
-            i += 1
-        if not out.preempted:
+        # A beam group preempted above may have had beams already picked: they are gone.
+        decodes = [s for s in decodes if s.status is SeqStatus.RUNNING]
+        prefills = [(s, n) for s, n in prefills if s.status is SeqStatus.RUNNING]
+        if len(out.preempted) == yielded:  # no preemption for want of blocks: admit
             self._admit(prefills, budget)
         if self.adapters is not None:  # one LoRA segment per adapter (stable: order kept within each)
             decodes.sort(key=_adapter_slot)
@@ -118,19 +150,76 @@ class Scheduler:
         out.num_decodes = len(decodes)
         return out
 
+    # ------------------------------------------------------------ beams (engine.beam)
+    def _batch_rows(self) -> int:
+        """Running sequences, plus the beams a running search will fork up to (num_beams each)."""
+        beams: dict[int, int] = {}
+        for s in self.running:
+            if s.group is not None:
+                beams[id(s.group)] = s.group.scorer.num_beams
+        return len(self.running) + sum(beams.values()) - sum(1 for s in self.running if s.group is not None)
+
+    def fork(self, parent: Sequence, child: Sequence) -> bool:
+        """Start ``child``, a beam forked from ``parent`` (blocks shared copy-on-write); False when the pool is
+        short even after releasing kept sessions' blocks."""
+        ok = self.blocks.fork(parent, child)
+        if not ok and self.sessions is not None and self.sessions.release(self.blocks.blocks_needed(child.num_tokens)):
+            ok = self.blocks.fork(parent, child)
+        if ok:
+            child.status = SeqStatus.RUNNING
+            child.adapter_slot = parent.adapter_slot
+            self.seqs[child.request_id] = child
+            self.running.append(child)
+        return ok
+
+    def restart_group(self, group: BeamGroup) -> Sequence:
+        """Drop every beam of ``group`` and queue its search again from the prompt, at the front: nothing has
+        been sent (the chosen beam is sent at the end) and the search is deterministic."""
+        for b in group.beams:
+            if b.status is not SeqStatus.FINISHED:
+                self.finish(b)
+        seq = group.fresh()
+        group.restarts += 1
+        self.num_preemptions += 1
+        seq.status = SeqStatus.WAITING
+        self.seqs[seq.request_id] = seq
+        self._enqueue(seq, front=True)
+        logger.debug("beam search %s restarts (%d)", group.request_id, group.restarts)
+        return seq
+
+    def _make_room_for_online(self, out: SchedulerOutput) -> int:
+        """An online request at the head of the queue that finds no batch slot or too few free blocks
+        preempts batch-job lines, newest first, until it fits (whatever maxPreemptCount says): batch work
+        only fills what online traffic leaves. Returns how many were preempted."""
+        n = 0
+        while self.waiting and self.waiting[0].priority == PRIORITY_ONLINE:
+            head = self.waiting[0]
+            short = (len(self.running) >= self.cfg.max_batch_size
+                     or self.blocks.num_free_blocks < self.blocks.blocks_needed(head.num_tokens))
+            batch = [q for q in self.running if q.priority > PRIORITY_ONLINE]
+            if not short or not batch:
+                break
+            self._preempt(batch[-1], out)
+            n += 1
+        return n
+
     def _admit(self, prefills: list[tuple[Sequence, int]], budget: int) -> None:
         """Admit waiting requests, first come first served, while the budget and the limits allow."""
         while self.waiting and budget > 0:
             seq = self.waiting[0]
-            if len(self.running) >= self.cfg.max_batch_size or len(prefills) >= self.cfg.max_prefill_batch_size:
+            rows = self._batch_rows()
+            if rows >= self.cfg.max_batch_size or len(prefills) >= self.cfg.max_prefill_batch_size:
                 break
+            if seq.group is not None and rows + seq.group.scorer.num_beams > self.cfg.max_batch_size:
+                break  # its beams will count against maxBatchSize
+
             # Distinct adapters are bounded by the LoRA pool's slots: the head waits for one to free up.
             if self.adapters is not None:
                 slot = self.adapters.acquire(seq.request_id)
                 if slot is None:
                     break
                 seq.adapter_slot = slot
-            if not self.blocks.allocate(seq, use_prefix_cache=not seq.params.prompt_logprobs):
+            if not self._allocate(seq):
                 if self.adapters is not None:
                     self.adapters.release(seq.request_id, done=False)
                     seq.adapter_slot = 0
@@ -141,6 +230,15 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             prefills.append((seq, n))
+
+    def _allocate(self, seq: Sequence) -> bool:
+        """Blocks for a waiting request; kept sessions' pinned blocks are released (LRU) when short."""
+        use_cache = not seq.params.prompt_logprobs
+        if self.blocks.allocate(seq, use_prefix_cache=use_cache):
+            return True
+        wanted = self.blocks.blocks_needed(seq.num_tokens)
+        return (self.sessions is not None and self.sessions.release(wanted)
+                and self.blocks.allocate(seq, use_prefix_cache=use_cache))
 
     def update(self, out: SchedulerOutput, sampled: Mapping[str, int], finished: Mapping[str, str]) -> None:
         """Apply a step: each chunk's K/V is now computed (its full blocks enter the prefix cache), each
@@ -177,6 +275,10 @@ def _chunk(seq: Sequence, n: int) -> ScheduledChunk:
         sample=end == seq.num_tokens, adapter_slot=seq.adapter_slot,
         prompt_logprobs=seq.params.prompt_logprobs and in_prompt and not seq.output_token_ids,
         mm_inputs=seq.mm_inputs if mm else None, prompt_token_ids=tuple(seq.prompt_token_ids) if mm else None)
+
+
+def _priority(seq: Sequence) -> int:
+    return seq.priority
 
 
 def _adapter_slot(seq: Sequence) -> int:

@@ -24,6 +24,7 @@ class Sequence:
     seed: int
     cache_key: bytes = b""  # adapter identity + media hashes: folded into every prefix-cache block hash
     adapter_slot: int = 0  # LoRA pool slot (0 = base model)
+    priority: int = 0  # engine.types.PRIORITY_*: online first, batch-job lines after (and preempted first)
     mm_inputs: Any = None
     output_token_ids: list[int] = field(default_factory=list)
     status: SeqStatus = SeqStatus.WAITING
@@ -35,6 +36,8 @@ class Sequence:
     num_preemptions: int = 0
     finish_reason: str | None = None
     aborted: bool = False
+    session_id: str | None = None  # kept for continuation under this key when it finishes (engine.sessions)
+    group: Any = None  # the engine.beam.BeamGroup this sequence is a beam of (None: not a beam)
 
     @property
     def num_tokens(self) -> int:

@@ -9,6 +9,9 @@ from mindie_service.sampling_params import SamplingParams
 FINISH_LENGTH = "length"
 FINISH_EOS = "eos_token"
 FINISH_STOP = "stop_sequence"
+# Request priorities: online traffic first; batch-job lines fill what it leaves and are preempted for it.
+PRIORITY_ONLINE = 0
+PRIORITY_BATCH = 1
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,10 @@ class EngineRequest:
     mm_inputs: Any = None
     # Content hashes of every media item, folded into prefix-cache keys.
     mm_hashes: tuple[str, ...] = ()
+    priority: int = PRIORITY_ONLINE
+    # The client's session key (/api/* request_id): the engine keeps the finished sequence under it.
+    session_id: str | None = None
+    continued: bool = False  # the prompt is that session's tokens (a continuation)
 
 
 @dataclass(frozen=True)
@@ -71,3 +78,11 @@ class EngineStats:
     cache_usage: float
     prefix_cache_hit_rate: float
     num_preemptions: int
+    # Kept sessions (/api/* continuation by request_id): held now, continuations served, evictions.
+    sessions_held: int = 0
+    session_hits: int = 0
+    session_evictions: int = 0
+    session_pinned_blocks: int = 0
+    # Of running / waiting: batch-job lines (PRIORITY_BATCH), counted apart for /v1/status and the metrics.
+    batch_running: int = 0
+    batch_waiting: int = 0

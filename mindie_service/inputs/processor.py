@@ -6,8 +6,8 @@
 
 Every front door goes through it: the MindIE and TGI routes (``process_async``: media fetched on the IO
 loop, the rest in the tokenizer pool) and the offline ``LLM.generate`` (``process``). The engine trusts
-what comes out. Where the next parts go: a cheap character-count length check belongs at the end of
-``validate`` (before tokenizing); chat templates and batch-job messages are new ``Prompt`` kinds rendered in
+what comes out. A text prompt's tokenization is bounded by what the length rule keeps (text_bound.py).
+Where the next parts go: chat templates and batch-job messages are new ``Prompt`` kinds rendered in
 ``_prompt_ids``; a session continuation prepends its ids there, before the length rule.
 """
 from __future__ import annotations
@@ -21,8 +21,11 @@ from typing import TYPE_CHECKING, Any, Callable, Collection
 
 from mindie_service.engine.types import EngineRequest
 from mindie_service.errors import ValidationError, check
+from mindie_service.inputs.chat import ChatRenderer
 from mindie_service.inputs.limits import InputLimits, fit_prompt
-from mindie_service.inputs.types import MediaEncoder, PartsPrompt, Prompt, TextPrompt, TokensPrompt
+from mindie_service.inputs.text_bound import TextBound, tokenize_bounded
+from mindie_service.inputs.types import (ChatMessage, ChatPrompt, MediaEncoder, PartsPrompt, Prompt,
+                                         SessionLookup, TextPrompt, TokensPrompt)
 from mindie_service.sampling_params import SamplingParams, is_base_adapter, unknown_adapter_message
 from multimodal import MediaItem, MediaPolicy
 
@@ -49,38 +52,58 @@ def _part_kind(part: Any, position: int) -> tuple[Any, int, str]:
     return kind, getattr(part, "index", position), shown
 
 
+def _shortest_edge(enc: Any) -> int | None:
+    """The image processor's shortest-edge resize (CLIP, LLaVA), so the media layer can bound the pixels
+    after resizing; None when it resizes otherwise."""
+    size = getattr(getattr(getattr(enc, "processor", None), "image_processor", None), "size", None)
+    edge = size.get("shortest_edge") if isinstance(size, dict) else getattr(size, "shortest_edge", None)
+    return int(edge) if isinstance(edge, int) and edge > 0 else None
+
+
 class InputProcessor:
     """Built once per engine (``for_engine``, or by hand for the StandardMock); stateless per request and
     safe to call from the tokenizer pool's threads."""
 
     def __init__(self, tokenize: Tokenize, limits: InputLimits, *,
                  adapter_names: Callable[[], Collection[str]] = frozenset,
-                 mm_encoder: MediaEncoder | None = None, decode_options: DecodeOptions | None = None) -> None:
+                 mm_encoder: MediaEncoder | None = None, decode_options: DecodeOptions | None = None,
+                 chat: ChatRenderer | None = None) -> None:
         self.tokenize = tokenize
+        self.chat = chat or ChatRenderer()  # no tokenizer: the role-prefix form (the StandardMock)
         self.limits = limits
         self.adapter_names = adapter_names  # live: adapters load and unload at run time
         self.mm_encoder = mm_encoder
         self.modalities = frozenset(mm_encoder.modalities) if mm_encoder is not None else frozenset()
         self.decode_options = decode_options  # None: the media layer's defaults
+        self.sessions: SessionLookup | None = None  # the engine's kept sessions (for_engine sets it)
+        self.text_bound: TextBound | None = None  # bounds tokenization of long texts (for_engine sets it)
 
     @classmethod
-    def for_engine(cls, engine: "LLMEngine", tokenize: Tokenize | None = None) -> "InputProcessor":
+    def for_engine(cls, engine: "LLMEngine", tokenize: Tokenize | None = None,
+                   chat_tokenizer: Any = None) -> "InputProcessor":
         """From the engine's facts: its config, KV pool, vocabulary, media encoder and adapters. ``tokenize``
-        defaults to the engine's tokenizer (the async facade passes its own frontend instance)."""
+        and ``chat_tokenizer`` default to the engine's tokenizer (the async facade passes its own frontend
+        instance)."""
         from multimodal import DecodeOptions  # the decoders load only with an engine, not with the protocol
 
         cfg, enc = engine.cfg, engine.mm_encoder
         limits = InputLimits.of(effective_max_input_len=cfg.effective_max_input_len, pool_tokens=engine.pool_tokens,
                                 truncation=cfg.truncation, vocab_size=engine.vocab_size)
         decode = DecodeOptions(num_video_frames=min(cfg.video_frames, cfg.max_video_frames),
-                               audio_sampling_rate=(enc.sampling_rate if enc is not None else None) or 16000)
-        return cls(tokenize or hf_tokenize(engine.tokenizer), limits, adapter_names=engine.lora.names,
-                   mm_encoder=enc, decode_options=decode)
+                               audio_sampling_rate=(enc.sampling_rate if enc is not None else None) or 16000,
+                               resize_shortest_edge=_shortest_edge(enc))
+        proc = cls(tokenize or hf_tokenize(engine.tokenizer), limits, adapter_names=engine.lora.names,
+                   mm_encoder=enc, decode_options=decode, chat=ChatRenderer(chat_tokenizer or engine.tokenizer))
+        proc.sessions = engine.sessions
+        proc.text_bound = TextBound.of(engine.tokenizer, proc.tokenize)
+        return proc
 
     # ------------------------------------------------------------ stages
     def validate(self, prompt: Prompt, params: SamplingParams, truncate: int | None = None) -> SamplingParams:
         """The checks that need neither the tokenizer nor I/O (run before any media is fetched). Returns
         ``params`` with the adapter resolved: the base model's name ("None") becomes None."""
+        if isinstance(prompt, ChatPrompt):
+            self._check_media_kinds(prompt)
         if isinstance(prompt, PartsPrompt):
             self._check_media_kinds(prompt)
             check(truncate is None, "truncate", "absent for inputs holding media (it would cut placeholders)",
@@ -92,9 +115,16 @@ class InputProcessor:
             raise ValidationError(unknown_adapter_message(name))
         return params
 
-    def _check_media_kinds(self, prompt: PartsPrompt) -> None:
+    def _check_media_kinds(self, prompt: PartsPrompt | ChatPrompt) -> None:
         takes = ", ".join(sorted(self.modalities)) or "text only"
-        for position, part in enumerate(prompt.parts):
+        if isinstance(prompt, ChatPrompt):
+            parts: tuple[Any, ...] = tuple(p for m in prompt.messages if not isinstance(m.content, str)
+                                           for p in m.content if not isinstance(p, str))
+            if not parts:
+                return  # text-only chat: any model takes it
+        else:
+            parts = prompt.parts
+        for position, part in enumerate(parts):
             kind, index, shown = _part_kind(part, position)
             if kind == "text" or not isinstance(kind, str):
                 continue  # unknown types are the model's processor's to name
@@ -105,16 +135,29 @@ class InputProcessor:
             raise ValidationError("Parameter inputs must be a string or token ids (this model takes no media), "
                                   "got a list of parts")
 
-    def _prompt_ids(self, prompt: Prompt) -> tuple[list[int], Any, tuple[str, ...]]:
+    def _prompt_ids(self, prompt: Prompt, truncate: int | None = None) -> tuple[list[int], Any, tuple[str, ...]]:
         """(ids, media inputs, media hashes) before the length rule."""
-        if isinstance(prompt, TextPrompt):
-            return self.tokenize(prompt.text), None, ()
+        if isinstance(prompt, TextPrompt):  # tokenizes no more than the length rule can keep
+            lim = self.limits
+            keep = min(truncate or lim.max_input_len, lim.max_input_len) if lim.truncation else truncate
+            return tokenize_bounded(self.tokenize, prompt.text, self.text_bound, keep=keep,
+                                    limit=lim.max_input_len), None, ()
         if isinstance(prompt, TokensPrompt):
             return list(prompt.token_ids), None, ()
+        if isinstance(prompt, ChatPrompt):
+            if self.mm_encoder is None:
+                return self.chat.encode(prompt.messages, self.tokenize), None, ()
+            return self._media_ids(self.mm_encoder.prepare_chat(
+                [(m.role, m.content if isinstance(m.content, str) else
+                  [{"type": "text", "text": p} if isinstance(p, str) else p for p in m.content])
+                 for m in prompt.messages]))
         assert self.mm_encoder is not None  # validate() refused media for text-only models
         if any(isinstance(p, MediaItem) for p in prompt.parts):
             raise TypeError("media references must be loaded first (InputProcessor.process_async)")
-        mp = self.mm_encoder.prepare(prompt.parts)
+        return self._media_ids(self.mm_encoder.prepare(prompt.parts))
+
+    @staticmethod
+    def _media_ids(mp: Any) -> tuple[list[int], Any, tuple[str, ...]]:
         return list(mp.prompt_token_ids), mp.mm_inputs, tuple(mp.mm_hashes)
 
     def _check_ids(self, ids: tuple[int, ...], mm_inputs: Any) -> None:
@@ -126,28 +169,60 @@ class InputProcessor:
 
     # ------------------------------------------------------------ entry points
     def process(self, prompt: Prompt, params: SamplingParams, *, request_id: str,
-                truncate: int | None = None) -> EngineRequest:
-        """The whole path, synchronously (CPU work: run it off the IO loop). ValidationError on bad input."""
+                truncate: int | None = None, session_id: str | None = None) -> EngineRequest:
+        """The whole path, synchronously (CPU work: run it off the IO loop). ValidationError on bad input.
+        ``session_id`` (the /api/* routes' request_id): when the engine keeps a finished session under it, the
+        prompt is ignored and the session's tokens (prompt + all it generated) are the prompt (continuation)."""
         params = self.validate(prompt, params, truncate)
-        raw, mm_inputs, mm_hashes = self._prompt_ids(prompt)
-        ids = fit_prompt(raw, truncate, self.limits, media=isinstance(prompt, PartsPrompt))
+        kept = self.sessions.tokens(session_id) if self.sessions is not None and session_id is not None else None
+        if kept is not None:
+            raw, mm_inputs, mm_hashes = list(kept), None, ()
+        else:
+            raw, mm_inputs, mm_hashes = self._prompt_ids(prompt, truncate)
+        ids = fit_prompt(raw, truncate, self.limits, media=mm_inputs is not None)
         check(len(ids) > 0, "inputs", "at least one token after tokenization", len(ids))
         self._check_ids(ids, mm_inputs)
         if mm_hashes:
             logger.debug("%s: %d prompt tokens, %d media items", request_id, len(ids), len(mm_hashes))
-        return EngineRequest(request_id, ids, params, mm_inputs=mm_inputs, mm_hashes=mm_hashes)
+        return EngineRequest(request_id, ids, params, mm_inputs=mm_inputs, mm_hashes=mm_hashes,
+                             session_id=session_id if self.sessions is not None else None,
+                             continued=kept is not None)
 
     async def process_async(self, prompt: Prompt, params: SamplingParams, *, request_id: str,
                             truncate: int | None, executor: Executor,
-                            media_policy: MediaPolicy | None = None) -> EngineRequest:
+                            media_policy: MediaPolicy | None = None,
+                            session_id: str | None = None, media_executor: Executor | None = None) -> EngineRequest:
         """The HTTP path: media references are fetched (guarded by ``media_policy``) and decoded in
-        ``executor``; everything else runs in ``executor`` too, never on the IO loop."""
+        ``media_executor`` (default ``executor``: a pool of its own keeps text requests from queueing behind
+        image decodes); everything else runs in ``executor``, never on the IO loop."""
+        media_pool = media_executor or executor
         if isinstance(prompt, PartsPrompt) and any(isinstance(p, MediaItem) for p in prompt.parts):
             from multimodal import load_media
 
             self.validate(prompt, params, truncate)  # refuse before fetching anything
-            loaded = await load_media(list(prompt.parts), media_policy or MediaPolicy(), executor,
+            loaded = await load_media(list(prompt.parts), media_policy or MediaPolicy(), media_pool,
                                       self.decode_options)
             prompt = PartsPrompt(tuple(loaded), prompt.text)
-        run = functools.partial(self.process, prompt, params, request_id=request_id, truncate=truncate)
+        elif isinstance(prompt, ChatPrompt) and self._chat_media(prompt):
+            prompt = await self._load_chat_media(prompt, params, truncate, media_policy, media_pool)
+        run = functools.partial(self.process, prompt, params, request_id=request_id, truncate=truncate,
+                                session_id=session_id)
         return await asyncio.get_running_loop().run_in_executor(executor, run)
+
+    @staticmethod
+    def _chat_media(prompt: ChatPrompt) -> list[Any]:
+        return [p for m in prompt.messages if not isinstance(m.content, str) for p in m.content
+                if isinstance(p, MediaItem)]
+
+    async def _load_chat_media(self, prompt: ChatPrompt, params: SamplingParams, truncate: int | None,
+                               media_policy: MediaPolicy | None, executor: Executor) -> ChatPrompt:
+        """Fetch and decode every message's media references (one guarded load for the whole request)."""
+        from multimodal import load_media
+
+        self.validate(prompt, params, truncate)  # refuse before fetching anything
+        items = self._chat_media(prompt)
+        loaded = iter(await load_media(items, media_policy or MediaPolicy(), executor, self.decode_options))
+        return ChatPrompt(tuple(
+            m if isinstance(m.content, str) else
+            ChatMessage(m.role, tuple(next(loaded) if isinstance(p, MediaItem) else p for p in m.content))
+            for m in prompt.messages))

@@ -35,7 +35,28 @@ class PartsPrompt:
     text: str = ""  # the text parts joined: what return_full_text prepends
 
 
-Prompt = Union[TextPrompt, TokensPrompt, PartsPrompt]
+@dataclass(frozen=True)
+class ChatMessage:
+    """One chat turn. ``content`` is a string, or parts in order: text strings and media references
+    (``multimodal.MediaItem``) or loaded media (``multimodal.LoadedPart``) for multimodal models."""
+
+    role: str  # system | user | assistant
+    content: str | tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """Chat messages, rendered with the model's chat template (or its model.json prefixes) by
+    ``inputs.chat``, ending with the assistant's generation prompt."""
+
+    messages: tuple[ChatMessage, ...]
+
+    @property
+    def text(self) -> str:  # what return_full_text / echo would prepend: chat never echoes
+        return ""
+
+
+Prompt = Union[TextPrompt, TokensPrompt, PartsPrompt, ChatPrompt]
 
 
 class MediaPrompt(Protocol):
@@ -56,4 +77,12 @@ class MediaEncoder(Protocol):
 
     def prepare(self, parts: Sequence[Any]) -> MediaPrompt: ...
 
+    def prepare_chat(self, messages: Sequence[tuple[str, Any]]) -> MediaPrompt: ...
+
     def check_prompt(self, ids: list[int], mm: Any) -> None: ...
+
+
+class SessionLookup(Protocol):
+    """The engine's kept sessions, as the input processor reads them (engine.sessions.SessionStore)."""
+
+    def tokens(self, session_id: str) -> tuple[int, ...] | None: ...  # None: no finished session by that key

@@ -81,7 +81,8 @@ class LoraAdapter:
         return sorted({m for _, m in self.weights}, key=list(TARGETS).index)
 
     def info(self) -> dict[str, Any]:
-        return {"name": self.name, "path": self.path, "rank": self.rank, "targets": self.targets,
+        """What clients may see: never the server's filesystem path."""
+        return {"name": self.name, "rank": self.rank, "targets": self.targets,
                 "id": self.identity.hex(), "resident": self.slot > 0, "in_use": self.refs}
 
 
@@ -89,13 +90,60 @@ def _fail(name: str, why: str) -> ValidationError:
     return ValidationError(f"LoRA adapter {name!r}: {why}")
 
 
-def _pattern_value(patterns: dict[str, Any], key: str, default: Any) -> Any:
+def _pattern_value(patterns: dict[re.Pattern[str], Any], key: str, default: Any) -> Any:
     """PEFT's rank_pattern / alpha_pattern lookup (peft.utils.other.get_pattern_key): first pattern
-    matching the end of the module's dotted name."""
-    for pat in patterns:
-        if re.match(rf"(.*\.)?({pat})$", key):
-            return patterns[pat]
+    matching the end of the module's dotted name. The patterns were checked by ``_compile_patterns``."""
+    for rx, value in patterns.items():
+        if rx.match(key):
+            return value
     return default
+
+
+MAX_PATTERN_LEN = 256
+MAX_PATTERN_QUANTIFIERS = 2
+MAX_RANK = 65536
+MAX_ALPHA = 1e6
+# Shapes that make a backtracking matcher exponential or slow: a quantified group ("(a|.)*", "(.*)*"),
+# backreferences, lookarounds, possessive/atomic forms; counted quantifiers outside a class.
+_UNSAFE = re.compile(r"\)\s*[*+?{]|\\[1-9]|\(\?[=!<>P]")
+_QUANTIFIER = re.compile(r"(?<!\\)[*+{]")
+
+
+def _compile_patterns(name: str, field_name: str, raw: Any, check_value: Any) -> dict[re.Pattern[str], Any]:
+    """rank_pattern / alpha_pattern: matched the way PEFT does (``(.*\.)?(<key>)$``), but only keys a
+    backtracking matcher runs in bounded time on: a key like ``(\\w|.)*Z`` would hold the GIL for minutes."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise _fail(name, f"{field_name} must be an object of pattern -> value, got {type(raw).__name__}")
+    out: dict[re.Pattern[str], Any] = {}
+    for pat, value in raw.items():
+        shown = pat if len(pat) <= 40 else pat[:40] + "..."
+        if not (0 < len(pat) <= MAX_PATTERN_LEN):
+            raise _fail(name, f"{field_name} keys must be 1 to {MAX_PATTERN_LEN} characters, got {shown!r}")
+        if _UNSAFE.search(pat) or len(_QUANTIFIER.findall(pat)) > MAX_PATTERN_QUANTIFIERS:
+            raise _fail(name, f"{field_name} key {shown!r} is refused: quantified groups, backreferences, "
+                              f"lookarounds and more than {MAX_PATTERN_QUANTIFIERS} quantifiers risk unbounded "
+                              f"matching time")
+        try:
+            rx = re.compile(rf"(.*\.)?({pat})$")
+        except re.error as exc:
+            raise _fail(name, f"{field_name} key {shown!r} is not a valid pattern ({exc})") from None
+        out[rx] = check_value(f"{field_name}[{shown!r}]", value)
+    return out
+
+
+def _rank(name: str, what: str, v: Any) -> int:
+    if not (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= MAX_RANK):
+        raise _fail(name, f"{what} must be an integer in [1, {MAX_RANK}], got {v!r}")
+    return v
+
+
+def _alpha(name: str, what: str, v: Any) -> float:
+    if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and 0 < v <= MAX_ALPHA):
+        raise _fail(name, f"{what} must be a number in (0, {MAX_ALPHA:g}], got {v!r}")
+    return float(v)
 
 
 def read_config(name: str, folder: Path) -> dict[str, Any]:
@@ -119,10 +167,18 @@ def read_config(name: str, folder: Path) -> dict[str, Any]:
     for bad, why in refuse:
         if bad:
             raise _fail(name, why)
-    r, alpha = cfg.get("r", 8), cfg.get("lora_alpha", 8)
-    if not (isinstance(r, int) and r >= 1) or not isinstance(alpha, (int, float)):
-        raise _fail(name, f"r must be an integer >= 1 and lora_alpha a number, got r={r!r} lora_alpha={alpha!r}")
+    cfg["r"] = _rank(name, "r", cfg.get("r", 8))
+    cfg["lora_alpha"] = _alpha(name, "lora_alpha", cfg.get("lora_alpha", 8))
+    if not isinstance(cfg.get("use_rslora", False), bool):
+        raise _fail(name, f"use_rslora must be a boolean, got {cfg.get('use_rslora')!r}")
+    cfg["rank_pattern"] = _compile_patterns(name, "rank_pattern", cfg.get("rank_pattern"),
+                                            lambda what, v: _rank(name, what, v))
+    cfg["alpha_pattern"] = _compile_patterns(name, "alpha_pattern", cfg.get("alpha_pattern"),
+                                             lambda what, v: _alpha(name, what, v))
     targets = cfg.get("target_modules")
+    if targets is not None and not (isinstance(targets, str) or
+                                    (isinstance(targets, list) and all(isinstance(t, str) for t in targets))):
+        raise _fail(name, f"target_modules must be a string or a list of strings, got {targets!r}")
     if isinstance(targets, list):
         unsupported = sorted({str(t) for t in targets if str(t).rsplit(".", 1)[-1] not in TARGETS})
         if unsupported:
@@ -139,12 +195,12 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int,
         raise ValidationError(f"Parameter lora_name must match ^[A-Za-z0-9_./-]{{1,256}}$ and not be 'None', "
                               f"got {name!r}")
     folder = Path(path)
-    if not folder.is_dir():
-        raise _fail(name, f"path {str(path)!r} is not an existing folder")
-    cfg = read_config(name, folder)
     wfile = folder / WEIGHTS_FILE
-    if not wfile.is_file():
-        raise _fail(name, f"{WEIGHTS_FILE} not found in {str(folder)!r}")
+    if not (folder.is_dir() and (folder / CONFIG_FILE).is_file() and wfile.is_file()):
+        # One message whichever part is missing: a client must not learn which server folders exist.
+        raise _fail(name, f"path {str(path)!r} is not an existing folder holding both adapter files "
+                          f"({CONFIG_FILE} not found or {WEIGHTS_FILE} not found)")
+    cfg = read_config(name, folder)
     shapes, layers = target_shapes(model), len(model.layers)
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     try:
@@ -163,13 +219,18 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int,
     if not pairs:
         raise _fail(name, "holds no LoRA weights")
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
-    rank_pattern, alpha_pattern = cfg.get("rank_pattern") or {}, cfg.get("alpha_pattern") or {}
+    rank_pattern, alpha_pattern = cfg["rank_pattern"], cfg["alpha_pattern"]
+    # delta(x) = x A^T B^T: |delta| <= r * in * max|A| * max|B| * max|x|; over this the model's own dtype
+    # overflows on ordinary activations and the logits turn NaN (lora_alpha 3e38 did).
+    bound = min(1e12, torch.finfo(dtype).max / 1e4) if dtype.is_floating_point else 1e12
     for (layer, sub), ab in sorted(pairs.items()):
         where = f"layers.{layer}.{TARGETS[sub][0]}.{sub}"
         if set(ab) != {"A", "B"}:
             raise _fail(name, f"{where} lacks lora_{'B' if 'A' in ab else 'A'}")
         a, b, shape = ab["A"], ab["B"], shapes[sub]
         r = a.shape[0] if a.dim() == 2 else -1
+        if r == 0:
+            raise _fail(name, f"{where} has rank 0")
         if r > max_rank:
             raise _fail(name, f"rank {r} of {where} exceeds maxLoraRank ({max_rank})")
         if a.dim() != 2 or b.dim() != 2 or tuple(a.shape) != (r, shape.in_features) \
@@ -181,11 +242,16 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int,
         r_cfg = _pattern_value(rank_pattern, module_key, cfg.get("r", 8))
         if r_cfg != r:
             raise _fail(name, f"{where} has rank {r} but adapter_config.json says {r_cfg}")
-        alpha = float(_pattern_value(alpha_pattern, module_key, cfg.get("lora_alpha", 8)))
+        alpha = float(_pattern_value(alpha_pattern, module_key, cfg["lora_alpha"]))
         scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
         a32, b32 = a.float(), b.float() * scale
         if not (torch.isfinite(a32).all() and torch.isfinite(b32).all()):
-            raise _fail(name, f"{where} holds non-finite values")
+            raise _fail(name, f"{where} holds non-finite values (after scaling by lora_alpha / r = {scale:g})")
+        gain = r * shape.in_features * float(a32.abs().max()) * float(b32.abs().max())
+        if not gain <= bound:
+            raise _fail(name, f"{where}: its scaled weights (lora_alpha / r = {scale:g}) could overflow "
+                              f"{str(dtype).removeprefix('torch.')} (r x in_features x max|A| x max|B| = {gain:g}, "
+                              f"limit {bound:g})")
         weights[(layer, sub)] = (a32.to(device, dtype).contiguous(), b32.to(device, dtype).contiguous())
     rank = max(a.shape[0] for a, _ in weights.values())
     return LoraAdapter(name=name, path=str(path), rank=rank, weights=weights)

@@ -13,6 +13,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig
 
+from mindie_service.models import quantize
 from mindie_service.models.registry import family_for
 from mindie_service.errors import check
 from npu_ops.linear import pack_linears
@@ -98,8 +99,10 @@ def load_weights(model: nn.Module, path: Path, prefix_map: dict[str, str] | None
 
 
 def load_model(path: str | Path, dtype: str, device: torch.device, max_positions: int,
-               batch_hint: int = 32) -> LoadedModel:
-    """``batch_hint``: the decode batch size CPU weight packing is tuned for (npu_ops.linear)."""
+               batch_hint: int = 32, quantization: str | None = None, kv_cache_dtype: str = "auto") -> LoadedModel:
+    """``batch_hint``: the decode batch size CPU weight packing is tuned for (npu_ops.linear).
+    ``quantization`` (w8a16 | w8a8) quantizes the linears after loading (models/quantize.py), unless the
+    checkpoint is already quantized by msModelSlim; ``kv_cache_dtype`` is kept on the model for the runner."""
     p = Path(path)
     raw = read_checkpoint_config(p)
     hf_cfg = AutoConfig.from_pretrained(str(p))
@@ -114,11 +117,17 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
         model = family.build(text_cfg, cos, sin)
     model = model.to_empty(device=staging_device(device))
     model.rope_cos, model.rope_sin = cos, sin
-    load_weights(model, p, dict(family.weight_prefixes))
+    prequantized = quantize.load_prequantized(model, p, dict(family.weight_prefixes))
+    if not prequantized:
+        load_weights(model, p, dict(family.weight_prefixes))
     model = model.to(device=device, dtype=torch_dtype).eval()
+    if quantization and not prequantized:
+        quantize.quantize_loaded(model, quantization)
+    model.kv_cache_dtype = kv_cache_dtype
     model.rope_cos, model.rope_sin = cos.to(device, torch_dtype), sin.to(device, torch_dtype)
     n_params = sum(t.numel() for t in model.parameters())
     pack_linears(model, batch_hint)  # after counting: packing frees the dense weights
+    quantize.pack_quantized(model, torch_dtype)
     logger.info("loaded %s (%s, %.1fM parameters, %s) on %s", p.name, arch, n_params / 1e6, dtype, device)
     encoder = None
     if family.encoder:

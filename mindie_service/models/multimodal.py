@@ -116,11 +116,34 @@ class MultimodalEncoder(nn.Module):
     # ------------------------------------------------------------ frontend side
     def prepare(self, parts: Iterable[Any]) -> MultimodalPrompt:
         """One user message with the parts in order -> chat template -> processor (placeholders expanded)."""
-        norm = _normalize(parts)
-        content: list[dict[str, Any]] = []
+        return self.prepare_chat([("user", parts)])
+
+    def prepare_chat(self, messages: Iterable[tuple[str, Any]]) -> MultimodalPrompt:
+        """Chat messages ``(role, str | parts)`` -> the processor's chat template -> processor."""
+        chat: list[dict[str, Any]] = []
         media: list[Any] = []
         hashes: list[str] = []
         kinds: list[str] = []
+        for role, parts in messages:
+            content = self._content([{"type": "text", "text": parts}] if isinstance(parts, str) else parts,
+                                    media, hashes, kinds)
+            chat.append({"role": role, "content": content})
+        check(bool(chat) and all(m["content"] for m in chat), "inputs", "a non-empty list of parts", [])
+        text = self.processor.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        if not media:
+            ids = self.processor.tokenizer(text, add_special_tokens=False).input_ids
+            return MultimodalPrompt(list(ids), None, (), text)
+        out = self._process(text, media)
+        ids = out.pop("input_ids")[0].tolist()
+        out.pop("attention_mask", None)
+        n = sum(1 for t in ids if t == self.placeholder_id)
+        return MultimodalPrompt(ids, MultimodalInputs(dict(out), n), tuple(hashes), text, tuple(kinds))
+
+    def _content(self, parts: Iterable[Any], media: list[Any], hashes: list[str],
+                 kinds: list[str]) -> list[dict[str, Any]]:
+        """One message's parts -> template content; media payloads, hashes and kinds appended in order."""
+        norm = _normalize(parts)
+        content: list[dict[str, Any]] = []
         for i, part in enumerate(norm):
             kind = part["type"]
             if kind == "text":
@@ -147,17 +170,7 @@ class MultimodalEncoder(nn.Module):
             else:
                 content.append({"type": "audio"})
                 media.append(self._audio(payload, part.get("sampling_rate")))
-        check(bool(content), "inputs", "a non-empty list of parts", [])
-        text = self.processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
-                                                  tokenize=False)
-        if not media:
-            ids = self.processor.tokenizer(text, add_special_tokens=False).input_ids
-            return MultimodalPrompt(list(ids), None, (), text)
-        out = self._process(text, media)
-        ids = out.pop("input_ids")[0].tolist()
-        out.pop("attention_mask", None)
-        n = sum(1 for t in ids if t == self.placeholder_id)
-        return MultimodalPrompt(ids, MultimodalInputs(dict(out), n), tuple(hashes), text, tuple(kinds))
+        return content
 
     @staticmethod
     def _image(img: Any) -> Any:

@@ -15,7 +15,9 @@ from mindie_service.protocol.generation import GenerationRequest, GenerationResu
 
 
 def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    # allow_nan=False: NaN and Infinity are not JSON (strict parsers reject the whole frame); the sampler
+    # floors logprobs at -9999.0 and fails requests with non-finite logits, so this never fires in service.
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def sse(obj: Any, prefix: str = "data: ") -> bytes:
@@ -45,6 +47,7 @@ class StreamState:
 
     text: str = ""
     count: int = 0
+    index: int = 0  # which sample (OpenAI: which choice) this stream carries
 
 
 class Encoder:
@@ -114,8 +117,20 @@ class Encoder:
                 frame["details"] = d
         return sse(frame, self.sse_prefix)
 
+    def stream_start(self, req: GenerationRequest, n_samples: int) -> bytes:
+        """Sent before the first frame (OpenAI chat: the role chunk); nothing for MindIE and TGI."""
+        return b""
+
+    def stream_end(self, req: GenerationRequest, results: list[GenerationResult]) -> bytes:
+        """Sent after the last frame (OpenAI: the usage chunk and ``data: [DONE]``); nothing for MindIE and TGI."""
+        return b""
+
     def stream_error(self, err: MindieError) -> bytes:
-        return sse(err.to_json(), self.sse_prefix)
+        return sse(self.error_json(err), self.sse_prefix)
+
+    def error_json(self, err: MindieError) -> dict[str, Any]:
+        """The error body of this API family (``{"error", "error_type"}`` for MindIE and TGI)."""
+        return err.to_json()
 
 
 class MindieEncoder(Encoder):

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from mindie_service.errors import BadRequestError, ValidationError, check
 
 _MISSING = object()
+F32_TINY = 1.1754943508222875e-38  # smallest normal float32
+F32_MAX = 3.4028234663852886e38
+MAX_JSON_DEPTH = 64  # requests nest 3-4 levels; json's recursive decoder must never see ~1,000
 
 
 def _fmt(x: float) -> str:
@@ -74,6 +78,10 @@ def get_float(obj: Mapping[str, Any], name: str, rng: Range, default: float | No
         return default
     check(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v), name, "a number", v)
     check(v in rng, name, str(rng), v)
+    # The engine samples in 32-bit floats at best: a value that rounds to 0 or infinity there would
+    # divide by zero (1e-300 -> 0.0) or overflow (1e39 -> inf).
+    check(v == 0 or F32_TINY <= abs(v) <= F32_MAX, name, f"representable as a 32-bit float (0 or "
+          f"{F32_TINY:g} <= |value| <= {F32_MAX:g})", v)
     return float(v)
 
 
@@ -117,12 +125,64 @@ def parse_json_body(body: bytes, content_type: str | None) -> dict[str, Any]:
     if mime != "application/json" and not mime.endswith("+json"):
         raise BadRequestError(f"Content-Type must be application/json, got {content_type or 'none'!r}")
     try:
-        obj = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+        text = body.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BadRequestError(f"request body is not valid UTF-8: {e}") from None
+    depth = nesting_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise BadRequestError(f"request body nests arrays and objects {depth} deep, at most {MAX_JSON_DEPTH}")
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise BadRequestError(f"request body nests too deeply (at most {MAX_JSON_DEPTH})") from None
     except ValueError as e:
         raise BadRequestError(f"request body is not valid JSON: {e}") from None
+    bad = _lone_surrogate(obj)
+    if bad is not None:
+        raise BadRequestError(f"request body holds a lone UTF-16 surrogate (\\u{ord(bad):04x}), which is not a "
+                              f"character")
     if not isinstance(obj, dict):
         raise ValidationError(f"request body must be a JSON object, got {type(obj).__name__}")
     return obj
 
+
+
+_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def nesting_depth(text: str) -> int:
+    """Deepest nesting of arrays/objects in JSON ``text``, strings skipped (a regex scan: linear, no
+    recursion). Malformed text gives some number; json.loads reports it properly afterwards."""
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        return 0  # cannot nest deeper than the brackets it holds
+    depth = deepest = 0
+    for m in _BRACKETS.finditer(text):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
+
+
+def _lone_surrogate(obj: Any) -> str | None:
+    """The first lone surrogate in any string (key or value) of a decoded JSON document, else None.
+    Iterative: the depth is already bounded, but a wide document must not cost recursion either."""
+    stack = [obj]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if not v.isascii():
+                m = _SURROGATE.search(v)
+                if m:
+                    return m.group()
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")

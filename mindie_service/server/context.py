@@ -3,16 +3,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
+from mindie_service.catalog.catalog import Catalog
 from mindie_service.config import ServiceConfig
 from mindie_service.engine.client import EngineClient
+from mindie_service.jobs.runner import JobRunner
+from mindie_service.jobs.store import JobStore
 from mindie_service.engine.types import EngineRequest, EngineStats
 from mindie_service.errors import OverloadedError, UnhealthyError
+from mindie_service.inputs.types import Prompt
 from mindie_service.protocol.encoders import MindieEncoder, TgiEncoder
 from mindie_service.protocol.generation import GenerationRequest, ProtocolLimits
+from mindie_service.sampling_params import SamplingParams
 from mindie_service.server.metrics import ServiceMetrics
 from multimodal import MediaPolicy
 
@@ -32,32 +38,68 @@ class ServerContext:
         self.ready = False
         self.draining = False
         self.in_flight = 0
+        self.active_request_ids: set[str] = set()  # /api/* keys being generated (a second one is a 409)
+        self.open_handlers = 0  # handlers begun and not finished (BaseHandler counts them)
+        self.jobs: JobRunner | None = None  # batch jobs, once the default model is ready
+        self.listeners: list[Any] = []  # the HTTP servers (main adds them): their open connections are counted
         self._idle = asyncio.Event()
         self._idle.set()
         self.media_policy = MediaPolicy(
             allowed_local_paths=tuple(self.settings.allowed_local_media_paths),
             allow_private_urls=self.settings.allow_private_media_urls,
             allowed_hosts=tuple(self.settings.media_url_allowed_hosts),
-            max_items=self.settings.max_media_items)
+            max_items=self.settings.max_media_items, max_decoded_bytes=self.settings.max_decoded_media_bytes,
+            max_aspect_ratio=self.settings.max_image_aspect_ratio,
+            max_video_frames_decoded=self.settings.max_video_frames_decoded)
         self.tokenizer_workers = max(1, config.backend.tokenizer_process_number)
         self.executor = ThreadPoolExecutor(max_workers=self.tokenizer_workers, thread_name_prefix="tokenize")
+        # Media decoding has a pool of its own: a request's images never hold the tokenizer pool that a
+        # concurrent text request waits for (its bytes are bounded per request by maxDecodedMediaBytes).
+        self.media_executor = ThreadPoolExecutor(max_workers=self.tokenizer_workers, thread_name_prefix="media")
         self.metrics = ServiceMetrics(self.model_name, self.stats, config.backend.max_seq_len)
         self.mindie_encoder = MindieEncoder(full_text=self.settings.full_text_enabled,
                                             list_ids=self.settings.stream_token_id_format != "int")
         self.tgi_encoder = TgiEncoder()
         self.request_stop: Callable[[], None] = lambda: None  # set by main: starts the drain
+        # Every model, its state and its engine; main gives it the engine builder (models start and stop).
+        self.catalog: Catalog | None = Catalog(config, Path(config.backend.models_dir), build=None)
+
+    # -- batch jobs ------------------------------------------------------------------------------
+    def start_jobs(self) -> None:
+        """Open the job store (ServerConfig.batchJobsDir) and resume the jobs a restart interrupted."""
+        from mindie_service.server.handlers_jobs import engine_for
+
+        running = self.settings.batch_max_running or max(1, self.engine_config.max_batch_size // 4)
+        self.jobs = JobRunner(JobStore(self.settings.batch_jobs_dir), lambda m: engine_for(self, m), self.executor,
+                              self.media_policy, running)
+        self.jobs.resume_all()
+
+    async def stop_jobs(self) -> None:
+        if self.jobs is not None:
+            await self.jobs.shutdown()
+            self.jobs.store.close()
 
     # -- engine ----------------------------------------------------------------------------------
     def attach_engine(self, engine: EngineClient) -> None:
         self.engine = engine
         self._limits = ProtocolLimits(vocab_size=engine.vocab_size, media_policy=self.media_policy)
+        if self.catalog is not None and self.catalog.entries[self.model_name].engine is not engine:
+            self.catalog.attach(self.model_name, engine)
 
     @property
     def loaded_engine(self) -> EngineClient:
-        """The engine, or 503 while the model is still loading."""
+        """The engine, or 503 while the model is still loading (or stopped through the catalog)."""
         if self.engine is None:
-            raise UnhealthyError("the model is still loading")
+            raise UnhealthyError("the default model is not running (PUT /v1/models/{id}/start)" if self.ready
+                                 else "the model is still loading")
         return self.engine
+
+    def serving_engine(self) -> EngineClient:
+        """The default model's engine for a generation request: 503 while it is loading, stopped or broken."""
+        engine = self.loaded_engine
+        if not engine.healthy():
+            raise UnhealthyError("the engine is not running")
+        return engine
 
     @property
     def limits(self) -> ProtocolLimits:
@@ -65,12 +107,26 @@ class ServerContext:
             raise UnhealthyError("the model is still loading")
         return self._limits
 
-    async def engine_request(self, req: GenerationRequest, request_id: str) -> EngineRequest:
-        """The engine's request for ``req``: media fetched and decoded, the prompt built, tokenized and checked by
-        the engine's input processor, in the tokenizer pool (never on the IO loop)."""
-        return await self.loaded_engine.input_processor.process_async(
-            req.prompt, req.params, request_id=request_id, truncate=req.truncate, executor=self.executor,
-            media_policy=self.media_policy)
+    async def engine_request(self, req: GenerationRequest, request_id: str, *, engine: EngineClient | None = None,
+                             prompt: Prompt | None = None) -> EngineRequest:
+        """The engine's request for ``req`` (or its ``prompt``): media fetched and decoded, the prompt built,
+        tokenized and checked by ``engine``'s input processor (default: the default model's), in the tokenizer
+        pool (never on the IO loop)."""
+        return await (engine or self.loaded_engine).input_processor.process_async(
+            prompt if prompt is not None else req.prompt, req.params, request_id=request_id, truncate=req.truncate,
+            executor=self.executor, media_policy=self.media_policy, media_executor=self.media_executor)
+
+    async def engine_request_for(self, prompt: Prompt, params: SamplingParams, request_id: str, *,
+                                 engine: EngineClient, session_id: str | None = None) -> EngineRequest:
+        """The engine's request for a prompt the route built itself (the /api/* routes). ``session_id``: the
+        client's key; an engine that keeps sessions continues the one it names, if any."""
+        return await engine.input_processor.process_async(
+            prompt, params, request_id=request_id, truncate=None, executor=self.executor,
+            media_policy=self.media_policy, session_id=session_id, media_executor=self.media_executor)
+
+    @property
+    def open_connections(self) -> int:
+        return sum(getattr(srv, "open_connections", 0) for srv in self.listeners)
 
     def stats(self) -> EngineStats | None:
         return self.engine.stats() if self.engine is not None else None
@@ -84,23 +140,23 @@ class ServerContext:
 
     # -- admission -------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def admit(self) -> Iterator[None]:
-        """Count one generation request in flight; 503 while loading/draining/unhealthy, 429 beyond maxLinkNum."""
+    def admit(self, n: int = 1) -> Iterator[None]:
+        """Count ``n`` generation requests in flight (an /api/generate-batch call counts one per prompt);
+        503 while loading/draining/unhealthy, 429 beyond maxLinkNum."""
         if self.draining:
             raise UnhealthyError("the service is shutting down")
         if not self.ready:
             raise UnhealthyError("the model is still loading")
-        if not self.loaded_engine.healthy():
-            raise UnhealthyError("the engine is not running")
-        if self.in_flight >= self.settings.max_link_num:
-            raise OverloadedError(f"Model is overloaded: {self.in_flight} requests in flight "
+        if self.in_flight + n > self.settings.max_link_num:
+            asked = f", {n} more asked" if n > 1 else ""
+            raise OverloadedError(f"Model is overloaded: {self.in_flight} requests in flight{asked} "
                                   f"(ServerConfig.maxLinkNum = {self.settings.max_link_num})")
-        self.in_flight += 1
+        self.in_flight += n
         self._idle.clear()
         try:
             yield
         finally:
-            self.in_flight -= 1
+            self.in_flight -= n
             if self.in_flight == 0:
                 self._idle.set()
 

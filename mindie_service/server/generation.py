@@ -14,6 +14,7 @@ from typing import Any, AsyncIterator
 
 from tornado.iostream import StreamClosedError
 
+from mindie_service.engine.client import EngineClient
 from mindie_service.engine.types import EngineRequest, TokenEvent
 from mindie_service.protocol.encoders import Encoder, StreamState
 from mindie_service.errors import GenerationError, MindieError, TimeoutError_
@@ -33,11 +34,20 @@ class GenerationHandler(BaseHandler):
     def initialize(self, ctx: ServerContext) -> None:
         super().initialize(ctx)
         self._task: asyncio.Future[bool] | None = None
+        self._prep: asyncio.Future[list[EngineRequest]] | None = None
         self._client_gone = False
         self.request_id = f"{_PREFIX}-{next(_ids)}"
 
     def parse(self, body: dict[str, Any]) -> GenerationRequest:
         raise NotImplementedError
+
+    def target(self, req: GenerationRequest) -> EngineClient:
+        """The engine serving ``req``: the default model's (the OpenAI routes pick theirs by ``model``)."""
+        return self.ctx.serving_engine()
+
+    async def engine_requests(self, req: GenerationRequest, engine: EngineClient) -> list[EngineRequest]:
+        """One engine request per prompt (the OpenAI completions route takes a list of prompts)."""
+        return [await self.ctx.engine_request(req, self.request_id, engine=engine)]
 
     @property
     def encoder(self) -> Encoder:
@@ -47,7 +57,10 @@ class GenerationHandler(BaseHandler):
         return self.parse(self.json_body())
 
     def on_connection_close(self) -> None:
+        super().on_connection_close()  # fails the body future: an abandoned upload ends its handler
         self._client_gone = True
+        if self._prep is not None and not self._prep.done():
+            self._prep.cancel()  # stops media fetches; the tokenizer pool's current call still finishes
         if self._task is not None and not self._task.done():
             logger.info("%s: client disconnected, aborting", self.request_id)
             self._task.cancel()
@@ -61,10 +74,19 @@ class GenerationHandler(BaseHandler):
             with ctx.admit():
                 # JSON decoding, media and tokenization run in the tokenizer pool, off the IO loop.
                 req = await ctx.run_blocking(self._parse_body)
-                ereq = await ctx.engine_request(req, self.request_id)
+                if self._client_gone:  # no tokenizing or media work for a client that left
+                    return
+                self.engine = self.target(req)
+                self._prep = asyncio.ensure_future(self.engine_requests(req, self.engine))
+                try:
+                    ereqs = await self._prep
+                except asyncio.CancelledError:
+                    if not self._client_gone:
+                        raise
+                    return
                 if self._client_gone:
                     return
-                self._task = asyncio.ensure_future(self._serve(req, ereq, t0))
+                self._task = asyncio.ensure_future(self._serve(req, ereqs, t0))
                 try:
                     ok = await self._task
                 except asyncio.CancelledError:
@@ -73,11 +95,11 @@ class GenerationHandler(BaseHandler):
         finally:
             ctx.metrics.observe_request(ok=ok, e2e=time.monotonic() - t0)
 
-    async def _serve(self, req: GenerationRequest, ereq: EngineRequest, t0: float) -> bool:
+    async def _serve(self, req: GenerationRequest, ereqs: list[EngineRequest], t0: float) -> bool:
+        samples = [self._sample(e, i, req.best_of) for e in ereqs for i in range(req.best_of)]
         if req.stream:
-            return await self._stream(req, ereq, t0)
-        tasks = [asyncio.ensure_future(self._collect(self._sample(ereq, i, req.best_of), t0))
-                 for i in range(req.best_of)]
+            return await self._stream(req, samples, t0)
+        tasks = [asyncio.ensure_future(self._collect(s, t0)) for s in samples]
         try:
             results = list(await asyncio.gather(*tasks))
         except BaseException:
@@ -89,11 +111,14 @@ class GenerationHandler(BaseHandler):
         return True
 
     def _sample(self, ereq: EngineRequest, index: int, best_of: int) -> EngineRequest:
-        """Sample ``index`` of a best_of request: its own request id and its own params (seeded apart)."""
+        """Sample ``index`` of a best_of (OpenAI: ``n``) request: its own request id and its own params (a
+        given seed moves by ``index`` so that the samples differ and each stays reproducible)."""
         if best_of == 1:
             return ereq
+        p = ereq.params
+        seed = None if p.seed is None else (p.seed + index) % (1 << 64)
         return dataclasses.replace(ereq, request_id=f"{ereq.request_id}.{index}",
-                                   params=dataclasses.replace(ereq.params))
+                                   params=dataclasses.replace(p, seed=seed))
 
     async def _collect(self, ereq: EngineRequest, t0: float) -> GenerationResult:
         result = GenerationResult()
@@ -102,19 +127,59 @@ class GenerationHandler(BaseHandler):
                 result.add(ev)
         return result
 
-    async def _stream(self, req: GenerationRequest, ereq: EngineRequest, t0: float) -> bool:
+    async def _merged(self, samples: list[EngineRequest], t0: float) -> AsyncIterator[tuple[int, TokenEvent]]:
+        """(sample index, event) of every sample, as they come; closing it aborts them all."""
+        if len(samples) == 1:
+            async with aclosing(self._events(samples[0], t0)) as events:
+                async for ev in events:
+                    yield 0, ev
+            return
+        queue: asyncio.Queue[tuple[int, TokenEvent | BaseException | None]] = asyncio.Queue()
+
+        async def pump(k: int, ereq: EngineRequest) -> None:
+            try:
+                async with aclosing(self._events(ereq, t0)) as events:
+                    async for ev in events:
+                        queue.put_nowait((k, ev))
+                queue.put_nowait((k, None))
+            except Exception as e:
+                queue.put_nowait((k, e))
+
+        tasks = [asyncio.ensure_future(pump(k, s)) for k, s in enumerate(samples)]
+        try:
+            left = len(tasks)
+            while left:
+                k, item = await queue.get()
+                if item is None:
+                    left -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield k, item
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _stream(self, req: GenerationRequest, samples: list[EngineRequest], t0: float) -> bool:
         enc = self.encoder
         self.set_header("Content-Type", "text/event-stream; charset=utf-8")
         self.set_header("Cache-Control", "no-cache")
         self.set_header("X-Accel-Buffering", "no")
-        result, state, started = GenerationResult(), StreamState(), False
-        async with aclosing(self._events(ereq, t0)) as events:
+        results = [GenerationResult() for _ in samples]
+        states = [StreamState(index=k) for k in range(len(samples))]
+        started = False
+        async with aclosing(self._merged(samples, t0)) as events:
             try:
-                async for ev in events:
-                    result.add(ev)
-                    self.write(enc.stream_frame(req, ev, result, state))
+                async for k, ev in events:
+                    results[k].add(ev)
+                    if not started:
+                        self.write(enc.stream_start(req, len(samples)))  # sent with the first token
+                    self.write(enc.stream_frame(req, ev, results[k], states[k]))
                     started = True
                     await self.flush()
+                self.write(enc.stream_end(req, results))
+                await self.flush()
             except StreamClosedError:
                 self._client_gone = True
                 logger.info("%s: client disconnected mid-stream, aborting", self.request_id)
@@ -139,7 +204,7 @@ class GenerationHandler(BaseHandler):
         loop = asyncio.get_running_loop()
         deadline = loop.time() - (time.monotonic() - t0) + s.e2e_timeout
         rid = ereq.request_id
-        agen = ctx.loaded_engine.generate(ereq)
+        agen = self.engine.generate(ereq)
         first: float | None = None
         n, prompt_n = 0, len(ereq.prompt_token_ids)
         try:
@@ -157,9 +222,9 @@ class GenerationHandler(BaseHandler):
                                         f"(ServerConfig.{key} = {limit:g} s)") from None
                 except MindieError:
                     raise
-                except Exception as e:  # the engine broke on this request: 424, the server goes on
-                    logger.exception("%s: engine error", rid)
-                    raise GenerationError(f"Request failed during generation: {type(e).__name__}: {e}") from None
+                except Exception:  # the engine broke on this request: 424, the server goes on
+                    logger.exception("%s: engine error", rid)  # the details stay in the log, never in the reply
+                    raise GenerationError(f"Request {rid} failed during generation") from None
                 if first is None:
                     first = time.monotonic()
                     prompt_n = ev.num_prompt_tokens or prompt_n

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 import tornado.web
+from tornado.iostream import StreamClosedError
 
 from mindie_service.errors import (
     BadRequestError,
@@ -50,6 +51,24 @@ class BaseHandler(tornado.web.RequestHandler):
         self._chunks: list[bytes] = []
         self._size = 0
         self._too_large = False
+        self.aborted = False  # the client closed the connection before the response was finished
+
+    async def _execute(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        # Counts handlers whose request is still being served (/v1/status "connections.handlers"): an
+        # abandoned upload used to stay here, with the chunks it had read, until shutdown.
+        self.ctx.open_handlers += 1
+        try:
+            await super()._execute(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self.ctx.open_handlers -= 1
+
+    def on_connection_close(self) -> None:
+        # Tornado's own method fails the body future of a @stream_request_body handler; without it an
+        # abandoned upload leaves the handler (and every chunk it buffered) waiting forever.
+        if not self._finished:
+            self.aborted = True
+        self._chunks.clear()
+        super().on_connection_close()
 
     def set_default_headers(self) -> None:
         self.set_header("Server", "mindie-service")
@@ -82,7 +101,8 @@ class BaseHandler(tornado.web.RequestHandler):
     def write_json(self, obj: Any, status: int = 200) -> None:
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
+        # allow_nan=False: NaN/Infinity are not JSON; a value that slipped through is a bug, not a reply.
+        self.finish(json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False))
 
     # -- errors: mapped here, once ---------------------------------------------------------------
     def write_error(self, status_code: int, **kwargs: Any) -> None:
@@ -99,10 +119,17 @@ class BaseHandler(tornado.web.RequestHandler):
             err = http_error_for(status_code, self._reason)
         self.set_status(err.status)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps(err.to_json(), ensure_ascii=False))
+        # ensure_ascii: a message may quote client text holding lone surrogates, which UTF-8 cannot encode.
+        self.finish(json.dumps(self.error_json(err), ensure_ascii=True))
+
+    def error_json(self, err: MindieError) -> Any:
+        """The error body of this route's API family (the OpenAI routes override it with their encoder's)."""
+        return err.to_json()
 
     def log_exception(self, typ: Any, value: Any, tb: Any) -> None:
-        if isinstance(value, MindieError):
+        if self.aborted and isinstance(value, StreamClosedError):
+            logger.debug("%s %s: client closed the connection", self.request.method, self.request.path)
+        elif isinstance(value, MindieError):
             logger.debug("%s %s -> %d %s: %s", self.request.method, self.request.path, value.status,
                         value.error_type, value.message)
         else:

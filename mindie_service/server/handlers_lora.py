@@ -1,7 +1,9 @@
-"""LoRA adapters over HTTP: load/unload on the management port, the model list on the business port."""
+"""LoRA adapters over HTTP: load/unload on the management port (the business port lists them in /v1/models,
+server/handlers_models.py)."""
 from __future__ import annotations
 
 import logging
+import os
 
 from mindie_service.engine.client import EngineClient
 from mindie_service.errors import UnhealthyError, check
@@ -24,6 +26,9 @@ class LoadLoraHandler(BaseHandler):
         name, path = body.get("lora_name"), body.get("lora_path")
         check(isinstance(name, str) and 0 < len(name) <= 256, "lora_name", "a non-empty string", name)
         check(isinstance(path, str) and len(path) > 0, "lora_path", "a non-empty string", path)
+        # Like every path of the config, a relative one names a folder beside config.json, whatever the
+        # server's working directory.
+        path = os.path.normpath(os.path.join(os.path.dirname(self.ctx.config.path), os.path.expanduser(path)))
         info = await _adapter_engine(self).load_adapter(name, path)
         logger.info("loaded LoRA adapter %s", name)
         self.write_json({"status": "success", "lora_name": name, "rank": info.get("rank")})
@@ -38,16 +43,3 @@ class UnloadLoraHandler(BaseHandler):
         _adapter_engine(self).unload_adapter(name)
         logger.info("unloaded LoRA adapter %s", name)
         self.write_json({"status": "success", "lora_name": name})
-
-
-class ModelsHandler(BaseHandler):
-    """GET /v1/models (OpenAI's list): the base model and every loaded adapter."""
-
-    def get(self) -> None:
-        ctx = self.ctx
-        data = [{"id": ctx.model_name, "object": "model", "owned_by": "mindie-service", "root": ctx.model_name,
-                 "parent": None}]
-        for a in (ctx.engine.list_adapters() if ctx.engine is not None else []):
-            data.append({"id": a["name"], "object": "model", "owned_by": "mindie-service", "root": a.get("path"),
-                         "parent": ctx.model_name})
-        self.write_json({"object": "list", "data": data})

@@ -3,11 +3,32 @@ from __future__ import annotations
 
 import logging
 
-from mindie_service.errors import UnhealthyError
+from urllib.parse import urlsplit
+
+from tornado.httputil import HTTPServerRequest
+
+from mindie_service.errors import ForbiddenError, UnhealthyError
 from mindie_service.server.handlers_base import BaseHandler
 from mindie_service.server.metrics import CONTENT_TYPE
 
 logger = logging.getLogger(__name__)
+
+
+def same_origin(origin: str, request: HTTPServerRequest) -> bool:
+    """True when ``origin`` is this server's own scheme://host:port (as the request's Host names it)."""
+    try:
+        o = urlsplit(origin)
+        port = o.port or (443 if o.scheme == "https" else 80)
+    except ValueError:
+        return False
+    host = request.host or ""
+    try:
+        h = urlsplit(f"//{host}")
+        own_port = h.port or (443 if request.protocol == "https" else 80)
+    except ValueError:
+        return False
+    return (o.scheme == request.protocol and (o.hostname or "").lower() == (h.hostname or "").lower()
+            and port == own_port)
 
 
 class LiveHandler(BaseHandler):
@@ -55,6 +76,11 @@ class StatusHandler(BaseHandler):
             "status": "ready" if self.ctx.healthy() else "not ready",
             "requests": {"running": st.running, "waiting": st.waiting, "swapped": st.swapped,
                          "in_flight": self.ctx.in_flight},
+            # batch-job lines, counted apart (they are also in running / waiting above)
+            "batch": {"running": st.batch_running, "waiting": st.batch_waiting,
+                      "jobs_active": len(self.ctx.jobs.store.active()) if self.ctx.jobs else 0},
+            # this handler is one of them; every other one is a request not yet answered or abandoned
+            "connections": {"open": self.ctx.open_connections, "handlers": self.ctx.open_handlers},
             "blocks": {"total": st.total_blocks, "free": st.free_blocks, "used": st.total_blocks - st.free_blocks},
             "cacheUsage": st.cache_usage, "prefixCacheHitRate": st.prefix_cache_hit_rate,
         })
@@ -64,6 +90,12 @@ class StopServiceHandler(BaseHandler):
     """POST /stopService: answer, then drain (stop accepting, finish running requests, exit 0)."""
 
     def post(self) -> None:
+        # A browser can send a cross-site form post (text/plain, urlencoded, multipart) without a
+        # preflight; it cannot send application/json, and it always names its page's Origin.
+        self.json_body()
+        origin = self.request.headers.get("Origin")
+        if origin is not None and not same_origin(origin, self.request):
+            raise ForbiddenError(f"POST /stopService from a foreign Origin {origin!r} is refused")
         logger.info("stopService received from %s", self.request.remote_ip)
         self.write_json({"status": "stopping"})
         self.ctx.request_stop()

@@ -19,15 +19,15 @@ import ssl
 import sys
 from pathlib import Path
 
-from tornado.httpserver import HTTPServer
-
 from mindie_service.config import ServiceConfig, load_config
+from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.client import EngineClient
 from mindie_service.errors import ConfigError
 from mindie_service.inputs import TextPrompt
 from mindie_service.sampling_params import SamplingParams
 from mindie_service.server.app import make_app
 from mindie_service.server.context import ServerContext
+from mindie_service.server.listener import BoundedHTTPServer, raise_open_files_limit
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +106,25 @@ def build_engine(cfg: ServiceConfig) -> EngineClient:
     return AsyncEngine(cfg.engine_config())
 
 
+def build_model_engine(ec: EngineConfig, mock: bool) -> EngineClient:
+    """The engine of one catalog model (runs in a worker thread: it loads weights)."""
+    if mock:
+        from mindie_service.devkit.mock_engine import MockEngine
+
+        return MockEngine(ec)
+    from mindie_service.engine.async_engine import AsyncEngine
+
+    return AsyncEngine(ec)
+
+
+def _on_default(ctx: ServerContext, engine: EngineClient | None) -> None:
+    """The default model (ModelConfig[0], behind `/` and the TGI routes) started or stopped via the catalog."""
+    if engine is None:
+        ctx.engine = None
+    else:
+        ctx.attach_engine(engine)
+
+
 async def warm_up(engine: EngineClient) -> None:
     """One greedy token through the input processor and the engine: /health turns green only after both answered."""
     req = engine.input_processor.process(TextPrompt("Hello"), SamplingParams(max_tokens=1, temperature=0.0),
@@ -140,13 +159,16 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], show_cur
         loop.add_signal_handler(sig, stop.set)
 
     s = cfg.server
-    servers: list[HTTPServer] = []
+    servers: list[BoundedHTTPServer] = []
     try:
         for (addr, port), planes in s.listeners().items():
-            srv = HTTPServer(make_app(ctx, planes), ssl_options=contexts.get(planes[0]),
-                             max_body_size=2 * s.max_request_bytes + (1 << 20), max_header_size=MAX_HEADER_BYTES,
-                             idle_connection_timeout=IDLE_CONNECTION_TIMEOUT_S, decompress_request=False)
+            srv = BoundedHTTPServer(make_app(ctx, planes), ssl_options=contexts.get(planes[0]),
+                                    max_body_size=2 * s.max_request_bytes + (1 << 20),
+                                    max_header_size=MAX_HEADER_BYTES, idle_connection_timeout=IDLE_CONNECTION_TIMEOUT_S,
+                                    body_timeout=s.body_timeout, decompress_request=False,
+                                    max_connections=s.max_connections)
             srv.listen(port, address=addr)
+            ctx.listeners.append(srv)
             servers.append(srv)
             logger.info("listening on %s://%s:%d for %s", "https" if s.https_enabled else "http", addr, port,
                         ", ".join(planes))
@@ -158,6 +180,11 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], show_cur
 
     code = 0
     engine: EngineClient | None = None
+    catalog = ctx.catalog
+    assert catalog is not None
+    catalog.build, catalog.warm_up = build_model_engine, warm_up
+    catalog.on_default = lambda e: _on_default(ctx, e)
+    catalog.entries[ctx.model_name].state = "starting"
     try:
         load = loop.run_in_executor(None, build_engine, cfg)
         await asyncio.wait([load, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
@@ -169,6 +196,12 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], show_cur
             ctx.attach_engine(engine)
             await warm_up(engine)
             ctx.ready = True
+            for m in cfg.models[1:]:  # every ModelConfig entry is started at boot, in the background
+                try:
+                    catalog.start(m.name)
+                except Exception as e:  # noqa: BLE001 - one model that cannot start leaves the others serving
+                    logger.error("model %s not started: %s", m.name, e)
+            ctx.start_jobs()
             logger.info("ready: model %s on %s (%s), %s", ctx.model_name, engine.device_type,
                         engine.device_reason, engine.dtype)
             if show_curl:
@@ -190,9 +223,12 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], show_cur
             await asyncio.wait_for(srv.close_all_connections(), 5.0)
         except asyncio.TimeoutError:
             pass
+    await ctx.stop_jobs()  # batch jobs stop where they are and resume at the next start
+    await catalog.shutdown()
     if engine is not None:
         engine.shutdown()
     ctx.executor.shutdown(wait=False, cancel_futures=True)
+    ctx.media_executor.shutdown(wait=False, cancel_futures=True)
     logger.info("stopped")
     return code
 
@@ -205,6 +241,7 @@ def serve(config_path: str, prepare: bool = False) -> int:
         if prepare:
             prepare_assets(cfg)
         cfg.check_files()
+        raise_open_files_limit(cfg.server.max_connections * len(cfg.server.listeners()))
         contexts: dict[str, ssl.SSLContext] = {}
         if cfg.server.https_enabled:
             from mindie_service.server.tls import plane_contexts

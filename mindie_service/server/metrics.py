@@ -45,6 +45,8 @@ class _EngineCollector(Collector):
             ("num_requests_running", "Requests running on the device (in the decode/prefill batch).", s.running),
             ("num_requests_waiting", "Requests waiting to be scheduled.", s.waiting),
             ("num_requests_swapped", "Requests preempted and waiting to resume.", s.swapped),
+            ("num_batch_requests_running", "Of the running requests, batch-job lines.", s.batch_running),
+            ("num_batch_requests_waiting", "Of the waiting requests, batch-job lines.", s.batch_waiting),
             ("npu_cache_usage_perc", "KV cache usage (1 = 100%).", s.cache_usage),
             ("npu_prefix_cache_hit_rate", "Prefix cache hit rate (0..1).", s.prefix_cache_hit_rate),
         ):
@@ -54,6 +56,17 @@ class _EngineCollector(Collector):
         c = CounterMetricFamily("num_preemptions", "Preemptions since start.", labels=["model_name"])
         c.add_metric(label, float(s.num_preemptions))
         yield c
+        # Kept sessions of the /api/* routes (continuation by request_id).
+        g = GaugeMetricFamily("num_sessions_held", "Finished generations kept for continuation.",
+                              labels=["model_name"])
+        g.add_metric(label, float(getattr(s, "sessions_held", 0)))
+        yield g
+        for name, doc, attr in (("session_hits", "Continuations that found their session.", "session_hits"),
+                                ("session_evictions", "Sessions that lost their pinned KV blocks or were dropped "
+                                 "to stay within their bounds.", "session_evictions")):
+            c = CounterMetricFamily(name, doc, labels=["model_name"])
+            c.add_metric(label, float(getattr(s, attr, 0)))
+            yield c
 
 
 class ServiceMetrics:

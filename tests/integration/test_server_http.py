@@ -102,10 +102,19 @@ def test_full_text_enabled_frames_carry_the_text_so_far(request, tiny_model):
     assert texts[-1] == frames[-1]["generated_text"] and isinstance(frames[0]["token"]["id"], int)
 
 
+def ids(out):
+    return [t["id"] for t in out["details"]["tokens"]]
+
+
 def test_seeded_sampling_is_reproducible(srv):
     p = {"do_sample": True, "temperature": 1.5, "seed": 1234}
     a, b = greedy(srv, **p), greedy(srv, **p)
     assert a["generated_text"] == b["generated_text"] and a["details"]["seed"] == 1234
+    assert ids(a) == ids(b)
+    # The seed decides the draw: another seed, and greedy decoding, give other tokens (a server that always
+    # decoded greedily, or ignored the seed, would pass the check above).
+    assert ids(greedy(srv, **{**p, "seed": 4321})) != ids(a)
+    assert ids(greedy(srv)) != ids(a)
 
 
 def test_stop_sequence_is_cut_from_the_output(srv):
@@ -146,6 +155,34 @@ def test_top_n_tokens_and_best_of_on_root(srv):
     d = r.json()[0]["details"]
     assert all(len(tops) == 3 for tops in d["top_tokens"])
     assert len(d["best_of_sequences"]) == 1
+    assert len(d["top_tokens"]) == d["generated_tokens"] == len(d["tokens"])  # one list per generated token
+    for tok, tops in zip(d["tokens"], d["top_tokens"]):
+        lps = [t["logprob"] for t in tops]
+        assert lps == sorted(lps, reverse=True) and tok["logprob"] <= lps[0] + 1e-6
+    g = srv.post("/", {"inputs": PROMPT, "parameters": {"max_new_tokens": 4, "details": True, "top_n_tokens": 3}})
+    d = g.json()[0]["details"]
+    assert len(d["top_tokens"]) == d["generated_tokens"] == 4
+    for tok, tops in zip(d["tokens"], d["top_tokens"]):  # greedy: the chosen token is the most likely one
+        assert tops[0]["id"] == tok["id"] and tops[0]["logprob"] == pytest.approx(tok["logprob"], abs=1e-6)
+
+
+def test_logprobs_equal_transformers_log_softmax(srv, tiny_model):
+    """Every generated and prompt token's logprob against transformers' log_softmax over the same weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    r = srv.post("/generate", {"inputs": PROMPT, "parameters": {"max_new_tokens": 8, "details": True,
+                                                                "decoder_input_details": True}})
+    assert r.status_code == 200, r.text
+    d = r.json()["details"]
+    prompt_ids, gen_ids = [t["id"] for t in d["prefill"]], [t["id"] for t in d["tokens"]]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        logp = hf(torch.tensor([prompt_ids + gen_ids])).logits[0].log_softmax(-1)
+    seq = prompt_ids + gen_ids
+    want = [logp[i - 1, seq[i]].item() for i in range(1, len(seq))]
+    got = [t["logprob"] for t in d["prefill"][1:]] + [t["logprob"] for t in d["tokens"]]
+    assert got == pytest.approx(want, abs=1e-4)
 
 
 # -- TGI routes ------------------------------------------------------------------------------------
@@ -228,6 +265,42 @@ def test_metrics_use_mindie_names_labelled_by_model(srv):
               if line and not line.startswith("#") and "_bucket" not in line}
     assert values["request_received_total"] >= 1 and values["generation_tokens_total"] >= 1
     assert srv.get("/metrics").status_code == 404  # the metrics port only
+
+
+def scrape(srv) -> dict[tuple[str, str], float]:
+    """Every sample of the metrics page: (name, labels) -> value."""
+    out = {}
+    for line in srv.get("/metrics", "metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            name, _, labels = series.partition("{")
+            out[(name, labels.rstrip("}"))] = float(value)
+    return out
+
+
+HISTOGRAMS = ("time_to_first_token_seconds", "time_per_output_token_seconds", "e2e_request_latency_seconds",
+              "request_prompt_tokens", "request_generation_tokens")
+
+
+def test_metrics_move_by_exactly_one_request_per_model(srv):
+    label = 'model_name="tiny"'
+    before = scrape(srv)
+    d = greedy(srv, max_new_tokens=6)["details"]
+    after = scrape(srv)
+
+    def delta(name: str) -> float:
+        return after[(name, label)] - before.get((name, label), 0.0)
+
+    assert delta("request_received_total") == 1 and delta("request_success_total") == 1
+    assert delta("request_failed_total") == 0
+    assert delta("prompt_tokens_total") == d["prompt_tokens"] and delta("generation_tokens_total") == 6
+    for h in HISTOGRAMS:
+        assert delta(f"{h}_count") == 1, h
+    assert delta("request_prompt_tokens_sum") == d["prompt_tokens"] and delta("request_generation_tokens_sum") == 6
+    # every sample of ours is labelled with the model's name and nothing else
+    ours = {name for name, _ in after if not name.startswith(("python_", "process_"))}
+    unlabelled = [(name, labels) for name, labels in after if name in ours and label not in labels.split(",")]
+    assert not unlabelled
 
 
 # -- errors ----------------------------------------------------------------------------------------

@@ -128,11 +128,21 @@ def test_video_streams_the_same_text_as_non_stream(vl_srv, media_dir):
     assert "".join(f["token"]["text"] for f in frames) == frames[-1]["generated_text"] == whole.json()[0]["generated_text"]
 
 
-def test_audio_from_a_local_file(audio_srv, media_dir):
-    r = _ask(audio_srv, [{"type": "audio_url", "audio_url": str(media_dir / "allowed" / "tone.wav")},
-                         {"type": "text", "text": "Transcribe."}], details=True)
+def test_audio_from_a_local_file_matches_the_offline_engine(audio_srv, media_dir):
+    import soundfile
+
+    wav = media_dir / "allowed" / "tone.wav"
+    r = _ask(audio_srv, [{"type": "audio_url", "audio_url": str(wav)}, {"type": "text", "text": "Transcribe."}],
+             details=True)
     assert r.status_code == 200, r.text
     assert r.json()[0]["details"]["generated_tokens"] == 12
+    ids = [t["id"] for t in r.json()[0]["details"]["tokens"]]
+    samples, rate = soundfile.read(str(wav), dtype="float32")
+    llm = LLM(str(ROOT / "models" / "tiny-audio"), cache_block_size=16, num_kv_blocks=128)
+    ref = llm.generate([{"parts": [{"type": "audio", "audio": samples, "sampling_rate": rate},
+                                   {"type": "text", "text": "Transcribe."}]}],
+                       SamplingParams(max_tokens=12, temperature=0.0), use_tqdm=False)[0]
+    assert ref.outputs[0].token_ids == ids and ref.outputs[0].text == r.json()[0]["generated_text"]
 
 
 @pytest.mark.parametrize("part, status, needle", [

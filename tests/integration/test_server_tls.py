@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import socket
 import ssl
 from pathlib import Path
 
@@ -66,25 +67,44 @@ def test_client_with_the_right_certificate_gets_200(tls_srv):
     assert tls_srv.get("/metrics", "metrics").status_code == 200
 
 
-@pytest.mark.parametrize("cert", [None, "foreign", "revoked"])
-def test_no_foreign_or_revoked_client_certificate_is_refused_at_the_handshake(tls_srv, pki, cert):
-    with pytest.raises(requests.exceptions.ConnectionError):
-        requests.post(tls_srv.url() + "/", json={"inputs": "hello"}, verify=str(pki / "ca/ca.pem"),
-                      cert=client(pki, cert) if cert else None, timeout=10)
+def tls_alert(port: int, pki: Path, cert: str | None, max_version: ssl.TLSVersion | None = None) -> str:
+    """The reason of the TLS error a client gets from the server (an alert, named by OpenSSL), or "" when the
+    request goes through. In TLS 1.3 the server judges the client certificate after the client's side of the
+    handshake is done: its alert arrives at the first read. The client sends nothing before that read: data
+    the server has not read when it closes makes the kernel reset the connection, and the alert is lost."""
+    ctx = ssl.create_default_context(cafile=str(pki / "ca/ca.pem"))
+    if max_version is not None:
+        ctx.maximum_version = max_version
+    if cert:
+        ctx.load_cert_chain(*client(pki, cert))
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        try:
+            with ctx.wrap_socket(sock, server_hostname="localhost") as s:
+                s.settimeout(5)
+                try:
+                    return f"unasked data {s.recv(100)!r}"  # only an alert comes unasked
+                except TimeoutError:
+                    pass  # accepted: now ask
+                s.settimeout(10)
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                return "" if s.recv(100).startswith(b"HTTP/1.1") else "no HTTP answer"
+        except ssl.SSLError as e:
+            return str(e.reason)
+
+
+@pytest.mark.parametrize("cert,alert", [(None, "TLSV13_ALERT_CERTIFICATE_REQUIRED"),
+                                        ("foreign", "TLSV1_ALERT_UNKNOWN_CA"),
+                                        ("revoked", "SSLV3_ALERT_CERTIFICATE_REVOKED")])
+def test_no_foreign_or_revoked_client_certificate_is_refused_at_the_handshake(tls_srv, pki, cert, alert):
+    assert tls_alert(tls_srv.cfg["port"], pki, cert) == alert
+
+
+def test_the_same_raw_client_with_the_right_certificate_is_answered(tls_srv, pki):
+    assert tls_alert(tls_srv.cfg["port"], pki, "client") == ""
 
 
 def test_tls_below_1_3_is_refused(tls_srv, pki):
-    ctx = ssl.create_default_context(cafile=str(pki / "ca/ca.pem"))
-    ctx.maximum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_cert_chain(*client(pki, "client"))
-    port = int(tls_srv.url().rsplit(":", 1)[1])
-    import socket
-
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        with pytest.raises((ssl.SSLError, ConnectionError)):
-            with ctx.wrap_socket(sock, server_hostname="localhost") as s:
-                s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
-                s.recv(100)
+    assert tls_alert(tls_srv.cfg["port"], pki, "client", ssl.TLSVersion.TLSv1_2) == "TLSV1_ALERT_PROTOCOL_VERSION"
 
 
 # -- start-up refuses bad material, naming the key -------------------------------------------------
@@ -157,3 +177,57 @@ def test_serve_stops_with_a_message_naming_the_key(tiny_model, tmp_path, capsys)
     cfg.write_text(json.dumps(data))
     assert serve(str(cfg)) == 2
     assert "allowAllZeroIpListening" in capsys.readouterr().err
+
+
+# -- each plane its own TLS at run time -------------------------------------------------------------
+@pytest.fixture(scope="session")
+def planes_srv(request, tiny_model, pki):
+    """Business: the dev server certificate, client certificates from the dev CA (CRL on). Management: its own
+    certificate, no client certificate (an empty managementTlsCaFile). Metrics: clients of another CA only."""
+    ca = certs.Issued(x509.load_pem_x509_certificate((pki / "ca/ca.pem").read_bytes()),
+                      serialization.load_pem_private_key((pki / "ca/ca.key.pem").read_bytes(), None))
+    mgmt = certs.issue(ca, "management plane", server=True, hosts=("localhost", "127.0.0.1"))
+    certs.write_cert(pki / "certs/management.pem", mgmt.cert)
+    certs.write_key(pki / "keys/management.key.pem", mgmt.key)
+    other_ca = certs.make_ca("metrics clients CA")
+    certs.write_cert(pki / "ca/metrics-ca.pem", other_ca.cert)
+    scraper = certs.issue(other_ca, "scraper", server=False)
+    certs.write_cert(pki / "certs/scraper.pem", scraper.cert)
+    certs.write_key(pki / "keys/scraper.key.pem", scraper.key)
+
+    def make(tmp: Path) -> ServerProcess:
+        cfg = write_config(tmp / "config.json", tiny_model, server={
+            "httpsEnabled": True, "tlsCaPath": str(pki / "ca"), "tlsCaFile": ["ca.pem"],
+            "tlsCert": str(pki / "certs/server.pem"), "tlsPk": str(pki / "keys/server.key.pem"),
+            "tlsCrlPath": str(pki / "crl"), "tlsCrlFiles": ["ca.crl.pem"],
+            "managementTlsCert": str(pki / "certs/management.pem"),
+            "managementTlsPk": str(pki / "keys/management.key.pem"), "managementTlsCaFile": [],
+            "metricsTlsCaFile": ["metrics-ca.pem"], "metricsTlsCrlFiles": []})
+        return ServerProcess(cfg, tmp / "server.log", verify=str(pki / "ca/ca.pem"), cert=client(pki, "client"))
+    return shared_server("tls-planes", request, make)
+
+
+def peer_cn(port: int, pki: Path) -> str:
+    ctx = ssl.create_default_context(cafile=str(pki / "ca/ca.pem"))
+    ctx.load_cert_chain(*client(pki, "client"))
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        with ctx.wrap_socket(sock, server_hostname="localhost") as s:
+            subject = dict(field[0] for field in s.getpeercert()["subject"])
+    return subject["commonName"]
+
+
+def test_each_plane_serves_its_own_certificate_and_client_rule(planes_srv, pki):
+    cfg, ca = planes_srv.cfg, str(pki / "ca/ca.pem")
+    assert peer_cn(cfg["port"], pki) == "localhost"
+    assert peer_cn(cfg["managementPort"], pki) == "management plane"
+    # business: dev CA clients only, revocation honoured
+    assert tls_alert(cfg["port"], pki, None) == "TLSV13_ALERT_CERTIFICATE_REQUIRED"
+    assert tls_alert(cfg["port"], pki, "revoked") == "SSLV3_ALERT_CERTIFICATE_REVOKED"
+    assert planes_srv.post("/", {"inputs": "hello", "parameters": {"max_new_tokens": 2}}).status_code == 200
+    # management: no client certificate needed
+    r = requests.get(planes_srv.url("management") + "/v2/health/ready", verify=ca, timeout=10)
+    assert r.status_code == 200
+    # metrics: the other CA's clients only; the dev CA's client is refused at the handshake
+    assert tls_alert(cfg["metricsPort"], pki, "client") == "TLSV1_ALERT_UNKNOWN_CA"
+    r = requests.get(planes_srv.url("metrics") + "/metrics", verify=ca, cert=client(pki, "scraper"), timeout=10)
+    assert r.status_code == 200 and 'request_success_total{model_name="tiny"} 1.0' in r.text

@@ -1,6 +1,9 @@
 """The engine is token-identical to Hugging Face transformers on the same weights (fp32, greedy)."""
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -36,6 +39,14 @@ def cpu_path(request, monkeypatch):
     if request.param == "reference":
         monkeypatch.setenv("MINDIE_CPU_KERNELS", "0")
     cpu_kernels.load.cache_clear()
+    if request.param == "kernels":
+        # Skipped only without a C compiler; with one, a failed build fails here instead of quietly
+        # becoming a second run of the reference path.
+        if not (os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")):
+            pytest.skip("no C compiler: the CPU kernels cannot be built")
+        if cpu_kernels.switched_off():
+            pytest.skip("MINDIE_CPU_KERNELS=0 in the environment")
+        assert cpu_kernels.load() is not None, cpu_kernels.describe()
     yield request.param
     monkeypatch.undo()
     cpu_kernels.load.cache_clear()

@@ -111,6 +111,14 @@ def test_lru_with_two_slots_and_three_adapters(tiny_model, adapters, expected):
     assert pool.evictions >= 4
 
 
+def test_the_least_recently_used_adapter_is_evicted_not_the_first_loaded(tiny_model, adapters, expected):
+    """r4, r8, r4, r16 in two slots: LRU evicts r8 (r4 was used since), FIFO would evict r4."""
+    llm = _llm(tiny_model, adapters, max_loras=2)
+    for adapter in ("r4", "r8", "r4", "r16"):
+        assert _run(llm, adapter) == expected[adapter]
+    assert {a["name"] for a in llm.engine.list_adapters() if a["resident"]} == {"r4", "r16"}
+
+
 def test_pinned_adapter_is_not_evicted(tiny_model, adapters, expected):
     llm = _llm(tiny_model, adapters, max_loras=2)
     eng, pool = llm.engine, llm.engine.lora.pool

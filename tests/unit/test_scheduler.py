@@ -9,6 +9,7 @@ from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SeqStatus
 from mindie_service.engine.step import SchedulerOutput
+from mindie_service.engine.types import PRIORITY_BATCH
 from mindie_service.sampling_params import SamplingParams
 
 
@@ -140,3 +141,48 @@ def test_chunks_of_one_prompt_continue_before_new_admissions():
     out = _step(s)  # r0's last 4 tokens, then r1 takes the rest of the budget
     assert [(c.request_id, c.start, c.num_tokens) for c in out.chunks] == [("r0", 16, 4), ("r1", 0, 4)]
     assert [c.sample for c in out.chunks] == [True, True]
+
+
+# ------------------------------------------------------------------ priorities (batch jobs below online traffic)
+def _batch(i: int, n: int = 6, max_output: int = 8) -> Sequence:
+    seq = _seq(i, n, max_output)
+    seq.priority = PRIORITY_BATCH
+    return seq
+
+
+def test_online_requests_wait_ahead_of_batch_lines():
+    s = _sched(max_batch_size=8, max_prefill_batch_size=1)
+    for q in (_batch(0), _batch(1), _seq(2), _batch(3), _seq(4)):
+        s.add(q)
+    assert _ids(s.waiting) == ["r2", "r4", "r0", "r1", "r3"]
+    assert _ids(_step(s).prefills) == ["r2"]
+
+
+def test_online_request_preempts_batch_lines_for_a_batch_slot():
+    s = _sched(max_batch_size=2, max_prefill_batch_size=2)
+    a, b = _batch(0), _batch(1)
+    s.add(a)
+    s.add(b)
+    _step(s)
+    s.add(_seq(2))
+    out = _step(s)
+    assert out.preempted == ["r1"] and _ids(out.decodes) == ["r0"] and _ids(out.prefills) == ["r2"]
+    assert b.status is SeqStatus.WAITING and s.waiting[0] is b
+
+
+def test_online_request_preempts_batch_lines_for_blocks_and_batch_goes_first_when_the_pool_is_dry():
+    s = _sched(blocks=6, bs=4, max_batch_size=8, max_prefill_batch_size=8)
+    lines = [_batch(0, n=8), _batch(1, n=8)]
+    for q in lines:
+        s.add(q)
+    _step(s)  # 4 of 6 blocks taken by batch lines
+    online = _seq(2, n=12)  # needs 3 blocks: the newest batch line makes room
+    s.add(online)
+    out = _step(s)
+    assert out.preempted == ["r1"] and _ids(out.prefills) == ["r2"]
+    # Later the pool runs dry while decoding: the batch line is preempted, not the newer online request.
+    while True:
+        out = _step(s)
+        if out.preempted:
+            break
+    assert out.preempted == ["r0"] and online.status is SeqStatus.RUNNING

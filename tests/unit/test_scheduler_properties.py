@@ -9,11 +9,13 @@ from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SeqStatus
+from mindie_service.engine.types import PRIORITY_BATCH, PRIORITY_ONLINE
 from mindie_service.sampling_params import SamplingParams
 
 BS = 4
 
-_request = st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 3))  # prompt len, max output, vocab
+# prompt len, max output, token value, batch-job priority
+_request = st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 3), st.booleans())
 _event = st.one_of(st.tuples(st.just("add"), _request), st.tuples(st.just("abort"), st.integers(0, 50)),
                    st.tuples(st.just("step"), st.booleans()))
 
@@ -34,6 +36,8 @@ def _check_invariants(s: Scheduler, bm: BlockManager, out, budget: int) -> None:
     for c in out.chunks:  # every token written this step has a slot in its block table
         assert len(c.block_table) * BS >= c.end
     assert len({c.request_id for c in out.chunks}) == len(out.chunks)
+    prios = [q.priority for q in s.waiting]
+    assert prios == sorted(prios)  # online requests always wait ahead of batch-job lines
 
 
 @settings(max_examples=150, deadline=None)
@@ -61,8 +65,10 @@ def test_random_traffic_keeps_block_and_budget_invariants_and_drains(events, num
 
     for kind, arg in events:
         if kind == "add":
-            n, max_out, v = arg
-            seq = Sequence(f"r{len(seqs)}", [v] * n, SamplingParams(max_tokens=max_out), max_out, seed=0)
+            n, max_out, v, batch = arg
+            max_out = max(1, min(max_out, num_blocks * BS - n))  # the engine caps output to the pool (add_request)
+            seq = Sequence(f"r{len(seqs)}", [v] * n, SamplingParams(max_tokens=max_out), max_out, seed=0,
+                           priority=PRIORITY_BATCH if batch else PRIORITY_ONLINE)
             seqs.append(seq)
             s.add(seq)
         elif kind == "abort" and arg < len(seqs) and not seqs[arg].is_finished:

@@ -1,0 +1,1 @@
+"""The model catalog: models on disk and in config.json, their states and engines (Jan's model routes)."""

@@ -1,0 +1,359 @@
+"""The model catalog: every model the service knows (config.json's ModelConfig entries and the folders of
+ModelDeployConfig.modelsDir), its state, and its engine while it runs (each model its own EngineClient).
+
+States: not_downloaded -> downloading -> downloaded -> starting -> running -> stopping -> stopped.
+Start, stop and download return at once; the work runs in the background and clients poll the model."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import logging
+import shutil
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from mindie_service.catalog.memory import estimate
+from mindie_service.catalog.model_json import ModelRecord, check_model_id, read_model_json
+from mindie_service.engine.client import EngineClient
+from mindie_service.engine.config import EngineConfig
+from mindie_service.errors import ConflictError, ModelNotFoundError, UnhealthyError, ValidationError
+from mindie_service.protocol.openai import RequestDefaults
+
+logger = logging.getLogger(__name__)
+
+Build = Callable[[EngineConfig, bool], EngineClient]  # (config, mock) -> engine (blocking: loads weights)
+DRAIN_TIMEOUT_S = 60.0
+
+
+@dataclass
+class CatalogEntry:
+    id: str
+    folder: Path  # the checkpoint folder (a ModelConfig's modelWeightPath, or modelsDir/{id})
+    record: ModelRecord
+    config_index: int | None = None  # its ModelConfig entry (started at boot), None for a folder model
+    mock: bool = False
+    state: str = "downloaded"
+    engine: EngineClient | None = None
+    error: str | None = None  # why the last start or download failed
+    progress: dict[str, Any] = field(default_factory=dict)  # download: bytes done / total
+    active: int = 0  # requests holding this model (from resolve to their response's end): stop waits for them
+
+    @property
+    def owned_folder(self) -> bool:
+        return self.config_index is None
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a request's ``model`` names: a running engine, and the adapter on it (None: the base model)."""
+
+    entry: CatalogEntry
+    engine: EngineClient
+    adapter_id: str | None
+    defaults: RequestDefaults
+
+
+class Catalog:
+    def __init__(self, config: Any, models_dir: Path, build: Build | None,
+                 on_default: Callable[[EngineClient | None], None] = lambda e: None,
+                 warm_up: Callable[[EngineClient], Awaitable[None]] | None = None) -> None:
+        self.config = config
+        self.models_dir = models_dir
+        self.build = build
+        self.on_default = on_default  # the default model (ModelConfig[0]) got or lost its engine
+        self.warm_up = warm_up
+        self.entries: dict[str, CatalogEntry] = {}
+        self._lock = threading.Lock()  # resolve runs in the tokenizer pool, stop on the IO loop
+        self.tasks: set[asyncio.Task[Any]] = set()
+        for i, m in enumerate(config.models):
+            folder = Path(m.weight_path)
+            rec = read_model_json(folder, m.name) or ModelRecord(id=m.name, name=m.name)
+            rec.id = m.name
+            self.entries[m.name] = CatalogEntry(m.name, folder, rec, config_index=i, mock=m.mock,
+                                                state="stopped")
+        self.scan()
+
+    @property
+    def default_id(self) -> str:
+        return self.config.models[0].name
+
+    # -- folders ---------------------------------------------------------------------------------
+    def folder_of(self, model_id: str) -> Path:
+        """modelsDir/{id}, checked to stay inside modelsDir."""
+        check_model_id(model_id)
+        root = self.models_dir.resolve()
+        p = (root / model_id).resolve()
+        if p.parent != root:
+            raise ValidationError(f"Parameter model id must name a folder inside the catalog, got {model_id!r}")
+        return p
+
+    def scan(self) -> None:
+        """Pick up folders added under modelsDir (a folder with config.json or a model.json)."""
+        if not self.models_dir.is_dir():
+            return
+        for d in sorted(self.models_dir.iterdir()):
+            if d.name.startswith(".") or not d.is_dir() or d.is_symlink() or d.name in self.entries:
+                continue
+            try:
+                check_model_id(d.name)
+            except ValidationError:
+                continue
+            rec = read_model_json(d, d.name)
+            has_ckpt = (d / "config.json").is_file()
+            if rec is None and not has_ckpt:
+                continue
+            rec = rec or ModelRecord(id=d.name, name=d.name)
+            rec.id = d.name
+            self.entries[d.name] = CatalogEntry(d.name, d, rec, state="downloaded" if has_ckpt else "not_downloaded")
+
+    def get(self, model_id: str) -> CatalogEntry:
+        self.scan()
+        e = self.entries.get(model_id)
+        if e is None:
+            raise ModelNotFoundError(f"The model `{model_id}` does not exist (GET /v1/models lists them)")
+        return e
+
+    # -- requests --------------------------------------------------------------------------------
+    def adapters(self, e: CatalogEntry) -> list[dict[str, Any]]:
+        return e.engine.list_adapters() if e.engine is not None and e.state == "running" else []
+
+    def resolve(self, name: str) -> Target:
+        """The running model (or the adapter of a running model) ``name`` names, held until ``release``:
+        404 unknown, 503 not running (stopping included: a stop lets held requests finish, takes no new ones)."""
+        with self._lock:
+            t = self._resolve(name)
+            t.entry.active += 1
+            return t
+
+    def release(self, target: Target) -> None:
+        with self._lock:
+            target.entry.active -= 1
+
+    def _resolve(self, name: str) -> Target:
+        e = self.entries.get(name)
+        adapter = None
+        if e is None:
+            for cand in self.entries.values():
+                if cand.engine is not None and cand.state == "running" and name in cand.engine.adapter_names():
+                    e, adapter = cand, name
+                    break
+        if e is None:
+            raise ModelNotFoundError(f"The model `{name}` does not exist (GET /v1/models lists them)")
+        if e.state != "running" or e.engine is None:
+            raise UnhealthyError(f"the model {name} is not running (state: {e.state}; PUT /v1/models/{e.id}/start)")
+        if not e.engine.healthy():
+            raise UnhealthyError(f"the engine of model {e.id} is not running")
+        return Target(e, e.engine, adapter, e.record.request_defaults())
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def engine_config(self, e: CatalogEntry) -> EngineConfig:
+        base = self.config.engine_config(e.config_index or 0)
+        cfg = base if e.config_index is not None else dataclasses.replace(
+            base, model=str(e.folder), model_name=e.id, lora_modules=())
+        cap = e.record.ctx_len()
+        if cap is not None and cap < cfg.max_seq_len:  # model.json's ctx_len caps the context, never raises it
+            cfg = dataclasses.replace(cfg, max_seq_len=cap, max_input_token_len=min(cfg.max_input_token_len, cap - 1))
+        return cfg
+
+    def check_fits(self, e: CatalogEntry, cfg: EngineConfig) -> None:
+        """Refuse a start that would not fit the memory left (weights + a minimum KV pool)."""
+        if e.mock:
+            return
+        from npu_ops.platform import memory_info  # noqa: PLC0415 (torch only when a model starts)
+        import torch
+
+        world = self.config.models[e.config_index].world_size if e.config_index is not None else 1
+        est = estimate(e.folder, cfg.max_seq_len, world_size=world)
+        free, _ = memory_info(torch.device("cpu"))
+        if est.total > free:
+            raise ConflictError(f"model {e.id} does not fit: it needs about {est.total / 2**30:.2f} GiB "
+                                f"(weights {est.weights / 2**30:.2f} GiB + a minimum KV pool "
+                                f"{est.kv_min / 2**30:.2f} GiB) and {free / 2**30:.2f} GiB are free")
+
+    def start(self, model_id: str) -> CatalogEntry:
+        """Begin starting a model (background); 409 while busy or not downloaded, 409 if it won't fit."""
+        e = self.get(model_id)
+        if e.state in ("running", "starting"):
+            return e
+        if e.state in ("stopping", "downloading", "not_downloaded"):
+            raise ConflictError(f"model {model_id} cannot start while {e.state}")
+        if not (e.folder / "config.json").is_file() and not e.mock:
+            raise ConflictError(f"model {model_id} has no checkpoint (config.json) in its folder")
+        if self.build is None:
+            raise ConflictError("models cannot be started in this process (no engine builder)")
+        cfg = self.engine_config(e)
+        self.check_fits(e, cfg)
+        e.state, e.error = "starting", None
+        self._spawn(self._start(e, cfg))
+        return e
+
+    async def _start(self, e: CatalogEntry, cfg: EngineConfig) -> None:
+        engine = None
+        try:
+            assert self.build is not None
+            engine = await asyncio.get_running_loop().run_in_executor(None, self.build, cfg, e.mock)
+            if not e.mock and e.record.engine_parameters:  # the model.json prefixes for template-less checkpoints
+                engine.input_processor.chat.prefixes = e.record.prefixes()
+            engine.start()
+            if self.warm_up is not None:
+                await self.warm_up(engine)
+            e.engine, e.state = engine, "running"
+            if e.config_index == 0:
+                self.on_default(engine)
+            logger.info("model %s running", e.id)
+        except Exception as ex:  # a start failure is the model's state, never the server's
+            logger.exception("model %s failed to start", e.id)
+            if engine is not None:
+                engine.shutdown()
+            e.state, e.error = "stopped", f"{type(ex).__name__}: {ex}"
+
+    def attach(self, model_id: str, engine: EngineClient) -> None:
+        """The default model's engine, built by main at boot."""
+        e = self.entries[model_id]
+        e.engine, e.state = engine, "running"
+
+    def stop(self, model_id: str) -> CatalogEntry:
+        e = self.get(model_id)
+        if e.state in ("stopped", "downloaded", "stopping", "not_downloaded"):
+            return e
+        if e.state != "running":
+            raise ConflictError(f"model {model_id} cannot stop while {e.state}")
+        with self._lock:
+            e.state = "stopping"  # new requests get 503 from here on
+        if e.config_index == 0:
+            self.on_default(None)
+        self._spawn(self._stop(e))
+        return e
+
+    async def _stop(self, e: CatalogEntry) -> None:
+        engine = e.engine
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DRAIN_TIMEOUT_S
+        while engine is not None and loop.time() < deadline:  # drain: the held requests finish
+            st = engine.stats()
+            if e.active == 0 and st.running + st.waiting == 0:
+                break
+            await asyncio.sleep(0.05)
+        e.engine = None
+        if engine is not None:
+            await loop.run_in_executor(None, engine.shutdown)
+            del engine
+        gc.collect()  # weights and the KV pool go back now, not at some later collection
+        e.state = "stopped"
+        logger.info("model %s stopped", e.id)
+
+    def delete(self, model_id: str) -> None:
+        e = self.get(model_id)
+        if e.state in ("running", "starting", "stopping", "downloading"):
+            raise ConflictError(f"model {model_id} is {e.state}; stop it before deleting it")
+        if not e.owned_folder:
+            raise ConflictError(f"model {model_id} is a ModelConfig entry of config.json; remove it there")
+        folder = self.folder_of(model_id)
+        if folder.is_dir():
+            shutil.rmtree(folder)
+        del self.entries[model_id]
+        logger.info("model %s deleted", model_id)
+
+    # -- download --------------------------------------------------------------------------------
+    async def download(self, model_id: str, policy: Any, cap: int) -> CatalogEntry:
+        """Check the model's source (SSRF guard, allowed folders) now, fetch it in the background."""
+        from mindie_service.catalog.download import check_source  # tornado's client only when downloading
+
+        e = self.get(model_id)
+        if e.state in ("running", "starting", "stopping", "downloading"):
+            raise ConflictError(f"model {model_id} cannot download while {e.state}")
+        if not e.owned_folder:
+            raise ConflictError(f"model {model_id} is a ModelConfig entry of config.json; its weights are not "
+                                "the catalog's to replace")
+        src = await check_source(e.record.source_url, policy)
+        before = e.state
+        e.state, e.error, e.progress = "downloading", None, {"bytes_done": 0, "bytes_total": None}
+        self._spawn(self._download(e, src, policy, cap, before))
+        return e
+
+    async def _download(self, e: CatalogEntry, src: Any, policy: Any, cap: int, before: str) -> None:
+        from mindie_service.catalog import download as dl
+
+        target = self.folder_of(e.id)
+        staging = self.models_dir / f".{e.id}.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        prog = dl.Progress()
+        loop = asyncio.get_running_loop()
+        try:
+            tick = asyncio.ensure_future(self._show(e, prog))
+            try:
+                await self._fetch(e, src, staging, cap, policy, prog)
+            finally:
+                tick.cancel()
+            root = dl.checkpoint_root(staging)
+
+            def keep(new: Path) -> None:
+                old_json = target / "model.json"
+                if old_json.is_file() and not (new / "model.json").exists():
+                    shutil.copy2(old_json, new / "model.json")
+            await loop.run_in_executor(None, dl.move_into_place, root, target, keep)
+            e.folder, e.state = target, "downloaded"
+            e.progress = {**prog.as_json(), "done": True}
+            logger.info("model %s downloaded (%d bytes)", e.id, prog.bytes_done)
+        except Exception as ex:  # noqa: BLE001 - the failure is the model's state; nothing is left behind
+            logger.info("model %s: download failed: %s", e.id, ex)
+            e.state, e.error = before, getattr(ex, "message", None) or f"{type(ex).__name__}: {ex}"
+            e.progress = {}
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    async def _fetch(self, e: CatalogEntry, src: Any, staging: Path, cap: int, policy: Any, prog: Any) -> None:
+        from mindie_service.catalog import download as dl
+
+        loop = asyncio.get_running_loop()
+        ref = src.url or str(src.path)
+        is_archive = ref.lower().split("?", 1)[0].endswith(dl.ARCHIVES)
+        if src.path is not None and src.path.is_dir():
+            await loop.run_in_executor(None, lambda: shutil.copytree(src.path, staging / "ckpt", symlinks=False))
+            return
+        if src.path is not None:
+            if not is_archive:
+                raise ValidationError("source_url: a local source must be a folder or a .tar/.tar.gz/.zip archive")
+            await loop.run_in_executor(None, dl.extract, src.path, staging, cap)
+            return
+        if is_archive:
+            part = staging.parent / f".{e.id}.download"
+            try:
+                await dl.fetch_to_file(src, src.url, part, cap, policy, prog)
+                await loop.run_in_executor(None, dl.extract, part, staging, cap)
+            finally:
+                part.unlink(missing_ok=True)
+            return
+        if not e.record.assets:
+            raise ValidationError("source_url: an URL that is not an archive needs the files listed in assets")
+        base = src.url.rstrip("/")
+        for a in e.record.assets:
+            name = a.rsplit("/", 1)[-1]
+            if not name or name in (".", "..") or "\\" in name:
+                raise ValidationError(f"assets: {a!r} is not a file name")
+            url = a if a.startswith(("http://", "https://")) else f"{base}/{name}"
+            asrc = src if url.startswith(base) else await dl.check_source(url, policy)
+            await dl.fetch_to_file(asrc, url, staging / name, cap - prog.bytes_done, policy, prog)
+
+    @staticmethod
+    async def _show(e: CatalogEntry, prog: Any) -> None:
+        while True:  # progress in GET /v1/models/{id} (metadata.download) while the fetch runs
+            e.progress = prog.as_json()
+            await asyncio.sleep(0.2)
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        t = asyncio.ensure_future(coro)
+        self.tasks.add(t)
+        t.add_done_callback(self.tasks.discard)
+
+    async def shutdown(self) -> None:
+        for t in list(self.tasks):
+            t.cancel()
+        for e in self.entries.values():
+            if e.engine is not None:
+                await asyncio.get_running_loop().run_in_executor(None, e.engine.shutdown)
+                e.engine = None

@@ -1,0 +1,69 @@
+"""Will a model fit? Its weights (read from the safetensors headers, so quantized tensors count at their
+stored size) plus a minimum KV pool (one full-length sequence), against the memory left now."""
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1}
+_FLOAT = {"F16", "BF16", "F32", "F64"}
+MAX_HEADER = 100 << 20
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights: int  # bytes once loaded
+    kv_min: int  # bytes of a KV pool holding one full-length sequence
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_min
+
+
+def _header(path: Path) -> dict[str, object]:
+    with path.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > MAX_HEADER:
+            raise ValueError(f"{path.name}: safetensors header of {n} bytes")
+        return json.loads(f.read(n))
+
+
+def weights_bytes(folder: Path, float_bytes: int) -> int:
+    """Tensor bytes of every *.safetensors file; float tensors at ``float_bytes`` each (the engine's dtype:
+    4 on CPU), integer (quantized) tensors at their stored width."""
+    total = 0
+    for f in sorted(folder.glob("*.safetensors")):
+        for name, meta in _header(f).items():
+            if name == "__metadata__" or not isinstance(meta, dict):
+                continue
+            n = 1
+            for d in meta.get("shape", []):
+                n *= int(d)
+            dt = str(meta.get("dtype"))
+            total += n * (float_bytes if dt in _FLOAT else _DTYPE_BYTES.get(dt, 4))
+    return total
+
+
+def kv_min_bytes(config: dict[str, object], max_seq_len: int, dtype_bytes: int) -> int:
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    assert isinstance(text, dict)
+    layers = int(text.get("num_hidden_layers", 0) or 0)
+    heads = int(text.get("num_attention_heads", 1) or 1)
+    kv_heads = int(text.get("num_key_value_heads", heads) or heads)
+    head_dim = int(text.get("head_dim") or int(text.get("hidden_size", 0) or 0) // heads)
+    return 2 * layers * kv_heads * head_dim * dtype_bytes * max_seq_len
+
+
+def estimate(folder: Path, max_seq_len: int, world_size: int = 1, float_bytes: int = 4) -> MemoryEstimate:
+    """Per device: weights are split over ``world_size`` devices (tensor parallel), as is the KV pool."""
+    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    w = weights_bytes(folder, float_bytes)
+    kv = kv_min_bytes(cfg, max_seq_len, float_bytes)
+    ws = max(1, world_size)
+    return MemoryEstimate(w // ws, kv // ws)

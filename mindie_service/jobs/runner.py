@@ -1,0 +1,156 @@
+"""Runs batch jobs on the IO loop: each line through the input processor (chat template, media guards),
+each generation through the engine at batch priority, each result committed (jobs.store).
+
+At most ``max_running`` generations of all jobs are in the engine at once (ServerConfig.batchMaxRunning).
+A job resumes after a restart at the (line, generation) pairs not yet committed."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from concurrent.futures import Executor
+from typing import Any, Callable
+
+from mindie_service.engine.client import EngineClient
+from mindie_service.engine.types import FINISH_LENGTH, PRIORITY_BATCH, EngineRequest
+from mindie_service.errors import MindieError, ValidationError
+from mindie_service.jobs.lines import parse_line, split_lines
+from mindie_service.jobs.store import JobRow, JobStore
+from mindie_service.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+BAD_LINE = -1  # the generation number of a line's error record (the line never ran)
+
+
+def job_params(job: JobRow) -> SamplingParams:
+    o = job.options
+    return SamplingParams(max_tokens=int(o["max_tokens"]), temperature=float(o["temperature"]),
+                          top_p=float(o["top_p"]) if o["temperature"] > 0 else 1.0)
+
+
+class JobRunner:
+    def __init__(self, store: JobStore, engine_for: Callable[[str], tuple[EngineClient, str | None]], executor: Executor,
+                 media_policy: Any, max_running: int) -> None:
+        self.store, self.engine_for, self.executor = store, engine_for, executor
+        self.media_policy = media_policy
+        self.max_running = max(1, max_running)
+        self._slots = asyncio.Semaphore(self.max_running)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.running_generations = 0  # batch sequences in the engine now (/v1/status, metrics)
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self, job_id: str) -> None:
+        if job_id not in self._tasks:
+            task = asyncio.get_running_loop().create_task(self._run(job_id), name=f"batch-{job_id}")
+            self._tasks[job_id] = task
+            task.add_done_callback(lambda _t: self._tasks.pop(job_id, None))
+
+    def resume_all(self) -> None:
+        for job in self.store.active():
+            logger.info("resuming batch job %s", job.job_id)
+            self.start(job.job_id)
+
+    async def cancel(self, job_id: str) -> None:
+        """The job ends failed with metadata.cancelled; what was written stays."""
+        self.store.set_status(job_id, "failed", cancelled=True)
+        task = self._tasks.get(job_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def shutdown(self) -> None:
+        """Stop every job where it is (they resume at the next start)."""
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------ one job
+    async def _run(self, job_id: str) -> None:
+        job = self.store.get(job_id)
+        if job is None or job.status not in ("validating", "running"):
+            return
+        try:
+            self.store.reconcile(job_id)
+            engine, adapter = self.engine_for(job.model)
+            self.store.set_status(job_id, "running")
+            await self._lines(job, engine, adapter)
+        except asyncio.CancelledError:
+            raise
+        except MindieError as e:
+            logger.warning("batch job %s failed: %s", job_id, e.message)
+            self.store.set_status(job_id, "failed", error=e.message)
+            return
+        except Exception:  # noqa: BLE001 - a broken job must not take the server down
+            logger.exception("batch job %s failed", job_id)
+            self.store.set_status(job_id, "failed", error="internal error (see the server log)")
+            return
+        if self.store.get(job_id).status == "running":  # type: ignore[union-attr]
+            self.store.set_status(job_id, "completed")
+            logger.info("batch job %s completed", job_id)
+
+    async def _lines(self, job: JobRow, engine: EngineClient, adapter: str | None) -> None:
+        data = await asyncio.get_running_loop().run_in_executor(self.executor, self.store.input_file(job.job_id).read_bytes)
+        done = self.store.done(job.job_id)
+        params = dataclasses.replace(job_params(job), adapter_id=adapter)
+        pending: set[asyncio.Task[None]] = set()
+        try:
+            for line, raw in enumerate(split_lines(data)):
+                todo = [g for g in range(job.num_generations)
+                        if ("success", line, g) not in done and ("error", line, g) not in done]
+                if ("error", line, BAD_LINE) in done or not todo:
+                    continue
+                try:
+                    req = await engine.input_processor.process_async(
+                        parse_line(raw), params, request_id=f"{job.job_id}-{line}", truncate=None,
+                        executor=self.executor, media_policy=self.media_policy)
+                except ValidationError as e:  # includes refused media: the line fails, the job goes on
+                    self.store.commit(job.job_id, "error", line, BAD_LINE, {"line": line, "error": e.message},
+                                      failed_line=True)
+                    continue
+                for g in todo:
+                    await self._slots.acquire()
+                    t = asyncio.ensure_future(self._generation(job, engine, req, line, g))
+                    pending.add(t)
+                    t.add_done_callback(pending.discard)
+            if pending:
+                await asyncio.gather(*pending)
+        finally:
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _generation(self, job: JobRow, engine: EngineClient, req: EngineRequest, line: int, gen: int) -> None:
+        self.running_generations += 1
+        try:
+            rid = f"{job.job_id}-{line}-{gen}"
+            ereq = dataclasses.replace(req, request_id=rid, priority=PRIORITY_BATCH)
+            text, lps, finish, n = [], [], None, 0
+            try:
+                agen = engine.generate(ereq)
+                try:
+                    async for ev in agen:
+                        text.append(ev.text_delta)
+                        lps.append(ev.token.logprob)
+                        n += 1
+                        if ev.finish_reason is not None:
+                            finish = ev.finish_reason
+                            if ev.full_text is not None:
+                                text = [ev.full_text]
+                finally:
+                    await agen.aclose()
+            except MindieError as e:
+                self.store.commit(job.job_id, "error", line, gen, {"line": line, "generation": gen, "error": e.message})
+                return
+            prompt_n = len(req.prompt_token_ids)
+            record: dict[str, Any] = {
+                "line": line, "generation": gen, "text": "".join(text),
+                "finish_reason": "length" if finish == FINISH_LENGTH else "stop",
+                "usage": {"prompt_tokens": prompt_n, "completion_tokens": n, "total_tokens": prompt_n + n}}
+            if job.options.get("logprobs"):
+                record["logprobs"] = [max(lp, -9999.0) if lp is not None else None for lp in lps]
+            self.store.commit(job.job_id, "success", line, gen, record, tokens=n)
+        finally:
+            self.running_generations -= 1
+            self._slots.release()

@@ -1,0 +1,154 @@
+"""OpenAI's response shapes for /v1/completions and /v1/chat/completions: bodies, SSE chunks ending with
+``data: [DONE]`` (with ``stream_options.include_usage`` a last chunk holding ``usage`` and no choices), and
+the error object ``{"error": {"message", "type", "param", "code"}}``."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mindie_service.engine.types import FINISH_LENGTH, TokenEvent, TokenInfo
+from mindie_service.errors import MindieError
+from mindie_service.protocol.encoders import Encoder, StreamState, sse
+from mindie_service.protocol.generation import GenerationRequest, GenerationResult
+from mindie_service.protocol.openai import OpenAIRequest
+
+DONE = b"data: [DONE]\n\n"
+_PARAM = re.compile(r"^Parameter ([A-Za-z0-9_.\[\]]+) ")
+# status -> OpenAI's error type
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
+          422: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
+
+
+def finish_reason(reason: str | None) -> str | None:
+    """Ours -> OpenAI's: eos_token and stop_sequence are "stop"."""
+    if reason is None:
+        return None
+    return "length" if reason == FINISH_LENGTH else "stop"
+
+
+def openai_error(err: MindieError) -> tuple[int, dict[str, Any]]:
+    """(status, body): a bad value is a 400 as on OpenAI (our 422); every other status stays."""
+    status = 400 if err.status == 422 else err.status
+    m = _PARAM.match(err.message)
+    return status, {"error": {"message": err.message, "type": _TYPES.get(status, "server_error"),
+                              "param": m.group(1) if m else None, "code": err.error_type}}
+
+
+def _bytes(text: str) -> list[int]:
+    return list(text.encode("utf-8", errors="replace"))
+
+
+class OpenAIEncoder(Encoder):
+    """One instance per process; the request says which route (completion or chat) it answers."""
+
+    def __init__(self) -> None:
+        super().__init__(full_text=False, list_ids=False)
+
+    # -- pieces ----------------------------------------------------------------------------------
+    @staticmethod
+    def _ids(req: OpenAIRequest, rid: str) -> dict[str, Any]:
+        chat = req.kind == "chat"
+        return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{rid}",
+                "object": "chat.completion.chunk" if chat and req.stream else
+                ("chat.completion" if chat else "text_completion"),
+                "created": req.created, "model": req.model}
+
+    @staticmethod
+    def _chat_logprobs(tokens: list[TokenInfo], k: int) -> dict[str, Any]:
+        return {"content": [{"token": t.text, "logprob": t.logprob, "bytes": _bytes(t.text),
+                             "top_logprobs": [{"token": a.text, "logprob": a.logprob, "bytes": _bytes(a.text)}
+                                              for a in t.top[:k]]} for t in tokens], "refusal": None}
+
+    @staticmethod
+    def _completion_logprobs(tokens: list[TokenInfo], k: int, offset: int) -> dict[str, Any]:
+        offsets, at = [], offset
+        for t in tokens:
+            offsets.append(at)
+            at += len(t.text)
+        return {"tokens": [t.text for t in tokens], "token_logprobs": [t.logprob for t in tokens],
+                "top_logprobs": [({a.text: a.logprob for a in t.top[:k]} if t.logprob is not None else None)
+                                 for t in tokens], "text_offset": offsets}
+
+    @staticmethod
+    def usage(req: OpenAIRequest, results: list[GenerationResult]) -> dict[str, int]:
+        """Prompt tokens counted once per prompt (not per choice), completion tokens over every choice."""
+        n = req.n
+        prompt = sum(results[i].num_prompt_tokens for i in range(0, len(results), n))
+        completion = sum(len(r.tokens) for r in results)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _echo(self, req: OpenAIRequest, k: int, r: GenerationResult) -> str:
+        p = req.prompts[k // req.n]
+        return p.text if getattr(p, "text", "") else "".join(t.text for t in r.prompt_tokens)
+
+    # -- non-stream ------------------------------------------------------------------------------
+    def complete(self, req: GenerationRequest, results: list[GenerationResult]) -> Any:
+        assert isinstance(req, OpenAIRequest)
+        out = self._ids(req, req.request_id)
+        choices = []
+        for k, r in enumerate(results):
+            fr = finish_reason(r.finish_reason)
+            if req.kind == "chat":
+                choices.append({"index": k, "message": {"role": "assistant", "content": r.text},
+                                "logprobs": (self._chat_logprobs(r.tokens, req.logprobs)
+                                             if req.logprobs is not None else None), "finish_reason": fr})
+                continue
+            prefix = self._echo(req, k, r) if req.echo else ""
+            lp = None
+            if req.logprobs is not None:
+                toks = (r.prompt_tokens if req.echo else []) + r.tokens
+                lp = self._completion_logprobs(toks, req.logprobs, 0)
+            choices.append({"index": k, "text": prefix + r.text, "logprobs": lp, "finish_reason": fr})
+        out["choices"] = choices
+        out["usage"] = self.usage(req, results)
+        return out
+
+    # -- stream ----------------------------------------------------------------------------------
+    def _chunk(self, req: OpenAIRequest, choices: list[dict[str, Any]]) -> bytes:
+        body = {**self._ids(req, req.request_id), "choices": choices}
+        if req.include_usage:
+            body["usage"] = None
+        return sse(body)
+
+    def stream_start(self, req: GenerationRequest, n_samples: int) -> bytes:
+        assert isinstance(req, OpenAIRequest)
+        if req.kind != "chat":
+            return b""
+        return b"".join(self._chunk(req, [{"index": k, "delta": {"role": "assistant", "content": ""},
+                                           "logprobs": None, "finish_reason": None}]) for k in range(n_samples))
+
+    def stream_frame(self, req: GenerationRequest, ev: TokenEvent, result: GenerationResult,
+                     state: StreamState) -> bytes:
+        assert isinstance(req, OpenAIRequest)
+        k = state.index
+        text = ev.text_delta
+        if req.kind == "completion" and req.echo and state.count == 0:
+            text = self._echo(req, k, result) + text
+        state.count += 1
+        state.text += ev.text_delta
+        fr = finish_reason(ev.finish_reason)
+        if req.kind == "chat":
+            lp = self._chat_logprobs([ev.token], req.logprobs) if req.logprobs is not None else None
+            choice: dict[str, Any] = {"index": k, "delta": {"content": text} if text or fr is None else {},
+                                      "logprobs": lp, "finish_reason": fr}
+        else:
+            lp = None
+            if req.logprobs is not None:
+                toks = (result.prompt_tokens if req.echo and state.count == 1 else []) + [ev.token]
+                lp = self._completion_logprobs(toks, req.logprobs, len(state.text) - len(ev.text_delta))
+            choice = {"index": k, "text": text, "logprobs": lp, "finish_reason": fr}
+        return self._chunk(req, [choice])
+
+    def stream_end(self, req: GenerationRequest, results: list[GenerationResult]) -> bytes:
+        assert isinstance(req, OpenAIRequest)
+        tail = b""
+        if req.include_usage:
+            tail = sse({**self._ids(req, req.request_id), "choices": [], "usage": self.usage(req, results)})
+        return tail + DONE
+
+    def stream_error(self, err: MindieError) -> bytes:
+        return sse(self.error_json(err)) + DONE
+
+    def error_json(self, err: MindieError) -> dict[str, Any]:
+        return openai_error(err)[1]

@@ -1,0 +1,111 @@
+"""Jan's model routes on the business port: GET /v1/models, GET|DELETE /v1/models/{id},
+PUT /v1/models/{id}/start|stop, GET /v1/models/download/{id}. Shapes: seeds/jan-models.yaml."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mindie_service.catalog.catalog import Catalog, CatalogEntry
+from mindie_service.errors import MindieError, UnhealthyError
+from mindie_service.protocol.openai_encoder import openai_error
+from mindie_service.server.handlers_base import BaseHandler
+
+logger = logging.getLogger(__name__)
+
+# Model.state of the seed's list entries (null when neither running nor changing)
+_LIST_STATE = {"running": "ready", "starting": "starting", "stopping": "stopping", "downloading": "downloading"}
+
+
+def _source_url(e: CatalogEntry) -> str:
+    """Never a server path: an http(s) source as given, anything local as an opaque ``local:{id}``."""
+    u = e.record.source_url
+    return u if u.startswith(("http://", "https://")) else f"local:{e.id}"
+
+
+def model_view(e: CatalogEntry, *, detail: bool) -> dict[str, Any]:
+    r = e.record
+    meta = dict(r.metadata)
+    if e.progress:
+        meta["download"] = dict(e.progress)
+    if e.error:
+        meta["error"] = e.error
+    out: dict[str, Any] = {
+        "id": e.id, "object": "model", "created": r.created, "owned_by": r.owned_by, "type": "model",
+        "version": r.version, "name": r.name or e.id, "description": r.description,
+        "state": e.state if detail else _LIST_STATE.get(e.state), "format": r.format,
+        "source_url": _source_url(e), "settings": {k: str(v) for k, v in r.settings.items()},
+        "parameters": dict(r.parameters), "metadata": meta, "assets": [a.rsplit("/", 1)[-1] for a in r.assets],
+        "parent": None, "root": e.id,
+    }
+    if detail:
+        out["engine_parameters"] = dict(r.engine_parameters)
+    return out
+
+
+def adapter_view(base: CatalogEntry, a: dict[str, Any]) -> dict[str, Any]:
+    """A LoRA adapter as vLLM lists it: its base model as ``parent``."""
+    return {"id": a["name"], "object": "model", "created": base.record.created, "owned_by": base.record.owned_by,
+            "type": "model", "state": "ready", "source_url": f"local:{a['name']}", "parameters": {}, "metadata": {},
+            "parent": base.id, "root": base.id}
+
+
+class _CatalogHandler(BaseHandler):
+    def error_json(self, err: MindieError) -> Any:
+        status, body = openai_error(err)
+        self.set_status(status)
+        return body
+
+    @property
+    def catalog(self) -> Catalog:
+        cat = self.ctx.catalog
+        if cat is None:
+            raise UnhealthyError("the model catalog is still loading")
+        return cat
+
+
+class ModelsHandler(_CatalogHandler):
+    """GET /v1/models (ListModelsResponse): every catalog model, then every loaded adapter."""
+
+    def get(self) -> None:
+        cat = self.catalog
+        cat.scan()
+        data = [model_view(e, detail=False) for e in cat.entries.values()]
+        for e in cat.entries.values():
+            data += [adapter_view(e, a) for a in cat.adapters(e)]
+        self.write_json({"object": "list", "data": data})
+
+
+class ModelHandler(_CatalogHandler):
+    """GET /v1/models/{id} (GetModelResponse, with the transient states); DELETE (DeleteModelResponse)."""
+
+    def get(self, model_id: str) -> None:
+        self.write_json(model_view(self.catalog.get(model_id), detail=True))
+
+    def delete(self, model_id: str) -> None:
+        self.catalog.delete(model_id)
+        self.write_json({"id": model_id, "object": "model", "deleted": True})
+
+
+class StartModelHandler(_CatalogHandler):
+    """PUT /v1/models/{id}/start: answers at once (state "starting"); 409 when it won't fit or is busy."""
+
+    def put(self, model_id: str) -> None:
+        e = self.catalog.start(model_id)
+        self.write_json({"id": e.id, "object": "model", "state": e.state})
+
+
+class StopModelHandler(_CatalogHandler):
+    """PUT /v1/models/{id}/stop: answers at once (state "stopping"); running requests finish first."""
+
+    def put(self, model_id: str) -> None:
+        e = self.catalog.stop(model_id)
+        self.write_json({"id": e.id, "object": "model", "state": e.state})
+
+
+class DownloadModelHandler(_CatalogHandler):
+    """GET /v1/models/download/{id}: fetch the model's source_url into its folder, in the background."""
+
+    async def get(self, model_id: str) -> None:
+        cap = self.ctx.config.backend.max_model_download_mb * 1024 * 1024
+        await self.catalog.download(model_id, self.ctx.media_policy, cap)
+        self.write_json({"message": f"Starting download {model_id}"})

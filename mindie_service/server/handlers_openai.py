@@ -1,0 +1,82 @@
+"""POST /v1/completions and /v1/chat/completions on the one generation path (server/generation.py): the
+``model`` field picks the catalog model (or adapter) and its engine; errors in OpenAI's shape."""
+from __future__ import annotations
+
+from typing import Any
+
+from mindie_service.catalog.catalog import Target
+from mindie_service.engine.client import EngineClient
+from mindie_service.engine.types import EngineRequest
+from mindie_service.errors import MindieError, UnhealthyError
+from mindie_service.protocol.encoders import Encoder
+from mindie_service.protocol.generation import GenerationRequest, ProtocolLimits
+from mindie_service.protocol.openai import Kind, OpenAIRequest, parse_openai, peek_model
+from mindie_service.protocol.openai_encoder import OpenAIEncoder, openai_error
+from mindie_service.server.generation import GenerationHandler
+
+_ENCODER = OpenAIEncoder()
+
+
+class _OpenAIHandler(GenerationHandler):
+    kind: Kind = "completion"
+
+    def initialize(self, ctx: Any) -> None:
+        super().initialize(ctx)
+        self._engine: EngineClient | None = None
+        self._held: Target | None = None
+
+    @property
+    def encoder(self) -> Encoder:
+        return _ENCODER
+
+    def error_json(self, err: MindieError) -> Any:
+        status, body = openai_error(err)
+        self.set_status(status)  # a bad value is OpenAI's 400, not our 422
+        return body
+
+    def parse(self, body: dict[str, Any]) -> GenerationRequest:
+        catalog = self.ctx.catalog
+        if catalog is None:
+            raise UnhealthyError("the model catalog is still loading")
+        model = peek_model(body)
+        target = catalog.resolve(model)
+        self._held, self._engine = target, target.engine
+        limits = ProtocolLimits(vocab_size=target.engine.vocab_size, media_policy=self.ctx.media_policy)
+        return parse_openai(body, self.kind, support=self.ctx.settings.open_ai_support, limits=limits,
+                            model=model, defaults=target.defaults, adapter_id=target.adapter_id,
+                            request_id=self.request_id)
+
+    def on_finish(self) -> None:
+        self._release()
+        super().on_finish()
+
+    def on_connection_close(self) -> None:
+        super().on_connection_close()  # the request is aborted (the engine frees it; stop waits for that too)
+        self._release()
+
+    def _release(self) -> None:
+        if self._held is not None and self.ctx.catalog is not None:
+            self.ctx.catalog.release(self._held)
+            self._held = None
+
+    def target(self, req: GenerationRequest) -> EngineClient:
+        assert self._engine is not None  # parse picked it
+        return self._engine
+
+    async def engine_requests(self, req: GenerationRequest, engine: EngineClient) -> list[EngineRequest]:
+        assert isinstance(req, OpenAIRequest)
+        return [await self.ctx.engine_request(req, f"{self.request_id}-{k}" if len(req.prompts) > 1 else
+                                              self.request_id, engine=engine, prompt=p)
+                for k, p in enumerate(req.prompts)]
+
+
+class CompletionsHandler(_OpenAIHandler):
+    """POST /v1/completions."""
+
+    kind = "completion"
+
+
+class ChatCompletionsHandler(_OpenAIHandler):
+    """POST /v1/chat/completions."""
+
+    kind = "chat"

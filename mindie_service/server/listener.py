@@ -1,0 +1,114 @@
+"""The HTTP listener: Tornado's HTTPServer with the connection-level bounds a handler cannot set.
+
+- at most ``max_connections`` open connections; one more gets a short 503 and is closed at once
+  (cheap: no parsing, no handler), with a rate-limited log line instead of one per refusal;
+- headers over ``max_header_size`` get a 431 before the connection closes (Tornado drops it silently);
+- a body must arrive within ``body_timeout`` seconds of its headers (Tornado's ``body_timeout``);
+- the soft open-files limit is raised at start-up to hold every listener's connections."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from tornado.httpserver import HTTPServer
+from tornado.iostream import IOStream, SSLIOStream, UnsatisfiableReadError
+
+from mindie_service.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_REFUSED_BODY = b'{"error":"too many open connections (ServerConfig.maxConnections)","error_type":"overloaded"}'
+REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\n"
+           b"Content-Length: " + str(len(_REFUSED_BODY)).encode() + b"\r\n\r\n" + _REFUSED_BODY)
+_HEADERS_BODY = b'{"error":"request headers are too large (at most 64 KB)","error_type":"validation"}'
+HEADERS_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n"
+                     b"Connection: close\r\nContent-Length: " + str(len(_HEADERS_BODY)).encode() + b"\r\n\r\n"
+                     + _HEADERS_BODY)
+FD_MARGIN = 256  # files the process needs besides its connections (model files, logs, sockets out)
+
+
+def _send_now(stream: IOStream, data: bytes) -> None:
+    """Best effort, non-blocking: these replies are a courtesy to a client about to be dropped."""
+    try:
+        stream.socket.send(data)
+    except Exception:  # noqa: BLE001 - the socket may be gone or not writable; the close still happens
+        pass
+
+
+class _HeaderCapMixin:
+    """Answers 431 when the header read overflows, then lets Tornado close the connection."""
+
+    _read_max_bytes: int | None
+
+    def _check_max_bytes(self, delimiter: Any, size: int) -> None:
+        if self._read_max_bytes is not None and size > self._read_max_bytes and not getattr(self, "_sent_431", False):
+            self._sent_431 = True
+            _send_now(self, HEADERS_TOO_LARGE)  # type: ignore[arg-type]
+            raise UnsatisfiableReadError(f"delimiter {delimiter!r} not found within {self._read_max_bytes} bytes")
+        super()._check_max_bytes(delimiter, size)  # type: ignore[misc]
+
+
+class _CappedIOStream(_HeaderCapMixin, IOStream):
+    pass
+
+
+class _CappedSSLIOStream(_HeaderCapMixin, SSLIOStream):
+    pass
+
+
+class RefusalLog:
+    """One log line per ``interval`` seconds however many connections are refused."""
+
+    def __init__(self, interval: float = 10.0) -> None:
+        self.interval, self.count, self._last = interval, 0, float("-inf")
+
+    def refused(self, limit: int) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self._last >= self.interval:
+            self._last = now
+            logger.warning("refusing connections over ServerConfig.maxConnections = %d (%d refused so far)",
+                           limit, self.count)
+
+
+class BoundedHTTPServer(HTTPServer):
+    """HTTPServer with a cap on open connections and a 431 for oversized headers."""
+
+    def initialize(self, *args: Any, max_connections: int = 1024, **kwargs: Any) -> None:  # type: ignore[override]
+        super().initialize(*args, **kwargs)
+        self.max_connections = max_connections
+        self.refusals = RefusalLog()
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
+    def handle_stream(self, stream: IOStream, address: tuple) -> None:
+        if len(self._connections) >= self.max_connections:
+            self.refusals.refused(self.max_connections)
+            _send_now(stream, REFUSED)
+            stream.close()
+            return
+        stream.__class__ = _CappedSSLIOStream if isinstance(stream, SSLIOStream) else _CappedIOStream
+        super().handle_stream(stream, address)
+
+
+def raise_open_files_limit(needed: int) -> int:
+    """Raise the soft RLIMIT_NOFILE to ``needed`` (+ a margin) when it is lower; ConfigError when the
+    hard limit is too low. Returns the soft limit in force."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX: nothing to raise
+        return needed
+    want = needed + FD_MARGIN
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= want:
+        return soft if soft != resource.RLIM_INFINITY else want
+    if hard != resource.RLIM_INFINITY and hard < want:
+        raise ConfigError(f"ServerConfig.maxConnections needs {want} open files (connections of every listener + "
+                          f"{FD_MARGIN}), but the hard open-files limit is {hard}: lower maxConnections or raise "
+                          f"the limit (ulimit -Hn)")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    logger.info("raised the soft open-files limit from %d to %d", soft, want)
+    return want

@@ -1,0 +1,158 @@
+"""GET /openapi.json: an OpenAPI 3.1 document of the routes a listener serves, built from PLANE_ROUTES (so
+it cannot list a route that is not served, nor miss one) with each handler's methods and docstring; the
+request and response schemas of the OpenAI and model routes, and every route's error shape."""
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import tornado.web
+
+from mindie_service.catalog.model_json import LIST_STATES, TRANSIENT_STATES
+from mindie_service.server.handlers_base import BaseHandler
+
+METHODS = ("get", "post", "put", "delete", "patch")
+_OBJ = {"type": "object"}
+_ANY: dict[str, Any] = {}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {"type": "object", "required": ["error"], "properties": {
+        "error": {"type": "string"}, "error_type": {"type": "string"}},
+        "description": "MindIE and TGI routes: {error, error_type}."},
+    "OpenAIError": {"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object", "required": ["message", "type", "param", "code"], "properties": {
+            "message": {"type": "string"}, "type": {"type": "string"},
+            "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+        "description": "OpenAI and model routes: OpenAI's error object."},
+    "Model": {"type": "object", "required": ["id", "object", "created", "owned_by"], "properties": {
+        "id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
+        "owned_by": {"type": "string"}, "parent": {"type": ["string", "null"]},
+        "source_url": {"type": "string"}, "parameters": _OBJ, "metadata": _OBJ,
+        "state": {"enum": [None, "downloading", "ready", "starting", "stopping"],
+                  "description": "Jan's Model.state: ready = running."}}},
+    "ListModelsResponse": {"type": "object", "required": ["object", "data"], "properties": {
+        "object": {"const": "list"}, "data": {"type": "array", "items": {"$ref": "#/components/schemas/Model"}}}},
+    "GetModelResponse": {"type": "object", "required": ["id", "object", "created", "owned_by", "state",
+                                                        "source_url", "parameters", "metadata"], "properties": {
+        "id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
+        "owned_by": {"type": "string"}, "source_url": {"type": "string"}, "parameters": _OBJ, "metadata": _OBJ,
+        "engine_parameters": _OBJ,
+        "state": {"enum": list(LIST_STATES + TRANSIENT_STATES),
+                  "description": "Jan's four states; downloading, starting and stopping (while they last) are "
+                                 "this service's extension."}}},
+    "ModelStateResponse": {"type": "object", "required": ["id", "object", "state"], "properties": {
+        "id": {"type": "string"}, "object": {"const": "model"}, "state": {"type": "string"}},
+        "description": "StartModelResponse / StopModelResponse."},
+    "DeleteModelResponse": {"type": "object", "required": ["id", "object", "deleted"], "properties": {
+        "id": {"type": "string"}, "object": {"const": "model"}, "deleted": {"type": "boolean"}}},
+    "DownloadModelResponse": {"type": "object", "required": ["message"], "properties": {"message": {"type": "string"}}},
+    "CompletionRequest": {"type": "object", "required": ["model", "prompt"], "properties": {
+        "model": {"type": "string"}, "prompt": {"oneOf": [{"type": "string"}, {"type": "array"}]},
+        "max_tokens": {"type": ["integer", "null"], "minimum": 1}, "temperature": {"type": "number", "minimum": 0,
+                                                                                    "maximum": 2},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "n": {"type": "integer", "minimum": 1,
+                                                                                "maximum": 16},
+        "stream": {"type": "boolean"}, "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 5},
+        "echo": {"type": "boolean"}, "stop": {"oneOf": [{"type": "string"}, {"type": "array"}]},
+        "seed": {"type": "integer", "minimum": 0}, "user": {"type": "string"}}},
+    "ChatCompletionRequest": {"type": "object", "required": ["model", "messages"], "properties": {
+        "model": {"type": "string"}, "messages": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["role", "content"], "properties": {
+                "role": {"enum": ["system", "developer", "user", "assistant"]},
+                "content": {"oneOf": [{"type": "string"}, {"type": "array"}]}}}},
+        "max_tokens": {"type": ["integer", "null"], "minimum": 1},
+        "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2}, "stream": {"type": "boolean"},
+        "logprobs": {"type": "boolean"}, "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20}}},
+    "Completion": {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
+        "id": {"type": "string"}, "object": {"enum": ["text_completion", "chat.completion"]},
+        "created": {"type": "integer"}, "model": {"type": "string"}, "choices": {"type": "array"},
+        "usage": {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"]}},
+        "description": "Non-stream body; with stream: true, text/event-stream chunks ending with data: [DONE]."},
+}
+
+# path -> method -> (request schema, 200 schema); routes not listed take and give any JSON.
+_SHAPES: dict[str, dict[str, tuple[str | None, str | None]]] = {
+    "/v1/completions": {"post": ("CompletionRequest", "Completion")},
+    "/v1/chat/completions": {"post": ("ChatCompletionRequest", "Completion")},
+    "/v1/models": {"get": (None, "ListModelsResponse")},
+    "/v1/models/{id}": {"get": (None, "GetModelResponse"), "delete": (None, "DeleteModelResponse")},
+    "/v1/models/{id}/start": {"put": (None, "ModelStateResponse")},
+    "/v1/models/{id}/stop": {"put": (None, "ModelStateResponse")},
+    "/v1/models/download/{id}": {"get": (None, "DownloadModelResponse")},
+}
+OPENAI_ERRORS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
+
+
+def openapi_path(pattern: str) -> str:
+    """A route's regex as an OpenAPI path: each capture group is ``{id}``."""
+    return re.sub(r"\([^)]*\)", "{id}", pattern)
+
+
+def handler_methods(cls: type) -> list[str]:
+    """The HTTP methods ``cls`` implements (tornado's RequestHandler answers the others with 405)."""
+    out = []
+    for m in METHODS:
+        impl = getattr(cls, m, None)
+        if impl is not None and impl is not getattr(tornado.web.RequestHandler, m, None):
+            out.append(m)
+    return out
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _operation(path: str, method: str, cls: type) -> dict[str, Any]:
+    doc = (cls.__doc__ or cls.__name__).strip().splitlines()[0]
+    req, ok = _SHAPES.get(path, {}).get(method, (None, None))
+    err = _ref("OpenAIError" if path.startswith(OPENAI_ERRORS) else "Error")
+    content = {"application/json": {"schema": _ref(ok) if ok else _ANY}}
+    if ok == "Completion":
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    op: dict[str, Any] = {
+        "summary": doc, "operationId": f"{method}_{re.sub(r'[^A-Za-z0-9]+', '_', path).strip('_') or 'root'}",
+        "responses": {"200": {"description": "OK", **({"content": content} if ok else {})},
+                      "default": {"description": "An error", "content": {"application/json": {"schema": err}}}}}
+    if "{id}" in path:
+        op["parameters"] = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    if method in ("post", "put") and (req or method == "post"):
+        op["requestBody"] = {"required": method == "post",
+                             "content": {"application/json": {"schema": _ref(req) if req else _OBJ}}}
+    return op
+
+
+def build_document(routes: list[tuple[str, type]], version: str, model_ids: list[str] | None = None) -> dict[str, Any]:
+    paths: dict[str, Any] = {"/openapi.json": {"get": {"summary": "This document.", "operationId": "get_openapi",
+                                                       "responses": {"200": {"description": "OK"}}}}}
+    for pattern, cls in routes:
+        path = openapi_path(pattern)
+        if path in paths:
+            continue
+        paths[path] = {m: _operation(path, m, cls) for m in handler_methods(cls)}
+    schemas = SCHEMAS
+    if model_ids:  # examples of `model` that exist, so that clients (and fuzzers) reach past the 404
+        schemas = copy.deepcopy(SCHEMAS)
+        for name in ("CompletionRequest", "ChatCompletionRequest"):
+            schemas[name]["properties"]["model"]["examples"] = list(model_ids)
+        for path, ops in paths.items():
+            for op in ops.values():
+                for prm in op.get("parameters", []):
+                    prm["examples"] = {m: {"value": m} for m in model_ids}
+    return {"openapi": "3.1.0", "info": {"title": "mindie-service", "version": version},
+            "paths": paths, "components": {"schemas": schemas}}
+
+
+class OpenApiHandler(BaseHandler):
+    """GET /openapi.json: the routes of this listener."""
+
+    def initialize(self, ctx: Any, routes: list[tuple[str, type]] | None = None) -> None:  # type: ignore[override]
+        super().initialize(ctx)
+        self.routes = routes or []
+
+    def get(self) -> None:
+        from mindie_service.server.handlers_tgi import service_version
+
+        cat = self.ctx.catalog
+        self.write_json(build_document(self.routes, service_version(), list(cat.entries) if cat else None))

@@ -1,0 +1,208 @@
+/* Paged attention for the CPU over an int8 KV cache (npu_ops/quant_kv.py): the same row contract and
+ * task split as attention.c (see there), but every cache row (one token, one KV head) is D int8
+ * values followed by their fp32 scale, read in place: scores are scale_k * (q . k_int8) and the
+ * output sums p * scale_v * v_int8, widening eight int8 lanes at a time. A quarter of the bytes of
+ * an fp32 cache pass through memory. q and out stay fp32. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "vec_math.h"
+
+static inline float row_scale(const int8_t *row, int64_t D) {
+    float s;
+    memcpy(&s, row + D, sizeof s);
+    return s;
+}
+
+static void softmax_i8(float *restrict s, int64_t n) {
+    float m = s[0], sum = 0.f;
+    for (int64_t t = 1; t < n; ++t) m = s[t] > m ? s[t] : m;
+    int64_t t = 0;
+#ifdef __AVX2__
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
+    for (; t + 8 <= n; t += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
+        _mm256_storeu_ps(s + t, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    for (int i = 0; i < 8; ++i) sum += lanes[i];
+#endif
+    for (; t < n; ++t) {
+        s[t] = expf(s[t] - m);
+        sum += s[t];
+    }
+    const float inv = 1.f / sum;
+    for (t = 0; t < n; ++t) s[t] *= inv;
+}
+
+#ifdef __AVX2__
+static inline __m256 load8_i8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+static inline float hsum8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+#endif
+
+/* s[j] = q . k_j * scale_j * scale for the n rows k_j = k + j * stride (bytes) */
+static void score_rows_i8(const float *restrict q, const int8_t *restrict k, int64_t stride, int64_t n, int64_t D,
+                          float scale, float *restrict s) {
+    int64_t j0 = 0;
+#ifdef __AVX2__
+    if (D % 8 == 0) /* four rows at once: four independent multiply-add chains */
+        for (; j0 + 4 <= n; j0 += 4) {
+            const int8_t *k0 = k + j0 * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int64_t d = 0; d < D; d += 8) {
+                const __m256 qv = _mm256_loadu_ps(q + d);
+                a0 = _mm256_fmadd_ps(qv, load8_i8(k0 + d), a0);
+                a1 = _mm256_fmadd_ps(qv, load8_i8(k1 + d), a1);
+                a2 = _mm256_fmadd_ps(qv, load8_i8(k2 + d), a2);
+                a3 = _mm256_fmadd_ps(qv, load8_i8(k3 + d), a3);
+            }
+            s[j0] = hsum8(a0) * row_scale(k0, D) * scale;
+            s[j0 + 1] = hsum8(a1) * row_scale(k1, D) * scale;
+            s[j0 + 2] = hsum8(a2) * row_scale(k2, D) * scale;
+            s[j0 + 3] = hsum8(a3) * row_scale(k3, D) * scale;
+        }
+#endif
+    for (int64_t j = j0; j < n; ++j) {
+        const int8_t *kr = k + j * stride;
+        float dot = 0.f;
+        int64_t d = 0;
+#ifdef __AVX2__
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+        for (; d + 16 <= D; d += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8_i8(kr + d), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), load8_i8(kr + d + 8), a1);
+        }
+        dot = hsum8(_mm256_add_ps(a0, a1));
+#endif
+        for (; d < D; ++d) dot += q[d] * (float)kr[d];
+        s[j] = dot * row_scale(kr, D) * scale;
+    }
+}
+
+/* acc[0:D] += sum_j p[j] * scale_j * v_j */
+static void accumulate_rows_i8(const float *restrict p, const int8_t *restrict v, int64_t stride, int64_t n,
+                               int64_t D, float *restrict acc) {
+#ifdef __AVX2__
+    if (D % 64 == 0) { /* the accumulator stays in eight registers across the rows */
+        for (int64_t d0 = 0; d0 < D; d0 += 64) {
+            __m256 a[8];
+            for (int i = 0; i < 8; ++i) a[i] = _mm256_loadu_ps(acc + d0 + 8 * i);
+            for (int64_t j = 0; j < n; ++j) {
+                const int8_t *vr = v + j * stride;
+                const __m256 wv = _mm256_set1_ps(p[j] * row_scale(vr, D));
+                for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(wv, load8_i8(vr + d0 + 8 * i), a[i]);
+            }
+            for (int i = 0; i < 8; ++i) _mm256_storeu_ps(acc + d0 + 8 * i, a[i]);
+        }
+        return;
+    }
+#endif
+    for (int64_t j = 0; j < n; ++j) {
+        const int8_t *vr = v + j * stride;
+        const float w = p[j] * row_scale(vr, D);
+        int64_t d = 0;
+#ifdef __AVX2__
+        const __m256 wv = _mm256_set1_ps(w);
+        for (; d + 8 <= D; d += 8)
+            _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(wv, load8_i8(vr + d), _mm256_loadu_ps(acc + d)));
+#endif
+        for (; d < D; ++d) acc[d] += w * (float)vr[d];
+    }
+}
+
+static void attend_i8(const float *restrict q, const int8_t *restrict k_cache, const int8_t *restrict v_cache,
+                      const int32_t *restrict bt, int64_t pos0, int64_t nrows, float *restrict out, int64_t h0,
+                      int64_t h1, int64_t H, int64_t G, int64_t D, int64_t BS, int64_t tok_stride,
+                      int64_t blk_stride, int64_t row, float scale, float *restrict scores, float *restrict acc) {
+    const int64_t nh = (h1 - h0) * G, L = pos0 + nrows;
+    for (int64_t start = 0; start < L; start += BS) {
+        const int8_t *kb = k_cache + (int64_t)bt[start / BS] * blk_stride;
+        for (int64_t i = 0; i < nrows; ++i) {
+            const int64_t len = pos0 + i + 1 - start, n = len < BS ? len : BS;
+            if (n <= 0) continue;
+            for (int64_t kh = h0; kh < h1; ++kh)
+                for (int64_t g = 0; g < G; ++g) {
+                    const int64_t r = i * nh + (kh - h0) * G + g;
+                    score_rows_i8(q + i * H * D + (kh * G + g) * D, kb + kh * row, tok_stride, n, D, scale,
+                                  scores + r * L + start);
+                }
+        }
+    }
+    for (int64_t i = 0; i < nrows; ++i)
+        for (int64_t r = i * nh; r < (i + 1) * nh; ++r) softmax_i8(scores + r * L, pos0 + i + 1);
+    memset(acc, 0, sizeof(float) * (size_t)(nrows * nh * D));
+    for (int64_t start = 0; start < L; start += BS) {
+        const int8_t *vb = v_cache + (int64_t)bt[start / BS] * blk_stride;
+        for (int64_t i = 0; i < nrows; ++i) {
+            const int64_t len = pos0 + i + 1 - start, n = len < BS ? len : BS;
+            if (n <= 0) continue;
+            for (int64_t kh = h0; kh < h1; ++kh)
+                for (int64_t g = 0; g < G; ++g) {
+                    const int64_t r = i * nh + (kh - h0) * G + g;
+                    accumulate_rows_i8(scores + r * L + start, vb + kh * row, tok_stride, n, D, acc + r * D);
+                }
+        }
+    }
+    for (int64_t i = 0; i < nrows; ++i)
+        memcpy(out + i * H * D + h0 * G * D, acc + i * nh * D, sizeof(float) * (size_t)(nh * D));
+}
+
+#define TILE_ROWS_I8 8
+
+int paged_attention_rows_i8(const float *q, const int8_t *k_cache, const int8_t *v_cache,
+                            const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
+                            int64_t T, int64_t S, int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB,
+                            float scale, int nthreads) {
+    if (T <= 0) return 0;
+    if (KVH <= 0 || H % KVH != 0 || nthreads < 1) return 1;
+    const int64_t G = H / KVH, row = D + 4, tok_stride = KVH * row, blk_stride = BS * KVH * row;
+    int64_t max_len = 1;
+    for (int64_t t = 0; t < T; ++t) {
+        if (row_seq[t] < 0 || row_seq[t] >= S || row_pos[t] < 0 || row_pos[t] >= MB * BS) return 2;
+        if (row_pos[t] + 1 > max_len) max_len = row_pos[t] + 1;
+    }
+    int64_t *tiles = malloc(sizeof(int64_t) * (size_t)(T + 1)), ntiles = 0, max_rows = 1;
+    if (tiles == NULL) return 3;
+    for (int64_t t = 0; t < T; ++t)
+        if (t == 0 || row_seq[t] != row_seq[t - 1] || row_pos[t] != row_pos[t - 1] + 1 ||
+            t - tiles[ntiles - 1] >= TILE_ROWS_I8)
+            tiles[ntiles++] = t;
+        else if (t - tiles[ntiles - 1] + 1 > max_rows)
+            max_rows = t - tiles[ntiles - 1] + 1;
+    tiles[ntiles] = T;
+    const int64_t split = ntiles >= 4 * (int64_t)nthreads ? 1 : KVH, per = KVH / split;
+    int failed = 0;
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *scores = malloc(sizeof(float) * (size_t)(max_rows * per * G * max_len));
+        float *acc = malloc(sizeof(float) * (size_t)(max_rows * per * G * D));
+        if (scores == NULL || acc == NULL) {
+#pragma omp atomic write
+            failed = 3;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = ntiles * split - 1; task >= 0; --task) {
+            if (scores == NULL || acc == NULL) continue;
+            const int64_t tile = task / split, h0 = (task % split) * per, t = tiles[tile];
+            attend_i8(q + t * H * D, k_cache, v_cache, block_tables + (int64_t)row_seq[t] * MB, row_pos[t],
+                      tiles[tile + 1] - t, out + t * H * D, h0, h0 + per, H, G, D, BS, tok_stride, blk_stride, row,
+                      scale, scores, acc);
+        }
+        free(scores);
+        free(acc);
+    }
+    free(tiles);
+    return failed;
+}

@@ -1,0 +1,83 @@
+"""ctypes bindings of the int8 linears in csrc/gemm_int8.c (built with the other CPU kernels by
+npu_ops.cpu_kernels). The layouts are the C file's: W8A16 panels of 16 columns k-major, W8A8 panels
+of 8 columns by groups of 4 k."""
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+
+import torch
+
+from npu_ops import cpu_kernels
+
+_I64, _P = ctypes.c_int64, ctypes.c_void_p
+
+
+@lru_cache(maxsize=4)
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    lib.packed_w8a16_numel.argtypes, lib.packed_w8a16_numel.restype = [_I64, _I64], _I64
+    lib.packed_w8a8_numel.argtypes, lib.packed_w8a8_numel.restype = [_I64, _I64], _I64
+    lib.pack_w8a16.argtypes = lib.pack_w8a8.argtypes = [_P, _I64, _I64, _P]
+    lib.linear_w8a16_f32.argtypes = [_P, _I64, _I64, _P, _P, _I64, _P, _P, ctypes.c_int]
+    lib.quantize_rows_i8.argtypes = [_P, _I64, _I64, _P, _P, ctypes.c_int]
+    lib.linear_w8a8_i8.argtypes = [_P, _P, _I64, _I64, _P, _P, _I64, _P, _P, ctypes.c_int]
+    lib.gemm_i8_i32.argtypes = [_P, _I64, _I64, _P, _I64, _P]
+    for name in ("pack_w8a16", "pack_w8a8", "linear_w8a16_f32", "quantize_rows_i8", "linear_w8a8_i8", "gemm_i8_i32"):
+        getattr(lib, name).restype = None
+    return lib
+
+
+def _lib() -> ctypes.CDLL:
+    lib = cpu_kernels.load() or cpu_kernels._last_loaded
+    if lib is None:
+        raise RuntimeError("the CPU kernels are not loaded")
+    return _declare(lib)
+
+
+def available() -> bool:
+    return cpu_kernels.load() is not None
+
+
+def pack(wq: torch.Tensor, scheme: str) -> torch.Tensor:
+    """int8 [N, K] -> the kernel layout of ``scheme`` (w8a16 | w8a8)."""
+    lib, w = _lib(), wq.detach().contiguous()
+    n, k = w.shape
+    numel = (lib.packed_w8a16_numel if scheme == "w8a16" else lib.packed_w8a8_numel)(n, k)
+    out = torch.empty(numel, dtype=torch.int8)
+    (lib.pack_w8a16 if scheme == "w8a16" else lib.pack_w8a8)(w.data_ptr(), n, k, out.data_ptr())
+    return out
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 [M, K] -> (int8 [M, K4 * 4] zero padded, fp32 scale [M]); see quant.quantize_rows."""
+    lib, x = _lib(), x.contiguous()
+    m, k = x.shape
+    xq = torch.empty(m, (k + 3) // 4 * 4, dtype=torch.int8)
+    xs = torch.empty(m, dtype=torch.float32)
+    lib.quantize_rows_i8(x.data_ptr(), m, k, xq.data_ptr(), xs.data_ptr(), torch.get_num_threads())
+    return xq, xs
+
+
+def gemm_i32(xq: torch.Tensor, packed: torch.Tensor, k: int, n: int) -> torch.Tensor:
+    """Exact int32 products of int8 rows [M, K4 * 4] (from ``quantize_rows`` or padded by hand) with a
+    W8A8-packed weight: the integer core the tests hold to the reference."""
+    lib, xq = _lib(), xq.contiguous()
+    acc = torch.empty(xq.shape[0], n, dtype=torch.int32)
+    lib.gemm_i8_i32(xq.data_ptr(), xq.shape[0], k, packed.data_ptr(), n, acc.data_ptr())
+    return acc
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, scheme: str, w_scale: torch.Tensor, k: int, n: int,
+           bias: torch.Tensor | None) -> torch.Tensor:
+    lib, x = _lib(), x.contiguous()
+    m = x.shape[0]
+    y = x.new_empty(m, n)
+    b = None if bias is None else bias.data_ptr()
+    threads = torch.get_num_threads()
+    if scheme == "w8a16":
+        lib.linear_w8a16_f32(x.data_ptr(), m, k, packed.data_ptr(), w_scale.data_ptr(), n, b, y.data_ptr(), threads)
+        return y
+    xq, xs = quantize_rows(x)
+    lib.linear_w8a8_i8(xq.data_ptr(), xs.data_ptr(), m, k, packed.data_ptr(), w_scale.data_ptr(), n, b,
+                       y.data_ptr(), threads)
+    return y

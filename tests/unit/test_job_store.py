@@ -1,0 +1,69 @@
+"""jobs.store: records committed once, result files kept in step with SQLite through crashes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mindie_service.jobs.store import JobStore
+
+
+def _store(tmp_path: Path) -> tuple[JobStore, str]:
+    store = JobStore(tmp_path / "jobs")
+    job = store.create("m", {"value": "x", "type": "raw_bytes"}, {"max_tokens": 4}, 2, b"[]\n[]\n", 2)
+    return store, job
+
+
+def _lines(store: JobStore, job: str, kind: str) -> list[dict]:
+    return [json.loads(x) for x in store.result_file(job, kind).read_text().splitlines()]
+
+
+def test_a_record_is_committed_once_and_appended_once(tmp_path: Path) -> None:
+    store, job = _store(tmp_path)
+    assert store.commit(job, "success", 0, 0, {"line": 0, "generation": 0, "text": "a"}, tokens=3)
+    assert not store.commit(job, "success", 0, 0, {"line": 0, "generation": 0, "text": "again"}, tokens=3)
+    assert _lines(store, job, "success") == [{"line": 0, "generation": 0, "text": "a"}]
+    row = store.get(job)
+    assert row.generations_written == 1 and row.tokens == 3 and row.status == "validating"
+    assert store.done(job) == {("success", 0, 0)}
+    assert store.lines_done(job, 2) == 0
+    store.commit(job, "error", 1, -1, {"line": 1, "error": "bad"}, failed_line=True)
+    assert store.lines_done(job, 2) == 1 and store.get(job).lines_failed == 1
+
+
+def test_reconcile_restores_a_record_lost_between_commit_and_append(tmp_path: Path) -> None:
+    store, job = _store(tmp_path)
+    for g in range(2):
+        store.commit(job, "success", 0, g, {"line": 0, "generation": g, "text": "é" * 3})
+    path = store.result_file(job, "success")
+    full = path.read_bytes()
+    path.write_bytes(full[: len(full) - 7])  # killed in the middle of the second append
+    store.reconcile(job)
+    assert path.read_bytes() == full
+    path.write_bytes(full[: len(full) // 2 - 1])  # and with the first record cut too
+    store.reconcile(job)
+    assert path.read_bytes() == full
+
+
+def test_reconcile_cuts_bytes_beyond_the_committed_records(tmp_path: Path) -> None:
+    store, job = _store(tmp_path)
+    store.commit(job, "success", 0, 0, {"line": 0, "generation": 0, "text": "a"})
+    path = store.result_file(job, "success")
+    good = path.read_bytes()
+    with open(path, "ab") as f:
+        f.write(b'{"line": 9, "gener')  # a torn write that was never committed
+    store.reconcile(job)
+    assert path.read_bytes() == good
+    assert b"".join(store.read_results(job, "success")) == good
+
+
+def test_jobs_survive_reopening_the_store_and_list_newest_first(tmp_path: Path) -> None:
+    store, first = _store(tmp_path)
+    second = store.create("m", {"value": "y", "type": "raw_bytes"}, {}, 1, b"[]\n", 1)
+    store.set_status(first, "running")
+    store.close()
+    again = JobStore(tmp_path / "jobs")
+    jobs, total = again.list(10, 0)
+    assert total == 2 and [j.job_id for j in jobs] == [second, first]
+    assert [j.job_id for j in again.active()] == [first, second]
+    assert again.get(first).status == "running"
+    assert again.get(first).created_rfc3339.endswith("Z")

@@ -1,0 +1,63 @@
+"""The KV pool's size from the config: npuMemSize (GB of KV cache; host memory on the CPU) flows through
+ServiceConfig.engine_config() into the engine's block count; -1 sizes it from the device's memory; a
+fixed numKvBlocks wins; the pool is never sized past maxBatchSize full-length sequences."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mindie_service import LLM
+from mindie_service.config import load_config
+from mindie_service.engine.loading import auto_num_blocks
+from npu_ops import platform
+from tests.server_utils import write_config
+
+GIB = 1 << 30
+
+
+def fake_loaded(layers: int = 32, kv_heads: int = 8, head_dim: int = 128) -> SimpleNamespace:
+    """A Llama-8B-like shape without its weights: 128 KiB of fp16 K+V per token."""
+    dims = SimpleNamespace(layers=layers, kv_heads=kv_heads, head_dim=head_dim)
+    return SimpleNamespace(model=SimpleNamespace(dims=dims), dtype=torch.float16)
+
+
+def engine_config(tmp_path, tiny_model, npu_mem: int, **schedule):
+    deploy = {"maxSeqLen": 8192, "maxInputTokenLen": 4096,
+              "ModelConfig": [{"modelName": "tiny", "modelWeightPath": str(tiny_model), "npuMemSize": npu_mem}]}
+    sched = {"numKvBlocks": None, "cacheBlockSize": 128, "maxBatchSize": 200, "maxPrefillBatchSize": 50,
+             "maxIterTimes": 512, **schedule}
+    return load_config(write_config(tmp_path / "config.json", tiny_model, deploy=deploy, schedule=sched)).engine_config()
+
+
+@pytest.mark.parametrize("gb", [1, 3, 16])
+def test_npu_mem_size_is_the_pool_budget_in_gb(tmp_path, tiny_model, monkeypatch, gb):
+    monkeypatch.setattr(platform, "memory_info", lambda d: pytest.fail("a fixed npuMemSize needs no memory query"))
+    cfg = engine_config(tmp_path, tiny_model, gb)
+    assert cfg.kv_cache_memory_gb == gb
+    per_block = 2 * 32 * 128 * 8 * 128 * 2  # K and V, 32 layers, 128 tokens, 8 heads x 128, fp16
+    assert auto_num_blocks(cfg, fake_loaded(), torch.device("cpu")) == gb * GIB // per_block
+
+
+def test_minus_one_sizes_the_pool_from_the_devices_memory(tmp_path, tiny_model, monkeypatch):
+    monkeypatch.setattr(platform, "_host_memory", lambda: (8 * GIB, 16 * GIB))  # 25% of 8 GiB: 2 GiB
+    cfg = engine_config(tmp_path, tiny_model, -1)
+    assert cfg.kv_cache_memory_gb == -1
+    assert auto_num_blocks(cfg, fake_loaded(), torch.device("cpu")) == 2 * GIB // (2 * 32 * 128 * 8 * 128 * 2)
+
+
+def test_the_pool_never_exceeds_max_batch_size_full_sequences(tmp_path, tiny_model):
+    cfg = engine_config(tmp_path, tiny_model, 64, maxBatchSize=4, maxPrefillBatchSize=4)
+    assert auto_num_blocks(cfg, fake_loaded(), torch.device("cpu")) == 4 * 8192 // 128 + 1
+
+
+def test_a_real_engine_gets_the_blocks_its_budget_buys(tiny_model):
+    """The tiny model (4 layers, 2 KV heads of 32, fp32) with 16-token blocks: 32 KiB per block, so a budget
+    of 1/1024 GiB buys 32 blocks, allocated, in the scheduler's pool and in the runner's caches."""
+    llm = LLM(str(tiny_model), cache_block_size=16, kv_cache_memory_gb=1 / 1024, max_seq_len=512)
+    assert llm.engine.stats().total_blocks == 32
+    assert llm.engine.runner.kv_caches[0][0].shape[0] == 32
+    fixed = LLM(str(tiny_model), cache_block_size=16, kv_cache_memory_gb=1 / 1024, num_kv_blocks=40,
+                max_seq_len=512)
+    assert fixed.engine.stats().total_blocks == 40  # numKvBlocks wins over the budget

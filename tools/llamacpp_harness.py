@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""llama.cpp side of tools/bench_quant.py; runs in llama-cpp-python's own venv (kept outside the repo).
+
+Continuous batching through the low-level API: one context with ``n_seq_max = P`` slots; each step is
+one ``llama_decode`` over a batch holding every decoding sequence's next token plus prompt chunks of
+newly admitted sequences (up to ``n_batch`` tokens), greedy sampling from each sequence's logits row,
+EOS ignored. Reads the workload (prompt token ids, output lengths) as JSON on stdin, prints
+``{"tok_s": ..., "slots": P}`` per P, one JSON line each.
+
+    python llamacpp_harness.py MODEL.gguf --slots 8 16 32 < workload.json
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+import time
+
+import llama_cpp as L
+import numpy as np
+
+
+def run(model: object, prompts: list[list[int]], outs: list[int], slots: int, threads: int, n_batch: int) -> float:
+    cp = L.llama_context_default_params()
+    per_seq = max(len(p) + n for p, n in zip(prompts, outs)) + 8
+    cp.n_ctx = per_seq * slots
+    cp.n_batch = cp.n_ubatch = n_batch
+    cp.n_seq_max = slots
+    cp.n_threads = cp.n_threads_batch = threads
+    ctx = L.llama_init_from_model(model, cp)
+    vocab = L.llama_model_get_vocab(model)
+    n_vocab = L.llama_vocab_n_tokens(vocab)
+    mem = L.llama_get_memory(ctx)
+    batch = L.llama_batch_init(n_batch + slots, 0, 1)
+    queue = list(range(len(prompts)))
+    free = list(range(slots))
+    live: dict[int, dict] = {}  # slot -> {req, pos, fed, produced, next}
+    produced = 0
+    t0 = time.perf_counter()
+    while queue or live:
+        while queue and free:
+            s = free.pop()
+            L.llama_memory_seq_rm(mem, s, -1, -1)
+            live[s] = {"req": queue.pop(0), "pos": 0, "produced": 0, "next": None}
+        n = 0
+        rows: list[tuple[int, int]] = []  # (batch index, slot) of rows whose logits are sampled
+
+        def add(tok: int, pos: int, s: int, want: bool) -> None:
+            nonlocal n
+            batch.token[n], batch.pos[n], batch.n_seq_id[n] = tok, pos, 1
+            batch.seq_id[n][0], batch.logits[n] = s, want
+            if want:
+                rows.append((n, s))
+            n += 1
+
+        for s, st in live.items():  # decodes first
+            if st["next"] is not None:
+                add(st["next"], st["pos"], s, True)
+                st["pos"] += 1
+        for s, st in live.items():  # then prompt chunks
+            p = prompts[st["req"]]
+            if st["next"] is None and st["pos"] < len(p) and n < n_batch:
+                take = min(len(p) - st["pos"], n_batch - n)
+                for i in range(take):
+                    add(p[st["pos"] + i], st["pos"] + i, s, st["pos"] + i == len(p) - 1)
+                st["pos"] += take
+        batch.n_tokens = n
+        if L.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+        for i, s in rows:
+            ptr = L.llama_get_logits_ith(ctx, i)
+            logits = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
+            st = live[s]
+            st["next"] = int(logits.argmax())
+            st["produced"] += 1
+            produced += 1
+            if st["produced"] >= outs[st["req"]]:
+                del live[s]
+                free.append(s)
+    dt = time.perf_counter() - t0
+    L.llama_batch_free(batch)
+    L.llama_free(ctx)
+    return produced / dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("gguf")
+    ap.add_argument("--slots", type=int, nargs="+", default=[8, 16, 32])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n-batch", type=int, default=512)
+    a = ap.parse_args()
+    work = json.load(sys.stdin)
+    L.llama_backend_init()
+    model = L.llama_model_load_from_file(a.gguf.encode(), L.llama_model_default_params())
+    warm = [w[:8] for w in work["prompts"][:2]]
+    run(model, warm, [2, 2], 2, a.threads, a.n_batch)
+    for p in a.slots:
+        print(json.dumps({"slots": p, "tok_s": run(model, work["prompts"], work["outs"], p, a.threads, a.n_batch)}),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
