@@ -208,13 +208,30 @@ def test_a2_and_a3_are_chosen_and_a_missing_nnal_is_named(monkeypatch, soc):
     assert info.type == "npu" and soc in info.reason and "NNAL" in info.reason and "reference path" in info.reason
 
 
-def test_atb_probe_reports_a_missing_library(monkeypatch, tmp_path):
-    npu_device.atb_status.cache_clear()
+def test_atb_probe_looks_in_atb_home_path_then_the_loader_path(monkeypatch, tmp_path):
+    """libatb.so from $ATB_HOME_PATH/lib (what NNAL's set_env.sh exports), else through the loader's path; a
+    missing one is reported naming NNAL. The loader is a stand-in, so this runs the same on an NPU host."""
+    present: set[str] = set()
+    tried: list[str] = []
+
+    def fake_cdll(name: str) -> object:
+        tried.append(name)
+        if name not in present:
+            raise OSError(f"{name}: cannot open shared object file")
+        return object()
+
+    monkeypatch.setattr(npu_device.ctypes, "CDLL", fake_cdll)
     monkeypatch.setenv("ATB_HOME_PATH", str(tmp_path))
-    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))
+    home_lib = str(tmp_path / "lib" / "libatb.so")
     try:
-        found, why = npu_device.atb_status()
-        assert not found and "NNAL" in why
+        for libs, want in [(set(), False), ({"libatb.so"}, True), ({home_lib}, True)]:
+            npu_device.atb_status.cache_clear()
+            present.clear()
+            present.update(libs)
+            tried.clear()
+            found, why = npu_device.atb_status()
+            assert found is want and tried[0] == home_lib
+            assert ("NNAL" in why) if not want else why == f"ATB from {tried[-1]}"
     finally:
         npu_device.atb_status.cache_clear()
 
