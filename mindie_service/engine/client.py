@@ -1,4 +1,4 @@
-"""The engine client: what the server (and later the model catalog and batch jobs) holds of an engine.
+"""The engine client: what the server, the model catalog and batch jobs hold of an engine.
 
 The real engine's async facade (engine.async_engine.AsyncEngine) and the StandardMock
 (devkit.mock_engine.MockEngine) implement it; a tensor-parallel engine will too. The server reads

@@ -1,4 +1,4 @@
-"""The one generation path behind `/`, `/generate` and `/generate_stream`: admission, parse and input
+"""The one generation path behind `/`, `/generate`, `/generate_stream` and the OpenAI routes: admission, parse and input
 processing (off the IO loop), engine events with token/e2e timeouts, best_of fan-out, streaming,
 disconnects, metrics. Routes differ only in their parser and encoder."""
 from __future__ import annotations
