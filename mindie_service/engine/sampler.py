@@ -62,9 +62,15 @@ class Sampler:
         return g
 
     @staticmethod
-    def _penalise(x: torch.Tensor, seqs: list[Sequence]) -> None:
+    def _penalise(x: torch.Tensor, seqs: list[Sequence]) -> bool:
+        """Apply each row's penalties and biases in place; whether any row had one."""
+        changed = False
         for r, seq in enumerate(seqs):
             p = seq.params
+            if (p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0
+                    and not p.logit_bias):
+                continue
+            changed = True
             if p.repetition_penalty != 1.0:
                 ids = torch.tensor(seq.token_ids(), device=x.device).unique()
                 g = x[r, ids]
@@ -79,6 +85,7 @@ class Sampler:
                 ids = torch.tensor(list(p.logit_bias), device=x.device)
                 keep = ids < x.shape[1]
                 x[r, ids[keep]] += torch.tensor(list(p.logit_bias.values()), device=x.device, dtype=x.dtype)[keep]
+        return changed
 
     @staticmethod
     def _warp(x: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -114,12 +121,13 @@ class Sampler:
         return x.softmax(-1)
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
-        # NaN anywhere, +inf anywhere, or nothing above -inf: the row has no distribution to sample.
-        bad = logits.isnan().any(-1) | logits.isposinf().any(-1) | logits.isneginf().all(-1)
+        # A row with a NaN, a +inf, or nothing above -inf has no distribution to sample. One check of the
+        # whole step first: the per-row checks run only when something is not finite (rare).
+        bad = None if bool(logits.isfinite().all()) else _bad_rows(logits)
         raw_logprobs = logits.log_softmax(-1)
         x = logits.double()  # float64: a penalty or temperature near float32's limits cannot overflow
-        self._penalise(x, seqs)
-        bad |= ~x.isfinite().any(-1) | x.isnan().any(-1) | x.isposinf().any(-1)
+        if self._penalise(x, seqs) and not bool(x.isfinite().all()):
+            bad = _bad_rows(x) if bad is None else bad | _bad_rows(x)
         chosen = x.argmax(-1)
         sample_rows = [r for r, s in enumerate(seqs) if not s.params.greedy]
         probs = None
@@ -127,8 +135,10 @@ class Sampler:
             rows = torch.tensor(sample_rows, device=x.device)
             probs = self._warp(x[rows], [seqs[r] for r in sample_rows])
             row_ok = probs.isfinite().all(-1) & (probs.sum(-1) > 0)
-            bad[rows] |= ~row_ok
-        if bool(bad.any()):  # checked before any generator draws: the neighbours' streams are untouched
+            if not bool(row_ok.all()):
+                bad = torch.zeros(len(seqs), dtype=torch.bool, device=x.device) if bad is None else bad
+                bad[rows] |= ~row_ok
+        if bad is not None and bool(bad.any()):  # checked before any generator draws: the neighbours' streams are untouched
             raise NonFiniteRows([seqs[r].request_id for r in bad.nonzero()[:, 0].tolist()])
         if sample_rows:
             assert probs is not None
@@ -152,3 +162,8 @@ class Sampler:
                 n = s.params.logprobs or 0
                 tops[r] = list(zip(idx_l[r][:n], vals_l[r][:n]))
         return SampleResult(chosen.tolist(), chosen_lp.tolist(), tops)
+
+
+def _bad_rows(t: torch.Tensor) -> torch.Tensor:
+    """Rows holding a NaN or a +inf, or nothing finite."""
+    return t.isnan().any(-1) | t.isposinf().any(-1) | ~t.isfinite().any(-1)
