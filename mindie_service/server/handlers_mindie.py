@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from mindie_service.protocol.encoders import Encoder
-from mindie_service.errors import UnhealthyError
+from mindie_service.errors import UnhealthyError, ValidationError
 from mindie_service.protocol.generation import GenerationRequest
 from mindie_service.protocol.mindie import parse_mindie_request, parse_tokenizer_request
 from mindie_service.server.generation import GenerationHandler
@@ -29,5 +29,13 @@ class TokenizerHandler(BaseHandler):
         text = parse_tokenizer_request(self.json_body())
         if not self.ctx.ready:
             raise UnhealthyError("the model is still loading")
-        ids = await self.ctx.run_blocking(self.ctx.loaded_engine.tokenize, text)
+        engine = self.ctx.loaded_engine
+        # A text longer than the model's whole context could ever take is refused before it is tokenized:
+        # tokenizing a body-sized string costs seconds of CPU and gigabytes of memory for nothing.
+        bound, limit = engine.input_processor.text_bound, self.ctx.engine_config.max_seq_len
+        if bound is not None and len(text) > bound.refuse_over(limit):
+            raise ValidationError(f"Parameter inputs must be at most {limit} tokens (maxSeqLen), got a text of "
+                                  f"{len(text)} characters (more than {bound.refuse_over(limit)} characters cannot "
+                                  f"fit in {limit} tokens of this tokenizer)")
+        ids = await self.ctx.run_blocking(engine.tokenize, text)
         self.write_json({"token_number": len(ids), "tokens": ids})
