@@ -24,6 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -228,17 +229,25 @@ def paged_attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     [num_blocks, block_size, KVH, D] (contiguous). Returns [T, H, D]. Call ``supports`` first."""
     lib = load()
     assert lib is not None
+    return call_attention_rows(lib.paged_attention_rows_f32, "paged_attention_rows_f32", q, k_cache, v_cache,
+                               block_tables, row_seq, row_pos, scale)
+
+
+def call_attention_rows(fn: Any, name: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        block_tables: torch.Tensor, row_seq: torch.Tensor, row_pos: torch.Tensor,
+                        scale: float) -> torch.Tensor:
+    """The ctypes call shared by the attention-rows kernels (fp32 and int8 pages): same arguments, same
+    return code contract."""
     q = q.contiguous()
     bt = block_tables.to(torch.int32).contiguous()
     seq, pos = row_seq.to(torch.int32).contiguous(), row_pos.to(torch.int32).contiguous()
     t, h, d = q.shape
     _, bs, kvh, _ = k_cache.shape
     out = torch.empty_like(q)
-    rc = lib.paged_attention_rows_f32(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(),
-                                      seq.data_ptr(), pos.data_ptr(), out.data_ptr(), t, bt.shape[0], h, kvh, d,
-                                      bs, bt.shape[1], float(scale), torch.get_num_threads())
+    rc = fn(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(), seq.data_ptr(), pos.data_ptr(),
+            out.data_ptr(), t, bt.shape[0], h, kvh, d, bs, bt.shape[1], float(scale), torch.get_num_threads())
     if rc != 0:
-        raise RuntimeError(f"paged_attention_rows_f32 failed with code {rc} (bad shapes, rows or positions)")
+        raise RuntimeError(f"{name} failed with code {rc} (bad shapes, rows or positions)")
     return out
 
 

@@ -67,15 +67,5 @@ def paged_attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
                          row_seq: torch.Tensor, row_pos: torch.Tensor, scale: float) -> torch.Tensor:
     """cpu_kernels.paged_attention_rows over int8 pages (see there for the row contract)."""
     lib = _declare(cpu_kernels.load())
-    q = q.contiguous()
-    bt = block_tables.to(torch.int32).contiguous()
-    seq, pos = row_seq.to(torch.int32).contiguous(), row_pos.to(torch.int32).contiguous()
-    t, h, d = q.shape
-    _, bs, kvh, _ = k_cache.shape
-    out = torch.empty_like(q)
-    rc = lib.paged_attention_rows_i8(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), bt.data_ptr(),
-                                     seq.data_ptr(), pos.data_ptr(), out.data_ptr(), t, bt.shape[0], h, kvh, d,
-                                     bs, bt.shape[1], float(scale), torch.get_num_threads())
-    if rc != 0:
-        raise RuntimeError(f"paged_attention_rows_i8 failed with code {rc} (bad shapes, rows or positions)")
-    return out
+    return cpu_kernels.call_attention_rows(lib.paged_attention_rows_i8, "paged_attention_rows_i8", q, k_cache,
+                                           v_cache, block_tables, row_seq, row_pos, scale)

@@ -13,3 +13,10 @@ def word_prompts(n: int, lo: int, hi: int, seed: int = 0) -> list[str]:
     lengths = [lo + (hi - lo) * i // max(1, n - 1) for i in range(n)]
     rng.shuffle(lengths)
     return [" ".join(rng.choice(WORDS) for _ in range(k)).capitalize() for k in lengths]
+
+
+def bench_workload(n: int, seed: int) -> tuple[list[str], list[int]]:
+    """The engine benchmarks' workload: ``n`` prompts of 16-256 words and their output lengths, 16-128."""
+    rng = random.Random(seed)
+    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(16, 256))) for _ in range(n)]
+    return prompts, [rng.randint(16, 128) for _ in range(n)]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
 import time
 from pathlib import Path
@@ -25,14 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from mindie_service import LLM, SamplingParams  # noqa: E402
 from mindie_service.devkit.presets import build_demo_model  # noqa: E402
-from tests.prompts import WORDS  # noqa: E402
-
-
-def workload(n: int, seed: int) -> tuple[list[str], list[int]]:
-    rng = random.Random(seed)
-    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(16, 256))) for _ in range(n)]
-    outs = [rng.randint(16, 128) for _ in range(n)]
-    return prompts, outs
+from tests.prompts import bench_workload as workload  # noqa: E402
 
 
 def bench_engine(model: str, prompts: list[str], outs: list[int]) -> float:

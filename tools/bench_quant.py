@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -38,7 +37,7 @@ from mindie_service.engine.runner import kv_bytes_per_block  # noqa: E402
 from mindie_service.engine.types import EngineRequest  # noqa: E402
 from mindie_service.models import llama as llama_mod  # noqa: E402
 from npu_ops import linear as linear_mod, quant  # noqa: E402
-from tests.prompts import WORDS  # noqa: E402
+from tests.prompts import bench_workload as workload  # noqa: E402
 
 SCHEMES = (("fp32", None, "auto"), ("w8a16", "w8a16", "auto"), ("w8a8", "w8a8", "auto"),
            ("w8a8+int8kv", "w8a8", "int8"))
@@ -62,12 +61,6 @@ for mod in [m for n, m in list(sys.modules.items()) if n.startswith(("convert_hf
             cls.get_vocab_base_pre = patched
 c.main()
 """
-
-
-def workload(n: int, seed: int) -> tuple[list[str], list[int]]:
-    rng = random.Random(seed)
-    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(16, 256))) for _ in range(n)]
-    return prompts, [rng.randint(16, 128) for _ in range(n)]
 
 
 def make_llm(model: str, q: str | None, kv: str, batch: int) -> LLM:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import stat
 import tarfile
 import zipfile
@@ -21,12 +20,11 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from tornado.httpclient import HTTPRequest
-from tornado.netutil import Resolver
 from tornado.simple_httpclient import SimpleAsyncHTTPClient
 
 from mindie_service.errors import MediaError, ValidationError
 from multimodal import MediaPolicy
-from multimodal.netfetch import resolve_checked
+from multimodal.netfetch import _PinnedResolver, resolve_checked
 from multimodal.sources import local_path_of
 
 logger = logging.getLogger(__name__)
@@ -91,19 +89,6 @@ async def check_source(ref: str, policy: MediaPolicy, field: str = "source_url")
     return Source(path=Path(real))
 
 
-class _Pinned(Resolver):
-    """Resolves only the checked host, to its checked addresses (no second DNS answer: no rebinding)."""
-
-    def initialize(self, host: str, addresses: tuple[tuple[int, str], ...]) -> None:  # type: ignore[override]
-        self.host, self.addresses = host.lower(), addresses
-
-    async def resolve(self, host: str, port: int, family: socket.AddressFamily = socket.AF_UNSPEC
-                      ) -> list[tuple[int, Any]]:  # type: ignore[override]
-        if host.lower() != self.host:
-            raise OSError(f"refusing to resolve {host!r}")
-        return [(fam, (ip, port)) for fam, ip in self.addresses if family in (socket.AF_UNSPEC, fam)]
-
-
 async def fetch_to_file(src: Source, url: str, dest: Path, cap: int, policy: MediaPolicy, progress: Progress,
                         field: str = "source_url") -> None:
     """GET ``url`` (its host already checked) into ``dest``, streamed, at most ``cap`` bytes."""
@@ -125,7 +110,7 @@ async def fetch_to_file(src: Source, url: str, dest: Path, cap: int, policy: Med
             raise OSError("over the cap")
         f.write(chunk)
 
-    client = SimpleAsyncHTTPClient(force_instance=True, resolver=_Pinned(host=src.host, addresses=src.addresses),
+    client = SimpleAsyncHTTPClient(force_instance=True, resolver=_PinnedResolver(host=src.host, addresses=list(src.addresses)),
                                    max_clients=1, max_body_size=1 << 62)
     try:
         resp = await client.fetch(HTTPRequest(

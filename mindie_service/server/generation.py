@@ -86,14 +86,19 @@ class GenerationHandler(BaseHandler):
                     return
                 if self._client_gone:
                     return
-                self._task = asyncio.ensure_future(self._serve(req, ereqs, t0))
-                try:
-                    ok = await self._task
-                except asyncio.CancelledError:
-                    if not self._client_gone:
-                        raise
+                ok = await self._answer(self._serve(req, ereqs, t0))
         finally:
             ctx.metrics.observe_request(ok=ok, e2e=time.monotonic() - t0)
+
+    async def _answer(self, coro: Any) -> bool:
+        """Run the response as a task that a client disconnect cancels; False when the client left."""
+        self._task = asyncio.ensure_future(coro)
+        try:
+            return await self._task
+        except asyncio.CancelledError:
+            if not self._client_gone:
+                raise
+            return False
 
     async def _serve(self, req: GenerationRequest, ereqs: list[EngineRequest], t0: float) -> bool:
         samples = [self._sample(e, i, req.best_of) for e in ereqs for i in range(req.best_of)]

@@ -71,12 +71,7 @@ class _RestHandler(GenerationHandler):
                 items = [_Item(p, e) for p, e in zip(req.prompts, ereqs)]
                 if self._client_gone:
                     return
-                self._task = asyncio.ensure_future(self._serve_rest(req, items, t0))
-                try:
-                    ok = await self._task
-                except asyncio.CancelledError:
-                    if not self._client_gone:
-                        raise
+                ok = await self._answer(self._serve_rest(req, items, t0))
         finally:
             for _ in range(n):
                 ctx.metrics.observe_request(ok=ok, e2e=time.monotonic() - t0)
