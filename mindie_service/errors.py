@@ -87,8 +87,15 @@ class GenerationError(MindieError):
 
 
 class IncompleteGenerationError(MindieError):
+    """The engine stopped before this request finished (engine thread or a rank died): 500."""
+
     status = 500
     error_type = "incomplete_generation"
+
+
+class EngineDeadError(IncompleteGenerationError):
+    """Raised inside the engine when it cannot go on for anyone (a tensor-parallel rank died, device lost):
+    the step does not isolate it per request; the engine thread stops and fails every request in flight."""
 
 
 class TimeoutError_(MindieError):

@@ -27,7 +27,7 @@ from mindie_service.engine.sequence import Sequence
 from mindie_service.engine.sessions import SessionStore
 from mindie_service.engine.step import ModelOutput, SchedulerOutput
 from mindie_service.engine.types import PRIORITY_ONLINE, EngineRequest, EngineStats, FailedEvent, TokenEvent
-from mindie_service.errors import check
+from mindie_service.errors import EngineDeadError, check
 from mindie_service.lora.manager import LoraManager
 
 logger = logging.getLogger(__name__)
@@ -180,6 +180,8 @@ class LLMEngine:
         """Run the step; if it raises, run each request alone and fail only those that still raise."""
         try:
             return [self._run(out)], []
+        except EngineDeadError:
+            raise  # nothing to isolate: the engine itself is gone
         except Exception as exc:  # noqa: BLE001 - isolate the request that broke the batch
             logger.warning("step of %d requests failed (%s); retrying each alone", len(out.chunks), exc)
         # The sampler draws nothing (and restores its generators) when it raises, so re-running a seeded
@@ -190,6 +192,8 @@ class LLMEngine:
             rid = chunk.request_id
             try:
                 outcomes.append(self._run(out.only(chunk)))
+            except EngineDeadError:
+                raise
             except NonFiniteRows:
                 logger.warning("request %s: non-finite logits, failing it", rid)
                 self.abort_request(rid)
