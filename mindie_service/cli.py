@@ -1,4 +1,4 @@
-"""`mindie-service serve | demo-model | demo-lora | gen-certs | generate`."""
+"""`mindie-service serve | worker | demo-model | demo-lora | gen-certs | quantize | generate`."""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +15,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--config", default="conf/config.json")
     s.add_argument("--prepare", action="store_true",
                    help="build the demo model and development certificates the config names if missing")
+
+    w = sub.add_parser("worker", help="join a multi-node tensor-parallel instance as rank R (multiNodesInferEnabled)")
+    w.add_argument("--config", default="conf/config.json")
+    w.add_argument("--rank", type=int, default=None, help="this process's rank (default: env RANK)")
+    w.add_argument("--instance", type=int, default=0, help="the model instance (npuDeviceIds group) to join")
 
     d = sub.add_parser("demo-model", help="build a random-weight demo checkpoint with a locally trained tokenizer")
     d.add_argument("--preset", default="tiny", help="a name in mindie_service.devkit.presets.PRESETS")
@@ -64,6 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "serve":
         from mindie_service.server.main import serve
         return serve(args.config, prepare=args.prepare)
+    if args.command == "worker":
+        from mindie_service.engine.parallel.join import join_from_config
+        try:
+            join_from_config(args.config, args.rank, args.instance)
+        except ValueError as exc:  # a bad config or rendezvous setting: one line, not a traceback
+            print(f"mindie-service worker: {exc}", file=sys.stderr)
+            return 2
+        return 0
     if args.command in ("demo-model", "demo-lora", "gen-certs"):
         try:
             _devkit(args)

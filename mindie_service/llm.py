@@ -38,7 +38,9 @@ class RequestOutput:
 class LLM:
     """Load a checkpoint and generate in batches. Keyword overrides are EngineConfig fields
     (snake_case forms of MindIE's schedule keys: max_batch_size, cache_block_size, max_seq_len,
-    max_iter_times, max_prefill_tokens, num_kv_blocks, ...)."""
+    max_iter_times, max_prefill_tokens, num_kv_blocks, ...). ``world_size=N`` splits the model over N
+    tensor-parallel ranks (N - 1 worker processes are spawned; ``device_ids`` picks their devices):
+    call ``shutdown()``, or use the LLM as a context manager, to stop them."""
 
     def __init__(self, model: str, dtype: str = "float32", **overrides: object) -> None:
         unknown = set(overrides) - EngineConfig.field_names()
@@ -48,10 +50,25 @@ class LLM:
             overrides.setdefault("max_prefill_batch_size", min(50, int(overrides["max_batch_size"])))  # type: ignore[arg-type]
         if "max_seq_len" in overrides:
             overrides.setdefault("max_iter_times", min(512, int(overrides["max_seq_len"])))  # type: ignore[arg-type]
+        # Offline, preempt whenever blocks run out (vLLM's behaviour, the most throughput from a small pool);
+        # MindIE's default 0 (no preemption: admit with blocks reserved for the whole output) is the server's.
+        overrides.setdefault("max_preempt_count",
+                             int(overrides.get("max_batch_size", EngineConfig.max_batch_size)))  # type: ignore[arg-type]
+        overrides.setdefault("max_queue_delay_microseconds", 0)  # every prompt is queued before the first step
         self.engine = LLMEngine(EngineConfig(model=str(model), dtype=dtype, **overrides))  # type: ignore[arg-type]
         self.tokenizer = self.engine.tokenizer
         self.input_processor = InputProcessor.for_engine(self.engine)
         self._ids = itertools.count()
+
+    def shutdown(self) -> None:
+        """Stop the engine's worker ranks (tensor parallelism); a no-op for one rank."""
+        self.engine.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
 
     def generate(self, prompts: str | dict | Seq[str | dict] | Seq[list[int]],
                  params: SamplingParams | Seq[SamplingParams] | None = None,

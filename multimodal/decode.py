@@ -25,6 +25,7 @@ from mindie_service.errors import MediaError
 from .budget import DecodedBudget
 from .policy import MediaPolicy, where
 from .sniff import require_format
+from .spool import MediaBytes
 
 logger = logging.getLogger(__name__)
 
@@ -108,11 +109,13 @@ def sample_indices(total_frames: int, num_frames: int) -> list[int]:
     return [int(i) for i in np.linspace(0, total_frames - 1, num_frames).round()]
 
 
-def _open_video(data: bytes, demuxer: str | None) -> av.container.InputContainer:
-    return av.open(io.BytesIO(data), mode="r", format=demuxer)
+def _open_video(data: bytes | MediaBytes, demuxer: str | None) -> av.container.InputContainer:
+    """PyAV reads a spooled or local video from its file, never from a copy in memory."""
+    source = data.open() if isinstance(data, MediaBytes) else io.BytesIO(data)
+    return av.open(source, mode="r", format=demuxer)
 
 
-def _count_frames(data: bytes, demuxer: str | None, limit: int, w: str) -> int:
+def _count_frames(data: bytes | MediaBytes, demuxer: str | None, limit: int, w: str) -> int:
     """Frame count by demuxing packets (no decoding), for containers that do not report it."""
     count = 0
     with _open_video(data, demuxer) as container:
@@ -125,13 +128,14 @@ def _count_frames(data: bytes, demuxer: str | None, limit: int, w: str) -> int:
     return count
 
 
-def decode_video(data: bytes, index: int, policy: MediaPolicy, num_frames: int,
+def decode_video(data: bytes | MediaBytes, index: int, policy: MediaPolicy, num_frames: int,
                  budget: DecodedBudget | None = None) -> list[np.ndarray]:
-    """``num_frames`` RGB frames (H x W x 3 uint8) sampled evenly over the video."""
+    """``num_frames`` RGB frames (H x W x 3 uint8) sampled evenly over the video (``data``: its bytes, or a
+    ``MediaBytes`` whose file PyAV reads directly)."""
     w = where(index, "video")
     if num_frames <= 0:
         raise ValueError("num_frames must be positive")
-    fmt = require_format(data, "video", index)
+    fmt = require_format(data.head if isinstance(data, MediaBytes) else data, "video", index)
     try:
         with _open_video(data, fmt.demuxer) as container:
             if not container.streams.video:
@@ -175,7 +179,7 @@ def decode_video(data: bytes, index: int, policy: MediaPolicy, num_frames: int,
         raise MediaError(f"{w}: the {fmt.name} video is truncated or corrupt", 422) from None
 
 
-def _decode_seeking(data: bytes, demuxer: str | None, wanted: list[int], policy: MediaPolicy,
+def _decode_seeking(data: bytes | MediaBytes, demuxer: str | None, wanted: list[int], policy: MediaPolicy,
                     w: str) -> list[np.ndarray]:
     """Each wanted frame by seeking to the keyframe before it and decoding forward; at most
     ``max_video_frames_decoded`` frames decoded in all (sparse keyframes -> 413)."""
@@ -216,7 +220,7 @@ def _video_seconds(container: av.container.InputContainer, stream: av.VideoStrea
     return None
 
 
-def _decode_frames(data: bytes, demuxer: str | None, wanted: list[int], policy: MediaPolicy,
+def _decode_frames(data: bytes | MediaBytes, demuxer: str | None, wanted: list[int], policy: MediaPolicy,
                    w: str) -> list[np.ndarray]:
     """Decode sequentially up to the last wanted index, converting only the wanted frames.
     If the stream ends early (its header over-counted), missing picks repeat the last frame."""

@@ -6,7 +6,6 @@ its bytes arrive. Every model's processor goes through this one loader."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from .budget import DecodedBudget
 from .policy import MediaKind, MediaPolicy, where
 from .sniff import sniff
 from .sources import ByteBudget, fetch_media
+from .spool import MediaBytes
 
 __all__ = ["DecodeOptions", "LoadedPart", "MediaItem", "Part", "TextPart", "load_media", "parse_parts"]
 
@@ -61,19 +61,29 @@ class LoadedPart:
     nbytes: int = 0
 
 
-def _decode_and_hash(data: bytes, item_kind: MediaKind, index: int, policy: MediaPolicy,
+def _decode_and_hash(data: bytes | MediaBytes, item_kind: MediaKind, index: int, policy: MediaPolicy,
                      options: DecodeOptions, budget: DecodedBudget | None = None
                      ) -> tuple[Any, str, str | None] | tuple[str, int]:
-    """Executor side: decode and hash (hashing 512 MB takes a while too). A MediaError comes
-    back as ``(message, status)``, so its status survives a process-pool round trip. Whatever else a
+    """Executor side: decode and hash (hashing 512 MB takes a while too), then close ``data`` (a spooled
+    video's temporary file goes). A MediaError comes back as ``(message, status)``. Whatever else a
     decoder raises on hostile bytes is this part's 422, never the server's 500."""
+    blob = data if isinstance(data, MediaBytes) else MediaBytes(data)
+    with blob:
+        return _decode_blob(blob, item_kind, index, policy, options, budget)
+
+
+def _decode_blob(data: MediaBytes, item_kind: MediaKind, index: int, policy: MediaPolicy,
+                 options: DecodeOptions, budget: DecodedBudget | None) -> tuple[Any, str, str | None] | tuple[str, int]:
     try:
-        if item_kind == "image":
-            payload = decode_image(data, index, policy, budget, options.resize_shortest_edge)
-        elif item_kind == "video":
-            payload = decode_video(data, index, policy, options.num_video_frames, budget)
+        if item_kind == "video":
+            payload = decode_video(data if data.on_disk else data.data, index, policy,  # type: ignore[arg-type]
+                                   options.num_video_frames, budget)
+        elif data.data is None:  # only videos are spooled (MediaPolicy.spool_threshold)
+            raise MediaError(f"{where(index, item_kind)}: the {item_kind} is too large", 413)
+        elif item_kind == "image":
+            payload = decode_image(data.data, index, policy, budget, options.resize_shortest_edge)
         else:
-            payload = decode_audio(data, index, policy, options.audio_sampling_rate, budget)
+            payload = decode_audio(data.data, index, policy, options.audio_sampling_rate, budget)
     except MediaError as e:
         return e.message, e.status
     except MemoryError:
@@ -82,23 +92,27 @@ def _decode_and_hash(data: bytes, item_kind: MediaKind, index: int, policy: Medi
     except Exception:  # noqa: BLE001 - a decoder bug on hostile input: logged, answered as this part's error
         logger.exception("inputs[%d]: %s decoder failed", index, item_kind)
         return f"{where(index, item_kind)}: the {item_kind} could not be decoded", 422
-    fmt = sniff(data)
-    return payload, hashlib.sha256(data).hexdigest(), fmt.name if fmt else None
+    fmt = sniff(data.head)
+    return payload, data.sha256(), fmt.name if fmt else None
 
 
 async def _load_one(item: MediaItem, policy: MediaPolicy, executor: Executor,
                     options: DecodeOptions, budget: ByteBudget, decoded: DecodedBudget) -> LoadedPart:
-    data = await fetch_media(item.ref, item.kind, item.index, policy, budget=budget)
-    loop = asyncio.get_running_loop()
-    result = await loop.run_in_executor(
-        executor,
-        functools.partial(_decode_and_hash, data, item.kind, item.index, policy, options, decoded),
-    )
+    data = await fetch_media(item.ref, item.kind, item.index, policy, budget=budget, spool=True)
+    blob = data if isinstance(data, MediaBytes) else MediaBytes(data)
+    # The decode closes the blob when it ends; one cancelled before it ever ran is closed here.
+    work = executor.submit(_decode_and_hash, blob, item.kind, item.index, policy, options, decoded)
+    try:
+        result = await asyncio.wrap_future(work)
+    except asyncio.CancelledError:
+        if work.cancel():
+            blob.close()
+        raise
     if len(result) == 2:
         message, status = result  # type: ignore[misc]
         raise MediaError(message, status)
     payload, digest, fmt = result  # type: ignore[misc]
-    return LoadedPart(item.index, item.kind, payload, digest, fmt, len(data))
+    return LoadedPart(item.index, item.kind, payload, digest, fmt, blob.size)
 
 
 async def load_media(parts: Sequence[Part], policy: MediaPolicy, executor: Executor,

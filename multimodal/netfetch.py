@@ -21,6 +21,7 @@ from mindie_service.errors import MediaError
 from .budget import ByteBudget, mb as _mb
 from .policy import MediaKind, MediaPolicy, where
 from .sniff import SNIFF_BYTES, require_format
+from .spool import MediaBytes, Spooler
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ class _Download:
     HTTPInputError (tornado closes the connection quietly)."""
 
     def __init__(self, kind: MediaKind, index: int, policy: MediaPolicy,
-                 budget: ByteBudget | None) -> None:
+                 budget: ByteBudget | None, spool_threshold: int | None = None) -> None:
         self.kind = kind
         self.index = index
         self.policy = policy
@@ -145,7 +146,7 @@ class _Download:
         self.where = where(index, kind)
         self.code: int | None = None
         self.header_count = 0
-        self.body = bytearray()
+        self.body = Spooler(spool_threshold, policy.spool_dir)  # a large video goes to a temporary file
         self.sniffed = False
         self.failure: MediaError | None = None
 
@@ -196,23 +197,23 @@ class _Download:
     def on_chunk(self, chunk: bytes) -> None:
         if self.failure is not None:
             raise HTTPInputError("media fetch aborted")
-        if len(self.body) + len(chunk) > self.cap:
+        if self.body.size + len(chunk) > self.cap:
             self.fail(MediaError(
                 f"{self.where}: the response body is over the {self.kind} cap of "
                 f"{_mb(self.cap)}", 413))
         try:
             if self.budget is not None:
                 self.budget.take(len(chunk), self.index, self.kind)
-            self.body += chunk
-            if not self.sniffed and len(self.body) >= SNIFF_BYTES:
+            self.body.write(chunk)
+            if not self.sniffed and self.body.size >= SNIFF_BYTES:
                 self.sniffed = True
-                require_format(bytes(self.body[:SNIFF_BYTES]), self.kind, self.index)
+                require_format(self.body.head(), self.kind, self.index)
         except MediaError as e:
             self.fail(e)
 
 
 async def _fetch_url(ref: str, kind: MediaKind, index: int, policy: MediaPolicy,
-                     budget: ByteBudget | None) -> bytes:
+                     budget: ByteBudget | None) -> MediaBytes:
     w = where(index, kind)
     if len(ref) > policy.max_url_len:
         raise MediaError(
@@ -239,15 +240,33 @@ async def _fetch_url(ref: str, kind: MediaKind, index: int, policy: MediaPolicy,
         logger.info("inputs[%d]: refused URL host not in the allow-list", index)
         raise MediaError(f"{w}: the URL host {host!r} is not in the allowed hosts", 403)
     addresses = await resolve_checked(host, port, kind, index, policy)
-    return await http_get(ref, host, addresses, kind, index, policy, budget)
+    return await http_get_media(ref, host, addresses, kind, index, policy, budget)
 
 
 async def http_get(url: str, host: str, addresses: list[tuple[int, str]], kind: MediaKind,
                    index: int, policy: MediaPolicy, budget: ByteBudget | None) -> bytes:
+    """``http_get_media``'s body as bytes, held in memory."""
+    with await http_get_media(url, host, addresses, kind, index, policy, budget, spool=False) as blob:
+        assert blob.data is not None
+        return blob.data
+
+
+async def http_get_media(url: str, host: str, addresses: list[tuple[int, str]], kind: MediaKind, index: int,
+                         policy: MediaPolicy, budget: ByteBudget | None, *, spool: bool = True) -> MediaBytes:
     """GET ``url`` connecting only to ``addresses`` (already checked), Host header and TLS SNI
-    still ``host``. No redirects, caps enforced while streaming."""
+    still ``host``. No redirects, caps enforced while streaming; a large video is spooled to a temporary
+    file as it arrives (``spool``)."""
     w = where(index, kind)
-    download = _Download(kind, index, policy, budget)
+    download = _Download(kind, index, policy, budget, policy.spool_threshold(kind) if spool else None)
+    try:
+        return await _get(url, host, addresses, index, policy, download, w)
+    except BaseException:  # failed, refused or cancelled: a spooled file goes at once
+        download.body.discard()
+        raise
+
+
+async def _get(url: str, host: str, addresses: list[tuple[int, str]], index: int, policy: MediaPolicy,
+               download: _Download, w: str) -> MediaBytes:
     client = SimpleAsyncHTTPClient(
         force_instance=True,
         resolver=_PinnedResolver(host=host, addresses=addresses),
@@ -289,8 +308,8 @@ async def http_get(url: str, host: str, addresses: list[tuple[int, str]], kind: 
         raise download.failure
     if response.code != 200:
         raise MediaError(f"{w}: the URL answered HTTP {response.code}, not 200", 422)
-    logger.debug("inputs[%d]: fetched %d bytes over http", index, len(download.body))
-    return bytes(download.body)
+    logger.debug("inputs[%d]: fetched %d bytes over http", index, download.body.size)
+    return download.body.finish()
 
 
 def _describe(e: BaseException) -> str:

@@ -57,6 +57,10 @@ class MediaPolicy:
     max_decoded_bytes: int = 256 * MB  # decoded bytes of all media of one request (ServerConfig.maxDecodedMediaBytes)
     max_aspect_ratio: float = 200.0  # long side / short side of an image or video frame
     max_video_frames_decoded: int = 2048  # frames decoded per video to reach the sampled ones
+    # An encoded video larger than this is spooled to a temporary file while fetched (spool.py), never held
+    # in memory whole; ``spool_dir`` None = the system's temporary folder.
+    spool_bytes: int = 8 * MB
+    spool_dir: str | None = None
 
     def __post_init__(self) -> None:
         paths = tuple(str(p) for p in self.allowed_local_paths)
@@ -70,7 +74,7 @@ class MediaPolicy:
             "max_items", "max_url_len", "max_image_bytes", "max_video_bytes", "max_audio_bytes",
             "max_request_bytes", "max_response_headers", "max_header_bytes", "max_image_pixels",
             "max_video_frames_total", "max_audio_sample_rate", "max_audio_channels", "max_decoded_bytes",
-            "max_video_frames_decoded",
+            "max_video_frames_decoded", "spool_bytes",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -90,6 +94,10 @@ class MediaPolicy:
         if kind == "audio":
             return self.max_audio_bytes
         raise ValueError(f"unknown media kind {kind!r}")
+
+    def spool_threshold(self, kind: MediaKind) -> int | None:
+        """Bytes of an item of this kind held in memory before it goes to a temporary file (None: never)."""
+        return self.spool_bytes if kind == "video" else None
 
     def host_allowed(self, host: str) -> bool:
         """True if ``host`` (lower case, no trailing dot) passes the host allow-list."""

@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import stat
+from typing import Any, Callable
 from urllib.parse import unquote, urlsplit
 
 
@@ -28,6 +29,7 @@ from .budget import ByteBudget, mb as _mb
 from .netfetch import _fetch_url, http_get, refusal_reason
 from .policy import MediaKind, MediaPolicy, where
 from .sniff import require_format
+from .spool import MediaBytes, Spooler
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +39,7 @@ _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
 # Data URIs above this many characters are decoded in a thread, not on the IO loop.
 _INLINE_B64_CHARS = 256 * 1024
 _READ_BLOCK = 1024 * 1024
+_B64_BLOCK_CHARS = 4 * 256 * 1024  # a multiple of 4: each block decodes alone (768 KB)
 
 async def fetch_media(
     ref: str,
@@ -45,9 +48,20 @@ async def fetch_media(
     policy: MediaPolicy,
     *,
     budget: ByteBudget | None = None,
-) -> bytes:
+    spool: bool = False,
+) -> Any:
     """The raw bytes ``ref`` names, checked against ``policy`` and sniffed to be an accepted
-    format for ``kind``. Raises MediaError (4xx) naming ``inputs[index]``."""
+    format for ``kind``. Raises MediaError (4xx) naming ``inputs[index]``. ``spool``: a ``MediaBytes``
+    (the caller closes it) in which a video over ``policy.spool_bytes`` stays on disk; else ``bytes``."""
+    blob = await _fetch_media(ref, kind, index, policy, budget, spool)
+    if spool:
+        return blob
+    with blob:
+        return blob.data if blob.data is not None else blob.open().read()
+
+
+async def _fetch_media(ref: str, kind: MediaKind, index: int, policy: MediaPolicy, budget: ByteBudget | None,
+                       spool: bool) -> MediaBytes:
     w = where(index, kind)
     if not isinstance(ref, str) or not ref:
         raise MediaError(f"{w}: the reference must be a non-empty string", 422)
@@ -55,19 +69,24 @@ async def fetch_media(
         raise MediaError(f"{w}: the reference contains a NUL character", 422)
     m = _SCHEME_RE.match(ref)
     scheme = m.group(1).lower() if m else None
+    threshold = policy.spool_threshold(kind) if spool else None
     if scheme in ("http", "https"):
-        data = await _fetch_url(ref, kind, index, policy, budget)
+        data = await _fetch_url(ref, kind, index, policy, budget)  # spools a video past policy.spool_bytes
     elif scheme == "data":
-        data = await _decode_data_uri(ref, kind, index, policy, budget)
+        data = await _decode_data_uri(ref, kind, index, policy, budget, threshold)
     elif scheme == "file" or scheme is None:
-        data = await _read_local(ref, scheme == "file", kind, index, policy, budget)
+        data = await _read_local(ref, scheme == "file", kind, index, policy, budget, threshold)
     else:
         raise MediaError(
             f"{w}: unsupported source scheme {scheme!r} "
             "(use a server-local path, a data: URI or an http(s) URL)",
             422,
         )
-    require_format(data, kind, index)
+    try:
+        require_format(data.head, kind, index)
+    except BaseException:
+        data.close()
+        raise
     return data
 
 
@@ -123,8 +142,10 @@ def local_path_of(ref: str, is_file_uri: bool, kind: MediaKind, index: int,
     return path
 
 
-def _read_local_file(path: str, kind: MediaKind, index: int, policy: MediaPolicy) -> bytes:
-    """Runs in a thread: realpath, folder check, stat, size cap, open, same-file check, read."""
+def _read_local_file(path: str, kind: MediaKind, index: int, policy: MediaPolicy,
+                     threshold: int | None = None) -> MediaBytes:
+    """Runs in a thread: realpath, folder check, stat, size cap, open, same-file check, read. A file over
+    ``threshold`` is not read: its checked descriptor is handed over (already on disk, never reopened)."""
     w = where(index, kind)
     real = os.path.realpath(path)
     roots = [os.path.realpath(r) for r in policy.allowed_local_paths]
@@ -151,6 +172,9 @@ def _read_local_file(path: str, kind: MediaKind, index: int, policy: MediaPolicy
         fst = os.fstat(fd)
         if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(fst.st_mode):
             raise MediaError(f"{w}: the file changed while it was being opened", 403)
+        if threshold is not None and threshold < fst.st_size <= cap:
+            blob, fd = MediaBytes(fd=fd, size=fst.st_size), -1  # the descriptor is the blob's now
+            return blob
         chunks: list[bytes] = []
         total = 0
         while True:
@@ -161,19 +185,29 @@ def _read_local_file(path: str, kind: MediaKind, index: int, policy: MediaPolicy
             total += len(block)
             if total > cap:
                 raise MediaError(f"{w}: the file is over the {kind} cap of {_mb(cap)}", 413)
-        return b"".join(chunks)
+        return MediaBytes(b"".join(chunks))
     finally:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
 
 
 async def _read_local(ref: str, is_file_uri: bool, kind: MediaKind, index: int,
-                      policy: MediaPolicy, budget: ByteBudget | None) -> bytes:
+                      policy: MediaPolicy, budget: ByteBudget | None, threshold: int | None = None) -> MediaBytes:
     path = local_path_of(ref, is_file_uri, kind, index, policy)
     loop = asyncio.get_running_loop()
-    data = await loop.run_in_executor(None, _read_local_file, path, kind, index, policy)
-    if budget is not None:
-        budget.take(len(data), index, kind)
-    logger.debug("inputs[%d]: read %d bytes from a local file", index, len(data))
+    fut = loop.run_in_executor(None, _read_local_file, path, kind, index, policy, threshold)
+    try:
+        data = await asyncio.shield(fut)
+    except asyncio.CancelledError:  # the read finishes in its thread: close what it hands over
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception() or f.result().close())
+        raise
+    try:
+        if budget is not None:
+            budget.take(data.size, index, kind)
+    except BaseException:
+        data.close()
+        raise
+    logger.debug("inputs[%d]: read %d bytes from a local file", index, data.size)
     return data
 
 
@@ -194,7 +228,7 @@ def _b64decode(payload: str) -> bytes:
 
 
 async def _decode_data_uri(ref: str, kind: MediaKind, index: int, policy: MediaPolicy,
-                           budget: ByteBudget | None) -> bytes:
+                           budget: ByteBudget | None, threshold: int | None = None) -> MediaBytes:
     w = where(index, kind)
     header, sep, payload = ref[5:].partition(",")
     if not sep:
@@ -221,13 +255,43 @@ async def _decode_data_uri(ref: str, kind: MediaKind, index: int, policy: MediaP
     if budget is not None:
         budget.take(decoded_len, index, kind)
     try:
-        if len(payload) > _INLINE_B64_CHARS:
-            loop = asyncio.get_running_loop()
-            data = await loop.run_in_executor(None, _b64decode, payload)
+        if threshold is not None and decoded_len > threshold:  # decoded block by block into a temporary file
+            blob = await _in_thread(_b64decode_spooled, payload, threshold, policy.spool_dir)
+        elif len(payload) > _INLINE_B64_CHARS:
+            blob = MediaBytes(await _in_thread(_b64decode, payload))
         else:
-            data = _b64decode(payload)
+            blob = MediaBytes(_b64decode(payload))
     except (binascii.Error, ValueError):
         raise MediaError(f"{w}: the data: URI is not valid base64", 422) from None
-    if not data:
+    if not blob.size:
         raise MediaError(f"{w}: the data: URI is empty", 422)
-    return data
+    return blob
+
+
+async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in a thread; on cancellation a MediaBytes it still returns is closed."""
+    fut = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception() or _close(f.result()))
+        raise
+
+
+def _close(result: Any) -> None:
+    if isinstance(result, MediaBytes):
+        result.close()
+
+
+def _b64decode_spooled(payload: str, threshold: int, directory: str | None) -> MediaBytes:
+    """Base64 decoded in blocks (each at most ``threshold`` bytes decoded) into a Spooler."""
+    spool = Spooler(threshold, directory)
+    step = max(4, min(_B64_BLOCK_CHARS, threshold // 3 * 4))  # a block decodes to at most the threshold
+    try:
+        for at in range(0, len(payload), step):
+            block = payload[at:at + step]
+            spool.write(_b64decode(block))
+        return spool.finish()
+    except BaseException:
+        spool.discard()
+        raise

@@ -28,10 +28,11 @@ SUPPORTED_SOCS = "Atlas A2/A3 (Ascend910B*, Ascend910_93*)"
 class DeviceInfo:
     type: str  # "npu" | "cuda" | "cpu"
     reason: str  # why this device was chosen, shown in /info and the start-up log
+    index: int = 0  # the logical device id (npuDeviceIds); ignored on the CPU
 
     @property
     def torch_device(self) -> torch.device:
-        return torch.device(self.type if self.type == "cpu" else f"{self.type}:0")
+        return torch.device(self.type if self.type == "cpu" else f"{self.type}:{self.index}")
 
 
 def soc_problem(name: str) -> str | None:

@@ -69,6 +69,8 @@ def write_config(path: Path, model: Path, *, server: dict[str, Any] | None = Non
     dep.update(deploy or {})
     sch = dict(BASE_SCHEDULE)
     sch.update(schedule or {})
+    # Preempt when blocks run out, as the shipped config does (MindIE's default 0 reserves whole outputs).
+    sch.setdefault("maxPreemptCount", sch["maxBatchSize"])
     cfg = {"LogConfig": {"logLevel": "Info"}, "ServerConfig": srv,
            "BackendConfig": {"tokenizerProcessNumber": 1, "ModelDeployConfig": dep, "ScheduleConfig": sch}}
     path.write_text(json.dumps(cfg, indent=2))

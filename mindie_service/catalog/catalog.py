@@ -19,6 +19,7 @@ from mindie_service.catalog.memory import estimate
 from mindie_service.catalog.model_json import ModelRecord, check_model_id, read_model_json
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.instances import build_instances, instance_configs
 from mindie_service.errors import ConflictError, ModelNotFoundError, UnhealthyError, ValidationError
 from mindie_service.protocol.openai import RequestDefaults
 
@@ -158,6 +159,15 @@ class Catalog:
             cfg = dataclasses.replace(cfg, max_seq_len=cap, max_input_token_len=min(cfg.max_input_token_len, cap - 1))
         return cfg
 
+    def instance_configs(self, e: CatalogEntry, cfg: EngineConfig) -> list[EngineConfig]:
+        """A ModelConfig entry runs BackendConfig.modelInstanceNumber instances (each its device group and
+        share of the cores, ``cfg``'s context cap); a model of the catalog's folder runs one."""
+        n = getattr(getattr(self.config, "backend", None), "model_instance_number", 1)
+        if e.config_index is None or n <= 1:
+            return [cfg]
+        return [dataclasses.replace(ec, max_seq_len=cfg.max_seq_len, max_input_token_len=cfg.max_input_token_len)
+                for ec in instance_configs(self.config, e.config_index)]
+
     def check_fits(self, e: CatalogEntry, cfg: EngineConfig) -> None:
         """Refuse a start that would not fit the memory left (weights + a minimum KV pool)."""
         if e.mock:
@@ -168,9 +178,11 @@ class Catalog:
         world = self.config.models[e.config_index].world_size if e.config_index is not None else 1
         est = estimate(e.folder, cfg.max_seq_len, world_size=world)
         free, _ = memory_info(torch.device("cpu"))
-        if est.total > free:
-            raise ConflictError(f"model {e.id} does not fit: it needs about {est.total / 2**30:.2f} GiB "
-                                f"(weights {est.weights / 2**30:.2f} GiB + a minimum KV pool "
+        n = len(self.instance_configs(e, cfg))  # each model instance holds its own weights and KV pool
+        if est.total * n > free:
+            each = f"{n} instances x " if n > 1 else ""
+            raise ConflictError(f"model {e.id} does not fit: it needs about {n * est.total / 2**30:.2f} GiB "
+                                f"({each}weights {est.weights / 2**30:.2f} GiB + a minimum KV pool "
                                 f"{est.kv_min / 2**30:.2f} GiB) and {free / 2**30:.2f} GiB are free")
 
     def start(self, model_id: str) -> CatalogEntry:
@@ -194,7 +206,9 @@ class Catalog:
         engine = None
         try:
             assert self.build is not None
-            engine = await asyncio.get_running_loop().run_in_executor(None, self.build, cfg, e.mock)
+            build, mock = self.build, e.mock
+            engine = await asyncio.get_running_loop().run_in_executor(
+                None, build_instances, self.instance_configs(e, cfg), lambda ec: build(ec, mock))
             if not e.mock and e.record.engine_parameters:  # the model.json prefixes for template-less checkpoints
                 engine.input_processor.chat.prefixes = e.record.prefixes()
             engine.start()

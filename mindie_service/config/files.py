@@ -16,6 +16,7 @@ def check_files(cfg: ServiceConfig) -> None:
     for i, m in enumerate(cfg.models):
         if not m.mock:
             problems += _checkpoint_problems(f"{D}.ModelConfig[{i}].modelWeightPath", m.weight_path)
+            problems += _world_size_problems(f"{D}.ModelConfig[{i}].worldSize", m.weight_path, m.world_size)
     for i, lo in enumerate(cfg.lora_modules):
         if not os.path.isdir(lo.path):
             problems.append(f"{D}.LoraModules[{i}].path: folder not found: {lo.path}")
@@ -58,3 +59,20 @@ def _checkpoint_problems(key: str, folder: str) -> list[str]:
     missing = [k for k, alts in (("torch_dtype", ("torch_dtype", "dtype")), ("vocab_size", ("vocab_size",)))
                if not any(a in hf or a in text for a in alts)]
     return [f"{key}: {cfg_file} must hold {', '.join(missing)}"] if missing else []
+
+
+def _world_size_problems(key: str, folder: str, world_size: int) -> list[str]:
+    """Tensor parallelism splits the attention heads evenly over the ranks (engine.parallel)."""
+    if world_size <= 1:
+        return []
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            hf = json.load(f)
+    except (OSError, ValueError):
+        return []  # reported by _checkpoint_problems
+    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else hf
+    heads = text.get("num_attention_heads")
+    if isinstance(heads, int) and heads % world_size:
+        return [f"{key} must divide the model's num_attention_heads ({heads}): each rank holds "
+                f"heads / worldSize attention heads, got {world_size}"]
+    return []

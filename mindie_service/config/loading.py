@@ -142,6 +142,7 @@ def _server(srv: dict[str, Any], base: Path) -> ServerSettings:
         max_media_items=int(srv["maxMediaItems"]), batch_jobs_dir=_resolve(base, srv["batchJobsDir"]),
         batch_max_lines=int(srv["batchMaxLines"]),
         batch_max_running=None if srv["batchMaxRunning"] is None else int(srv["batchMaxRunning"]), body_timeout=float(srv["bodyTimeoutSeconds"]),
+        max_stream_buffer_bytes=int(srv["maxStreamBufferBytes"]),
         max_connections_key=srv["maxConnections"], max_decoded_media_bytes=int(srv["maxDecodedMediaBytes"]),
         max_image_aspect_ratio=float(srv["maxImageAspectRatio"]),
         max_video_frames_decoded=int(srv["maxVideoFramesDecoded"]),
@@ -160,7 +161,9 @@ def _backend(be: dict[str, Any], base: Path) -> BackendSettings:
         num_threads=None if dep["numThreads"] is None else int(dep["numThreads"]),
         cpu_kernels=dep["cpuKernels"],
         kernel_cache_dir=None if dep["kernelCacheDir"] is None else _resolve(base, dep["kernelCacheDir"]),
-        models_dir=_resolve(base, dep["modelsDir"]), max_model_download_mb=int(dep["maxModelDownloadMb"]))
+        models_dir=_resolve(base, dep["modelsDir"]), max_model_download_mb=int(dep["maxModelDownloadMb"]),
+        multi_nodes_infer_enabled=bool(be.get("multiNodesInferEnabled", False)),
+        multi_nodes_infer_port=None if be.get("multiNodesInferPort") is None else int(be["multiNodesInferPort"]))
 
 
 def _schedule(sch: dict[str, Any]) -> ScheduleSettings:

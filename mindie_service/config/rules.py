@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mindie_service.config.messages import D, S, SC, label, show
+from mindie_service.config.schema import load_schema
 from mindie_service.engine.config import cross_field_problems
 
 # EngineConfig field -> the config.json key it comes from.
@@ -52,8 +53,30 @@ def cross_key_problems(data: dict[str, Any], bad: set[str], sources: Mapping[str
     if None not in (kvb, cbs, seq) and kvb * cbs < seq:
         p.append(f"{SC}.numKvBlocks must hold one {D}.maxSeqLen sequence: >= ceil({seq} / {cbs}) "
                  f"= {math.ceil(seq / cbs)}, got {kvb}")
+    p += _select_batch_problems(_section(data, "BackendConfig", "ScheduleConfig"), bad, sources)
     p += _address_problems(_section(data, S), bad, sources)
     p += _model_problems(_section(data, "BackendConfig"), _section(data, "BackendConfig", "ModelDeployConfig"), bad)
+    return p
+
+
+# Why MindIE's select-batch keys have no meaning here (they are refused rather than ignored).
+_NO_SELECT_BATCH = ("this engine has no separate prefill and decode steps to choose between: every step decodes "
+                    f"the running requests and prefills prompt chunks beside them within {SC}.maxPrefillTokens")
+
+
+def _select_batch_problems(sch: dict[str, Any], bad: set[str], sources: Mapping[str, str]) -> list[str]:
+    """supportSelectBatch true, or a prefillTimeMsPerReq / decodeTimeMsPerReq other than MindIE's default
+    (they only tune supportSelectBatch), is refused: accepted, they would do nothing."""
+    p: list[str] = []
+    path = f"{SC}.supportSelectBatch"
+    if sch.get("supportSelectBatch") is True and path not in bad:
+        p.append(f"{label(path, sources)} must be false ({_NO_SELECT_BATCH}), got true")
+    props = load_schema()["properties"]["BackendConfig"]["properties"]["ScheduleConfig"]["properties"]
+    for key in ("prefillTimeMsPerReq", "decodeTimeMsPerReq"):
+        path, default = f"{SC}.{key}", props[key]["default"]
+        if key in sch and path not in bad and sch[key] != default:
+            p.append(f"{label(path, sources)} must be {default}, MindIE's default (it only tunes supportSelectBatch, "
+                     f"and {_NO_SELECT_BATCH}), got {show(sch[key])}")
     return p
 
 
@@ -102,6 +125,9 @@ def _model_problems(backend: dict[str, Any], dep: dict[str, Any], bad: set[str])
             if isinstance(ws, int) and f"{D}.ModelConfig[{i}].worldSize" not in bad and sizes != [ws]:
                 p.append(f"{D}.ModelConfig[{i}].worldSize must equal the size of each BackendConfig.npuDeviceIds "
                          f"group ({', '.join(map(str, sizes))}), got {ws}")
+    if backend.get("multiNodesInferEnabled") is True and backend.get("interNodeTLSEnabled") is True:
+        p.append("BackendConfig.interNodeTLSEnabled must be false when BackendConfig.multiNodesInferEnabled is true "
+                 "(torch.distributed's transports carry no TLS: keep rank traffic on a private network), got true")
     p += _lora_problems(dep, names, bad)
     return p
 

@@ -49,6 +49,7 @@ class ServerSettings:
     batch_max_lines: int
     batch_max_running: int | None  # None = a quarter of maxBatchSize
     body_timeout: float = 30.0  # seconds to receive a body after its headers
+    max_stream_buffer_bytes: int = 1 << 20  # a stream's output a slow client has not taken; beyond: aborted
     max_connections_key: int | None = None  # ServerConfig.maxConnections; None = derived
     max_decoded_media_bytes: int = 256 * 1024 * 1024
     max_image_aspect_ratio: float = 200.0
@@ -112,6 +113,8 @@ class BackendSettings:
     num_threads: int | None
     cpu_kernels: bool
     kernel_cache_dir: str | None  # resolved; None = npu_ops's default
+    multi_nodes_infer_enabled: bool = False  # ranks 1.. join by `mindie-service worker` (env rendezvous)
+    multi_nodes_infer_port: int | None = None  # the rendezvous port; None = a free local port
     models_dir: str = ""  # the model catalog's folder (resolved); "" = models/ beside the config
     max_model_download_mb: int = 65536  # GET /v1/models/download/{id}: bytes fetched and unpacked, at most
 
@@ -165,9 +168,16 @@ class ServiceConfig:
                 return m
         raise KeyError(name)
 
-    def engine_config(self, model_index: int = 0) -> EngineConfig:
+    def engine_config(self, model_index: int = 0, instance: int = 0) -> EngineConfig:
+        """The EngineConfig of one instance of model ``model_index``: its ranks run on the devices of
+        the instance's ``npuDeviceIds`` group."""
         m, b, s = self.models[model_index], self.backend, self.schedule
+        group: tuple[int, ...] | None = b.npu_device_ids[instance] if instance < len(b.npu_device_ids) else None
+        if group == tuple(range(m.world_size)):
+            group = None  # EngineConfig's default: the first world_size devices
         return EngineConfig(
+            world_size=m.world_size, device_ids=group, multi_node=b.multi_nodes_infer_enabled,
+            dist_port=b.multi_nodes_infer_port,
             model=m.weight_path, model_name=m.name, trust_remote_code=m.trust_remote_code,
             quantization=m.quantization, kv_cache_dtype=m.kv_cache_dtype,
             max_seq_len=b.max_seq_len, max_input_token_len=b.max_input_token_len, truncation=b.truncation,
@@ -175,7 +185,8 @@ class ServiceConfig:
             max_prefill_tokens=s.max_prefill_tokens, max_batch_size=s.max_batch_size,
             max_iter_times=s.max_iter_times, max_preempt_count=s.max_preempt_count,
             max_queue_delay_microseconds=s.max_queue_delay_microseconds, num_kv_blocks=s.num_kv_blocks,
-            kv_cache_memory_gb=float(m.npu_mem_size_gb), enable_prefix_caching=s.enable_prefix_caching,
+            kv_cache_memory_gb=float(m.npu_mem_size_gb), swap_space_gb=float(m.cpu_mem_size_gb),
+            enable_prefix_caching=s.enable_prefix_caching,
             max_loras=b.max_loras, max_lora_rank=b.max_lora_rank,
             lora_modules=tuple(lo for lo in self.lora_modules if lo.base_model_name == m.name),
             video_frames=b.video_frames, max_video_frames=b.max_video_frames, num_threads=b.num_threads,

@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.core import Event, LLMEngine
 from mindie_service.engine.types import EngineRequest, EngineStats, FailedEvent, TokenEvent
-from mindie_service.errors import GenerationError, MindieError, UnhealthyError
+from mindie_service.errors import GenerationError, IncompleteGenerationError, MindieError, UnhealthyError
 from mindie_service.inputs.processor import InputProcessor
 
 logger = logging.getLogger(__name__)
@@ -60,6 +60,8 @@ class AsyncEngine:
             self._cond.notify()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if hasattr(self.engine, "shutdown"):
+            self.engine.shutdown()  # a tensor-parallel engine's worker ranks (engine.parallel)
 
     def healthy(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._dead is None
@@ -103,14 +105,19 @@ class AsyncEngine:
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenEvent]:
         """``request`` comes from ``input_processor``. The engine binds its LoRA adapter (one unloaded since
         raises ValidationError, 422, from the first iteration)."""
-        if not self.healthy():
-            raise UnhealthyError(f"engine is not serving ({self._dead or 'not started'})")
         rid = request.request_id
-        if rid in self._streams:
-            raise GenerationError(f"request id {rid!r} is already running")
         queue: asyncio.Queue[Event | Exception] = asyncio.Queue()
-        self._streams[rid] = (asyncio.get_running_loop(), queue)
-        self._post("add", request)
+        # Checked and registered under the lock the engine thread takes when it dies: a request is either
+        # refused here (503) or registered in time to get the engine's IncompleteGenerationError.
+        with self._cond:
+            if not self.healthy():
+                raise UnhealthyError("the engine has stopped; the service is restarting" if self._dead
+                                     else "the engine is not started")
+            if rid in self._streams:
+                raise GenerationError(f"request id {rid!r} is already running")
+            self._streams[rid] = (asyncio.get_running_loop(), queue)
+            self._inbox.append(("add", request))
+            self._cond.notify()
         finished = False
         try:
             while True:
@@ -150,6 +157,8 @@ class AsyncEngine:
                 with self._cond:
                     while not self._inbox and not self.engine.has_work() and not self._stopping:
                         self._cond.wait(timeout=1.0)
+                        if hasattr(self.engine, "check_alive"):
+                            self.engine.check_alive()  # a tensor-parallel rank that died while idle
                     if self._stopping:
                         return
                     cmds = list(self._inbox)
@@ -171,9 +180,25 @@ class AsyncEngine:
                 if out:
                     self._deliver(out)
         except BaseException as exc:  # noqa: BLE001 - the loop itself broke: fail everyone, report unhealthy
+            self._die(exc)
+
+    def _die(self, exc: BaseException) -> None:
+        """Fail every request in flight at once (running, waiting, or still in the inbox) with a 500
+        ``incomplete_generation``; from here on ``healthy()`` is False and ``generate`` answers 503."""
+        with self._cond:
             self._dead = f"{type(exc).__name__}: {exc}"
-            logger.exception("engine thread died")
-            self._deliver([(rid, GenerationError(f"engine failed: {self._dead}")) for rid in list(self._streams)])
+            self._inbox.clear()
+            rids = list(self._streams)
+        logger.critical("engine thread died (%s); failing %d request(s) in flight", self._dead, len(rids),
+                        exc_info=exc)
+        # One exception object per request: each is raised in its own handler. The cause stays in the log.
+        self._deliver([(rid, IncompleteGenerationError(
+            f"Request {rid} did not finish: the engine stopped (the service is restarting)")) for rid in rids])
+
+    @property
+    def dead_reason(self) -> str | None:
+        """Why the engine thread stopped (for the log), or None while it runs."""
+        return self._dead
 
 
 def _put_all(puts: list[tuple[asyncio.Queue, Event | Exception]]) -> None:

@@ -3,12 +3,19 @@
 A full block's key is a hash chain over (previous block's key, its tokens, the sequence's cache
 key): the cache key carries the LoRA adapter identity and the media content hashes, so two
 requests share a block only when everything that produced its K/V is the same. Freed blocks keep
-their key and stay reusable until the LRU hands them out again."""
+their key and stay reusable until the LRU hands them out again.
+
+Reservations (maxPreemptCount = 0, no preemption): an owner (a sequence, or a beam group for all its
+beams) admitted with a budget of blocks is promised the blocks it does not hold yet; ``reserved`` is
+the sum of those promises and no one else may take them, so a reserving owner never lacks a block.
+An owner's promise is its budget minus the distinct blocks its members hold, refreshed whenever one
+of them gains or drops blocks."""
 from __future__ import annotations
 
 import hashlib
 from array import array
 from collections import OrderedDict
+from typing import Any
 
 from mindie_service.engine.sequence import Sequence
 
@@ -23,11 +30,20 @@ class BlockManager:
         self.cached: dict[bytes, int] = {}
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.reserved = 0  # free blocks promised to reserving owners (see the module docstring)
+        self._budget: dict[Any, int] = {}  # owner -> blocks it may hold in all
+        self._members: dict[Any, list[Sequence]] = {}  # owner -> its sequences holding blocks
+        self._promised: dict[Any, int] = {}  # owner -> blocks promised, not yet taken
 
     # ------------------------------------------------------------ queries
     @property
     def num_free_blocks(self) -> int:
         return len(self.free)
+
+    @property
+    def num_available_blocks(self) -> int:
+        """Free blocks nobody was promised."""
+        return len(self.free) - self.reserved
 
     @property
     def usage(self) -> float:
@@ -67,8 +83,9 @@ class BlockManager:
         self.ref_counts[block] = 1
         return block
 
-    def allocate(self, seq: Sequence, use_prefix_cache: bool = True) -> bool:
-        """Give a waiting sequence blocks for all its tokens (prompt, plus output when recomputing).
+    def allocate(self, seq: Sequence, use_prefix_cache: bool = True, reserve: int = 0) -> bool:
+        """Give a waiting sequence blocks for all its tokens (prompt, plus output when recomputing); with
+        ``reserve`` > 0 its owner (see ``owner``) is also promised blocks up to that many in all.
 
         Returns False, changing nothing, when the pool lacks room. At least one token is always
         left to compute so the step yields logits."""
@@ -82,7 +99,8 @@ class BlockManager:
                 hits.append(b)
         new_needed = self.blocks_needed(n) - len(hits)
         reusable_free_hits = sum(1 for b in hits if self.ref_counts[b] == 0)
-        if new_needed > len(self.free) - reusable_free_hits:
+        promise = max(0, reserve - len(hits) - new_needed)
+        if new_needed + promise > self._available_to(seq) - reusable_free_hits:
             return False
         for b in hits:
             if self.ref_counts[b] == 0:
@@ -91,18 +109,46 @@ class BlockManager:
         seq.block_table = hits + [self._take_free() for _ in range(new_needed)]
         seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
         seq.num_registered_blocks = len(hits)
+        self._join(seq, reserve)
         if self.enable_prefix_caching and use_prefix_cache:
             self.prefix_queries += 1
             self.prefix_hits += 1 if hits else 0
         return True
 
+    def allocate_resumed(self, seq: Sequence, num_blocks: int, reserve: int = 0) -> int | None:
+        """``num_blocks`` blocks for a swapped-out sequence coming back: its leading full blocks still in the
+        prefix cache (same hash chain: the very K/V) are taken as they are, the rest are new (its K/V is
+        copied into them from the host). Returns how many came from the cache; None, changing nothing,
+        when the pool lacks room."""
+        hits: list[int] = []
+        if self.enable_prefix_caching:
+            for h in seq.block_hashes[:num_blocks]:  # hashes of computed full blocks only
+                b = self.cached.get(h)
+                if b is None:
+                    break
+                hits.append(b)
+        new_needed = num_blocks - len(hits)
+        reusable_free_hits = sum(1 for b in hits if self.ref_counts[b] == 0)
+        if new_needed + max(0, reserve - num_blocks) > self._available_to(seq) - reusable_free_hits:
+            return None
+        for b in hits:
+            if self.ref_counts[b] == 0:
+                del self.free[b]
+            self.ref_counts[b] += 1
+        seq.block_table = hits + [self._take_free() for _ in range(new_needed)]
+        seq.num_registered_blocks = len(hits)
+        self._join(seq, reserve)
+        return len(hits)
+
     def can_append(self, seq: Sequence) -> bool:
         """Whether the next token (at position num_tokens - 1 ... written this step) has a slot."""
-        return len(seq.block_table) * self.block_size >= seq.num_tokens or len(self.free) > 0
+        return len(seq.block_table) * self.block_size >= seq.num_tokens or (
+            len(self.free) > 0 and self._available_to(seq) > 0)
 
     def append_slot(self, seq: Sequence) -> None:
         if len(seq.block_table) * self.block_size < seq.num_tokens:
             seq.block_table.append(self._take_free())
+            self._refresh(owner(seq))
 
     def register_computed(self, seq: Sequence) -> None:
         """Enter the sequence's newly completed blocks (K/V computed) into the prefix cache."""
@@ -125,7 +171,7 @@ class BlockManager:
         its own. False, changing nothing, when the pool lacks the fresh blocks."""
         full = parent.num_computed_tokens // self.block_size
         need = self.blocks_needed(child.num_tokens) - full
-        if need > len(self.free):
+        if need > self._available_to(child):
             return False
         shared = parent.block_table[:full]
         for b in shared:
@@ -134,6 +180,7 @@ class BlockManager:
         child.num_computed_tokens = full * self.block_size
         child.block_hashes = list(parent.block_hashes[:full])
         child.num_registered_blocks = min(parent.num_registered_blocks, full)
+        self._join(child, 0)
         return True
 
     def pin(self, block: int) -> None:
@@ -155,3 +202,48 @@ class BlockManager:
                 self.free[b] = None
         seq.block_table = []
         seq.num_computed_tokens = seq.num_cached_tokens = seq.num_registered_blocks = 0
+        self._leave(seq)
+
+    # ------------------------------------------------------------ reservations
+    def promised_to(self, seq: Sequence) -> int:
+        return self._promised.get(owner(seq), 0)
+
+    def _available_to(self, seq: Sequence) -> int:
+        """Free blocks ``seq`` may take: those nobody was promised, plus its owner's own promise."""
+        return len(self.free) - self.reserved + self.promised_to(seq)
+
+    def _join(self, seq: Sequence, reserve: int) -> None:
+        """``seq`` now holds blocks: a member of its owner's reservation (one is opened with ``reserve``)."""
+        o = owner(seq)
+        if o not in self._budget:
+            if reserve <= 0:
+                return
+            self._budget[o], self._members[o] = reserve, []
+        self._members[o].append(seq)
+        self._refresh(o)
+
+    def _leave(self, seq: Sequence) -> None:
+        o = owner(seq)
+        members = self._members.get(o)
+        if members is None:
+            return
+        members[:] = [m for m in members if m is not seq]
+        if members:
+            self._refresh(o)
+            return
+        self.reserved -= self._promised.pop(o, 0)
+        del self._budget[o], self._members[o]
+
+    def _refresh(self, o: Any) -> None:
+        budget = self._budget.get(o)
+        if budget is None:
+            return
+        held = len({b for m in self._members[o] for b in m.block_table})
+        promised = max(0, budget - held)
+        self.reserved += promised - self._promised.get(o, 0)
+        self._promised[o] = promised
+
+
+def owner(seq: Sequence) -> Any:
+    """Whose reservation a sequence's blocks count against: its beam group's, else its own."""
+    return seq.group if seq.group is not None else seq

@@ -36,10 +36,14 @@ class EngineConfig:
     max_prefill_tokens: int = 8192
     max_batch_size: int = 200
     max_iter_times: int = 512
+    # Preemptions for want of blocks in one scheduling round (engine.scheduler); 0 (MindIE's default) turns
+    # preemption off: requests are admitted with blocks reserved for their prompt plus their maximum output.
     max_preempt_count: int = 0
+    # With nothing running, how long new prompts wait for others to join their prefill batch; 0 = not at all.
     max_queue_delay_microseconds: int = 5000
     num_kv_blocks: int | None = None  # fixes the KV pool size; None = size it from memory
     kv_cache_memory_gb: float = -1.0  # npuMemSize / cpuMemSize: -1 = size automatically
+    swap_space_gb: float = 5.0  # cpuMemSize: host pool for preempted requests' K/V (engine.swap); 0 = recompute
     enable_prefix_caching: bool = True
     max_loras: int = 4
     max_lora_rank: int = 64
@@ -61,6 +65,19 @@ class EngineConfig:
     session_kv_share: float = 0.25
     session_idle_seconds: float = 3600.0
     max_session_tokens: int = 4194304
+    # Tensor parallelism (engine.parallel): ranks of this instance (worldSize), one process each, and the
+    # instance's npuDeviceIds group (logical device ids, one per rank; None = 0..world_size-1). On the
+    # CPU the ids only count ranks. multi_node: ranks 1.. are not spawned but join through torch's env
+    # rendezvous (`mindie-service worker --rank R`) on dist_port (multiNodesInferPort; None = a free port).
+    world_size: int = 1
+    device_ids: tuple[int, ...] | None = None
+    multi_node: bool = False
+    dist_port: int | None = None
+
+    @property
+    def rank_devices(self) -> tuple[int, ...]:
+        """The logical device id of each rank (device_ids, or the first world_size devices)."""
+        return self.device_ids if self.device_ids is not None else tuple(range(self.world_size))
 
     @property
     def effective_max_input_len(self) -> int:
@@ -72,6 +89,12 @@ class EngineConfig:
             v = getattr(self, name)
             check(isinstance(v, int) and v >= 1, name, "an integer >= 1", v)
         check(self.cache_block_size <= 128, "cache_block_size", "in [1, 128]", self.cache_block_size)
+        check(isinstance(self.max_preempt_count, int) and self.max_preempt_count >= 0, "max_preempt_count",
+              "an integer >= 0", self.max_preempt_count)
+        check(isinstance(self.max_queue_delay_microseconds, int) and self.max_queue_delay_microseconds >= 0,
+              "max_queue_delay_microseconds", "an integer >= 0", self.max_queue_delay_microseconds)
+        check(isinstance(self.swap_space_gb, (int, float)) and self.swap_space_gb >= 0, "swap_space_gb",
+              "a number >= 0 (GB)", self.swap_space_gb)
         if self.num_kv_blocks is not None:
             check(isinstance(self.num_kv_blocks, int) and self.num_kv_blocks >= 1, "num_kv_blocks",
                   "an integer >= 1", self.num_kv_blocks)
@@ -82,6 +105,12 @@ class EngineConfig:
         check(self.kv_cache_dtype in ("auto", "int8"), "kv_cache_dtype", "one of auto, int8", self.kv_cache_dtype)
         check(self.kernel_cache_dir is None or (isinstance(self.kernel_cache_dir, str) and self.kernel_cache_dir != ""),
               "kernel_cache_dir", "a non-empty string or None", self.kernel_cache_dir)
+        check(isinstance(self.world_size, int) and self.world_size >= 1, "world_size", "an integer >= 1",
+              self.world_size)
+        if self.device_ids is not None:
+            check(len(self.device_ids) == self.world_size and all(isinstance(i, int) and i >= 0 for i in self.device_ids),
+                  "device_ids", f"{self.world_size} distinct device ids >= 0 (one per rank)", self.device_ids)
+            check(len(set(self.device_ids)) == len(self.device_ids), "device_ids", "distinct ids", self.device_ids)
         for p in cross_field_problems({f.name: getattr(self, f.name) for f in fields(self)}):
             check(False, p.field, p.rule(str), p.value)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from typing import Any
 
 from mindie_service.engine.beam import BeamGroup, BeamSearch, check_beam_request
@@ -20,12 +21,14 @@ from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.loading import load_parts
 from mindie_service.engine.output import OutputProcessor
-from mindie_service.engine.runner import ModelRunner
+from mindie_service.engine.parallel.launcher import ParallelRunner, RankGroup
+from mindie_service.engine.runner import ModelRunner, kv_bytes_per_block
 from mindie_service.engine.sampler import NonFiniteRows, SampleResult, Sampler
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence
 from mindie_service.engine.sessions import SessionStore
 from mindie_service.engine.step import ModelOutput, SchedulerOutput
+from mindie_service.engine.swap import HostBlockPool, host_pool_blocks
 from mindie_service.engine.types import PRIORITY_ONLINE, EngineRequest, EngineStats, FailedEvent, TokenEvent
 from mindie_service.errors import EngineDeadError, check
 from mindie_service.lora.manager import LoraManager
@@ -33,6 +36,8 @@ from mindie_service.lora.manager import LoraManager
 logger = logging.getLogger(__name__)
 
 Event = TokenEvent | FailedEvent
+# How often a held prefill batch (maxQueueDelayMicroseconds) looks at the inbox for new prompts.
+QUEUE_DELAY_TICK_S = 0.001
 _Outcome = tuple[SchedulerOutput, ModelOutput, SampleResult]
 
 
@@ -40,7 +45,20 @@ class LLMEngine:
     def __init__(self, cfg: EngineConfig) -> None:
         cfg.validate()
         self.cfg = cfg
-        parts = load_parts(cfg)
+        # worldSize > 1: start (or wait for) the worker ranks; this process is rank 0 (engine.parallel).
+        self.ranks = RankGroup(cfg) if cfg.world_size > 1 else None
+        try:
+            self._build(cfg)
+        except BaseException as exc:
+            if self.ranks is not None:
+                self.ranks.start_failed(exc)
+            raise
+        if self.ranks is not None:
+            self.ranks.handshake(self.blocks.num_blocks, self.runner.host_blocks)
+            self.runner = ParallelRunner(self.runner, self.ranks, self.lora)
+
+    def _build(self, cfg: EngineConfig) -> None:
+        parts = load_parts(cfg, self.ranks.shard if self.ranks is not None else None)
         self.device_info, self.device = parts.device_info, parts.device_info.torch_device
         loaded = parts.loaded
         self.model, self.hf_config, self.dtype, self.architecture = (loaded.model, loaded.hf_config, loaded.dtype,
@@ -53,10 +71,16 @@ class LLMEngine:
                                 [(m.name, m.path) for m in cfg.lora_modules], reserved=(cfg.model_name,))
         self.sessions = SessionStore(self.blocks, max_sessions=cfg.max_sessions, kv_share=cfg.session_kv_share,
                                      idle_seconds=cfg.session_idle_seconds, max_tokens=cfg.max_session_tokens)
-        self.scheduler = Scheduler(cfg, self.blocks, adapters=self.lora, sessions=self.sessions)
+        # cpuMemSize: the host pool for swapped-out K/V (its tensor is allocated at the first swap).
+        host = HostBlockPool(host_pool_blocks(
+            cfg.swap_space_gb, kv_bytes_per_block(self.model, cfg.cache_block_size, self.dtype, cfg.kv_cache_dtype),
+            cfg.max_batch_size * self.blocks.blocks_needed(cfg.max_seq_len)))
+        self.scheduler = Scheduler(cfg, self.blocks, adapters=self.lora, sessions=self.sessions, host=host,
+                                   clock=time.monotonic)
         self.runner = ModelRunner(self.model, parts.num_blocks, cfg.cache_block_size, self.device, self.dtype,
                                   lora_hook=self.lora.step_applier,
-                                  embeds_hook=self.mm_encoder.embeds_hook if self.mm_encoder else None)
+                                  embeds_hook=self.mm_encoder.embeds_hook if self.mm_encoder else None,
+                                  host_blocks=host.num_blocks)
         self.sampler = Sampler()
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids)
         self.beams = BeamSearch(self.scheduler, self.outputs, self.eos_token_ids, self.sessions)
@@ -113,18 +137,33 @@ class LLMEngine:
     # ------------------------------------------------------------ LoRA adapters (thread-safe)
     def load_adapter(self, name: str, path: str) -> dict:
         """ConflictError (409) when the name is taken, ValidationError (422) for a bad folder or rank."""
+        if self.ranks is not None:  # every rank loads it, ahead of any step that may use it
+            return self.ranks.with_control(lambda: self.lora.load(name, path), ("lora_load", name, path))
         return self.lora.load(name, path)
 
     def unload_adapter(self, name: str) -> None:
         """NotFoundError (404) when unknown, ConflictError (409) while requests use it."""
+        if self.ranks is not None:
+            self.ranks.with_control(lambda: self.lora.unload(name), ("lora_unload", name))
+            return
         self.lora.unload(name)
+
+    def check_alive(self) -> None:
+        """EngineDeadError when a tensor-parallel rank has died (the engine thread asks while idle)."""
+        if self.ranks is not None:
+            self.ranks.check_alive()
+
+    def shutdown(self) -> None:
+        """Stop the worker ranks of a tensor-parallel engine (nothing to do for one rank)."""
+        if self.ranks is not None:
+            self.ranks.close()
 
     def list_adapters(self) -> list[dict]:
         return self.lora.list()
 
     def stats(self) -> EngineStats:
         s, ss = self.scheduler, self.sessions.stats()
-        return EngineStats(running=len(s.running), waiting=len(s.waiting), swapped=0,
+        return EngineStats(running=len(s.running), waiting=len(s.waiting), swapped=len(s.swapped),
                            total_blocks=self.blocks.num_blocks, free_blocks=self.blocks.num_free_blocks,
                            cache_usage=self.blocks.usage, prefix_cache_hit_rate=self.blocks.prefix_hit_rate,
                            num_preemptions=s.num_preemptions, sessions_held=ss.held, session_hits=ss.hits,
@@ -137,6 +176,10 @@ class LLMEngine:
         self.sessions.expire()
         out = self.scheduler.schedule()
         if out.empty:
+            if out.has_swaps:  # no forward this step, but the decided copies must run before the next
+                self.runner.apply_swaps(out)
+            if out.hold_s > 0:  # new prompts wait for company (maxQueueDelayMicroseconds); look again soon
+                time.sleep(min(out.hold_s, QUEUE_DELAY_TICK_S))
             return []
         searching = set(self.beams.groups)
         outcomes, events = self._execute(out)

@@ -11,8 +11,10 @@ from transformers import AutoTokenizer
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.runner import kv_bytes_per_block
 from mindie_service.models.loader import LoadedModel, load_model
+from mindie_service.models.shard import Reduce
 from npu_ops import cpu_kernels, platform
 from npu_ops.device import DeviceInfo, select_device
+from npu_ops.distributed import on_device, threads_per_rank
 
 logger = logging.getLogger(__name__)
 
@@ -26,14 +28,19 @@ class EngineParts:
     num_blocks: int
 
 
-def load_parts(cfg: EngineConfig) -> EngineParts:
+def load_parts(cfg: EngineConfig, shard: tuple[int, int, Reduce] | None = None) -> EngineParts:
+    """``shard`` (rank, world size, all-reduce): this process is one tensor-parallel rank (engine.parallel):
+    it runs on its npuDeviceIds entry, with its share of the host's cores, and keeps its shard of the model."""
     cpu_kernels.configure(enabled=cfg.cpu_kernels, cache_dir=cfg.kernel_cache_dir)
     info = select_device(cfg.device)
+    if cfg.world_size > 1 or cfg.device_ids is not None:
+        info = on_device(info, cfg.rank_devices[shard[0] if shard else 0])
     info = replace(info, reason=f"{info.reason}{platform.fast_path_note(info.torch_device)}")
     device = info.torch_device
-    platform.apply_thread_settings(cfg.num_threads)
+    platform.apply_thread_settings(threads_per_rank(cfg.world_size, cfg.num_threads) if cfg.world_size > 1
+                                   else cfg.num_threads)
     loaded = load_model(cfg.model, cfg.dtype, device, cfg.max_seq_len, min(cfg.max_batch_size, 128),
-                        quantization=cfg.quantization, kv_cache_dtype=cfg.kv_cache_dtype)
+                        quantization=cfg.quantization, kv_cache_dtype=cfg.kv_cache_dtype, shard=shard)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)
     num_blocks = cfg.num_kv_blocks or auto_num_blocks(cfg, loaded, device)
     logger.info("KV pool: %d blocks of %d tokens", num_blocks, cfg.cache_block_size)

@@ -38,7 +38,8 @@ def kv_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype, kv
 
 class ModelRunner:
     def __init__(self, model: nn.Module, num_blocks: int, block_size: int, device: torch.device,
-                 dtype: torch.dtype, lora_hook: LoraHook | None = None, embeds_hook: EmbedsHook | None = None) -> None:
+                 dtype: torch.dtype, lora_hook: LoraHook | None = None, embeds_hook: EmbedsHook | None = None,
+                 host_blocks: int = 0) -> None:
         self.model, self.block_size, self.device = model, block_size, device
         self.piece_tokens = PIECE_TOKENS
         d = model.dims
@@ -50,15 +51,49 @@ class ModelRunner:
         else:
             pool = memory.zeros((d.layers, 2, num_blocks, block_size, d.kv_heads, d.head_dim), dtype, device)
         self.kv_caches = [(pool[i, 0], pool[i, 1]) for i in range(d.layers)]
+        self.kv_pool = pool
+        self.host_blocks = host_blocks  # cpuMemSize's pool, in blocks (engine.swap)
+        self.host_pool: torch.Tensor | None = None  # [host_blocks, layers, 2, block_size, ...]: at the first swap
         self.lora_hook, self.embeds_hook = lora_hook, embeds_hook
 
     def _slot(self, table: tuple[int, ...], pos: int) -> int:
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
 
     @torch.inference_mode()
+    def apply_swaps(self, out: SchedulerOutput) -> None:
+        """The step's KV block copies (engine.swap), before its forward: swap-outs first, since a device
+        block saved here may be the one a swap-in or this step's tokens write next. Blocking copies: the
+        host blocks are read or reused as soon as this returns."""
+        if out.swap_out:
+            if self.host_pool is None:
+                self.host_pool = self._alloc_host_pool()
+            dev = torch.tensor([d for d, _ in out.swap_out], device=self.device)
+            host = torch.tensor([h for _, h in out.swap_out])
+            self.host_pool.index_copy_(0, host, self.kv_pool.index_select(2, dev).movedim(2, 0).cpu())
+        if out.swap_in:
+            assert self.host_pool is not None, "swap-in before any swap-out"
+            dev = torch.tensor([d for _, d in out.swap_in], device=self.device)
+            host = torch.tensor([h for h, _ in out.swap_in])
+            blocks = self.host_pool.index_select(0, host).movedim(0, 2).to(self.device)
+            self.kv_pool.index_copy_(2, dev, blocks)
+
+    def _alloc_host_pool(self) -> torch.Tensor:
+        p = self.kv_pool
+        shape = (self.host_blocks, p.shape[0], p.shape[1], *p.shape[3:])
+        logger.info("KV swap pool: %d host blocks (%.2f GB)", self.host_blocks,
+                    self.host_blocks * p[:, :, 0].numel() * p.element_size() / 2 ** 30)
+        if p.device.type != "cpu":
+            try:  # pinned: faster copies to and from the accelerator
+                return torch.empty(shape, dtype=p.dtype, pin_memory=True)
+            except RuntimeError:
+                logger.info("pinned host memory unavailable: the swap pool is pageable")
+        return torch.empty(shape, dtype=p.dtype)
+
+    @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> ModelOutput:
-        """One forward over the step's chunks, run in pieces (``_pieces``); the logits of the sampling
-        rows concatenate in ``out.chunks`` order."""
+        """The step's swaps (``apply_swaps``), then one forward over its chunks, run in pieces (``_pieces``);
+        the logits of the sampling rows concatenate in ``out.chunks`` order."""
+        self.apply_swaps(out)
         prompt_logits: dict[str, torch.Tensor] = {}
         parts = [self._forward(decodes, prefills, prompt_logits) for decodes, prefills in self._pieces(out)]
         parts = [p for p in parts if p is not None]

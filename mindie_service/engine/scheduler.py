@@ -8,22 +8,36 @@ max_num_batched_tokens; the running requests' decode tokens ride along), so a lo
 computed over several steps while the others keep streaming, instead of stalling them all for
 its whole prefill. New requests are admitted first come, first served (the head of the queue is
 never skipped) within maxBatchSize, maxPrefillBatchSize, free blocks and the LoRA pool's slots.
-When blocks run out the newest running request is preempted: its blocks are freed and it is
+When blocks run out the newest running request is preempted: its K/V is copied to the host pool
+when there is room (ModelConfig.cpuMemSize, engine.swap; it waits in the swapped queue, ahead of
+new requests of its priority, and resumes where it was), else its blocks are freed and it is
 recomputed later from its prompt plus the tokens it already produced.
+
+maxPreemptCount bounds the preemptions for want of blocks in one round: a decode still without a
+block after the cap waits a step (nothing new is admitted meanwhile); only when nothing at all
+would run does the oldest such decode preempt past the cap, so the engine always progresses.
+0 turns preemption off: each request is admitted only with blocks reserved for its prompt plus its
+maximum output (a beam search for all its beams), so no running request ever lacks a block.
+Two preemptions are not scheduling decisions and do not count against the cap: an online request
+taking a batch-job line's slot or blocks (a priority rule, on even with 0: the line has nothing
+sent that it could lose and resumes later), and a beam search restarting because a fork found no
+block (engine.beam).
 
 ``schedule()`` returns plain data (engine.step); ``update()`` applies a step's results."""
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
+from mindie_service.engine.admission import queue_delay, reservation_blocks
 from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.sequence import Sequence, SeqStatus
 from mindie_service.engine.sessions import SessionStore
 from mindie_service.engine.step import ScheduledChunk, SchedulerOutput
+from mindie_service.engine.swap import HostBlockPool, swap_in, swap_out
 from mindie_service.engine.types import PRIORITY_ONLINE
 
 if TYPE_CHECKING:
@@ -42,23 +56,30 @@ class AdapterSlots(Protocol):
 
 class Scheduler:
     def __init__(self, cfg: EngineConfig, blocks: BlockManager, adapters: AdapterSlots | None = None,
-                 sessions: SessionStore | None = None) -> None:
-        self.cfg, self.blocks, self.adapters, self.sessions = cfg, blocks, adapters, sessions
+                 sessions: SessionStore | None = None, host: HostBlockPool | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        # clock (seconds, e.g. time.monotonic): the engine's, for maxQueueDelayMicroseconds; None = never hold
+        self.cfg, self.blocks, self.adapters, self.sessions, self.clock = cfg, blocks, adapters, sessions, clock
+        self.host = host if host is not None and host.num_blocks > 0 else None  # None: preempting recomputes
         self.waiting: deque[Sequence] = deque()
+        self.swapped: deque[Sequence] = deque()  # K/V in the host pool; resume ahead of waiting (same priority)
         self.running: list[Sequence] = []
         self.seqs: dict[str, Sequence] = {}
         self.num_preemptions = 0
+        self.num_swap_outs = 0  # sequences (not blocks) moved to the host pool, and back
+        self.num_swap_ins = 0
 
     # ------------------------------------------------------------ queue
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
+        seq.arrival = self.clock() if self.clock is not None else 0.0
         self.seqs[seq.request_id] = seq
         self._enqueue(seq)
 
-    def _enqueue(self, seq: Sequence, front: bool = False) -> None:
+    def _enqueue(self, seq: Sequence, front: bool = False, queue: deque[Sequence] | None = None) -> None:
         """Online requests wait ahead of batch-job lines (engine.types.PRIORITY_*); within a priority first
         come, first served, and a preempted request goes back to the front of its priority."""
-        w = self.waiting
+        w = self.waiting if queue is None else queue
         if not front and (not w or w[-1].priority <= seq.priority):
             w.append(seq)
             return
@@ -67,7 +88,7 @@ class Scheduler:
         w.insert(at, seq)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.swapped)
 
     def get(self, request_id: str) -> Sequence | None:
         return self.seqs.get(request_id)
@@ -78,6 +99,11 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is SeqStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
+        elif seq.status is SeqStatus.SWAPPED:
+            self.swapped.remove(seq)
+            if self.host is not None:  # its swap-out ran with the step that decided it: nothing reads them
+                self.host.free(seq.host_blocks)
+            seq.host_blocks = []
         if reason is not None and seq.session_id is not None and self.sessions is not None:
             self.sessions.keep(seq)  # pins its cached blocks before its own references go
         self.blocks.free_seq(seq)
@@ -92,19 +118,51 @@ class Scheduler:
             out.preempted.append(self.restart_group(seq.group).request_id)
             return
         self.running.remove(seq)
-        self.blocks.free_seq(seq)
+        swapped = self._swap_out(seq, out)
         if self.adapters is not None:
             self.adapters.release(seq.request_id, done=False)
         seq.adapter_slot = 0
-        seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self._enqueue(seq, front=True)
+        if swapped:
+            seq.status = SeqStatus.SWAPPED
+            self._enqueue(seq, front=True, queue=self.swapped)
+        else:
+            seq.status = SeqStatus.WAITING
+            self._enqueue(seq, front=True)
         out.preempted.append(seq.request_id)
-        logger.debug("preempted %s (%d tokens)", seq.request_id, seq.num_tokens)
+        logger.debug("preempted %s (%d tokens, %s)", seq.request_id, seq.num_tokens,
+                     "swapped out" if swapped else "to recompute")
+
+    # ------------------------------------------------------------ swapping (engine.swap)
+    def _swap_out(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        """Free ``seq``'s device blocks, first copying their K/V to the host pool when it has room and
+        ``seq`` is decoding (a prompt cut short is cheaper to recompute)."""
+        if self.host is None or _prefilling(seq) or not swap_out(self.blocks, self.host, seq, out):
+            self.blocks.free_seq(seq)
+            return False
+        self.num_swap_outs += 1
+        return True
+
+    def _swap_in(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        assert self.host is not None
+        reserve = self._reserve(seq)
+        if not swap_in(self.blocks, self.host, seq, out, reserve):
+            wanted = max(self.blocks.blocks_needed(seq.num_tokens), reserve) + self.blocks.reserved
+            if not (self.sessions is not None and self.sessions.release(wanted)
+                    and swap_in(self.blocks, self.host, seq, out, reserve)):
+                return False
+        self.num_swap_ins += 1
+        return True
 
     # ------------------------------------------------------------ one step
     def schedule(self) -> SchedulerOutput:
+        if self.host is not None:
+            self.host.step_done()  # the previous step's copies ran: its swap-ins' host blocks are free
+        hold = queue_delay(self.cfg, self.waiting, bool(self.running or self.swapped),
+                           self.clock() if self.clock is not None else None)
+        if hold > 0:
+            return SchedulerOutput(hold_s=hold)
         out = SchedulerOutput()
         decodes: list[Sequence] = []
         prefills: list[tuple[Sequence, int]] = []  # (sequence, tokens this step)
@@ -114,7 +172,10 @@ class Scheduler:
         self.running.sort(key=_priority)
         yielded = self._make_room_for_online(out)
         # Running requests, oldest first: decodes need a slot for their next token (preempt from the
-        # newest end when the pool is dry); unfinished prompts take their next piece of the budget.
+        # newest end when the pool is dry, at most maxPreemptCount); unfinished prompts take their next
+        # piece of the budget.
+        cap = self.cfg.max_preempt_count
+        stalled: list[Sequence] = []  # decodes without a block once the cap is reached: they wait a step
         for seq in list(self.running):
             if seq.status is not SeqStatus.RUNNING:
                 continue  # preempted this step with its beam group
@@ -127,22 +188,22 @@ class Scheduler:
                     prefills.append((seq, n))
                     budget -= n
                 continue
-            while not self.blocks.can_append(seq):
-                if self.sessions is not None and self.sessions.release(1):
-                    continue  # kept sessions' blocks go before running requests are preempted
-                victim = self.running[-1]  # the newest batch-job line, else the newest request
-                self._preempt(victim, out)
-                if seq.status is not SeqStatus.RUNNING:
-                    break
-            if seq.status is not SeqStatus.RUNNING:
-                continue  # preempted itself (a beam group's beams may still follow it in the list)
-            self.blocks.append_slot(seq)
+            if not self._make_slot(seq, out, cap - (len(out.preempted) - yielded)):
+                if seq.status is SeqStatus.RUNNING:
+                    stalled.append(seq)
+                continue  # stalled, or preempted itself (a beam group's beams may still follow it)
             decodes.append(seq)
         # A beam group preempted above may have had beams already picked: they are gone.
         decodes = [s for s in decodes if s.status is SeqStatus.RUNNING]
         prefills = [(s, n) for s, n in prefills if s.status is SeqStatus.RUNNING]
-        if len(out.preempted) == yielded:  # no preemption for want of blocks: admit
-            self._admit(prefills, budget)
+        stalled = [s for s in stalled if s.status is SeqStatus.RUNNING]
+        if stalled and not decodes and not prefills:
+            # Nothing would run: the oldest stalled decode preempts past the cap (it may end up preempting
+            # itself; then the next round runs what is left), so the engine never stands still.
+            if self._make_slot(stalled[0], out, len(self.running)):
+                decodes.append(stalled[0])
+        if len(out.preempted) == yielded and not stalled:  # no request short of blocks: admit
+            self._admit(out, decodes, prefills, budget)
         if self.adapters is not None:  # one LoRA segment per adapter (stable: order kept within each)
             decodes.sort(key=_adapter_slot)
             prefills.sort(key=lambda p: p[0].adapter_slot)
@@ -192,10 +253,10 @@ class Scheduler:
         preempts batch-job lines, newest first, until it fits (whatever maxPreemptCount says): batch work
         only fills what online traffic leaves. Returns how many were preempted."""
         n = 0
-        while self.waiting and self.waiting[0].priority == PRIORITY_ONLINE:
-            head = self.waiting[0]
+        while (head := self._next_to_admit()) is not None and head.priority == PRIORITY_ONLINE:
             short = (len(self.running) >= self.cfg.max_batch_size
-                     or self.blocks.num_free_blocks < self.blocks.blocks_needed(head.num_tokens))
+                     or self.blocks.num_available_blocks < max(self.blocks.blocks_needed(head.num_tokens),
+                                                               self._reserve(head)))
             batch = [q for q in self.running if q.priority > PRIORITY_ONLINE]
             if not short or not batch:
                 break
@@ -203,10 +264,40 @@ class Scheduler:
             n += 1
         return n
 
-    def _admit(self, prefills: list[tuple[Sequence, int]], budget: int) -> None:
-        """Admit waiting requests, first come first served, while the budget and the limits allow."""
-        while self.waiting and budget > 0:
-            seq = self.waiting[0]
+    def _make_slot(self, seq: Sequence, out: SchedulerOutput, preempts_left: int) -> bool:
+        """A slot for decoding ``seq``'s next token, preempting at most ``preempts_left`` requests from the
+        newest end; False when it stays without one (or was preempted itself)."""
+        while not self.blocks.can_append(seq):
+            if self.sessions is not None and self.sessions.release(1):
+                continue  # kept sessions' blocks go before running requests are preempted
+            if preempts_left <= 0:
+                return False
+            victim = self.running[-1]  # the newest batch-job line, else the newest request
+            self._preempt(victim, out)
+            preempts_left -= 1
+            if seq.status is not SeqStatus.RUNNING:
+                return False
+        self.blocks.append_slot(seq)
+        return True
+
+    def _next_to_admit(self) -> Sequence | None:
+        """The swapped head before the waiting head of the same or a lower priority (vLLM's order)."""
+        if self.swapped and (not self.waiting or self.swapped[0].priority <= self.waiting[0].priority):
+            return self.swapped[0]
+        return self.waiting[0] if self.waiting else None
+
+    def _admit(self, out: SchedulerOutput, decodes: list[Sequence], prefills: list[tuple[Sequence, int]],
+               budget: int) -> None:
+        """Resume swapped requests (as decodes) and admit waiting ones, first come first served within a
+        priority, while the budget and the limits allow."""
+        while (seq := self._next_to_admit()) is not None:
+            if seq.status is SeqStatus.SWAPPED:
+                if self._batch_rows() >= self.cfg.max_batch_size or not self._resume(seq, out):
+                    break
+                decodes.append(seq)
+                continue
+            if budget <= 0:
+                break
             rows = self._batch_rows()
             if rows >= self.cfg.max_batch_size or len(prefills) >= self.cfg.max_prefill_batch_size:
                 break
@@ -231,14 +322,35 @@ class Scheduler:
             self.running.append(seq)
             prefills.append((seq, n))
 
+    def _resume(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        """Swap ``seq`` back in (its LoRA slot first); it decodes this step."""
+        if self.adapters is not None:
+            slot = self.adapters.acquire(seq.request_id)
+            if slot is None:
+                return False
+            seq.adapter_slot = slot
+        if not self._swap_in(seq, out):
+            if self.adapters is not None:
+                self.adapters.release(seq.request_id, done=False)
+                seq.adapter_slot = 0
+            return False
+        self.swapped.popleft()
+        seq.status = SeqStatus.RUNNING
+        self.running.append(seq)
+        return True
+
+    def _reserve(self, seq: Sequence) -> int:
+        return reservation_blocks(self.cfg, seq, self.blocks.blocks_needed, self.blocks.num_blocks)
+
     def _allocate(self, seq: Sequence) -> bool:
         """Blocks for a waiting request; kept sessions' pinned blocks are released (LRU) when short."""
         use_cache = not seq.params.prompt_logprobs
-        if self.blocks.allocate(seq, use_prefix_cache=use_cache):
+        reserve = self._reserve(seq)
+        if self.blocks.allocate(seq, use_prefix_cache=use_cache, reserve=reserve):
             return True
-        wanted = self.blocks.blocks_needed(seq.num_tokens)
+        wanted = max(self.blocks.blocks_needed(seq.num_tokens), reserve) + self.blocks.reserved
         return (self.sessions is not None and self.sessions.release(wanted)
-                and self.blocks.allocate(seq, use_prefix_cache=use_cache))
+                and self.blocks.allocate(seq, use_prefix_cache=use_cache, reserve=reserve))
 
     def update(self, out: SchedulerOutput, sampled: Mapping[str, int], finished: Mapping[str, str]) -> None:
         """Apply a step: each chunk's K/V is now computed (its full blocks enter the prefix cache), each

@@ -12,6 +12,7 @@ from mindie_service.sampling_params import SamplingParams
 class SeqStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
+    SWAPPED = "swapped"  # preempted with its K/V copied to the host pool (engine.swap); resumes where it was
     FINISHED = "finished"
 
 
@@ -34,6 +35,8 @@ class Sequence:
     num_registered_blocks: int = 0  # leading full blocks already entered in the prefix cache
     block_hashes: list[bytes] = field(default_factory=list)
     num_preemptions: int = 0
+    arrival: float = 0.0  # when the scheduler queued it (its clock): maxQueueDelayMicroseconds counts from here
+    host_blocks: list[int] = field(default_factory=list)  # while SWAPPED: host-pool blocks holding its K/V
     finish_reason: str | None = None
     aborted: bool = False
     session_id: str | None = None  # kept for continuation under this key when it finishes (engine.sessions)

@@ -46,11 +46,23 @@ class SchedulerOutput:
 
     chunks: list[ScheduledChunk] = field(default_factory=list)
     num_decodes: int = 0
-    preempted: list[str] = field(default_factory=list)  # request ids moved back to the waiting queue
+    preempted: list[str] = field(default_factory=list)  # request ids moved back to the waiting (or swapped) queue
+    # KV block copies the runner makes before this step's forward, swap-outs first (engine.swap):
+    # (device block, host block) pairs to save, then (host block, device block) pairs to restore.
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    # Nothing runs yet: the prompts that just arrived wait this many more seconds for others to join their
+    # prefill batch (maxQueueDelayMicroseconds); the engine sleeps a little and schedules again.
+    hold_s: float = 0.0
 
     @property
     def empty(self) -> bool:
+        """No forward to run (there may still be swaps: ``has_swaps``)."""
         return not self.chunks
+
+    @property
+    def has_swaps(self) -> bool:
+        return bool(self.swap_out or self.swap_in)
 
     @property
     def decodes(self) -> list[ScheduledChunk]:
@@ -70,7 +82,8 @@ class SchedulerOutput:
         return sum(len(c.token_ids) for c in self.chunks)
 
     def only(self, chunk: ScheduledChunk) -> "SchedulerOutput":
-        """This step restricted to one chunk (the engine re-runs a failed step one request at a time)."""
+        """This step restricted to one chunk (the engine re-runs a failed step one request at a time). The
+        swaps are left out: they ran once, before the step's forward."""
         return SchedulerOutput([chunk], 1 if chunk in self.decodes else 0)
 
 

@@ -5,11 +5,13 @@ Used by the input processor for ``ChatPrompt`` (the OpenAI chat route) and by ba
 checkpoints render through their processor (``MediaEncoder.prepare_chat``), not here."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from mindie_service.errors import ValidationError
+from mindie_service.inputs.text_bound import TextBound, tokenize_bounded
 from mindie_service.inputs.types import ChatMessage
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,34 @@ def text_content(msg: ChatMessage, index: int) -> str:
     return "\n".join(texts)
 
 
+def message_chars(messages: Sequence[ChatMessage]) -> int:
+    """Characters of the messages' text (strings and text parts; media parts count none)."""
+    total = 0
+    for m in messages:
+        if isinstance(m.content, str):
+            total += len(m.content)
+            continue
+        for part in m.content:
+            if isinstance(part, str):
+                total += len(part)
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                total += len(part["text"])
+    return total
+
+
+def check_chat_chars(messages: Sequence[ChatMessage], bound: TextBound | None, limit: int) -> None:
+    """Refuse, before rendering or tokenizing, messages whose text alone cannot fit ``limit`` tokens: the
+    rendered prompt holds every message's text, and no token stands for more than ``max_token_chars``
+    characters (text_bound.py), so over ``limit x max_token_chars`` characters it is over ``limit`` tokens."""
+    if bound is None:
+        return
+    over, chars = bound.refuse_over(limit), message_chars(messages)
+    if chars > over:
+        raise ValidationError(f"Parameter messages must be at most {limit} tokens (maxInputTokenLen, maxSeqLen - 1 "
+                              f"and the KV pool bound it), got messages of {chars} characters (more than {over} "
+                              f"characters cannot fit in {limit} tokens of this tokenizer)")
+
+
 class ChatRenderer:
     """Renders messages for one text model. ``tokenizer``: a Hugging Face tokenizer (its ``chat_template``, if
     any, is used and the rendered text is encoded without adding special tokens: the template writes them);
@@ -70,8 +100,20 @@ class ChatRenderer:
         out = [self.prefixes.of(m["role"]) + m["content"] + "\n" for m in plain]
         return "".join(out) + self.prefixes.assistant
 
-    def encode(self, messages: Sequence[ChatMessage], tokenize: Callable[[str], list[int]]) -> list[int]:
+    def encode(self, messages: Sequence[ChatMessage], tokenize: Callable[[str], list[int]], *,
+               bound: TextBound | None = None, keep: int | None = None, limit: int | None = None) -> list[int]:
+        """The prompt's ids. Given the length rule (``limit``; ``keep``: the trailing tokens a cut keeps, None
+        when an over-long prompt is refused), as the text path does: messages that cannot fit are refused
+        before rendering, and a prompt that will be cut has only its tail tokenized."""
+        if bound is not None and limit is not None and keep is None:
+            check_chat_chars(messages, bound, limit)
         text = self.render(messages)
-        if self.has_template:
-            return list(self.tokenizer(text, add_special_tokens=False).input_ids)
-        return tokenize(text)
+        if self.has_template:  # the template writes the special tokens: none are added, none to strip
+            def encode(t: str) -> list[int]:
+                return list(self.tokenizer(t, add_special_tokens=False).input_ids)
+            bound = dataclasses.replace(bound, specials=()) if bound is not None else None
+        else:
+            encode = tokenize
+        if bound is None or limit is None:
+            return encode(text)
+        return tokenize_bounded(encode, text, bound, keep=keep, limit=limit)

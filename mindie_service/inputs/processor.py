@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection
 
 from mindie_service.engine.types import EngineRequest
 from mindie_service.errors import ValidationError, check
-from mindie_service.inputs.chat import ChatRenderer
+from mindie_service.inputs.chat import ChatRenderer, check_chat_chars
 from mindie_service.inputs.limits import InputLimits, fit_prompt
 from mindie_service.inputs.text_bound import TextBound, tokenize_bounded
 from mindie_service.inputs.types import (ChatMessage, ChatPrompt, MediaEncoder, PartsPrompt, Prompt,
@@ -144,9 +144,13 @@ class InputProcessor:
                                     limit=lim.max_input_len), None, ()
         if isinstance(prompt, TokensPrompt):
             return list(prompt.token_ids), None, ()
-        if isinstance(prompt, ChatPrompt):
+        if isinstance(prompt, ChatPrompt):  # bounded before rendering, as a text prompt is (chat.py)
+            lim = self.limits
             if self.mm_encoder is None:
-                return self.chat.encode(prompt.messages, self.tokenize), None, ()
+                keep = min(truncate or lim.max_input_len, lim.max_input_len) if lim.truncation else truncate
+                return self.chat.encode(prompt.messages, self.tokenize, bound=self.text_bound, keep=keep,
+                                        limit=lim.max_input_len), None, ()
+            check_chat_chars(prompt.messages, self.text_bound, lim.max_input_len)  # a media prompt is never cut
             return self._media_ids(self.mm_encoder.prepare_chat(
                 [(m.role, m.content if isinstance(m.content, str) else
                   [{"type": "text", "text": p} if isinstance(p, str) else p for p in m.content])

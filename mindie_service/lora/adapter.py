@@ -11,7 +11,7 @@ import json
 import math
 import re
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +202,11 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int,
                           f"({CONFIG_FILE} not found or {WEIGHTS_FILE} not found)")
     cfg = read_config(name, folder)
     shapes, layers = target_shapes(model), len(model.layers)
+    # A tensor-parallel rank (models/shard.py) checks the adapter against the whole model, then keeps its shard.
+    plan = getattr(model, "tp_plan", None)
+    if plan is not None:
+        shapes = {s: replace(sh, in_features=i, out_features=o) for s, sh in shapes.items()
+                  for i, o in [plan.lora_full_features()[s]]}
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     try:
         with safe_open(str(wfile), framework="pt") as f:
@@ -252,6 +257,8 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int,
             raise _fail(name, f"{where}: its scaled weights (lora_alpha / r = {scale:g}) could overflow "
                               f"{str(dtype).removeprefix('torch.')} (r x in_features x max|A| x max|B| = {gain:g}, "
                               f"limit {bound:g})")
+        if plan is not None:
+            a32, b32 = plan.shard_lora(sub, a32, b32)
         weights[(layer, sub)] = (a32.to(device, dtype).contiguous(), b32.to(device, dtype).contiguous())
     rank = max(a.shape[0] for a, _ in weights.values())
     return LoraAdapter(name=name, path=str(path), rank=rank, weights=weights)

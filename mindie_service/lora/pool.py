@@ -79,6 +79,20 @@ class AdapterPool:
             self.lru.pop(slot, None)
             adapter.slot = 0
 
+    def place(self, slot: int, adapter: LoraAdapter) -> None:
+        """Put ``adapter`` in exactly ``slot`` (written by the next ``flush_writes``): a tensor-parallel
+        worker mirrors the residency rank 0's pool chose. No pins: the worker never schedules."""
+        if self.resident[slot] is adapter:
+            return
+        if adapter.slot:
+            self.resident[adapter.slot] = None
+            self.lru.pop(adapter.slot, None)
+            self.entries[adapter.slot] = {}
+        victim = self.resident[slot]
+        if victim is not None:
+            victim.slot = 0
+        self._claim(slot, adapter)
+
     def _free_slot(self) -> int:
         for slot in range(1, self.num_slots + 1):
             if self.resident[slot] is None:

@@ -6,7 +6,7 @@ embeddings are applied from outside through ``StepContext`` hooks, not woven int
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 from torch import nn
@@ -76,6 +76,7 @@ class Attention(nn.Module):
         self.qkv_proj = FastLinear(d.hidden, self.q_size + 2 * self.kv_size, bias=d.qkv_bias)
         self.o_proj = FastLinear(self.q_size, d.hidden, bias=d.o_bias)
         self.scale = d.head_dim ** -0.5
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None  # tensor parallel (models/shard.py)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext,
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -92,7 +93,7 @@ class Attention(nn.Module):
         out = self.o_proj(o)
         if ctx.lora is not None:
             ctx.lora.apply(self.layer, "o_proj", o, out)
-        return out
+        return out if self.reduce is None else self.reduce(out)  # row-parallel: after the LoRA delta
 
 
 class MLP(nn.Module):
@@ -101,6 +102,7 @@ class MLP(nn.Module):
         self.layer = layer
         self.gate_up_proj = FastLinear(d.hidden, 2 * d.intermediate, bias=d.mlp_bias)
         self.down_proj = FastLinear(d.intermediate, d.hidden, bias=d.mlp_bias)
+        self.reduce: Callable[[torch.Tensor], torch.Tensor] | None = None  # tensor parallel (models/shard.py)
 
     def forward(self, x: torch.Tensor, ctx: StepContext) -> torch.Tensor:
         gu = self.gate_up_proj(x)
@@ -110,7 +112,7 @@ class MLP(nn.Module):
         out = self.down_proj(h)
         if ctx.lora is not None:
             ctx.lora.apply(self.layer, "down_proj", h, out)
-        return out
+        return out if self.reduce is None else self.reduce(out)
 
 
 class DecoderLayer(nn.Module):

@@ -15,6 +15,7 @@ from transformers import AutoConfig
 
 from mindie_service.models import quantize
 from mindie_service.models.registry import family_for
+from mindie_service.models.shard import Reduce, shard_model
 from mindie_service.errors import check
 from npu_ops.linear import pack_linears
 from npu_ops.platform import default_dtype, staging_device
@@ -99,10 +100,13 @@ def load_weights(model: nn.Module, path: Path, prefix_map: dict[str, str] | None
 
 
 def load_model(path: str | Path, dtype: str, device: torch.device, max_positions: int,
-               batch_hint: int = 32, quantization: str | None = None, kv_cache_dtype: str = "auto") -> LoadedModel:
+               batch_hint: int = 32, quantization: str | None = None, kv_cache_dtype: str = "auto",
+               shard: tuple[int, int, Reduce] | None = None) -> LoadedModel:
     """``batch_hint``: the decode batch size CPU weight packing is tuned for (npu_ops.linear).
     ``quantization`` (w8a16 | w8a8) quantizes the linears after loading (models/quantize.py), unless the
-    checkpoint is already quantized by msModelSlim; ``kv_cache_dtype`` is kept on the model for the runner."""
+    checkpoint is already quantized by msModelSlim; ``kv_cache_dtype`` is kept on the model for the runner.
+    ``shard`` (rank, world size, all-reduce): keep one tensor-parallel rank's shard (models/shard.py), after
+    quantizing (scales shard with their weights) and before packing."""
     p = Path(path)
     raw = read_checkpoint_config(p)
     hf_cfg = AutoConfig.from_pretrained(str(p))
@@ -123,6 +127,8 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     model = model.to(device=device, dtype=torch_dtype).eval()
     if quantization and not prequantized:
         quantize.quantize_loaded(model, quantization)
+    if shard is not None:
+        shard_model(model, *shard)
     model.kv_cache_dtype = kv_cache_dtype
     model.rope_cos, model.rope_sin = cos.to(device, torch_dtype), sin.to(device, torch_dtype)
     n_params = sum(t.numel() for t in model.parameters())

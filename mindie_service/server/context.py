@@ -2,23 +2,24 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from pathlib import Path
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from mindie_service.catalog.catalog import Catalog
 from mindie_service.config import ServiceConfig
 from mindie_service.engine.client import EngineClient
+from mindie_service.engine.instances import InstanceStatus, instances_of
 from mindie_service.jobs.runner import JobRunner
 from mindie_service.jobs.store import JobStore
 from mindie_service.engine.types import EngineRequest, EngineStats
-from mindie_service.errors import OverloadedError, UnhealthyError
+from mindie_service.errors import TimeoutError_, UnhealthyError
 from mindie_service.inputs.types import Prompt
 from mindie_service.protocol.encoders import MindieEncoder, TgiEncoder
 from mindie_service.protocol.generation import GenerationRequest, ProtocolLimits
 from mindie_service.sampling_params import SamplingParams
+from mindie_service.server.admission import AdmissionQueue
 from mindie_service.server.metrics import ServiceMetrics
 from multimodal import MediaPolicy
 
@@ -37,13 +38,12 @@ class ServerContext:
         self._limits: ProtocolLimits | None = None
         self.ready = False
         self.draining = False
-        self.in_flight = 0
+        # MindIE's admission rule: maxLinkNum run, 2 x maxLinkNum wait (server/admission.py).
+        self.admission = AdmissionQueue(self.settings.max_link_num)
         self.active_request_ids: set[str] = set()  # /api/* keys being generated (a second one is a 409)
         self.open_handlers = 0  # handlers begun and not finished (BaseHandler counts them)
         self.jobs: JobRunner | None = None  # batch jobs, once the default model is ready
         self.listeners: list[Any] = []  # the HTTP servers (main adds them): their open connections are counted
-        self._idle = asyncio.Event()
-        self._idle.set()
         self.media_policy = MediaPolicy(
             allowed_local_paths=tuple(self.settings.allowed_local_media_paths),
             allow_private_urls=self.settings.allow_private_media_urls,
@@ -51,12 +51,16 @@ class ServerContext:
             max_items=self.settings.max_media_items, max_decoded_bytes=self.settings.max_decoded_media_bytes,
             max_aspect_ratio=self.settings.max_image_aspect_ratio,
             max_video_frames_decoded=self.settings.max_video_frames_decoded)
+        # tokenizerProcessNumber sizes a thread pool, not processes: tokenizers releases the GIL, so threads
+        # tokenize in parallel without pickling the tokenizer or the prompts. Body parsing runs there too.
         self.tokenizer_workers = max(1, config.backend.tokenizer_process_number)
         self.executor = ThreadPoolExecutor(max_workers=self.tokenizer_workers, thread_name_prefix="tokenize")
-        # Media decoding has a pool of its own: a request's images never hold the tokenizer pool that a
-        # concurrent text request waits for (its bytes are bounded per request by maxDecodedMediaBytes).
+        # Media fetching and decoding have a pool of their own, of the same size: a request's images never hold
+        # the tokenizer pool that a concurrent text request waits for (bytes bounded by maxDecodedMediaBytes).
         self.media_executor = ThreadPoolExecutor(max_workers=self.tokenizer_workers, thread_name_prefix="media")
-        self.metrics = ServiceMetrics(self.model_name, self.stats, config.backend.max_seq_len)
+        self.metrics = ServiceMetrics(self.model_name, self.stats, config.backend.max_seq_len,
+                                      instances=self.instances)
+        self.metrics.track_admission(lambda: self.admission.running, lambda: self.admission.waiting)
         self.mindie_encoder = MindieEncoder(full_text=self.settings.full_text_enabled,
                                             list_ids=self.settings.stream_token_id_format != "int")
         self.tgi_encoder = TgiEncoder()
@@ -131,6 +135,10 @@ class ServerContext:
     def stats(self) -> EngineStats | None:
         return self.engine.stats() if self.engine is not None else None
 
+    def instances(self) -> list[InstanceStatus] | None:
+        """The default model's instances (BackendConfig.modelInstanceNumber), each with its stats."""
+        return instances_of(self.engine) if self.engine is not None else None
+
     def healthy(self) -> bool:
         return self.ready and self.engine is not None and self.engine.healthy()
 
@@ -139,31 +147,38 @@ class ServerContext:
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     # -- admission -------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def admit(self, n: int = 1) -> Iterator[None]:
-        """Count ``n`` generation requests in flight (an /api/generate-batch call counts one per prompt);
-        503 while loading/draining/unhealthy, 429 beyond maxLinkNum."""
+    @property
+    def in_flight(self) -> int:
+        """Generation requests admitted (running in the engine or about to), counted in slots."""
+        return self.admission.running
+
+    @property
+    def queued(self) -> int:
+        """Generation requests waiting in the admission queue, counted in slots."""
+        return self.admission.waiting
+
+    async def admit(self, n: int = 1, timeout: float | None = None) -> None:
+        """Take ``n`` admission slots (an /api/generate-batch call counts one per prompt), waiting in the
+        queue for at most ``timeout`` seconds (what is left of e2eTimeout); 503 while loading/draining/
+        unhealthy, 429 when the queue is full, 504 when the wait outlasts the timeout. ``release(n)`` after."""
         if self.draining:
             raise UnhealthyError("the service is shutting down")
         if not self.ready:
             raise UnhealthyError("the model is still loading")
-        if self.in_flight + n > self.settings.max_link_num:
-            asked = f", {n} more asked" if n > 1 else ""
-            raise OverloadedError(f"Model is overloaded: {self.in_flight} requests in flight{asked} "
-                                  f"(ServerConfig.maxLinkNum = {self.settings.max_link_num})")
-        self.in_flight += n
-        self._idle.clear()
         try:
-            yield
-        finally:
-            self.in_flight -= n
-            if self.in_flight == 0:
-                self._idle.set()
+            await self.admission.acquire(n, timeout)
+        except TimeoutError:
+            raise TimeoutError_(f"the request waited {timeout:.3g} s in the admission queue without a free slot "
+                                f"(ServerConfig.e2eTimeout = {self.settings.e2e_timeout:g} s, maxLinkNum = "
+                                f"{self.settings.max_link_num})") from None
+
+    def release(self, n: int = 1) -> None:
+        self.admission.release(n)
 
     async def wait_idle(self, timeout: float) -> bool:
-        """Wait until no generation request is in flight; False if ``timeout`` passed first."""
+        """Wait until no generation request is admitted or queued; False if ``timeout`` passed first."""
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
+            await asyncio.wait_for(self.admission.idle.wait(), timeout)
             return True
         except asyncio.TimeoutError:
             return False

@@ -4,15 +4,16 @@ disconnects, metrics. Routes differ only in their parser and encoder."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
 import os
 import time
 from contextlib import aclosing
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Iterator
 
-from tornado.iostream import StreamClosedError
+from tornado.iostream import StreamBufferFullError, StreamClosedError
 
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.types import EngineRequest, TokenEvent
@@ -26,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 _ids = itertools.count(1)
 _PREFIX = f"{os.getpid():x}"
+_FRAMING_SLACK = 4096  # response headers, the stream's first frame and chunk framing, beside a frame
 
 
 class GenerationHandler(BaseHandler):
@@ -35,6 +37,7 @@ class GenerationHandler(BaseHandler):
         super().initialize(ctx)
         self._task: asyncio.Future[bool] | None = None
         self._prep: asyncio.Future[list[EngineRequest]] | None = None
+        self._queued: asyncio.Future[None] | None = None  # the wait in the admission queue
         self._client_gone = False
         self.request_id = f"{_PREFIX}-{next(_ids)}"
 
@@ -59,6 +62,8 @@ class GenerationHandler(BaseHandler):
     def on_connection_close(self) -> None:
         super().on_connection_close()  # fails the body future: an abandoned upload ends its handler
         self._client_gone = True
+        if self._queued is not None and not self._queued.done():
+            self._queued.cancel()  # leaves the admission queue
         if self._prep is not None and not self._prep.done():
             self._prep.cancel()  # stops media fetches; the tokenizer pool's current call still finishes
         if self._task is not None and not self._task.done():
@@ -71,10 +76,13 @@ class GenerationHandler(BaseHandler):
         ctx.metrics.request_received.inc()
         ok = False
         try:
-            with ctx.admit():
-                # JSON decoding, media and tokenization run in the tokenizer pool, off the IO loop.
-                req = await ctx.run_blocking(self._parse_body)
-                if self._client_gone:  # no tokenizing or media work for a client that left
+            # JSON decoding and validation run in the tokenizer pool, off the IO loop, before the admission
+            # queue: a request that can never run takes no place in it.
+            req = await self._unless_gone(ctx.run_blocking(self._parse_body))
+            if req is None:  # the client left while its body waited in the tokenizer pool: never parsed
+                return
+            async with self._admitted(1, t0) as admitted:
+                if not admitted or self._client_gone:  # no tokenizing or media work for a client that left
                     return
                 self.engine = self.target(req)
                 self._prep = asyncio.ensure_future(self.engine_requests(req, self.engine))
@@ -89,6 +97,40 @@ class GenerationHandler(BaseHandler):
                 ok = await self._answer(self._serve(req, ereqs, t0))
         finally:
             ctx.metrics.observe_request(ok=ok, e2e=time.monotonic() - t0)
+
+    async def _unless_gone(self, work: Awaitable[Any]) -> Any:
+        """``work``'s result, or None once the client has left: it runs as ``_prep``, which a disconnect
+        cancels, and a job cancelled while still queued in the tokenizer pool never runs."""
+        if self._client_gone:
+            if asyncio.iscoroutine(work):
+                work.close()
+            return None
+        self._prep = asyncio.ensure_future(work)
+        try:
+            return await self._prep
+        except asyncio.CancelledError:
+            if not self._client_gone:
+                raise
+            return None
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, n: int, t0: float) -> AsyncIterator[bool]:
+        """Hold ``n`` admission slots (ServerContext.admit) for the block; yields False, holding none, when
+        the client left while queued. Time in the queue counts against e2eTimeout."""
+        left = self.ctx.settings.e2e_timeout - (time.monotonic() - t0)
+        self._queued = asyncio.ensure_future(self.ctx.admit(n, timeout=left))
+        try:
+            await self._queued
+        except asyncio.CancelledError:
+            if not self._client_gone:
+                raise
+            logger.info("%s: client disconnected while queued", self.request_id)
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            self.ctx.release(n)
 
     async def _answer(self, coro: Any) -> bool:
         """Run the response as a task that a client disconnect cancels; False when the client left."""
@@ -173,33 +215,70 @@ class GenerationHandler(BaseHandler):
         self.set_header("X-Accel-Buffering", "no")
         results = [GenerationResult() for _ in samples]
         states = [StreamState(index=k) for k in range(len(samples))]
-        started = False
-        async with aclosing(self._merged(samples, t0)) as events:
-            try:
-                async for k, ev in events:
-                    results[k].add(ev)
-                    if not started:
-                        self.write(enc.stream_start(req, len(samples)))  # sent with the first token
-                    self.write(enc.stream_frame(req, ev, results[k], states[k]))
-                    started = True
-                    await self.flush()
-                self.write(enc.stream_end(req, results))
-                await self.flush()
-            except StreamClosedError:
-                self._client_gone = True
-                logger.info("%s: client disconnected mid-stream, aborting", self.request_id)
-                return False
-            except MindieError as e:
-                if not started:
-                    raise  # nothing sent yet: a plain HTTP error response
-                logger.info("%s: error after the stream started: %s %s", self.request_id, e.error_type, e.message)
-                self.write(enc.stream_error(e))
+        started = slow = False
+        with self._bounded_output():
+            async with aclosing(self._merged(samples, t0)) as events:
                 try:
-                    await self.flush()
+                    async for k, ev in events:
+                        results[k].add(ev)
+                        if not started:
+                            self.write(enc.stream_start(req, len(samples)))  # sent with the first token
+                        started = True
+                        self._send(enc.stream_frame(req, ev, results[k], states[k]))
+                    self._send(enc.stream_end(req, results))
                 except StreamClosedError:
-                    pass
-                return False
+                    self._client_gone = True
+                    logger.info("%s: client disconnected mid-stream, aborting", self.request_id)
+                    return False
+                except StreamBufferFullError:
+                    slow = True  # leaving the block aborts the request (its KV blocks are freed)
+                except MindieError as e:
+                    if not started:
+                        raise  # nothing sent yet: a plain HTTP error response
+                    logger.info("%s: error after the stream started: %s %s", self.request_id, e.error_type,
+                                e.message)
+                    try:
+                        self._send(enc.stream_error(e))
+                    except (StreamClosedError, StreamBufferFullError):
+                        pass
+                    return False
+        if slow:
+            self._drop_slow_client()
+            return False
         return True
+
+    # -- slow readers: output a client has not taken is bounded by maxStreamBufferBytes -------------------
+    @contextlib.contextmanager
+    def _bounded_output(self) -> Iterator[None]:
+        """While streaming, a write (``_send``) is refused with StreamBufferFullError when more than
+        maxStreamBufferBytes written before it are still unsent; lifted afterwards (the connection may serve
+        other responses)."""
+        try:
+            yield
+        finally:
+            stream = self.request.connection.stream
+            if stream is not None:
+                stream.max_write_buffer_size = None
+
+    def _send(self, data: bytes | str) -> None:
+        """Write ``data`` and hand it to the socket without waiting for the client to take it: a slow reader
+        never holds this request's events (or the engine) back; its output is bounded by _bounded_output."""
+        chunk = data.encode("utf-8") if isinstance(data, str) else data
+        self.write(chunk)
+        # Tornado refuses a write when the unsent bytes plus the write pass its bound: moving the bound with
+        # each write counts only what the client has not taken, never one large frame (nor the headers).
+        self.request.connection.stream.max_write_buffer_size = (
+            self.ctx.settings.max_stream_buffer_bytes + len(chunk) + _FRAMING_SLACK)
+        self.flush()  # not awaited: Tornado's stream sends what the socket takes and buffers the rest
+
+    def _drop_slow_client(self) -> None:
+        """Close the connection of a client too slow to take its stream (the request was aborted already)."""
+        logger.warning("%s: the client is not reading its stream: more than %d bytes unsent "
+                       "(ServerConfig.maxStreamBufferBytes); request aborted, connection closed", self.request_id,
+                       self.ctx.settings.max_stream_buffer_bytes)
+        self.ctx.metrics.stream_aborted_slow_client.inc()
+        self.request.connection.close()
+        self._finished = True  # Tornado must not finish the response on the closed connection
 
     async def _events(self, ereq: EngineRequest, t0: float) -> AsyncIterator[TokenEvent]:
         """The engine's events for ``ereq``, under tokenTimeout and e2eTimeout.

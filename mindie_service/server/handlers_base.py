@@ -1,5 +1,12 @@
 """The base of every handler: body cap (413), JSON parsing (400), and the one place errors become
-``{"error", "error_type"}`` responses."""
+``{"error", "error_type"}`` responses.
+
+Keep-alive: a request refused before its body was used (unknown route, too many headers, a body over
+maxRequestLength) is answered only once its body has been read and dropped, so the connection stays
+usable; answering first makes Tornado close it without ``Connection: close`` and with unread input (a
+reset), which fails the client's next request on its pooled connection. A body too large to drain, and a
+method Tornado refuses before any handler code runs, are answered at once with ``Connection: close``,
+then the connection is drained for a while before the close (``listener.linger_close``)."""
 from __future__ import annotations
 
 import json
@@ -7,6 +14,7 @@ import logging
 from typing import Any
 
 import tornado.web
+from tornado.httputil import responses
 from tornado.iostream import StreamClosedError
 
 from mindie_service.errors import (
@@ -19,6 +27,7 @@ from mindie_service.errors import (
 )
 from mindie_service.protocol.validation import parse_json_body
 from mindie_service.server.context import ServerContext
+from mindie_service.server.listener import drain_limit, start_linger
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +60,7 @@ class BaseHandler(tornado.web.RequestHandler):
         self._chunks: list[bytes] = []
         self._size = 0
         self._too_large = False
+        self._refusal: MindieError | None = None
         self.aborted = False  # the client closed the connection before the response was finished
 
     async def _execute(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
@@ -74,14 +84,51 @@ class BaseHandler(tornado.web.RequestHandler):
         self.set_header("Server", "mindie-service")
 
     def prepare(self) -> None:
-        if len(self.request.headers) > MAX_HEADERS:
-            raise BadRequestError(f"too many HTTP headers: {len(self.request.headers)} (at most {MAX_HEADERS})")
+        # Never raise here: an answer sent before the body is read breaks the connection (module doc).
         cl = self.request.headers.get("Content-Length")
-        if cl is not None and cl.isdigit() and int(cl) > self.ctx.settings.max_request_bytes:
+        limit = self.ctx.settings.max_request_bytes
+        if cl is not None and cl.isdigit() and int(cl) > drain_limit(limit):
+            self._answer_and_close(self._too_large_error(int(cl)))
+            return
+        if cl is not None and cl.isdigit() and int(cl) > limit:
             self._too_large = True  # keep reading (and dropping) so the client sees the 413
+        if len(self.request.headers) > MAX_HEADERS:
+            self.refuse(BadRequestError(f"too many HTTP headers: {len(self.request.headers)} (at most {MAX_HEADERS})"))
+
+    def refuse(self, err: MindieError) -> None:
+        """Answer ``err`` instead of this request, once its body has been read and dropped (from ``prepare``)."""
+        if self._refusal is None:
+            self._refusal = err
+            self._chunks.clear()
+            # Tornado calls the method named by the request after the body: this one shadows it.
+            setattr(self, self.request.method.lower(), self._raise_refusal)
+
+    def _raise_refusal(self, *args: Any, **kwargs: Any) -> None:
+        assert self._refusal is not None
+        raise self._refusal
+
+    def _too_large_error(self, size: int) -> PayloadTooLargeError:
+        return PayloadTooLargeError(f"request body must be at most {self.ctx.settings.max_request_length} MB "
+                                    f"(ServerConfig.maxRequestLength), got {size} bytes")
+
+    def _answer_and_close(self, err: MindieError, log: bool = True) -> None:
+        """Answer ``err`` now, with ``Connection: close``, and take the connection from Tornado: it is drained
+        for up to bodyTimeoutSeconds before the close, so the client reads the answer instead of a reset."""
+        self.set_status(err.status)
+        body = json.dumps(self.error_json(err), ensure_ascii=True).encode()
+        status = self.get_status()  # an API family's error_json may map the status (OpenAI: 422 -> 400)
+        head = (f"HTTP/1.1 {status} {responses.get(status, 'Error')}\r\nServer: mindie-service\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+        stream = self.detach()  # Tornado stops reading this request and serves nothing more on it
+        start_linger(stream, head.encode() + body, self.ctx.settings.body_timeout)
+        if log:  # (write_error's caller logs its own exception)
+            self.log_exception(type(err), err, None)
+        self.application.log_request(self)
 
     def data_received(self, chunk: bytes) -> None:
         self._size += len(chunk)
+        if self._refusal is not None:
+            return  # counted and dropped
         if self._too_large or self._size > self.ctx.settings.max_request_bytes:
             self._too_large = True
             self._chunks.clear()
@@ -90,9 +137,7 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def body(self) -> bytes:
         if self._too_large:
-            raise PayloadTooLargeError(
-                f"request body must be at most {self.ctx.settings.max_request_length} MB "
-                f"(ServerConfig.maxRequestLength), got {self._size} bytes")
+            raise self._too_large_error(self._size)
         return b"".join(self._chunks)
 
     def json_body(self) -> dict[str, Any]:
@@ -105,6 +150,11 @@ class BaseHandler(tornado.web.RequestHandler):
         self.finish(json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False))
 
     # -- errors: mapped here, once ---------------------------------------------------------------
+    def _body_read(self) -> bool:
+        """True once the request body has been read to its end (or the client left)."""
+        fut = getattr(self.request, "_body_future", None)
+        return fut is None or fut.done()
+
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]
         if isinstance(exc, MindieError):
@@ -117,6 +167,9 @@ class BaseHandler(tornado.web.RequestHandler):
             err = IncompleteGenerationError("internal server error")
         else:
             err = http_error_for(status_code, self._reason)
+        if not self._body_read():  # refused before its body (Tornado's 405 for an unknown method)
+            self._answer_and_close(err, log=False)
+            return
         self.set_status(err.status)
         self.set_header("Content-Type", "application/json")
         # ensure_ascii: a message may quote client text holding lone surrogates, which UTF-8 cannot encode.
@@ -137,7 +190,8 @@ class BaseHandler(tornado.web.RequestHandler):
 
 
 class NotFoundHandler(BaseHandler):
-    """Default handler: every method on an unknown route is a 404."""
+    """Default handler: every method on an unknown route is a 404 (once the body has been dropped)."""
 
     def prepare(self) -> None:
-        raise NotFoundError(f"unknown route: {self.request.method} {self.request.path}")
+        super().prepare()
+        self.refuse(NotFoundError(f"unknown route: {self.request.method} {self.request.path}"))

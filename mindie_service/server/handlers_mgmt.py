@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import logging
-
+from typing import Any
 from urllib.parse import urlsplit
 
 from tornado.httputil import HTTPServerRequest
 
+from mindie_service.engine.instances import InstanceStatus
 from mindie_service.errors import ForbiddenError, UnhealthyError
 from mindie_service.server.handlers_base import BaseHandler
 from mindie_service.server.metrics import CONTENT_TYPE
@@ -39,14 +40,15 @@ class LiveHandler(BaseHandler):
 
 
 class ReadyHandler(BaseHandler):
-    """GET /v2/health/ready: 503 while loading, draining, unhealthy or at maxLinkNum."""
+    """GET /v2/health/ready: 503 while loading, draining, unhealthy or while the admission queue is full
+    (maxLinkNum running and 2 x maxLinkNum waiting: the next request would get a 429)."""
 
     def get(self) -> None:
         ctx = self.ctx
         if not ctx.healthy() or ctx.draining:
             raise UnhealthyError("not ready")
-        if ctx.in_flight >= ctx.settings.max_link_num:
-            raise UnhealthyError(f"not ready: overloaded ({ctx.in_flight} requests in flight)")
+        if ctx.admission.full:
+            raise UnhealthyError(f"not ready: overloaded ({ctx.in_flight} requests running, {ctx.queued} waiting)")
         self.write_json({"status": "ready"})
 
 
@@ -75,7 +77,7 @@ class StatusHandler(BaseHandler):
         self.write_json({
             "status": "ready" if self.ctx.healthy() else "not ready",
             "requests": {"running": st.running, "waiting": st.waiting, "swapped": st.swapped,
-                         "in_flight": self.ctx.in_flight},
+                         "in_flight": self.ctx.in_flight, "queued": self.ctx.queued},
             # batch-job lines, counted apart (they are also in running / waiting above)
             "batch": {"running": st.batch_running, "waiting": st.batch_waiting,
                       "jobs_active": len(self.ctx.jobs.store.active()) if self.ctx.jobs else 0},
@@ -83,7 +85,22 @@ class StatusHandler(BaseHandler):
             "connections": {"open": self.ctx.open_connections, "handlers": self.ctx.open_handlers},
             "blocks": {"total": st.total_blocks, "free": st.free_blocks, "used": st.total_blocks - st.free_blocks},
             "cacheUsage": st.cache_usage, "prefixCacheHitRate": st.prefix_cache_hit_rate,
+            # BackendConfig.modelInstanceNumber: each instance (the figures above are their sums)
+            "instances": [_instance_json(i) for i in self.ctx.instances() or ()],
         })
+
+
+def _instance_json(i: InstanceStatus) -> dict[str, Any]:
+    st = i.stats
+    out: dict[str, Any] = {
+        "instance": i.index, "status": "ready" if i.healthy else "not ready",
+        "requests": {"running": st.running, "waiting": st.waiting, "swapped": st.swapped},
+        "blocks": {"total": st.total_blocks, "free": st.free_blocks, "used": st.total_blocks - st.free_blocks},
+        "cacheUsage": st.cache_usage, "sessionsHeld": st.sessions_held,
+        "sessionHits": st.session_hits}
+    if i.routed is not None:  # the router's counts (several instances)
+        out["requests"].update(routed=i.routed, in_flight=i.in_flight)
+    return out
 
 
 class StopServiceHandler(BaseHandler):

@@ -15,7 +15,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Iterator
 
-from tornado.iostream import StreamClosedError
+from tornado.iostream import StreamBufferFullError, StreamClosedError
 
 from mindie_service.engine.types import EngineRequest
 from mindie_service.errors import ConflictError, MindieError
@@ -59,19 +59,26 @@ class _RestHandler(GenerationHandler):
         ctx.metrics.request_received.inc()
         n, ok = 1, False
         try:
-            req: RestRequest = await ctx.run_blocking(self._parse)
+            req: RestRequest | None = await self._unless_gone(ctx.run_blocking(self._parse))
+            if req is None:  # the client left while its body waited in the tokenizer pool: never parsed
+                return
             n = len(req.prompts)  # a batch counts as that many requests, in admission and in metrics
             ctx.metrics.request_received.inc(n - 1)
-            with ctx.admit(n), self._claim(req):
-                self.engine = ctx.serving_engine()
-                params = req.params()
-                ereqs = await asyncio.gather(*(
-                    ctx.engine_request_for(TextPrompt(p.prompt), params, f"{_PREFIX}-{next(_ids)}",
-                                           engine=self.engine, session_id=p.request_id) for p in req.prompts))
-                items = [_Item(p, e) for p, e in zip(req.prompts, ereqs)]
-                if self._client_gone:
+            async with self._admitted(n, t0) as admitted:
+                if not admitted or self._client_gone:  # the client left while queued: no tokenizing
                     return
-                ok = await self._answer(self._serve_rest(req, items, t0))
+                with self._claim(req):
+                    self.engine = ctx.serving_engine()
+                    params = req.params()
+                    ereqs = await self._unless_gone(asyncio.gather(*(
+                        ctx.engine_request_for(TextPrompt(p.prompt), params, f"{_PREFIX}-{next(_ids)}",
+                                               engine=self.engine, session_id=p.request_id) for p in req.prompts)))
+                    if ereqs is None:
+                        return
+                    items = [_Item(p, e) for p, e in zip(req.prompts, ereqs)]
+                    if self._client_gone:
+                        return
+                    ok = await self._answer(self._serve_rest(req, items, t0))
         finally:
             for _ in range(n):
                 ctx.metrics.observe_request(ok=ok, e2e=time.monotonic() - t0)
@@ -127,19 +134,22 @@ class GenerateOneHandler(_RestHandler):
         self.set_header("X-Accel-Buffering", "no")
         started = False
         try:
-            async with aclosing(self._events(item.ereq, t0)) as events:
-                head = self._prefix(req, item.ereq)
-                async for ev in events:
-                    # The detokenizer never emits half a character, so each chunk is whole UTF-8.
-                    chunk = head + ev.text_delta
-                    head = ""
-                    if chunk:
-                        self.write(chunk.encode("utf-8"))
-                        await self.flush()
-                        started = True
+            with self._bounded_output():  # a client that does not read: aborted past maxStreamBufferBytes
+                async with aclosing(self._events(item.ereq, t0)) as events:
+                    head = self._prefix(req, item.ereq)
+                    async for ev in events:
+                        # The detokenizer never emits half a character, so each chunk is whole UTF-8.
+                        chunk = head + ev.text_delta
+                        head = ""
+                        if chunk:
+                            started = True
+                            self._send(chunk.encode("utf-8"))
         except StreamClosedError:
             self._client_gone = True
             logger.info("%s: client disconnected mid-stream, aborting", self.request_id)
+            return False
+        except StreamBufferFullError:  # the engine's generator is closed already: the request is aborted
+            self._drop_slow_client()
             return False
         except MindieError as e:
             if not started:

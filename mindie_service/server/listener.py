@@ -4,15 +4,18 @@
   (cheap: no parsing, no handler), with a rate-limited log line instead of one per refusal;
 - headers over ``max_header_size`` get a 431 before the connection closes (Tornado drops it silently);
 - a body must arrive within ``body_timeout`` seconds of its headers (Tornado's ``body_timeout``);
+- a body over ``drain_limit`` is refused before it is read, and the connection is closed only after
+  draining what the client still sends (``linger_close``), so the client reads the refusal, not a reset;
 - the soft open-files limit is raised at start-up to hold every listener's connections."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
 
 from tornado.httpserver import HTTPServer
-from tornado.iostream import IOStream, SSLIOStream, UnsatisfiableReadError
+from tornado.iostream import IOStream, SSLIOStream, StreamClosedError, UnsatisfiableReadError
 
 from mindie_service.errors import ConfigError
 
@@ -26,6 +29,44 @@ HEADERS_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-T
                      b"Connection: close\r\nContent-Length: " + str(len(_HEADERS_BODY)).encode() + b"\r\n\r\n"
                      + _HEADERS_BODY)
 FD_MARGIN = 256  # files the process needs besides its connections (model files, logs, sockets out)
+LINGER_MAX_S = 10.0  # the longest a refused connection is drained before its close
+
+
+def drain_limit(max_request_bytes: int) -> int:
+    """The largest body read (and dropped) to answer its 413 on a kept-alive connection (the listener's
+    ``max_body_size``); a larger one is answered at once with ``Connection: close``."""
+    return 2 * max_request_bytes + (1 << 20)
+
+
+def start_linger(stream: IOStream, answer: bytes, timeout: float) -> None:
+    """``linger_close`` as a task, held by the stream's listener until it ends (a task nothing holds may be
+    collected mid-way)."""
+    task = asyncio.ensure_future(linger_close(stream, answer, timeout))
+    server = getattr(stream, "server", None)
+    if server is not None:
+        server.linger_tasks.add(task)
+        task.add_done_callback(server.linger_tasks.discard)
+
+
+async def linger_close(stream: IOStream, answer: bytes, timeout: float) -> None:
+    """Send ``answer`` (which says ``Connection: close``), then read and drop what the client still sends
+    until it closes, for at most ``timeout`` seconds (and ``LINGER_MAX_S``), then close. Closing a socket
+    with unread input makes the kernel send a reset, which can destroy the answer before the client reads
+    it. The connection still counts against the listener's maxConnections while it lingers."""
+    server = getattr(stream, "server", None)
+    if server is not None:
+        server.lingering += 1
+    try:
+        await stream.write(answer)
+        async with asyncio.timeout(min(timeout, LINGER_MAX_S)):
+            while True:
+                await stream.read_bytes(1 << 16, partial=True)
+    except (StreamClosedError, TimeoutError, OSError):
+        pass
+    finally:
+        stream.close()
+        if server is not None:
+            server.lingering -= 1
 
 
 def _send_now(stream: IOStream, data: bytes) -> None:
@@ -79,18 +120,21 @@ class BoundedHTTPServer(HTTPServer):
         super().initialize(*args, **kwargs)
         self.max_connections = max_connections
         self.refusals = RefusalLog()
+        self.lingering = 0  # connections refused and being drained before their close (linger_close)
+        self.linger_tasks: set[asyncio.Future[None]] = set()
 
     @property
     def open_connections(self) -> int:
-        return len(self._connections)
+        return len(self._connections) + self.lingering
 
     def handle_stream(self, stream: IOStream, address: tuple) -> None:
-        if len(self._connections) >= self.max_connections:
+        if self.open_connections >= self.max_connections:
             self.refusals.refused(self.max_connections)
             _send_now(stream, REFUSED)
             stream.close()
             return
         stream.__class__ = _CappedSSLIOStream if isinstance(stream, SSLIOStream) else _CappedIOStream
+        stream.server = self  # type: ignore[attr-defined]  # linger_close counts the connection here
         super().handle_stream(stream, address)
 
 

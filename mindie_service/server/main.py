@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from mindie_service.config import ServiceConfig, load_config
+from mindie_service.devkit.faults import install_from_env as install_test_faults
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.client import EngineClient
 from mindie_service.errors import ConfigError
@@ -27,13 +28,15 @@ from mindie_service.inputs import TextPrompt
 from mindie_service.sampling_params import SamplingParams
 from mindie_service.server.app import make_app
 from mindie_service.server.context import ServerContext
-from mindie_service.server.listener import BoundedHTTPServer, raise_open_files_limit
+from mindie_service.server.listener import BoundedHTTPServer, drain_limit, raise_open_files_limit
 
 logger = logging.getLogger(__name__)
 
 DRAIN_TIMEOUT_S = 60.0
 MAX_HEADER_BYTES = 64 * 1024
 IDLE_CONNECTION_TIMEOUT_S = 300.0
+ENGINE_DEAD_EXIT = 3  # the exit code after the engine thread died while serving (README: running under a supervisor)
+ENGINE_DEATH_GRACE_S = 5.0
 
 
 # -- preparation (serve --prepare) -----------------------------------------------------------------
@@ -96,14 +99,12 @@ def curl_line(cfg: ServiceConfig) -> str:
 
 # -- engine -----------------------------------------------------------------------------------------
 def build_engine(cfg: ServiceConfig) -> EngineClient:
-    """The engine for the first model (runs in a worker thread: it loads weights)."""
-    if cfg.models[0].mock:
-        from mindie_service.devkit.mock_engine import MockEngine
+    """The engine for the first model (runs in a worker thread: it loads weights): its
+    BackendConfig.modelInstanceNumber instances, behind one router when there are several."""
+    from mindie_service.engine.instances import build_instances, instance_configs
 
-        return MockEngine(cfg.engine_config())
-    from mindie_service.engine.async_engine import AsyncEngine
-
-    return AsyncEngine(cfg.engine_config())
+    mock = cfg.models[0].mock
+    return build_instances(instance_configs(cfg, 0), lambda ec: build_model_engine(ec, mock))
 
 
 def build_model_engine(ec: EngineConfig, mock: bool) -> EngineClient:
@@ -149,6 +150,30 @@ def _setup_file_logging(cfg: ServiceConfig) -> None:
         logging.getLogger().addHandler(h)
 
 
+# -- engine death -----------------------------------------------------------------------------------
+async def watch_engine(ctx: ServerContext, stop: asyncio.Event, interval_s: float = 0.1) -> bool:
+    """True (and ``stop`` set) once the default model's engine died while serving. Its requests in flight have
+    already failed (500 incomplete_generation); for ENGINE_DEATH_GRACE_S /health and /v2/health/ready answer 503
+    (a load balancer stops sending) while those answers go out; then the drain stops the listeners and the
+    process exits with ENGINE_DEAD_EXIT so that a supervisor restarts it. A model stopped through the catalog
+    is not a death (ctx.engine is None then)."""
+    while not stop.is_set():
+        engine = ctx.engine
+        if engine is not None and not engine.healthy():
+            reasons = [getattr(e, "dead_reason", None) for e in getattr(engine, "engines", [engine])]  # instances
+            logger.critical("the engine of model %s died (%s); exiting with code %d in %.0f s so that a supervisor "
+                            "restarts the service", ctx.model_name, "; ".join(r for r in reasons if r) or "unknown",
+                            ENGINE_DEAD_EXIT, ENGINE_DEATH_GRACE_S)
+            try:
+                await asyncio.wait_for(stop.wait(), ENGINE_DEATH_GRACE_S)
+            except asyncio.TimeoutError:
+                pass
+            stop.set()
+            return True
+        await asyncio.sleep(interval_s)
+    return False
+
+
 # -- serving ----------------------------------------------------------------------------------------
 async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], show_curl: bool) -> int:
     loop = asyncio.get_running_loop()
@@ -163,7 +188,7 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], show_cur
     try:
         for (addr, port), planes in s.listeners().items():
             srv = BoundedHTTPServer(make_app(ctx, planes), ssl_options=contexts.get(planes[0]),
-                                    max_body_size=2 * s.max_request_bytes + (1 << 20),
+                                    max_body_size=drain_limit(s.max_request_bytes),
                                     max_header_size=MAX_HEADER_BYTES, idle_connection_timeout=IDLE_CONNECTION_TIMEOUT_S,
                                     body_timeout=s.body_timeout, decompress_request=False,
                                     max_connections=s.max_connections)
@@ -190,7 +215,7 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], show_cur
         await asyncio.wait([load, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         if not load.done():
             logger.info("stop requested while loading the model; exiting once it is loaded")
-        engine = await load
+        engine = install_test_faults(await load, os.environ)  # a testing hook: only with MINDIE_SERVICE_FAULTS set
         if not stop.is_set():
             engine.start()
             ctx.attach_engine(engine)
@@ -206,7 +231,10 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], show_cur
                         engine.device_reason, engine.dtype)
             if show_curl:
                 print(f"\nmindie-service is ready. Try:\n\n  {curl_line(cfg)}\n", flush=True)
+            watcher = asyncio.ensure_future(watch_engine(ctx, stop))
             await stop.wait()
+            code = ENGINE_DEAD_EXIT if watcher.done() and watcher.result() else code
+            watcher.cancel()
     except Exception:
         logger.exception("the engine failed to start")
         code = 1

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -32,9 +32,11 @@ def _token_buckets(max_len: int) -> tuple[float, ...]:
 
 
 class _EngineCollector(Collector):
-    def __init__(self, model_name: str, stats: Callable[[], Any]) -> None:
+    def __init__(self, model_name: str, stats: Callable[[], Any],
+                 instances: Callable[[], Any] | None = None) -> None:
         self.model_name = model_name
         self.stats = stats
+        self.instances = instances  # () -> [InstanceStatus] (engine/instances.py) or None while loading
 
     def collect(self) -> Iterator[Metric]:
         s = self.stats()
@@ -67,12 +69,39 @@ class _EngineCollector(Collector):
             c = CounterMetricFamily(name, doc, labels=["model_name"])
             c.add_metric(label, float(getattr(s, attr, 0)))
             yield c
+        yield from self._per_instance()
+
+    def _per_instance(self) -> Iterator[Metric]:
+        """BackendConfig.modelInstanceNumber: each instance's queues, cache and routed requests, labelled
+        ``instance`` (0.. ; a single engine is instance 0). The families above are the instances' sums."""
+        insts = self.instances() if self.instances is not None else None
+        if not insts:
+            return
+        labels = ["model_name", "instance"]
+        for name, doc, get in (
+            ("instance_num_requests_running", "Requests running on this model instance.", lambda i: i.stats.running),
+            ("instance_num_requests_waiting", "Requests waiting on this model instance.", lambda i: i.stats.waiting),
+            ("instance_npu_cache_usage_perc", "KV cache usage of this model instance (1 = 100%).",
+             lambda i: i.stats.cache_usage),
+            ("instance_healthy", "1 while this model instance serves, else 0.", lambda i: 1.0 if i.healthy else 0.0),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=labels)
+            for i in insts:
+                g.add_metric([self.model_name, str(i.index)], float(get(i)))
+            yield g
+        if insts[0].routed is not None:
+            c = CounterMetricFamily("instance_requests_routed", "Requests the router sent to this model instance.",
+                                    labels=labels)
+            for i in insts:
+                c.add_metric([self.model_name, str(i.index)], float(i.routed or 0))
+            yield c
 
 
 class ServiceMetrics:
     """The service's metrics; ``render()`` gives the Prometheus text of this app's registry only."""
 
-    def __init__(self, model_name: str, stats: Callable[[], Any], max_seq_len: int = 2560) -> None:
+    def __init__(self, model_name: str, stats: Callable[[], Any], max_seq_len: int = 2560,
+                 instances: Callable[[], Any] | None = None) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry()
         r, lab = self.registry, ["model_name"]
@@ -86,6 +115,9 @@ class ServiceMetrics:
         self.request_received = counter("request_received", "Generation requests received.")
         self.request_success = counter("request_success", "Generation requests answered successfully.")
         self.request_failed = counter("request_failed", "Generation requests that ended in an error.")
+        self.stream_aborted_slow_client = counter(
+            "stream_aborted_slow_client", "Streams aborted because their client did not read them "
+            "(more than ServerConfig.maxStreamBufferBytes unsent).")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
         self.ttft = hist("time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
@@ -94,7 +126,7 @@ class ServiceMetrics:
         tok = _token_buckets(max(max_seq_len, 1))
         self.request_prompt_tokens = hist("request_prompt_tokens", "Prompt tokens per request.", tok)
         self.request_generation_tokens = hist("request_generation_tokens", "Generated tokens per request.", tok)
-        r.register(_EngineCollector(model_name, stats))
+        r.register(_EngineCollector(model_name, stats, instances))
 
     def observe_sequence(self, *, prompt_tokens: int, generated: int, ttft: float | None, e2e: float) -> None:
         """One finished engine sequence (a best_of request reports each of its sequences; its
@@ -113,6 +145,13 @@ class ServiceMetrics:
         (self.request_success if ok else self.request_failed).inc()
         if ok and e2e is not None:
             self.e2e.observe(e2e)
+
+    def track_admission(self, admitted: Callable[[], int], queued: Callable[[], int]) -> None:
+        """Gauges of the admission queue (ServerConfig.maxLinkNum), read at scrape time."""
+        for name, doc, fn in (("num_requests_admitted", "Generation requests admitted (at most maxLinkNum).", admitted),
+                              ("num_requests_queued", "Generation requests waiting for admission (at most "
+                               "2 x maxLinkNum).", queued)):
+            Gauge(name, doc, ["model_name"], registry=self.registry).labels(self.model_name).set_function(fn)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

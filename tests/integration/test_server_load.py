@@ -1,5 +1,5 @@
 """Admission and disconnects on the real server (alt server: maxLinkNum 2, one listener for all planes):
-429 at maxLinkNum, a client that goes away frees its slot and KV blocks, concurrent identical
+429 beyond maxLinkNum running and 2 x maxLinkNum queued, a client that goes away frees its slot and KV blocks, concurrent identical
 requests agree.
 
 A disconnect test proves the abort itself, never a time bound (the engine may one day do 3,000 tokens
@@ -69,9 +69,13 @@ def open_stream(srv):
 def test_requests_beyond_max_link_num_get_429_quickly_and_disconnects_free_blocks(srv):
     assert wait_until(lambda: idle(srv))
     streams = [open_stream(srv), open_stream(srv)]
+    ex = cf.ThreadPoolExecutor(4)
     try:
         assert srv.status()["requests"]["in_flight"] == 2
-        # Refused at once, not queued: a queued request would still be waiting when the timeout fires.
+        # MindIE's rule: 2 x maxLinkNum more wait for a slot (issue 15) ...
+        queued = [ex.submit(srv.post, "/", {"inputs": "hi", "parameters": {"max_new_tokens": 2}}) for _ in range(4)]
+        assert wait_until(lambda: srv.status()["requests"]["queued"] == 4, timeout=30), srv.status()
+        # ... and the next is refused at once, not queued: a queued one would still be waiting at the timeout.
         r = srv.post("/", {"inputs": "hi", "parameters": {"max_new_tokens": 2}}, timeout=30)
         assert r.status_code == 429 and r.json()["error_type"] == "overloaded"
         assert "maxLinkNum" in r.json()["error"]
@@ -81,6 +85,8 @@ def test_requests_beyond_max_link_num_get_429_quickly_and_disconnects_free_block
     finally:
         for resp, _lines in streams:
             resp.close()  # the client goes away mid-stream
+        ex.shutdown(wait=True)
+    assert [q.result().status_code for q in queued] == [200] * 4  # served as the slots freed
     assert wait_until(lambda: srv.status()["requests"]["in_flight"] == 0, timeout=30)  # both handlers saw it
     assert engine_dropped_it(srv), srv.status()  # and the engine stopped both streams
     assert wait_until(lambda: idle(srv)), srv.status()

@@ -106,3 +106,166 @@ def test_malformed_ipv6_url_is_a_422():
     with pytest.raises(MediaError) as err:
         _load([MediaItem(0, "image", "http://[::1/x.png")], policy)
     assert err.value.status == 422
+
+
+# -- a large encoded video is spooled to a temporary file, not held in memory -----------------------------
+SPOOL = 8192  # MediaPolicy.spool_bytes, lowered: the test video is ~40 KB
+
+
+def _noise_video(frames: int = 40, size: int = 64) -> bytes:
+    import io
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    with av.open(buf, mode="w", format="mp4") as c:
+        s = c.add_stream("mpeg4", rate=12)
+        s.width = s.height = size
+        s.pix_fmt = "yuv420p"
+        for _ in range(frames):
+            for p in s.encode(av.VideoFrame.from_ndarray(rng.integers(0, 255, (size, size, 3), np.uint8),
+                                                         format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    return buf.getvalue()
+
+
+BIG_VIDEO = _noise_video()
+
+
+def _fds_into(folder: Path) -> list[str]:
+    """This process's open descriptors on files in ``folder`` (an unlinked temporary file shows as
+    ``folder/#123 (deleted)``)."""
+    import os
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(folder)):
+            out.append(target)
+    return out
+
+
+@pytest.fixture()
+def spool_watch(monkeypatch, tmp_path):
+    """Fresh spool counters, a spool folder of the test's own, and a spy on what the video decoder got."""
+    from multimodal import loader, spool
+    stats = spool.SpoolStats()
+    monkeypatch.setattr(spool, "SPOOL_STATS", stats)
+    folder = tmp_path / "spool"
+    folder.mkdir()
+    seen: list[dict] = []
+    real = loader.decode_video
+
+    def spy(data, *args, **kwargs):
+        seen.append({"type": type(data).__name__, "on_disk": getattr(data, "on_disk", False),
+                     "fds": _fds_into(folder), "spooled_open": stats.files_open})
+        return real(data, *args, **kwargs)
+
+    monkeypatch.setattr(loader, "decode_video", spy)
+    return {"stats": stats, "folder": folder, "seen": seen,
+            "policy": MediaPolicy(spool_bytes=SPOOL, spool_dir=str(folder), allow_private_urls=True,
+                                  allowed_local_paths=(str(tmp_path),))}
+
+
+def _expected_frames() -> list[np.ndarray]:
+    return decode_video(BIG_VIDEO, 0, MediaPolicy(), 4)
+
+
+def _check_spooled(w, loaded) -> None:
+    st = w["stats"]
+    assert [d["on_disk"] for d in w["seen"]] == [True]  # PyAV read it from the file
+    assert st.files_total == 1 and w["seen"][0]["spooled_open"] == 1 and len(w["seen"][0]["fds"]) == 1
+    assert st.peak_memory <= SPOOL < len(BIG_VIDEO)  # never more than the threshold held in memory
+    assert st.files_open == 0 and _fds_into(w["folder"]) == []  # the temporary file is gone
+    assert all(np.array_equal(a, b) for a, b in zip(loaded[0].payload, _expected_frames(), strict=True))
+    import hashlib
+    assert loaded[0].sha256 == hashlib.sha256(BIG_VIDEO).hexdigest() and loaded[0].nbytes == len(BIG_VIDEO)
+
+
+def test_a_large_data_uri_video_is_spooled_and_the_file_removed(spool_watch):
+    loaded = _load([MediaItem(0, "video", _data_uri(BIG_VIDEO, "video/mp4"))], spool_watch["policy"],
+                   DecodeOptions(num_video_frames=4))
+    _check_spooled(spool_watch, loaded)
+
+
+def test_a_large_http_video_is_spooled_while_it_downloads(spool_watch):
+    from tornado.httpserver import HTTPServer
+    from tornado.netutil import bind_sockets
+    from tornado.web import Application, RequestHandler
+
+    class Video(RequestHandler):
+        async def get(self) -> None:
+            self.set_header("Content-Type", "video/mp4")
+            for at in range(0, len(BIG_VIDEO), 4096):  # arrives in pieces, as a real download does
+                self.write(BIG_VIDEO[at:at + 4096])
+                await self.flush()
+
+    async def main():
+        server = HTTPServer(Application([(r"/v.mp4", Video)]))
+        [sock] = bind_sockets(0, "127.0.0.1")
+        server.add_sockets([sock])
+        try:
+            with ThreadPoolExecutor(2) as pool:
+                url = f"http://127.0.0.1:{sock.getsockname()[1]}/v.mp4"
+                return await load_media([MediaItem(0, "video", url)], spool_watch["policy"], pool,
+                                        DecodeOptions(num_video_frames=4))
+        finally:
+            server.stop()
+    _check_spooled(spool_watch, asyncio.run(main()))
+
+
+def test_a_large_local_video_is_decoded_from_its_file_without_a_copy(spool_watch, tmp_path):
+    path = tmp_path / "big.mp4"
+    path.write_bytes(BIG_VIDEO)
+    loaded = _load([MediaItem(0, "video", str(path))], spool_watch["policy"], DecodeOptions(num_video_frames=4))
+    st = spool_watch["stats"]
+    assert [d["on_disk"] for d in spool_watch["seen"]] == [True] and st.files_total == 0 and st.peak_memory == 0
+    assert all(np.array_equal(a, b) for a, b in zip(loaded[0].payload, _expected_frames(), strict=True))
+    assert _fds_into(tmp_path) == []  # its descriptor was closed after decoding
+
+
+def test_a_small_video_stays_in_memory(spool_watch):
+    small = _video(8, gop=1)
+    assert len(small) < SPOOL
+    _load([MediaItem(0, "video", _data_uri(small, "video/mp4"))], spool_watch["policy"])
+    assert [d["on_disk"] for d in spool_watch["seen"]] == [False] and spool_watch["stats"].files_total == 0
+
+
+def test_a_spooled_video_that_fails_to_decode_leaves_no_file(spool_watch):
+    corrupt = BIG_VIDEO[:64] + bytes(len(BIG_VIDEO))  # an MP4 signature, then zeros
+    with pytest.raises(MediaError) as err:
+        _load([MediaItem(0, "video", _data_uri(corrupt, "video/mp4"))], spool_watch["policy"])
+    assert err.value.status == 422
+    assert spool_watch["stats"].files_total == 1 and spool_watch["stats"].files_open == 0
+    assert _fds_into(spool_watch["folder"]) == []
+
+
+def test_a_request_cancelled_while_its_video_decodes_leaves_no_file(spool_watch, monkeypatch):
+    import threading
+    from multimodal import loader
+    entered, release = threading.Event(), threading.Event()
+    spy = loader.decode_video
+
+    def slow(data, *args, **kwargs):
+        entered.set()
+        release.wait(10)
+        return spy(data, *args, **kwargs)
+
+    monkeypatch.setattr(loader, "decode_video", slow)
+
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            task = asyncio.ensure_future(load_media([MediaItem(0, "video", _data_uri(BIG_VIDEO, "video/mp4"))],
+                                                    spool_watch["policy"], pool))
+            while not entered.is_set():
+                await asyncio.sleep(0.01)
+            task.cancel()  # the client left while its video was decoding
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            release.set()
+        # the pool has shut down: the decode that was running has ended
+    asyncio.run(main())
+    assert spool_watch["stats"].files_total == 1 and spool_watch["stats"].files_open == 0
+    assert _fds_into(spool_watch["folder"]) == []

@@ -67,3 +67,62 @@ def test_truncation_tokenizes_only_a_tail_equal_to_full_tokenization(hf):
             assert list(got.prompt_token_ids) == full_tok(text)[-keep:], (seed, truncate)
             bound = proc.text_bound
             assert tok.chars <= 2 * (keep * bound.max_token_chars + 256) + 1, (seed, truncate)  # a tail only
+
+
+# -- chat messages (the OpenAI chat route): the same bound, before the chat template renders them ---------
+class CountingTemplate:
+    """The Hugging Face tokenizer, counting chat-template renders and the characters it tokenized."""
+
+    def __init__(self, hf) -> None:  # noqa: ANN001
+        self.hf, self.renders, self.chars = hf, 0, 0
+        self.chat_template = hf.chat_template
+
+    def apply_chat_template(self, *args, **kwargs):  # noqa: ANN002, ANN003
+        self.renders += 1
+        return self.hf.apply_chat_template(*args, **kwargs)
+
+    def __call__(self, text: str, **kwargs):  # noqa: ANN003
+        self.chars += len(text)
+        return self.hf(text, **kwargs)
+
+
+def _chat_processor(hf, truncation: bool) -> tuple[InputProcessor, CountingTemplate]:
+    from mindie_service.inputs.chat import ChatRenderer
+    spy = CountingTemplate(hf)
+    proc = InputProcessor(hf_tokenize(hf), InputLimits(LIMIT, truncation, len(hf)), chat=ChatRenderer(spy))
+    proc.text_bound = TextBound.of(hf, proc.tokenize)
+    return proc, spy
+
+
+def _chat(*texts: str):
+    from mindie_service.inputs.types import ChatMessage, ChatPrompt
+    roles = ["system"] + ["user", "assistant"] * len(texts)
+    return ChatPrompt(tuple(ChatMessage(roles[i], t) for i, t in enumerate(texts)))
+
+
+def test_chat_messages_that_cannot_fit_are_refused_before_rendering(hf):
+    proc, spy = _chat_processor(hf, truncation=False)
+    over = proc.text_bound.refuse_over(LIMIT)
+    # Spread over several messages: no one of them is over the bound, all of them together are.
+    chat = _chat("sys " * (over // 12), _text(over // 8), "ok " * (over // 9), "user again " * (over // 30))
+    with pytest.raises(ValidationError, match=f"messages must be at most {LIMIT} tokens") as err:
+        proc.process(chat, SamplingParams(max_tokens=1), request_id="chat-big")
+    assert err.value.status == 422
+    assert spy.renders == 0 and spy.chars == 0  # neither rendered nor tokenized
+    # A chat within the bound still renders (and is then held to the token limit as before).
+    small = proc.process(_chat("You are terse.", "Name a river."), SamplingParams(max_tokens=1), request_id="ok")
+    assert spy.renders == 1 and 0 < len(small.prompt_token_ids) <= LIMIT
+
+
+def test_a_chat_under_truncation_tokenizes_a_tail_equal_to_full_tokenization(hf):
+    for seed in range(10):
+        text = _text(random.Random(seed).randint(300, 3000), seed)
+        proc, spy = _chat_processor(hf, truncation=True)
+        got = proc.process(_chat("Be brief.", text), SamplingParams(max_tokens=1), request_id="t")
+        rendered = hf.apply_chat_template([{"role": "system", "content": "Be brief."},
+                                           {"role": "user", "content": text}], tokenize=False,
+                                          add_generation_prompt=True)
+        full = list(hf(rendered, add_special_tokens=False).input_ids)
+        assert list(got.prompt_token_ids) == full[-LIMIT:], seed
+        if len(rendered) > 2 * (LIMIT * proc.text_bound.max_token_chars + 256):
+            assert spy.chars < len(rendered), seed  # only a tail was tokenized

@@ -121,6 +121,8 @@ BAD: list[tuple[str, Callable[[dict[str, Any]], None], list[str]]] = [
     ("wrong type", lambda d: server(d).update(httpsEnabled="yes"), [f"{S}.httpsEnabled", "boolean", '"yes"']),
     ("maxLinkNum 5000", lambda d: server(d).update(maxLinkNum=5000), [f"{S}.maxLinkNum", "[1, 4096]", "5000"]),
     ("maxRequestLength 101", lambda d: server(d).update(maxRequestLength=101), [f"{S}.maxRequestLength", "101"]),
+    ("maxStreamBufferBytes 4095", lambda d: server(d).update(maxStreamBufferBytes=4095),
+     [f"{S}.maxStreamBufferBytes", "4096", "4095"]),
     ("tokenTimeout 0", lambda d: server(d).update(tokenTimeout=0), [f"{S}.tokenTimeout", "(0, 3600]", "got 0"]),
     ("bad ip", lambda d: server(d).update(ipAddress="localhost"), [f"{S}.ipAddress", "IPv4", '"localhost"']),
     ("streamTokenIdFormat", lambda d: server(d).update(streamTokenIdFormat="str"),
@@ -152,8 +154,10 @@ BAD: list[tuple[str, Callable[[dict[str, Any]], None], list[str]]] = [
      [f"{D}.LoraModules[0].baseModelName", '"b"']),
     ("more LoRAs than maxLoras", lambda d: deploy(d).update(maxLoras=0, LoraModules=[{"name": "a", "path": "x"}]),
      [f"{D}.maxLoras", "got 0"]),
-    ("unsupported multi-node", lambda d: d["BackendConfig"].update(multiNodesInferEnabled=True),
-     ["BackendConfig.multiNodesInferEnabled", "false", "got true"]),
+    # Multi-node tensor parallelism is supported (issue 17); inter-node TLS is not (torch.distributed has none).
+    ("multi-node with inter-node TLS", lambda d: d["BackendConfig"].update(multiNodesInferEnabled=True,
+                                                                           interNodeTLSEnabled=True),
+     ["BackendConfig.interNodeTLSEnabled", "false", "got true"]),
     ("cpuKernels not a boolean", lambda d: deploy(d).update(cpuKernels="yes"),
      [f"{D}.cpuKernels", "a boolean", '"yes"']),
     ("kernelCacheDir empty", lambda d: deploy(d).update(kernelCacheDir=""),
@@ -327,6 +331,7 @@ def test_minimal_config_takes_mindie_defaults(tmp_path: Path) -> None:
         "127.0.0.1", 1025, "127.0.0.1", 1026, 1027)
     assert (s.max_link_num, s.https_enabled, s.token_timeout, s.e2e_timeout, s.max_request_length) == (
         1000, True, 600.0, 600.0, 40)
+    assert s.max_stream_buffer_bytes == 1 << 20  # ServerConfig.maxStreamBufferBytes: 1 MB
     assert s.tls.ca_files == (str(tmp_path / "conf" / "security" / "ca" / "ca.pem"),)
     assert (cfg.schedule.cache_block_size, cfg.schedule.max_batch_size, cfg.schedule.max_prefill_batch_size) == (
         128, 200, 50)

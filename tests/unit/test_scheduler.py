@@ -14,6 +14,7 @@ from mindie_service.sampling_params import SamplingParams
 
 
 def _sched(blocks: int = 64, bs: int = 4, **kw) -> Scheduler:
+    kw.setdefault("max_preempt_count", kw.get("max_batch_size", 200))  # preempt as needed (0: none, see test_preemption)
     cfg = EngineConfig(model="x", cache_block_size=bs, max_seq_len=kw.pop("max_seq_len", 256),
                        max_input_token_len=kw.pop("max_input_token_len", 64),
                        max_prefill_tokens=kw.pop("max_prefill_tokens", 256), **kw)
