@@ -131,7 +131,8 @@ def _model_config(model: str, max_batch: int, out: Path) -> Path:
                "maxSeqLen": 2048, "maxInputTokenLen": 1024,
                "ModelConfig": [{"modelName": Path(model).name, "modelWeightPath": str(Path(model).absolute())}]},
                "ScheduleConfig": {"cacheBlockSize": 16, "maxBatchSize": max_batch,
-                                  "maxPrefillBatchSize": min(16, max_batch), "maxIterTimes": 1024}}}
+                                  "maxPrefillBatchSize": min(16, max_batch), "maxIterTimes": 1024,
+                                  "maxPreemptCount": max_batch}}}
     out.write_text(json.dumps(cfg))
     return out
 
