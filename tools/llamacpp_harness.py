@@ -21,8 +21,13 @@ import llama_cpp as L
 import numpy as np
 
 
-def run(model: object, prompts: list[list[int]], outs: list[int], slots: int, threads: int, n_batch: int) -> float:
+def run(model: object, prompts: list[list[int]], outs: list[int], slots: int, threads: int, n_batch: int,
+        kv_unified: bool | None = None, flash_attn: int | None = None) -> float:
     cp = L.llama_context_default_params()
+    if kv_unified is not None:  # one KV stream per sequence (False) or one shared buffer (True)
+        cp.kv_unified = kv_unified
+    if flash_attn is not None:  # -1 auto, 0 off, 1 on
+        cp.flash_attn_type = flash_attn
     per_seq = max(len(p) + n for p, n in zip(prompts, outs)) + 8
     cp.n_ctx = per_seq * slots
     cp.n_batch = cp.n_ubatch = n_batch
@@ -90,15 +95,18 @@ def main() -> None:
     ap.add_argument("--slots", type=int, nargs="+", default=[8, 16, 32])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n-batch", type=int, default=512)
+    ap.add_argument("--kv-unified", type=int, choices=[0, 1], default=None, help="default: llama.cpp's")
+    ap.add_argument("--flash-attn", type=int, choices=[-1, 0, 1], default=None, help="default: llama.cpp's")
     a = ap.parse_args()
+    kv = None if a.kv_unified is None else bool(a.kv_unified)
     work = json.load(sys.stdin)
     L.llama_backend_init()
     model = L.llama_model_load_from_file(a.gguf.encode(), L.llama_model_default_params())
     warm = [w[:8] for w in work["prompts"][:2]]
-    run(model, warm, [2, 2], 2, a.threads, a.n_batch)
+    run(model, warm, [2, 2], 2, a.threads, a.n_batch, kv, a.flash_attn)
     for p in a.slots:
-        print(json.dumps({"slots": p, "tok_s": run(model, work["prompts"], work["outs"], p, a.threads, a.n_batch)}),
-              flush=True)
+        tok_s = run(model, work["prompts"], work["outs"], p, a.threads, a.n_batch, kv, a.flash_attn)
+        print(json.dumps({"slots": p, "tok_s": tok_s}), flush=True)
 
 
 if __name__ == "__main__":
