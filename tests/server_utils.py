@@ -77,6 +77,19 @@ def write_config(path: Path, model: Path, *, server: dict[str, Any] | None = Non
     return path
 
 
+def write_mock_config(folder: Path, **server: Any) -> Path:
+    """``folder``/config.json for an in-process server on the StandardMock engine (no weights): plain HTTP,
+    one tokenizer worker, small limits; ``server`` overrides ServerConfig keys."""
+    cfg = {"ServerConfig": {"httpsEnabled": False, "maxLinkNum": 8, **server},
+           "BackendConfig": {"tokenizerProcessNumber": 1, "ModelDeployConfig": {
+               "maxSeqLen": 256, "maxInputTokenLen": 128,
+               "ModelConfig": [{"modelInstanceType": "StandardMock", "modelName": "mock", "modelWeightPath": "none"}]},
+               "ScheduleConfig": {"maxPrefillTokens": 256, "maxIterTimes": 64}}}
+    path = folder / "config.json"
+    path.write_text(json.dumps(cfg))
+    return path
+
+
 class ServerProcess:
     """``python -m mindie_service serve --config PATH [ARGS]`` as a child process."""
 

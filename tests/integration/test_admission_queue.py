@@ -24,20 +24,13 @@ from mindie_service.config import load_config
 from mindie_service.devkit.mock_engine import MockEngine
 from mindie_service.server.app import make_app
 from mindie_service.server.context import ServerContext
-from tests.server_utils import ServerProcess, free_port, shared_server, wait_until, write_config
+from tests.server_utils import ServerProcess, free_port, shared_server, wait_until, write_config, write_mock_config
 
 BODY = {"inputs": "hello", "parameters": {"max_new_tokens": 3}}
 
 
 def mock_config(tmp: Path) -> Path:
-    cfg = {"ServerConfig": {"httpsEnabled": False, "tokenTimeout": 5, "e2eTimeout": 0.6, "maxLinkNum": 1},
-           "BackendConfig": {"tokenizerProcessNumber": 1, "ModelDeployConfig": {
-               "maxSeqLen": 256, "maxInputTokenLen": 128,
-               "ModelConfig": [{"modelInstanceType": "StandardMock", "modelName": "mock", "modelWeightPath": "none"}]},
-               "ScheduleConfig": {"maxPrefillTokens": 256, "maxIterTimes": 64}}}
-    path = tmp / "config.json"
-    path.write_text(json.dumps(cfg))
-    return path
+    return write_mock_config(tmp, tokenTimeout=5, e2eTimeout=0.6, maxLinkNum=1)
 
 
 class QueueInProcess(AsyncHTTPTestCase):

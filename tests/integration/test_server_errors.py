@@ -14,6 +14,7 @@ from mindie_service.engine.client import EngineClient
 from mindie_service.errors import GenerationError
 from mindie_service.server.app import make_app
 from mindie_service.server.context import ServerContext
+from tests.server_utils import write_mock_config
 
 
 class MisbehavingEngine(MockEngine):
@@ -40,14 +41,7 @@ class MisbehavingEngine(MockEngine):
 
 
 def write_cfg(tmp: Path) -> Path:
-    cfg = {"ServerConfig": {"httpsEnabled": False, "tokenTimeout": 0.4, "e2eTimeout": 0.8, "maxLinkNum": 8},
-           "BackendConfig": {"tokenizerProcessNumber": 1, "ModelDeployConfig": {
-               "maxSeqLen": 256, "maxInputTokenLen": 128,
-               "ModelConfig": [{"modelInstanceType": "StandardMock", "modelName": "mock", "modelWeightPath": "none"}]},
-               "ScheduleConfig": {"maxPrefillTokens": 256, "maxIterTimes": 64}}}
-    path = tmp / "config.json"
-    path.write_text(json.dumps(cfg))
-    return path
+    return write_mock_config(tmp, tokenTimeout=0.4, e2eTimeout=0.8, maxLinkNum=8)
 
 
 class GenerationFailures(AsyncHTTPTestCase):

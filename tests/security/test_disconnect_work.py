@@ -20,6 +20,7 @@ from mindie_service.devkit.mock_engine import MockEngine
 from mindie_service.server.app import make_app
 from mindie_service.server.context import ServerContext
 from mindie_service.server.handlers_base import BaseHandler
+from tests.server_utils import write_mock_config
 
 
 class CountingPool(ThreadPoolExecutor):
@@ -37,14 +38,7 @@ class CountingPool(ThreadPoolExecutor):
 
 
 def mock_config(tmp: Path) -> Path:
-    cfg = {"ServerConfig": {"httpsEnabled": False, "maxLinkNum": 8},
-           "BackendConfig": {"tokenizerProcessNumber": 1, "ModelDeployConfig": {
-               "maxSeqLen": 256, "maxInputTokenLen": 128,
-               "ModelConfig": [{"modelInstanceType": "StandardMock", "modelName": "mock", "modelWeightPath": "none"}]},
-               "ScheduleConfig": {"maxPrefillTokens": 256, "maxIterTimes": 64}}}
-    path = tmp / "config.json"
-    path.write_text(json.dumps(cfg))
-    return path
+    return write_mock_config(tmp)
 
 
 ROUTES = {
