@@ -16,6 +16,7 @@ from transformers import AutoConfig
 from mindie_service.models import quantize
 from mindie_service.models.registry import family_for
 from mindie_service.models.shard import Reduce, shard_model
+from mindie_service.models.weights import tie_and_find_missing
 from mindie_service.errors import check
 from npu_ops.linear import pack_linears
 from npu_ops.platform import default_dtype, staging_device
@@ -91,10 +92,7 @@ def load_weights(model: nn.Module, path: Path, prefix_map: dict[str, str] | None
                           f"a tensor {target} of shape {tuple(params[target].shape)}", tuple(tensor.shape))
                     params[target].data.copy_(tensor)
                     loaded.add(target)
-    if "lm_head.weight" not in loaded and getattr(model.dims, "tie_embeddings", False):
-        params["lm_head.weight"].data.copy_(params["embed_tokens.weight"].data)
-        loaded.add("lm_head.weight")
-    missing = [n for n in params if n not in loaded and not any(k.startswith(n + "#") for k in loaded)]
+    missing = tie_and_find_missing(model, params, loaded)
     if missing:
         raise ValueError(f"Parameter model must hold every weight; checkpoint {path} lacks {missing[:5]}")
 

@@ -27,6 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from mindie_service.models.weights import tie_and_find_missing
 from npu_ops import quant
 from npu_ops.quant import QuantLinear
 
@@ -107,10 +108,7 @@ def load(model: nn.Module, path: Path, desc_file: Path, prefix_map: dict[str, st
     for module, (scheme, parts) in qmods.items():
         quant.swap_module(model, module, _build(model, module, scheme, parts))
         loaded.update(n for n in params if n.startswith(module + "."))
-    if "lm_head.weight" not in loaded and getattr(model.dims, "tie_embeddings", False):
-        params["lm_head.weight"].data.copy_(params["embed_tokens.weight"].data)
-        loaded.add("lm_head.weight")
-    missing = [n for n in params if n not in loaded and not any(k.startswith(n + "#") for k in loaded)]
+    missing = tie_and_find_missing(model, params, loaded)
     if missing:
         raise _fail(f"{path} lacks {missing[:5]}")
     logger.info("loaded msModelSlim checkpoint %s (%s; %d quantized linears)", path.name,

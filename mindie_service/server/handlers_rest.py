@@ -95,6 +95,14 @@ class _RestHandler(GenerationHandler):
     async def _serve_rest(self, req: RestRequest, items: list[_Item], t0: float) -> bool:
         raise NotImplementedError
 
+    async def _text(self, item: _Item, t0: float) -> str:
+        """The whole generated text of ``item`` (a non-streamed answer)."""
+        parts: list[str] = []
+        async with aclosing(self._events(item.ereq, t0)) as events:
+            async for ev in events:
+                parts.append(ev.text_delta)
+        return "".join(parts)
+
 
 class _claimed:
     """Hold the request ids for the call: a key already running (here or in another call) is a 409."""
@@ -163,13 +171,6 @@ class GenerateOneHandler(_RestHandler):
             return False
         return True
 
-    async def _text(self, item: _Item, t0: float) -> str:
-        parts: list[str] = []
-        async with aclosing(self._events(item.ereq, t0)) as events:
-            async for ev in events:
-                parts.append(ev.text_delta)
-        return "".join(parts)
-
 
 class GenerateBatchHandler(_RestHandler):
     """POST /api/generate-batch -> [{request_id, prompt?, response}] in request order."""
@@ -191,11 +192,7 @@ class GenerateBatchHandler(_RestHandler):
         return True
 
     async def _one(self, item: _Item, t0: float) -> None:
-        parts: list[str] = []
-        async with aclosing(self._events(item.ereq, t0)) as events:
-            async for ev in events:
-                parts.append(ev.text_delta)
-        item.text, item.ok = "".join(parts), True
+        item.text, item.ok = await self._text(item, t0), True
 
 
 def _results(req: RestRequest, items: list[_Item], h: _RestHandler) -> Iterator[dict[str, str]]:

@@ -11,44 +11,24 @@ import asyncio
 import concurrent.futures as cf
 import json
 import socket
-import tempfile
 from pathlib import Path
 
 import httpx2 as httpx
 import pytest
 import requests
 from tornado.iostream import IOStream
-from tornado.testing import AsyncHTTPTestCase, gen_test
+from tornado.testing import gen_test
 
-from mindie_service.config import load_config
-from mindie_service.devkit.mock_engine import MockEngine
-from mindie_service.server.app import make_app
-from mindie_service.server.context import ServerContext
-from tests.server_utils import ServerProcess, free_port, shared_server, wait_until, write_config, write_mock_config
+from tests.inprocess import InProcessServer
+from tests.server_utils import ServerProcess, free_port, shared_server, wait_until, write_config
 
 BODY = {"inputs": "hello", "parameters": {"max_new_tokens": 3}}
 
 
-def mock_config(tmp: Path) -> Path:
-    return write_mock_config(tmp, tokenTimeout=5, e2eTimeout=0.6, maxLinkNum=1)
-
-
-class QueueInProcess(AsyncHTTPTestCase):
+class QueueInProcess(InProcessServer):
     """maxLinkNum 1, e2eTimeout 0.6 s; the test takes the one slot itself to make requests queue."""
 
-    def get_app(self):
-        self._tmp = tempfile.TemporaryDirectory()
-        self.ctx = ServerContext(load_config(mock_config(Path(self._tmp.name))))
-        self.engine = MockEngine(self.ctx.engine_config)
-        self.engine.start()
-        self.ctx.attach_engine(self.engine)
-        self.ctx.ready = True
-        return make_app(self.ctx, ("business", "management", "metrics"))
-
-    def tearDown(self):
-        super().tearDown()
-        self.ctx.executor.shutdown(wait=False)
-        self._tmp.cleanup()
+    server = {"tokenTimeout": 5, "e2eTimeout": 0.6, "maxLinkNum": 1}
 
     def post(self, body=BODY, timeout=20):
         return self.http_client.fetch(self.get_url("/"), method="POST", body=json.dumps(body),

@@ -4,17 +4,11 @@ SSE frame, 504 on tokenTimeout / e2eTimeout, 503 while loading or when the engin
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from tornado.testing import AsyncHTTPTestCase
-
-from mindie_service.config import load_config
 from mindie_service.devkit.mock_engine import MockEngine
 from mindie_service.engine.client import EngineClient
 from mindie_service.errors import GenerationError
-from mindie_service.server.app import make_app
-from mindie_service.server.context import ServerContext
-from tests.server_utils import write_mock_config
+from tests.inprocess import InProcessServer
 
 
 class MisbehavingEngine(MockEngine):
@@ -40,26 +34,11 @@ class MisbehavingEngine(MockEngine):
             yield ev
 
 
-def write_cfg(tmp: Path) -> Path:
-    return write_mock_config(tmp, tokenTimeout=0.4, e2eTimeout=0.8, maxLinkNum=8)
+class GenerationFailures(InProcessServer):
+    server = {"tokenTimeout": 0.4, "e2eTimeout": 0.8, "maxLinkNum": 8}
 
-
-class GenerationFailures(AsyncHTTPTestCase):
-    def get_app(self):
-        import tempfile
-
-        self._tmp = tempfile.TemporaryDirectory()
-        self.ctx = ServerContext(load_config(write_cfg(Path(self._tmp.name))))
-        self.engine = MisbehavingEngine(self.ctx.engine_config)
-        self.engine.start()
-        self.ctx.attach_engine(self.engine)
-        self.ctx.ready = True
-        return make_app(self.ctx, ("business", "management", "metrics"))
-
-    def tearDown(self):
-        super().tearDown()
-        self.ctx.executor.shutdown(wait=False)
-        self._tmp.cleanup()
+    def make_engine(self, ctx):
+        return MisbehavingEngine(ctx.engine_config)
 
     def post(self, body, path="/"):
         return self.fetch(path, method="POST", body=json.dumps(body), headers={"Content-Type": "application/json"},

@@ -7,20 +7,15 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from tornado.iostream import IOStream
-from tornado.testing import AsyncHTTPTestCase, gen_test
+from tornado.testing import gen_test
 
-from mindie_service.config import load_config
 from mindie_service.devkit.mock_engine import MockEngine
-from mindie_service.server.app import make_app
-from mindie_service.server.context import ServerContext
 from mindie_service.server.handlers_base import BaseHandler
-from tests.server_utils import write_mock_config
+from tests.inprocess import InProcessServer
 
 
 class CountingPool(ThreadPoolExecutor):
@@ -37,10 +32,6 @@ class CountingPool(ThreadPoolExecutor):
         return super().submit(counted)
 
 
-def mock_config(tmp: Path) -> Path:
-    return write_mock_config(tmp)
-
-
 ROUTES = {
     "/": {"inputs": "PROMPT", "parameters": {"max_new_tokens": 2}},
     "/generate": {"inputs": "PROMPT", "parameters": {"max_new_tokens": 2}},
@@ -49,17 +40,14 @@ ROUTES = {
 }
 
 
-class GoneWhileQueuedInThePool(AsyncHTTPTestCase):
-    def get_app(self):
-        self._tmp = tempfile.TemporaryDirectory()
-        self.ctx = ServerContext(load_config(mock_config(Path(self._tmp.name))))
-        self.ctx.executor.shutdown(wait=False)
-        self.pool = self.ctx.executor = CountingPool()
-        self.engine = MockEngine(self.ctx.engine_config)
-        self.engine.start()
+class GoneWhileQueuedInThePool(InProcessServer):
+    def make_engine(self, ctx):
+        ctx.executor.shutdown(wait=False)
+        self.pool = ctx.executor = CountingPool()
+        engine = MockEngine(ctx.engine_config)
         self.gate = threading.Event()
         self.processed: list[str] = []
-        real = self.engine.input_processor.process
+        real = engine.input_processor.process
 
         def process(prompt, params, **kw):  # noqa: ANN001, ANN003
             text = getattr(prompt, "text", "")
@@ -68,16 +56,12 @@ class GoneWhileQueuedInThePool(AsyncHTTPTestCase):
                 self.gate.wait(20)
             return real(prompt, params, **kw)
 
-        self.engine.input_processor.process = process
-        self.ctx.attach_engine(self.engine)
-        self.ctx.ready = True
-        return make_app(self.ctx, ("business", "management", "metrics"))
+        engine.input_processor.process = process
+        return engine
 
     def tearDown(self):
         self.gate.set()
-        super().tearDown()
-        self.pool.shutdown(wait=False)
-        self._tmp.cleanup()
+        super().tearDown()  # shuts the counting pool down: it is ctx.executor
 
     def body(self, path: str, prompt: str) -> bytes:
         return json.dumps(ROUTES[path]).replace("PROMPT", prompt).replace("KEY", prompt).encode()

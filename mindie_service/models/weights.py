@@ -1,0 +1,14 @@
+"""What both checkpoint loaders (plain and msModelSlim) do once every tensor has been copied in."""
+from __future__ import annotations
+
+from torch import nn
+
+
+def tie_and_find_missing(model: nn.Module, params: dict[str, nn.Parameter], loaded: set[str]) -> list[str]:
+    """After a checkpoint's tensors are copied in: a tied LM head takes the embeddings when the checkpoint
+    has none; returns the parameters still unloaded (a packed one counts when any of its shards, ``name#k``,
+    was loaded)."""
+    if "lm_head.weight" not in loaded and getattr(model.dims, "tie_embeddings", False):
+        params["lm_head.weight"].data.copy_(params["embed_tokens.weight"].data)
+        loaded.add("lm_head.weight")
+    return [n for n in params if n not in loaded and not any(k.startswith(n + "#") for k in loaded)]
