@@ -53,6 +53,14 @@ def free_port() -> int:
         return addr[1]
 
 
+def percentile(xs: list[float], q: float) -> float:
+    """The nearest-rank ``q``-th percentile of ``xs`` (NaN when empty): the latency figures of the tools."""
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q / 100.0 * (len(xs) - 1))))]
+
+
 class PortInUse(RuntimeError):
     """The server could not bind one of its ports (another process took it between choice and bind)."""
 

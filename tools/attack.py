@@ -34,14 +34,9 @@ sys.path.insert(0, str(ROOT))
 from mindie_service.devkit import synth  # noqa: E402
 from mindie_service.devkit.lora import build_demo_lora  # noqa: E402
 from mindie_service.devkit.presets import build_demo_model  # noqa: E402
+from tests.server_utils import free_port  # noqa: E402
 
 MB = 1 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

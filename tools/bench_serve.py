@@ -16,7 +16,6 @@ import json
 import os
 import random
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -28,6 +27,10 @@ from pathlib import Path
 import aiohttp
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.server_utils import free_port, percentile  # noqa: E402
+
 WORDS = ("river mountain city garden teacher window morning silver quiet market engine story harbor lantern "
          "winter bridge orange violin forest letter museum thunder candle meadow pilot ocean castle rabbit").split()
 
@@ -40,13 +43,6 @@ class Sample:
     ok: bool = False
     error: str = ""
 
-
-def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    k = min(len(xs) - 1, max(0, round(q / 100.0 * (len(xs) - 1))))
-    return xs[k]
 
 
 def prompts(n: int, words: int, seed: int) -> list[str]:
@@ -112,19 +108,13 @@ async def run_level(url: str, route: str, concurrency: int, n_requests: int, max
     return {"concurrency": concurrency, "requests": len(ok), "failed": len(errors), "first_error": errors[0] if errors else "",
             "wall_s": wall, "req_s": len(ok) / wall, "tok_s": sum(s.tokens for s in ok) / wall,
             "tokens": sum(s.tokens for s in ok),
-            "ttft_p50_ms": 1e3 * pct(ttft, 50), "ttft_p99_ms": 1e3 * pct(ttft, 99),
-            "itl_p50_ms": 1e3 * pct(itl, 50), "itl_p99_ms": 1e3 * pct(itl, 99)}
+            "ttft_p50_ms": 1e3 * percentile(ttft, 50), "ttft_p99_ms": 1e3 * percentile(ttft, 99),
+            "itl_p50_ms": 1e3 * percentile(itl, 50), "itl_p99_ms": 1e3 * percentile(itl, 99)}
 
 
 # -- starting a server -------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _model_config(model: str, max_batch: int, out: Path) -> Path:
-    port, mport, xport = _free_port(), _free_port(), _free_port()
+    port, mport, xport = free_port(), free_port(), free_port()
     cfg = {"ServerConfig": {"ipAddress": "127.0.0.1", "managementIpAddress": "127.0.0.1", "port": port,
                             "managementPort": mport, "metricsPort": xport, "httpsEnabled": False, "maxLinkNum": 1000},
            "BackendConfig": {"tokenizerProcessNumber": 1, "ModelDeployConfig": {

@@ -28,7 +28,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.prompts import WORDS  # noqa: E402
+from tests.server_utils import free_port, percentile  # noqa: E402
 
 PROBES = ["The lantern by the harbor window", "River mountain city garden", "Quiet market morning in winter",
           "A pilot over the ocean castle"]
@@ -201,18 +201,12 @@ def log_lines(log: Path, offset: int) -> tuple[list[str], int]:
     return [line for line in text.splitlines() if _BAD_LOG.search(line)], text.count("client disconnected")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(model: Path, clients: int, workdir: Path) -> tuple[subprocess.Popen, str, str, Path]:
     from mindie_service.devkit.presets import PRESETS, build_demo_model
 
     if not (model / "config.json").is_file() and model.name in PRESETS:
         build_demo_model(model.name, str(model), if_missing=True)
-    port, mport = _free_port(), _free_port()
+    port, mport = free_port(), free_port()
     cfg = {"ServerConfig": {"ipAddress": "127.0.0.1", "managementIpAddress": "127.0.0.1", "port": port,
                             "managementPort": mport, "metricsPort": mport, "httpsEnabled": False,
                             "maxLinkNum": clients + 8},
@@ -241,13 +235,6 @@ def start_server(model: Path, clients: int, workdir: Path) -> tuple[subprocess.P
         time.sleep(0.3)
     proc.kill()
     raise SystemExit(f"server not ready; see {log}")
-
-
-def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100.0 * (len(xs) - 1))))]
 
 
 def measure(args: argparse.Namespace, url: str, mgmt: str, pid: int | None, log: Path | None) -> dict[str, Any]:
@@ -279,8 +266,8 @@ def measure(args: argparse.Namespace, url: str, mgmt: str, pid: int | None, log:
         "disconnect_errors": len(left_errors), "disconnects_logged": seen,
         "wall_s": round(wall, 2), "req_s": round(len(outcomes) / wall, 2),
         "tokens": sum(o.frames for o in outcomes),
-        "ttft_p50_ms": round(1e3 * pct(ttft, 50), 1), "ttft_p99_ms": round(1e3 * pct(ttft, 99), 1),
-        "e2e_p50_ms": round(1e3 * pct(e2e, 50), 1), "e2e_p99_ms": round(1e3 * pct(e2e, 99), 1),
+        "ttft_p50_ms": round(1e3 * percentile(ttft, 50), 1), "ttft_p99_ms": round(1e3 * percentile(ttft, 99), 1),
+        "e2e_p50_ms": round(1e3 * percentile(e2e, 50), 1), "e2e_p99_ms": round(1e3 * percentile(e2e, 99), 1),
         "running": st["requests"]["running"], "waiting": st["requests"]["waiting"],
         "in_flight": st["requests"]["in_flight"], "blocks_total": st["blocks"]["total"],
         "blocks_free": st["blocks"]["free"], "rss_start_mb": rss0 and round(rss0 / 2**20, 1),

@@ -229,19 +229,13 @@ def test_chunked_body_over_cap_is_refused_while_streaming() -> None:
     assert "body is over" in err.message
 
 
-def test_body_without_length_read_until_close_over_cap_is_refused() -> None:
-    async def main() -> MediaError:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await reader.readuntil(b"\r\n\r\n")
-            writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + PNG)
-            try:
-                for _ in range(50):
-                    writer.write(b"\0" * 16_000)
-                    await writer.drain()
-            except (ConnectionError, OSError):
-                pass
-            writer.close()
+RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
+
+def raw_server_refusal(handle: RawHandler) -> MediaError:
+    """The MediaError of fetching an image from a raw asyncio server that answers with ``handle`` (for
+    responses the test HTTP server cannot produce)."""
+    async def main() -> MediaError:
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         try:
@@ -251,31 +245,34 @@ def test_body_without_length_read_until_close_over_cap_is_refused() -> None:
         finally:
             server.close()
 
-    err = run(main())
-    assert err.status == 413
+    return run(main())
+
+
+def test_body_without_length_read_until_close_over_cap_is_refused() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + PNG)
+        try:
+            for _ in range(50):
+                writer.write(b"\0" * 16_000)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        writer.close()
+
+    assert raw_server_refusal(handle).status == 413
 
 
 def test_too_many_response_headers_is_refused() -> None:
-    async def main() -> MediaError:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await reader.readuntil(b"\r\n\r\n")
-            headers = b"".join(b"X-H%d: v\r\n" % i for i in range(200))
-            writer.write(b"HTTP/1.1 200 OK\r\n" + headers
-                         + b"Content-Length: %d\r\n\r\n" % len(PNG) + PNG)
-            await writer.drain()
-            writer.close()
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        headers = b"".join(b"X-H%d: v\r\n" % i for i in range(200))
+        writer.write(b"HTTP/1.1 200 OK\r\n" + headers
+                     + b"Content-Length: %d\r\n\r\n" % len(PNG) + PNG)
+        await writer.drain()
+        writer.close()
 
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        try:
-            with pytest.raises(MediaError) as info:
-                await fetch_media(f"http://127.0.0.1:{port}/x", "image", 0, LOOPBACK_OK)
-            return info.value
-        finally:
-            server.close()
-
-    err = run(main())
-    assert "headers" in err.message
+    assert "headers" in raw_server_refusal(handle).message
 
 
 def test_slow_body_past_read_timeout_is_refused() -> None:
