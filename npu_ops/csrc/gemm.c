@@ -11,8 +11,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#define NR 16
-#define MR 6
+#include "gemm_tile.h"
+
+#define NR F32_TILE_NR
+#define MR F32_TILE_MR
 #define MC 96
 
 #ifdef __AVX2__
@@ -58,13 +60,13 @@ TILE(6)
 typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, float *, const float *, int64_t);
 static const tile_fn TILES[MR + 1] = {0, tile1, tile2, tile3, tile4, tile5, tile6};
 
-static void tile(int mr, const float *a, int64_t lda, const float *b, int64_t K, float *c, const float *pf,
-                 int64_t pf_step) {
+void f32_tile(int mr, const float *a, int64_t lda, const float *b, int64_t K, float *c, const float *pf,
+              int64_t pf_step) {
     TILES[mr](a, lda, b, K, c, pf, pf_step);
 }
 #else
-static void tile(int mr, const float *a, int64_t lda, const float *b, int64_t K, float *c, const float *pf,
-                 int64_t pf_step) {
+void f32_tile(int mr, const float *a, int64_t lda, const float *b, int64_t K, float *c, const float *pf,
+              int64_t pf_step) {
     (void)pf;
     (void)pf_step;
     memset(c, 0, sizeof(float) * (size_t)(mr * NR));
@@ -100,7 +102,7 @@ void linear_f32(const float *x, int64_t M, int64_t K, const float *wp, int64_t N
             for (int64_t m = m0; m < m1; m += MR) {
                 const int mr = m1 - m < MR ? (int)(m1 - m) : MR;
                 /* the first tile walks the panel once from memory: let it pull the next panel in too */
-                tile(mr, x + m * K, K, w, K, c, m == m0 ? next : w, m == m0 ? NR : 0);
+                f32_tile(mr, x + m * K, K, w, K, c, m == m0 ? next : w, m == m0 ? NR : 0);
                 for (int r = 0; r < mr; ++r) {
                     float *yr = y + (m + r) * N + n0;
                     const float *cr = c + r * NR;

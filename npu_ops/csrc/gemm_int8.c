@@ -22,8 +22,10 @@
 #include <immintrin.h>
 #endif
 
-#define QNR 16 /* W8A16 panel width */
-#define QMR 6
+#include "gemm_tile.h"
+
+#define QNR F32_TILE_NR /* W8A16 panel width: gemm.c's, so that a widened panel runs its fp32 tile */
+#define QMR F32_TILE_MR
 #define QMC 96
 #define ANR 8 /* W8A8 panel width */
 #define AMR 4
@@ -66,43 +68,6 @@ static inline __attribute__((always_inline)) void qtile_r(const int R, const flo
     }
 }
 
-/* The same tile over a panel already widened to fp32 (many rows: widen once, not once per tile). */
-static inline __attribute__((always_inline)) void ftile_r(const int R, const float *restrict a, int64_t lda,
-                                                          const float *restrict b, int64_t K, float *restrict c) {
-    __m256 c0[QMR], c1[QMR];
-#pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm256_setzero_ps();
-    for (int64_t k = 0; k < K; ++k) {
-        const __m256 b0 = _mm256_loadu_ps(b + k * QNR), b1 = _mm256_loadu_ps(b + k * QNR + 8);
-#pragma GCC unroll 6
-        for (int r = 0; r < R; ++r) {
-            const __m256 av = _mm256_broadcast_ss(a + r * lda + k);
-            c0[r] = _mm256_fmadd_ps(av, b0, c0[r]);
-            c1[r] = _mm256_fmadd_ps(av, b1, c1[r]);
-        }
-    }
-#pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) {
-        _mm256_storeu_ps(c + r * QNR, c0[r]);
-        _mm256_storeu_ps(c + r * QNR + 8, c1[r]);
-    }
-}
-#define FTILE(R)                                                                                  \
-    static void ftile##R(const float *a, int64_t lda, const float *b, int64_t K, float *c) {      \
-        ftile_r(R, a, lda, b, K, c);                                                              \
-    }
-FTILE(1)
-FTILE(2)
-FTILE(3)
-FTILE(4)
-FTILE(5)
-FTILE(6)
-typedef void (*ftile_fn)(const float *, int64_t, const float *, int64_t, float *);
-static const ftile_fn FTILES[QMR + 1] = {0, ftile1, ftile2, ftile3, ftile4, ftile5, ftile6};
-static void ftile(int mr, const float *a, int64_t lda, const float *b, int64_t K, float *c) {
-    FTILES[mr](a, lda, b, K, c);
-}
-
 #define QTILE(R)                                                                                  \
     static void qtile##R(const float *a, int64_t lda, const int8_t *b, int64_t K, float *c) {     \
         qtile_r(R, a, lda, b, K, c);                                                              \
@@ -124,12 +89,6 @@ static void qtile(int mr, const float *a, int64_t lda, const int8_t *b, int64_t 
     for (int r = 0; r < mr; ++r)
         for (int64_t k = 0; k < K; ++k)
             for (int j = 0; j < QNR; ++j) c[r * QNR + j] += a[r * lda + k] * (float)b[k * QNR + j];
-}
-static void ftile(int mr, const float *a, int64_t lda, const float *b, int64_t K, float *c) {
-    memset(c, 0, sizeof(float) * (size_t)(mr * QNR));
-    for (int r = 0; r < mr; ++r)
-        for (int64_t k = 0; k < K; ++k)
-            for (int j = 0; j < QNR; ++j) c[r * QNR + j] += a[r * lda + k] * b[k * QNR + j];
 }
 #endif
 
@@ -153,7 +112,7 @@ void linear_w8a16_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, co
             for (int64_t m = m0; m < m1; m += QMR) {
                 const int mr = m1 - m < QMR ? (int)(m1 - m) : QMR;
                 if (buf != NULL)
-                    ftile(mr, x + m * K, K, buf, K, c);
+                    f32_tile(mr, x + m * K, K, buf, K, c, buf, 0); /* gemm.c's tile; the panel is in L2 */
                 else
                     qtile(mr, x + m * K, K, w, K, c);
                 for (int r = 0; r < mr; ++r) {
