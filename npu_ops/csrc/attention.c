@@ -31,40 +31,6 @@ static inline void prefetch_block(const float *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 1);
 }
 
-/* s[0:n] = softmax(s[0:n]) in place */
-static void softmax(float *restrict s, int64_t n) {
-    float m = s[0], sum = 0.f;
-    for (int64_t t = 1; t < n; ++t) m = s[t] > m ? s[t] : m;
-    int64_t t = 0;
-#ifdef __AVX2__
-    const __m256 mv = _mm256_set1_ps(m);
-    __m256 acc = _mm256_setzero_ps();
-    for (; t + 8 <= n; t += 8) {
-        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
-        _mm256_storeu_ps(s + t, e);
-        acc = _mm256_add_ps(acc, e);
-    }
-    float lanes[8];
-    _mm256_storeu_ps(lanes, acc);
-    for (int i = 0; i < 8; ++i) sum += lanes[i];
-#endif
-    for (; t < n; ++t) {
-        s[t] = expf(s[t] - m);
-        sum += s[t];
-    }
-    const float inv = 1.f / sum;
-    for (t = 0; t < n; ++t) s[t] *= inv;
-}
-
-#ifdef __AVX2__
-static inline float hsum256(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-#endif
-
 /* s[j] = q . k_j * scale for the n rows k_j = k + j * stride. With AVX2 four rows go at once, so
  * that four independent multiply-add chains hide each other's latency. */
 static void score_rows(const float *restrict q, const float *restrict k, int64_t stride, int64_t n, int64_t D,
@@ -141,7 +107,7 @@ static void attend(const float *restrict q, const float *restrict k_cache, const
         }
     }
     for (int64_t i = 0; i < nrows; ++i)
-        for (int64_t r = i * nh; r < (i + 1) * nh; ++r) softmax(scores + r * L, pos0 + i + 1);
+        for (int64_t r = i * nh; r < (i + 1) * nh; ++r) softmax_inplace(scores + r * L, pos0 + i + 1);
     memset(acc, 0, sizeof(float) * (size_t)(nrows * nh * D));
     for (int64_t start = 0; start < L; start += BS) {
         const float *vb = v_cache + (int64_t)bt[start / BS] * blk_stride;

@@ -16,39 +16,9 @@ static inline float row_scale(const int8_t *row, int64_t D) {
     return s;
 }
 
-static void softmax_i8(float *restrict s, int64_t n) {
-    float m = s[0], sum = 0.f;
-    for (int64_t t = 1; t < n; ++t) m = s[t] > m ? s[t] : m;
-    int64_t t = 0;
-#ifdef __AVX2__
-    const __m256 mv = _mm256_set1_ps(m);
-    __m256 acc = _mm256_setzero_ps();
-    for (; t + 8 <= n; t += 8) {
-        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
-        _mm256_storeu_ps(s + t, e);
-        acc = _mm256_add_ps(acc, e);
-    }
-    float lanes[8];
-    _mm256_storeu_ps(lanes, acc);
-    for (int i = 0; i < 8; ++i) sum += lanes[i];
-#endif
-    for (; t < n; ++t) {
-        s[t] = expf(s[t] - m);
-        sum += s[t];
-    }
-    const float inv = 1.f / sum;
-    for (t = 0; t < n; ++t) s[t] *= inv;
-}
-
 #ifdef __AVX2__
 static inline __m256 load8_i8(const int8_t *p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
-static inline float hsum8(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
 }
 #endif
 
@@ -68,10 +38,10 @@ static void score_rows_i8(const float *restrict q, const int8_t *restrict k, int
                 a2 = _mm256_fmadd_ps(qv, load8_i8(k2 + d), a2);
                 a3 = _mm256_fmadd_ps(qv, load8_i8(k3 + d), a3);
             }
-            s[j0] = hsum8(a0) * row_scale(k0, D) * scale;
-            s[j0 + 1] = hsum8(a1) * row_scale(k1, D) * scale;
-            s[j0 + 2] = hsum8(a2) * row_scale(k2, D) * scale;
-            s[j0 + 3] = hsum8(a3) * row_scale(k3, D) * scale;
+            s[j0] = hsum256(a0) * row_scale(k0, D) * scale;
+            s[j0 + 1] = hsum256(a1) * row_scale(k1, D) * scale;
+            s[j0 + 2] = hsum256(a2) * row_scale(k2, D) * scale;
+            s[j0 + 3] = hsum256(a3) * row_scale(k3, D) * scale;
         }
 #endif
     for (int64_t j = j0; j < n; ++j) {
@@ -84,7 +54,7 @@ static void score_rows_i8(const float *restrict q, const int8_t *restrict k, int
             a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), load8_i8(kr + d), a0);
             a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d + 8), load8_i8(kr + d + 8), a1);
         }
-        dot = hsum8(_mm256_add_ps(a0, a1));
+        dot = hsum256(_mm256_add_ps(a0, a1));
 #endif
         for (; d < D; ++d) dot += q[d] * (float)kr[d];
         s[j] = dot * row_scale(kr, D) * scale;
@@ -141,7 +111,7 @@ static void attend_i8(const float *restrict q, const int8_t *restrict k_cache, c
         }
     }
     for (int64_t i = 0; i < nrows; ++i)
-        for (int64_t r = i * nh; r < (i + 1) * nh; ++r) softmax_i8(scores + r * L, pos0 + i + 1);
+        for (int64_t r = i * nh; r < (i + 1) * nh; ++r) softmax_inplace(scores + r * L, pos0 + i + 1);
     memset(acc, 0, sizeof(float) * (size_t)(nrows * nh * D));
     for (int64_t start = 0; start < L; start += BS) {
         const int8_t *vb = v_cache + (int64_t)bt[start / BS] * blk_stride;

@@ -2,6 +2,8 @@
  * degree-6 polynomial, about 1 ulp) eight lanes at a time: libm's expf is a scalar call per element. */
 #ifndef MINDIE_VEC_MATH_H
 #define MINDIE_VEC_MATH_H
+#include <math.h>
+#include <stdint.h>
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -20,6 +22,38 @@ static inline __m256 exp256(__m256 x) {
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
+
+static inline float hsum256(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
 #endif
+
+/* s[0:n] = softmax(s[0:n]) in place (the attention kernels' score rows, fp32 and int8 KV alike). */
+static inline void softmax_inplace(float *restrict s, int64_t n) {
+    float m = s[0], sum = 0.f;
+    for (int64_t t = 1; t < n; ++t) m = s[t] > m ? s[t] : m;
+    int64_t t = 0;
+#ifdef __AVX2__
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
+    for (; t + 8 <= n; t += 8) {
+        const __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
+        _mm256_storeu_ps(s + t, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    for (int i = 0; i < 8; ++i) sum += lanes[i];
+#endif
+    for (; t < n; ++t) {
+        s[t] = expf(s[t] - m);
+        sum += s[t];
+    }
+    const float inv = 1.f / sum;
+    for (t = 0; t < n; ++t) s[t] *= inv;
+}
 
 #endif
