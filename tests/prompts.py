@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import random
+import time
+from typing import Any
 
 WORDS = ("river mountain city garden teacher window morning silver quiet market engine story "
          "harbor lantern winter bridge orange violin forest letter museum thunder candle meadow "
@@ -20,3 +22,18 @@ def bench_workload(n: int, seed: int) -> tuple[list[str], list[int]]:
     rng = random.Random(seed)
     prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(16, 256))) for _ in range(n)]
     return prompts, [rng.randint(16, 128) for _ in range(n)]
+
+
+def engine_tok_s(llm: Any, prompts: list[Any], outs: list[int]) -> float:
+    """Output tok/s of an offline ``LLM`` on a workload (greedy, EOS ignored, exactly ``outs`` tokens each),
+    after a warm-up on two other prompts: the timed ones must not find their prefix cached."""
+    from mindie_service import SamplingParams
+
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in outs]
+    warm, _ = bench_workload(2, seed=-1)
+    llm.generate(warm, params[:2], use_tqdm=False)
+    t = time.perf_counter()
+    res = llm.generate(prompts, params, use_tqdm=False)
+    dt = time.perf_counter() - t
+    assert [len(r.outputs[0].token_ids) for r in res] == outs
+    return sum(outs) / dt

@@ -22,22 +22,14 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from mindie_service import LLM, SamplingParams  # noqa: E402
+from mindie_service import LLM  # noqa: E402
 from mindie_service.devkit.presets import build_demo_model  # noqa: E402
-from tests.prompts import bench_workload as workload  # noqa: E402
+from tests.prompts import bench_workload as workload, engine_tok_s  # noqa: E402
 
 
 def bench_engine(model: str, prompts: list[str], outs: list[int]) -> float:
     # A new engine per run: a second run on the same one would find every prompt in the prefix cache.
-    llm = LLM(model, dtype="float32", max_batch_size=len(prompts), cache_block_size=16)
-    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in outs]
-    warm, _ = workload(2, seed=-1)  # other prompts: the timed ones must not find their prefix cached
-    llm.generate(warm, params[:2], use_tqdm=False)
-    t = time.perf_counter()
-    res = llm.generate(prompts, params, use_tqdm=False)
-    dt = time.perf_counter() - t
-    assert [len(r.outputs[0].token_ids) for r in res] == outs
-    return sum(outs) / dt
+    return engine_tok_s(LLM(model, dtype="float32", max_batch_size=len(prompts), cache_block_size=16), prompts, outs)
 
 
 def bench_hf(model: str, prompts: list[str], outs: list[int], batch: int) -> float:

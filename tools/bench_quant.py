@@ -37,7 +37,7 @@ from mindie_service.engine.runner import kv_bytes_per_block  # noqa: E402
 from mindie_service.engine.types import EngineRequest  # noqa: E402
 from mindie_service.models import llama as llama_mod  # noqa: E402
 from npu_ops import linear as linear_mod, quant  # noqa: E402
-from tests.prompts import bench_workload as workload  # noqa: E402
+from tests.prompts import bench_workload as workload, engine_tok_s  # noqa: E402
 
 SCHEMES = (("fp32", None, "auto"), ("w8a16", "w8a16", "auto"), ("w8a8", "w8a8", "auto"),
            ("w8a8+int8kv", "w8a8", "int8"))
@@ -68,15 +68,7 @@ def make_llm(model: str, q: str | None, kv: str, batch: int) -> LLM:
 
 
 def bench_ours(model: str, q: str | None, kv: str, ids: list[list[int]], outs: list[int]) -> float:
-    llm = make_llm(model, q, kv, len(ids))  # a new engine per run: no prefix cache carried over
-    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in outs]
-    warm, _ = workload(2, seed=-1)
-    llm.generate(warm, params[:2], use_tqdm=False)
-    t = time.perf_counter()
-    res = llm.generate(ids, params, use_tqdm=False)
-    dt = time.perf_counter() - t
-    assert [len(r.outputs[0].token_ids) for r in res] == outs
-    return sum(outs) / dt
+    return engine_tok_s(make_llm(model, q, kv, len(ids)), ids, outs)  # a new engine per run: no prefix cache
 
 
 def decode_split(model: str, q: str | None, kv: str, ids: list[list[int]], steps: int = 20) -> dict[str, float]:
