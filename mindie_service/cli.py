@@ -70,9 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         from mindie_service.server.main import serve
         return serve(args.config, prepare=args.prepare)
     if args.command == "worker":
-        from mindie_service.engine.parallel.join import join_from_config
+        from mindie_service.config import load_config
+        from mindie_service.engine.parallel.join import join_instance
         try:
-            join_from_config(args.config, args.rank, args.instance)
+            join_instance(load_config(args.config).engine_config(0, instance=args.instance), args.rank)
         except ValueError as exc:  # a bad config or rendezvous setting: one line, not a traceback
             print(f"mindie-service worker: {exc}", file=sys.stderr)
             return 2

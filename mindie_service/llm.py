@@ -5,7 +5,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence as Seq
 
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.core import LLMEngine
 from mindie_service.engine.types import EngineRequest, FailedEvent
 from mindie_service.errors import GenerationError, check
@@ -76,7 +76,7 @@ class LLM:
         """A prompt is a string, a list of token ids, or (multimodal checkpoints) ``{"parts": [...]}``: the
         user message's parts in order, e.g. ``[{"type": "image", "image": pil}, {"type": "text", "text": "?"}]``
         (also ``{"type": "video", "video": [frames]}``, ``{"type": "audio", "audio": wav, "sampling_rate": sr}``;
-        see mindie_service.models.multimodal). Parts are rendered with the processor's chat template."""
+        see mindie_service.models.media_encoders). Parts are rendered with the processor's chat template."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)

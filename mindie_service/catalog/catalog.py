@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable
 from mindie_service.catalog.memory import estimate
 from mindie_service.catalog.model_json import ModelRecord, check_model_id, read_model_json
 from mindie_service.engine.client import EngineClient
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.instances import build_instances, instance_configs
 from mindie_service.errors import ConflictError, ModelNotFoundError, UnhealthyError, ValidationError
 from mindie_service.protocol.openai import RequestDefaults

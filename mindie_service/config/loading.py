@@ -19,7 +19,7 @@ from mindie_service.config.rules import cross_key_problems
 from mindie_service.config.schema import load_schema
 from mindie_service.config.settings import (BackendSettings, LogSettings, ModelSettings, ScheduleSettings,
                                             ServerSettings, ServiceConfig, TlsSettings)
-from mindie_service.engine.config import LoraModuleSpec
+from mindie_service.engine.engine_config import LoraModuleSpec
 from mindie_service.errors import ConfigError
 
 logger = logging.getLogger(__name__)

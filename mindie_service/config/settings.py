@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mindie_service.engine.config import EngineConfig, LoraModuleSpec
+from mindie_service.engine.engine_config import EngineConfig, LoraModuleSpec
 
 STANDARD_MOCK = "StandardMock"
 

@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator
 
 from transformers import AutoTokenizer
 
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.core import Event, LLMEngine
 from mindie_service.engine.types import EngineRequest, EngineStats, FailedEvent, TokenEvent
 from mindie_service.errors import GenerationError, IncompleteGenerationError, MindieError, UnhealthyError

@@ -18,7 +18,7 @@ from typing import Any
 
 from mindie_service.engine.beam import BeamGroup, BeamSearch, check_beam_request
 from mindie_service.engine.block_manager import BlockManager
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.loading import load_parts
 from mindie_service.engine.output import OutputProcessor
 from mindie_service.engine.parallel.launcher import ParallelRunner, RankGroup

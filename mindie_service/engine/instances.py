@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Sequence
 
 from mindie_service.engine.client import EngineClient
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.types import EngineRequest, EngineStats, TokenEvent
 from mindie_service.errors import ConflictError, MindieError
 from mindie_service.inputs.processor import InputProcessor

@@ -31,9 +31,9 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from mindie_service.engine.admission import queue_delay, reservation_blocks
+from mindie_service.engine.admit_rules import queue_delay, reservation_blocks
 from mindie_service.engine.block_manager import BlockManager
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.sequence import Sequence, SeqStatus
 from mindie_service.engine.sessions import SessionStore
 from mindie_service.engine.step import ScheduledChunk, SchedulerOutput

@@ -68,7 +68,7 @@ class MediaPrompt(Protocol):
 
 
 class MediaEncoder(Protocol):
-    """The part of a multimodal model's encoder the input processor uses (models.multimodal.MultimodalEncoder)."""
+    """The part of a multimodal model's encoder the input processor uses (models.media_encoders.MultimodalEncoder)."""
 
     modalities: tuple[str, ...]
 

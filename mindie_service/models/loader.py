@@ -32,7 +32,7 @@ class LoadedModel:
     hf_config: Any
     architecture: str
     dtype: torch.dtype
-    # Media encoders of a multimodal checkpoint (models/multimodal.py), None for text-only models.
+    # Media encoders of a multimodal checkpoint (models/media_encoders.py), None for text-only models.
     encoder: Any = None
 
 

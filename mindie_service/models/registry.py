@@ -16,7 +16,7 @@ class ModelFamily:
     rotary_class: str  # transformers class whose tables we reuse so RoPE matches bit for bit
     # Multimodal wrappers: the language model's config is ``hf_config.text_config``, its weights sit under
     # ``weight_prefixes`` (checkpoint prefix -> ours), and ``encoder`` ("module:Class") builds the media
-    # encoders (see models/multimodal.py). Plain LMs keep the defaults.
+    # encoders (see models/media_encoders.py). Plain LMs keep the defaults.
     text_config: str | None = None
     weight_prefixes: tuple[tuple[str, str], ...] = (("model.", ""),)
     encoder: str | None = None
@@ -38,11 +38,11 @@ REGISTRY: dict[str, ModelFamily] = {
     "LlavaForConditionalGeneration": ModelFamily(
         _llama(None), "transformers.models.llama.modeling_llama.LlamaRotaryEmbedding", text_config="text_config",
         weight_prefixes=(("model.language_model.", ""), ("language_model.model.", ""), ("language_model.", "")),
-        encoder="mindie_service.models.multimodal:LlavaEncoder"),
+        encoder="mindie_service.models.media_encoders:LlavaEncoder"),
     "Qwen2AudioForConditionalGeneration": ModelFamily(
         _llama(True), "transformers.models.qwen2.modeling_qwen2.Qwen2RotaryEmbedding", text_config="text_config",
         weight_prefixes=(("model.language_model.", ""), ("language_model.model.", ""), ("language_model.", "")),
-        encoder="mindie_service.models.multimodal:Qwen2AudioEncoder"),
+        encoder="mindie_service.models.media_encoders:Qwen2AudioEncoder"),
 }
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mindie_service.config import ServiceConfig, load_config
 from mindie_service.devkit.faults import install_from_env as install_test_faults
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.client import EngineClient
 from mindie_service.errors import ConfigError
 from mindie_service.inputs import TextPrompt

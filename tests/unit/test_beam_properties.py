@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from mindie_service.engine.beam import BeamSearch
 from mindie_service.engine.block_manager import BlockManager
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SeqStatus
 from mindie_service.engine.types import FINISH_EOS, FINISH_LENGTH, TokenEvent, TokenInfo

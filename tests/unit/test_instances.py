@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator
 import pytest
 
 from mindie_service.engine.client import EngineClient
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.instances import (InstanceRouter, build_instances, instances_of, split_threads,
                                              sum_stats)
 from mindie_service.engine.types import FINISH_LENGTH, EngineRequest, EngineStats, TokenEvent, TokenInfo

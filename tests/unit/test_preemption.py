@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from mindie_service.engine.block_manager import BlockManager
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SeqStatus
 from mindie_service.engine.step import SchedulerOutput

@@ -10,9 +10,9 @@ from transformers import AutoTokenizer
 
 from mindie_service import LLM, SamplingParams
 from mindie_service.devkit.lora import build_demo_lora
-from mindie_service.engine.config import LoraModuleSpec
+from mindie_service.engine.engine_config import LoraModuleSpec
 from mindie_service.models.loader import load_model
-from mindie_service.models.quant_eval import evaluate
+from mindie_service.devkit.quant_eval import evaluate
 from npu_ops.quant import QuantLinear
 
 logger = logging.getLogger(__name__)

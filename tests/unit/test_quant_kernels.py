@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.runner import kv_bytes_per_block
 from npu_ops import cpu_kernels, ops, quant, quant_cpu, quant_kv
 

@@ -11,7 +11,7 @@ import pytest
 
 from mindie_service.config import load_config
 from mindie_service.engine.block_manager import BlockManager
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence
 from mindie_service.errors import ConfigError

@@ -5,7 +5,7 @@ sampled token for every chunk that samples (what a runner + sampler would return
 from __future__ import annotations
 
 from mindie_service.engine.block_manager import BlockManager
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SeqStatus
 from mindie_service.engine.step import SchedulerOutput

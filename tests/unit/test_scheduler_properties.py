@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 
 from mindie_service.engine.block_manager import BlockManager
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.scheduler import Scheduler, _prefilling
 from mindie_service.engine.sequence import Sequence, SeqStatus
 from mindie_service.engine.swap import HostBlockPool

@@ -2,23 +2,24 @@
 
 torch.distributed's env rendezvous: ``MASTER_ADDR`` (rank 0's host: the server's), ``MASTER_PORT``
 (default: the config's multiNodesInferPort), ``WORLD_SIZE`` (must equal worldSize when set) and
-``RANK`` (or ``--rank``). The worker reads the same config.json as the server (modelWeightPath must
-name the checkpoint on this host) and serves until rank 0 stops or dies."""
+``RANK`` (or ``--rank``). The worker is given the engine config the server's config.json yields for its
+instance (the CLI loads it; modelWeightPath must name the checkpoint on this host) and serves until rank 0
+stops or dies."""
 from __future__ import annotations
 
 import logging
 import os
 
-from mindie_service.config import load_config
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.parallel.worker import run_worker
 from mindie_service.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 
-def join_from_config(path: str, rank: int | None, instance: int = 0, env: dict[str, str] | None = None) -> None:
+def join_instance(cfg: EngineConfig, rank: int | None, env: dict[str, str] | None = None) -> None:
+    """Check the rendezvous settings against ``cfg`` (ConfigError naming each problem), then serve as ``rank``."""
     env = dict(os.environ) if env is None else env
-    cfg = load_config(path).engine_config(0, instance=instance)
     problems = []
     if not cfg.multi_node:
         problems.append("BackendConfig.multiNodesInferEnabled must be true for `mindie-service worker`")

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.parallel.comm import Dist, StepMessage, init
 from mindie_service.engine.parallel.worker import spawn_entry
 from mindie_service.engine.step import ModelOutput, SchedulerOutput

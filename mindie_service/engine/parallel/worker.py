@@ -15,7 +15,7 @@ import logging
 import os
 from typing import Any
 
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.loading import load_parts
 from mindie_service.engine.parallel.comm import Dist, StepMessage, init
 from mindie_service.engine.runner import ModelRunner

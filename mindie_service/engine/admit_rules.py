@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.sequence import Sequence
 
 
