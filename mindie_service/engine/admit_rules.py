@@ -12,14 +12,14 @@ from mindie_service.engine.sequence import Sequence
 
 def reservation_blocks(cfg: EngineConfig, seq: Sequence, blocks_needed: Callable[[int], int], pool: int) -> int:
     """With maxPreemptCount 0, the blocks ``seq`` (or its beam search) is admitted with: its prompt plus its
-    maximum output; a beam search's num_beams times that, plus the two fresh blocks a fork may take per
-    beam before the beams it replaces are dropped (at most the ``pool``). 0 otherwise: no reservation."""
+    maximum output; a group's (a beam search's) width times that, plus the two fresh blocks a fork may take
+    per member before the members it replaces are dropped (at most the ``pool``). 0 otherwise: no reservation."""
     if cfg.max_preempt_count > 0:
         return 0
     full = blocks_needed(seq.num_prompt_tokens + seq.max_output)
     if seq.group is None:
         return full
-    return min(seq.group.scorer.num_beams * (full + 2), pool)
+    return min(seq.group.width * (full + 2), pool)
 
 
 def queue_delay(cfg: EngineConfig, waiting: Collection[Sequence], busy: bool, now: float | None) -> float:

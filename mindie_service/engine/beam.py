@@ -3,7 +3,8 @@ vectorised ``_beam_search``: 2 x num_beams candidates per step, a candidate that
 cap enters the finished set only if it ranks among the top num_beams, final score
 ``sum logprob / generated_length ** length_penalty``, and its ``early_stopping`` rules).
 
-Each beam is an ordinary ``Sequence`` in the scheduler's running set, so beams batch with other
+Each beam is an ordinary ``Sequence`` in the scheduler's running set, a member of its request's
+``BeamGroup`` (the scheduler's ``SequenceGroup`` plus the search state), so beams batch with other
 requests and count against maxBatchSize. When beams are re-ranked, a beam kept by one child continues
 in place; another child of the same parent forks: it shares every full KV block of its parent (reference
 counts) and gets a fresh block for the partly filled one, whose tokens it recomputes (copy-on-write by
@@ -11,14 +12,13 @@ recomputation: a shared block is never written). A group whose beam is preempted
 (the search is deterministic, and nothing was sent), so beams of one group are always sampled together."""
 from __future__ import annotations
 
-import itertools
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from mindie_service.engine.sequence import Sequence, SeqStatus
+from mindie_service.engine.sequence import Sequence, SequenceGroup, SeqStatus
 from mindie_service.engine.types import FINISH_LENGTH, EngineRequest, TokenEvent
 from mindie_service.errors import check
 
@@ -130,35 +130,20 @@ class BeamScorer:
         return h
 
 
-@dataclass(eq=False)
-class BeamGroup:
-    """One beam-search request: its client-facing id, its prompt, its live beams and its scorer."""
+@dataclass(eq=False, kw_only=True)
+class BeamGroup(SequenceGroup):
+    """One beam-search request: the scheduler's group of its beams (``members``, in beam order), plus its
+    scorer and the generated tokens of each running beam."""
 
-    request_id: str
-    root: Sequence  # a template: the request as added (prompt, params, caps, cache key)
     scorer: BeamScorer
-    beams: list[Sequence] = field(default_factory=list)  # running, in beam order
-    hyps: list[Hypothesis] = field(default_factory=list)  # generated tokens of each running beam
-    _ids: itertools.count = field(default_factory=itertools.count)
-    restarts: int = 0
+    hyps: list[Hypothesis] = field(default_factory=list)
 
-    def new_seq(self, output: list[int]) -> Sequence:
-        r = self.root
-        seq = Sequence(f"{self.request_id}#b{next(self._ids)}", list(r.prompt_token_ids), r.params, r.max_output,
-                       r.seed, cache_key=r.cache_key, output_token_ids=list(output))
-        seq.group = self
-        return seq
-
-    def fresh(self) -> Sequence:
+    def restart(self) -> Sequence:
         """(Re)start: one beam holding the prompt; the search state starts over."""
         s = self.scorer
         self.scorer = BeamScorer(s.num_beams, s.max_new, s.eos, s.length_penalty, s.early_stopping)
-        seq = self.new_seq([])
-        self.beams, self.hyps = [seq], [Hypothesis([], [])]
-        return seq
-
-    def live(self) -> list[Sequence]:
-        return [b for b in self.beams if b.status is SeqStatus.RUNNING]
+        self.hyps = [Hypothesis([], [])]
+        return super().restart()
 
 
 class BeamSearch:
@@ -175,31 +160,30 @@ class BeamSearch:
         p = root.params
         scorer = BeamScorer(p.num_beams, root.max_output, frozenset() if p.ignore_eos else self.eos,
                             p.length_penalty, p.early_stopping)
-        group = BeamGroup(root.request_id, root, scorer)
+        group = BeamGroup(root, p.num_beams, scorer=scorer)
         self.groups[root.request_id] = group
-        self.scheduler.add(group.fresh())
+        self.scheduler.add(group.restart())
 
-    def group_of(self, request_id: str) -> BeamGroup | None:
-        """The group of a client id or of one of its beams' ids (``<client id>#b<n>``)."""
-        g = self.groups.get(request_id)
-        if g is None and "#b" in request_id:
-            g = self.groups.get(request_id.rsplit("#b", 1)[0])
-        return g
+    def searching(self, group: SequenceGroup) -> bool:
+        """Whether ``group``'s search is still on (not finished, aborted or failed)."""
+        return self.groups.get(group.request_id) is group
 
     def abort(self, request_id: str) -> bool:
+        """End the search of the client's ``request_id``; False when there is none."""
         group = self.groups.pop(request_id, None)
         if group is None:
             return False
-        for b in group.beams:
+        for b in group.members:
             if b.status is not SeqStatus.FINISHED:
                 self.scheduler.finish(b)
         self.outputs.drop(request_id)
         return True
 
-    def advance(self, group: BeamGroup, rows: dict[Sequence, torch.Tensor]) -> list[TokenEvent]:
+    def advance(self, group: SequenceGroup, rows: dict[Sequence, torch.Tensor]) -> list[TokenEvent]:
         """One search step after the scheduler's update: re-rank, fork/continue/drop beams; at the end, the
-        chosen beam's events (all at once)."""
-        live = group.beams
+        chosen beam's events (all at once). ``group`` is one of this search's groups (``searching``)."""
+        assert isinstance(group, BeamGroup)
+        live = group.members
         if any(b.status is not SeqStatus.RUNNING or b not in rows for b in live):
             logger.debug("%s: beams out of step, restarting the search", group.request_id)
             self.scheduler.restart_group(group)
@@ -219,7 +203,7 @@ class BeamSearch:
         new_beams: list[Sequence] = []
         for parent, tok, fork in plan:  # forks first: they copy the parent's tokens before it moves on
             if fork:
-                child = group.new_seq(parent.output_token_ids + [tok])
+                child = group.new_member(parent.output_token_ids + [tok])
                 if not self.scheduler.fork(parent, child):
                     for b in new_beams:
                         self.scheduler.finish(b)
@@ -237,12 +221,12 @@ class BeamSearch:
         for b in live:
             if id(b) not in used:
                 self.scheduler.finish(b)
-        group.beams = beams
+        group.members = beams
         group.hyps = [Hypothesis(hyps[p].tokens + [tok], hyps[p].logprobs + [lp]) for p, tok, lp in nxt]
         return []
 
     def _finish(self, group: BeamGroup) -> list[TokenEvent]:
-        for b in group.beams:
+        for b in group.members:
             if b.status is not SeqStatus.FINISHED:
                 self.scheduler.finish(b)
         del self.groups[group.request_id]

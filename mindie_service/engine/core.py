@@ -16,7 +16,7 @@ import secrets
 import time
 from typing import Any
 
-from mindie_service.engine.beam import BeamGroup, BeamSearch, check_beam_request
+from mindie_service.engine.beam import BeamSearch, check_beam_request
 from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.loading import load_parts
@@ -25,7 +25,7 @@ from mindie_service.engine.parallel.launcher import ParallelRunner, RankGroup
 from mindie_service.engine.runner import ModelRunner, kv_bytes_per_block
 from mindie_service.engine.sampler import NonFiniteRows, SampleResult, Sampler
 from mindie_service.engine.scheduler import Scheduler
-from mindie_service.engine.sequence import Sequence
+from mindie_service.engine.sequence import Sequence, SequenceGroup
 from mindie_service.engine.sessions import SessionStore
 from mindie_service.engine.step import ModelOutput, SchedulerOutput
 from mindie_service.engine.swap import HostBlockPool, host_pool_blocks
@@ -120,12 +120,14 @@ class LLMEngine:
         return seq
 
     def abort_request(self, request_id: str) -> bool:
-        group = self.beams.group_of(request_id)  # a beam search: its client id or one of its beams'
-        if group is not None:
-            return self.beams.abort(group.request_id)
+        """Abort the client's ``request_id``, or the whole group (beam search) of the member it names."""
+        if self.beams.abort(request_id):
+            return True
         seq = self.scheduler.get(request_id)
         if seq is None:
             return False
+        if seq.group is not None:
+            return self.beams.abort(seq.group.request_id)
         self.scheduler.finish(seq)
         self.sampler.forget(request_id)
         self.outputs.drop(request_id)
@@ -181,14 +183,10 @@ class LLMEngine:
             if out.hold_s > 0:  # new prompts wait for company (maxQueueDelayMicroseconds); look again soon
                 time.sleep(min(out.hold_s, QUEUE_DELAY_TICK_S))
             return []
-        searching = set(self.beams.groups)
         outcomes, events = self._execute(out)
-        for ev in events:  # a beam that failed failed its whole search: tell the client's id
-            if "#b" in ev.request_id and ev.request_id.rsplit("#b", 1)[0] in searching:
-                ev.request_id = ev.request_id.rsplit("#b", 1)[0]
         sampled: dict[str, int] = {}
         finished: dict[str, str] = {}
-        beam_rows: dict[BeamGroup, dict[Sequence, Any]] = {}
+        beam_rows: dict[SequenceGroup, dict[Sequence, Any]] = {}
         for sub, result, sample in outcomes:
             for chunk in sub.prefills:
                 logits = result.prompt_logits.get(chunk.request_id)
@@ -210,7 +208,7 @@ class LLMEngine:
                 events.append(ev)
         self.scheduler.update(out, sampled, finished)
         for group, rows in beam_rows.items():
-            if group.request_id in self.beams.groups:
+            if self.beams.searching(group):
                 events.extend(self.beams.advance(group, rows))
         return events
 
@@ -231,8 +229,10 @@ class LLMEngine:
         # request alone gives the very tokens it would have drawn in the batch.
         outcomes: list[_Outcome] = []
         failed: list[Event] = []
+        # A member that fails fails its whole group (a beam search): its event goes to the client's id.
+        clients = {c.request_id: self._client_id(c.request_id) for c in out.chunks}
         for chunk in out.chunks:
-            rid = chunk.request_id
+            rid, cid = chunk.request_id, clients[chunk.request_id]
             try:
                 outcomes.append(self._run(out.only(chunk)))
             except EngineDeadError:
@@ -240,10 +240,15 @@ class LLMEngine:
             except NonFiniteRows:
                 logger.warning("request %s: non-finite logits, failing it", rid)
                 self.abort_request(rid)
-                failed.append(FailedEvent(rid, f"Request {rid} failed: the model produced non-finite logits (NaN or "
+                failed.append(FailedEvent(cid, f"Request {cid} failed: the model produced non-finite logits (NaN or "
                                                f"infinity) for it; its sampling parameters or LoRA adapter overflowed"))
             except Exception:  # noqa: BLE001 - the details go to the log, never to the client
                 logger.exception("request %s failed in the engine", rid)
                 self.abort_request(rid)
-                failed.append(FailedEvent(rid, f"Request {rid} failed in the engine"))
+                failed.append(FailedEvent(cid, f"Request {cid} failed in the engine"))
         return outcomes, failed
+
+    def _client_id(self, request_id: str) -> str:
+        """The client's id of a scheduled sequence: its group's for a member (a beam), else its own."""
+        seq = self.scheduler.get(request_id)
+        return seq.group.request_id if seq is not None and seq.group is not None else request_id

@@ -29,19 +29,16 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from mindie_service.engine.admit_rules import queue_delay, reservation_blocks
 from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.sequence import Sequence, SeqStatus
+from mindie_service.engine.sequence import Sequence, SequenceGroup, SeqStatus
 from mindie_service.engine.sessions import SessionStore
 from mindie_service.engine.step import ScheduledChunk, SchedulerOutput
 from mindie_service.engine.swap import HostBlockPool, swap_in, swap_out
 from mindie_service.engine.types import PRIORITY_ONLINE
-
-if TYPE_CHECKING:
-    from mindie_service.engine.beam import BeamGroup
 
 logger = logging.getLogger(__name__)
 
@@ -211,18 +208,22 @@ class Scheduler:
         out.num_decodes = len(decodes)
         return out
 
-    # ------------------------------------------------------------ beams (engine.beam)
+    # ------------------------------------------------------------ groups (a beam search's beams, engine.beam)
     def _batch_rows(self) -> int:
-        """Running sequences, plus the beams a running search will fork up to (num_beams each)."""
-        beams: dict[int, int] = {}
+        """Running sequences on their own, plus the rows of each running group (its width: the members it
+        may fork up to)."""
+        widths: dict[int, int] = {}
+        alone = 0
         for s in self.running:
-            if s.group is not None:
-                beams[id(s.group)] = s.group.scorer.num_beams
-        return len(self.running) + sum(beams.values()) - sum(1 for s in self.running if s.group is not None)
+            if s.group is None:
+                alone += 1
+            else:
+                widths[id(s.group)] = s.group.width
+        return alone + sum(widths.values())
 
     def fork(self, parent: Sequence, child: Sequence) -> bool:
-        """Start ``child``, a beam forked from ``parent`` (blocks shared copy-on-write); False when the pool is
-        short even after releasing kept sessions' blocks."""
+        """Start ``child``, a new member of ``parent``'s group forked from it (blocks shared copy-on-write);
+        False when the pool is short even after releasing kept sessions' blocks."""
         ok = self.blocks.fork(parent, child)
         if not ok and self.sessions is not None and self.sessions.release(self.blocks.blocks_needed(child.num_tokens)):
             ok = self.blocks.fork(parent, child)
@@ -233,19 +234,19 @@ class Scheduler:
             self.running.append(child)
         return ok
 
-    def restart_group(self, group: BeamGroup) -> Sequence:
-        """Drop every beam of ``group`` and queue its search again from the prompt, at the front: nothing has
-        been sent (the chosen beam is sent at the end) and the search is deterministic."""
-        for b in group.beams:
+    def restart_group(self, group: SequenceGroup) -> Sequence:
+        """Drop every member of ``group`` and queue it again from the prompt, at the front: nothing has been
+        sent (a beam search sends its chosen beam at the end) and the search is deterministic."""
+        for b in group.members:
             if b.status is not SeqStatus.FINISHED:
                 self.finish(b)
-        seq = group.fresh()
+        seq = group.restart()
         group.restarts += 1
         self.num_preemptions += 1
         seq.status = SeqStatus.WAITING
         self.seqs[seq.request_id] = seq
         self._enqueue(seq, front=True)
-        logger.debug("beam search %s restarts (%d)", group.request_id, group.restarts)
+        logger.debug("group %s restarts (%d)", group.request_id, group.restarts)
         return seq
 
     def _make_room_for_online(self, out: SchedulerOutput) -> int:
@@ -301,8 +302,8 @@ class Scheduler:
             rows = self._batch_rows()
             if rows >= self.cfg.max_batch_size or len(prefills) >= self.cfg.max_prefill_batch_size:
                 break
-            if seq.group is not None and rows + seq.group.scorer.num_beams > self.cfg.max_batch_size:
-                break  # its beams will count against maxBatchSize
+            if seq.group is not None and rows + seq.group.width > self.cfg.max_batch_size:
+                break  # its members will count against maxBatchSize
 
             # Distinct adapters are bounded by the LoRA pool's slots: the head waits for one to free up.
             if self.adapters is not None:

@@ -1,5 +1,6 @@
 """A request's token state inside the engine (the scheduler and the block manager own it; the runner
-sees only the plain ScheduledChunks of engine.step)."""
+sees only the plain ScheduledChunks of engine.step), and the groups of sequences the scheduler runs as
+one request (a beam search's beams)."""
 from __future__ import annotations
 
 import enum
@@ -40,7 +41,7 @@ class Sequence:
     finish_reason: str | None = None
     aborted: bool = False
     session_id: str | None = None  # kept for continuation under this key when it finishes (engine.sessions)
-    group: Any = None  # the engine.beam.BeamGroup this sequence is a beam of (None: not a beam)
+    group: SequenceGroup | None = None  # the group this sequence is a member of (a beam); None: on its own
 
     @property
     def num_tokens(self) -> int:
@@ -60,3 +61,37 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SeqStatus.FINISHED
+
+
+@dataclass(eq=False)
+class SequenceGroup:
+    """Sequences of one request that the scheduler runs together: a beam search's beams. They are admitted,
+    counted against maxBatchSize (``width`` rows: the most members the group runs at once), preempted and
+    restarted as one. ``root`` carries the request as added (the client's id, prompt, parameters, caps); it
+    is never scheduled itself. Members get ids of their own (the step contract keys rows by request id);
+    what a member belongs to is its ``group``, never read back from its id."""
+
+    root: Sequence
+    width: int
+    members: list[Sequence] = field(default_factory=list)  # running, in order (beam order)
+    restarts: int = 0  # times the scheduler restarted it from the prompt
+    _next_member: int = 0
+
+    @property
+    def request_id(self) -> str:
+        return self.root.request_id
+
+    def new_member(self, output_token_ids: list[int]) -> Sequence:
+        """A new member: the root's prompt and request, with ``output_token_ids`` already generated."""
+        r = self.root
+        seq = Sequence(f"{r.request_id}#b{self._next_member}", list(r.prompt_token_ids), r.params, r.max_output,
+                       r.seed, cache_key=r.cache_key, output_token_ids=list(output_token_ids))
+        self._next_member += 1
+        seq.group = self
+        return seq
+
+    def restart(self) -> Sequence:
+        """(Re)start from the prompt: one member holding it replaces every member."""
+        seq = self.new_member([])
+        self.members = [seq]
+        return seq
