@@ -201,12 +201,29 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int,
         raise _fail(name, f"path {str(path)!r} is not an existing folder holding both adapter files "
                           f"({CONFIG_FILE} not found or {WEIGHTS_FILE} not found)")
     cfg = read_config(name, folder)
-    shapes, layers = target_shapes(model), len(model.layers)
+    shapes = target_shapes(model)
     # A tensor-parallel rank (models/shard.py) checks the adapter against the whole model, then keeps its shard.
     plan = getattr(model, "tp_plan", None)
     if plan is not None:
         shapes = {s: replace(sh, in_features=i, out_features=o) for s, sh in shapes.items()
                   for i, o in [plan.lora_full_features()[s]]}
+    pairs = _read_pairs(name, wfile, len(model.layers))
+    # delta(x) = x A^T B^T: |delta| <= r * in * max|A| * max|B| * max|x|; over this the model's own dtype
+    # overflows on ordinary activations and the logits turn NaN (lora_alpha 3e38 did).
+    bound = min(1e12, torch.finfo(dtype).max / 1e4) if dtype.is_floating_point else 1e12
+    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+    for (layer, sub), ab in sorted(pairs.items()):
+        where = f"layers.{layer}.{TARGETS[sub][0]}.{sub}"
+        a32, b32 = _scaled_pair(name, where, ab, shapes[sub], cfg, max_rank, dtype, bound)
+        if plan is not None:
+            a32, b32 = plan.shard_lora(sub, a32, b32)
+        weights[(layer, sub)] = (a32.to(device, dtype).contiguous(), b32.to(device, dtype).contiguous())
+    rank = max(a.shape[0] for a, _ in weights.values())
+    return LoraAdapter(name=name, path=str(path), rank=rank, weights=weights)
+
+
+def _read_pairs(name: str, wfile: Path, layers: int) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
+    """The adapter file's tensors by (layer, target) and "A"/"B"; any other tensor is refused."""
     pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     try:
         with safe_open(str(wfile), framework="pt") as f:
@@ -223,42 +240,39 @@ def read_adapter(name: str, path: str | Path, model: nn.Module, max_rank: int,
         raise _fail(name, f"unreadable {WEIGHTS_FILE} ({exc})") from None
     if not pairs:
         raise _fail(name, "holds no LoRA weights")
-    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
-    rank_pattern, alpha_pattern = cfg["rank_pattern"], cfg["alpha_pattern"]
-    # delta(x) = x A^T B^T: |delta| <= r * in * max|A| * max|B| * max|x|; over this the model's own dtype
-    # overflows on ordinary activations and the logits turn NaN (lora_alpha 3e38 did).
-    bound = min(1e12, torch.finfo(dtype).max / 1e4) if dtype.is_floating_point else 1e12
-    for (layer, sub), ab in sorted(pairs.items()):
-        where = f"layers.{layer}.{TARGETS[sub][0]}.{sub}"
-        if set(ab) != {"A", "B"}:
-            raise _fail(name, f"{where} lacks lora_{'B' if 'A' in ab else 'A'}")
-        a, b, shape = ab["A"], ab["B"], shapes[sub]
-        r = a.shape[0] if a.dim() == 2 else -1
-        if r == 0:
-            raise _fail(name, f"{where} has rank 0")
-        if r > max_rank:
-            raise _fail(name, f"rank {r} of {where} exceeds maxLoraRank ({max_rank})")
-        if a.dim() != 2 or b.dim() != 2 or tuple(a.shape) != (r, shape.in_features) \
-                or tuple(b.shape) != (shape.out_features, r):
-            raise _fail(name, f"{where} has lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)}; the base model "
-                              f"needs ({r}, {shape.in_features}) and ({shape.out_features}, {r}) "
-                              f"(adapter built for a different base model?)")
-        module_key = f"model.{where}"
-        r_cfg = _pattern_value(rank_pattern, module_key, cfg.get("r", 8))
-        if r_cfg != r:
-            raise _fail(name, f"{where} has rank {r} but adapter_config.json says {r_cfg}")
-        alpha = float(_pattern_value(alpha_pattern, module_key, cfg["lora_alpha"]))
-        scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
-        a32, b32 = a.float(), b.float() * scale
-        if not (torch.isfinite(a32).all() and torch.isfinite(b32).all()):
-            raise _fail(name, f"{where} holds non-finite values (after scaling by lora_alpha / r = {scale:g})")
-        gain = r * shape.in_features * float(a32.abs().max()) * float(b32.abs().max())
-        if not gain <= bound:
-            raise _fail(name, f"{where}: its scaled weights (lora_alpha / r = {scale:g}) could overflow "
-                              f"{str(dtype).removeprefix('torch.')} (r x in_features x max|A| x max|B| = {gain:g}, "
-                              f"limit {bound:g})")
-        if plan is not None:
-            a32, b32 = plan.shard_lora(sub, a32, b32)
-        weights[(layer, sub)] = (a32.to(device, dtype).contiguous(), b32.to(device, dtype).contiguous())
-    rank = max(a.shape[0] for a, _ in weights.values())
-    return LoraAdapter(name=name, path=str(path), rank=rank, weights=weights)
+    return pairs
+
+
+def _scaled_pair(name: str, where: str, ab: dict[str, torch.Tensor], shape: TargetShape, cfg: dict[str, Any],
+                 max_rank: int, dtype: torch.dtype, bound: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``where``'s lora_A and lora_B checked against the base model's ``shape`` and the config's rank, in fp32,
+    B scaled by lora_alpha / r (or / sqrt(r) with rsLoRA); refused when their product could overflow ``dtype``
+    (its gain over ``bound``)."""
+    if set(ab) != {"A", "B"}:
+        raise _fail(name, f"{where} lacks lora_{'B' if 'A' in ab else 'A'}")
+    a, b = ab["A"], ab["B"]
+    r = a.shape[0] if a.dim() == 2 else -1
+    if r == 0:
+        raise _fail(name, f"{where} has rank 0")
+    if r > max_rank:
+        raise _fail(name, f"rank {r} of {where} exceeds maxLoraRank ({max_rank})")
+    if a.dim() != 2 or b.dim() != 2 or tuple(a.shape) != (r, shape.in_features) \
+            or tuple(b.shape) != (shape.out_features, r):
+        raise _fail(name, f"{where} has lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)}; the base model "
+                          f"needs ({r}, {shape.in_features}) and ({shape.out_features}, {r}) "
+                          f"(adapter built for a different base model?)")
+    module_key = f"model.{where}"
+    r_cfg = _pattern_value(cfg["rank_pattern"], module_key, cfg.get("r", 8))
+    if r_cfg != r:
+        raise _fail(name, f"{where} has rank {r} but adapter_config.json says {r_cfg}")
+    alpha = float(_pattern_value(cfg["alpha_pattern"], module_key, cfg["lora_alpha"]))
+    scale = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
+    a32, b32 = a.float(), b.float() * scale
+    if not (torch.isfinite(a32).all() and torch.isfinite(b32).all()):
+        raise _fail(name, f"{where} holds non-finite values (after scaling by lora_alpha / r = {scale:g})")
+    gain = r * shape.in_features * float(a32.abs().max()) * float(b32.abs().max())
+    if not gain <= bound:
+        raise _fail(name, f"{where}: its scaled weights (lora_alpha / r = {scale:g}) could overflow "
+                          f"{str(dtype).removeprefix('torch.')} (r x in_features x max|A| x max|B| = {gain:g}, "
+                          f"limit {bound:g})")
+    return a32, b32
