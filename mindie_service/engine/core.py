@@ -19,10 +19,10 @@ from typing import Any
 from mindie_service.engine.beam import BeamSearch, check_beam_request
 from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.loading import load_parts
+from mindie_service.engine.engine_parts import load_parts
 from mindie_service.engine.output import OutputProcessor
 from mindie_service.engine.parallel.launcher import ParallelRunner, RankGroup
-from mindie_service.engine.runner import ModelRunner, kv_bytes_per_block
+from mindie_service.engine.model_runner import ModelRunner, kv_bytes_per_block
 from mindie_service.engine.sampler import NonFiniteRows, SampleResult, Sampler
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SequenceGroup

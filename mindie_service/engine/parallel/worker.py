@@ -16,9 +16,9 @@ import os
 from typing import Any
 
 from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.loading import load_parts
+from mindie_service.engine.engine_parts import load_parts
 from mindie_service.engine.parallel.comm import Dist, StepMessage, init
-from mindie_service.engine.runner import ModelRunner
+from mindie_service.engine.model_runner import ModelRunner
 from mindie_service.errors import EngineDeadError
 from mindie_service.lora.manager import LoraManager
 from npu_ops.device import select_device

@@ -9,7 +9,7 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.runner import kv_bytes_per_block
+from mindie_service.engine.model_runner import kv_bytes_per_block
 from mindie_service.models.loader import LoadedModel, load_model
 from mindie_service.models.shard import Reduce
 from npu_ops import cpu_kernels, platform
