@@ -1,7 +1,8 @@
 """The model catalog: every model the service knows (config.json's ModelConfig entries and the folders of
 ModelDeployConfig.modelsDir), its state, and its engine while it runs (each model its own EngineClient).
 
-States: not_downloaded -> downloading -> downloaded -> starting -> running -> stopping -> stopped.
+States: not_downloaded -> downloading -> downloaded -> starting -> running -> stopping -> stopped; a start
+that fails leaves "failed" (``error`` says why), from which the model can be started again.
 Start, stop and download return at once; the work runs in the background and clients poll the model."""
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import dataclasses
 import gc
 import logging
+import os
 import shutil
 import threading
 from dataclasses import dataclass, field
@@ -222,7 +224,7 @@ class Catalog:
             logger.exception("model %s failed to start", e.id)
             if engine is not None:
                 engine.shutdown()
-            e.state, e.error = "stopped", f"{type(ex).__name__}: {ex}"
+            e.state, e.error = "failed", f"{type(ex).__name__}: {ex}"
 
     def attach(self, model_id: str, engine: EngineClient) -> None:
         """The default model's engine, built by main at boot."""
@@ -231,7 +233,7 @@ class Catalog:
 
     def stop(self, model_id: str) -> CatalogEntry:
         e = self.get(model_id)
-        if e.state in ("stopped", "downloaded", "stopping", "not_downloaded"):
+        if e.state in ("stopped", "downloaded", "stopping", "not_downloaded", "failed"):
             return e
         if e.state != "running":
             raise ConflictError(f"model {model_id} cannot stop while {e.state}")
@@ -265,11 +267,27 @@ class Catalog:
             raise ConflictError(f"model {model_id} is {e.state}; stop it before deleting it")
         if not e.owned_folder:
             raise ConflictError(f"model {model_id} is a ModelConfig entry of config.json; remove it there")
-        folder = self.folder_of(model_id)
+        folder = self.folder_of(model_id)  # never outside modelsDir
+        user = self._sharing(e, folder)
+        if user is not None:
+            raise ConflictError(f"model {model_id}'s files are also used by {user}; they are not deleted")
         if folder.is_dir():
             shutil.rmtree(folder)
         del self.entries[model_id]
         logger.info("model %s deleted", model_id)
+
+    def _sharing(self, e: CatalogEntry, folder: Path) -> str | None:
+        """The first other user of any file of ``folder`` (a catalog entry, a ModelConfig entry or a LoRA module of
+        config.json), resolved real paths compared; None when nothing else uses them."""
+        mine = real_files(folder)
+        users = [(f"ModelConfig entry {m.name} of config.json", Path(m.weight_path)) for m in self.config.models]
+        users += [(f"LoRA module {lo.name} of config.json", Path(lo.path))
+                  for lo in getattr(self.config, "lora_modules", ())]
+        users += [(f"catalog model {o.id}", o.folder) for o in self.entries.values() if o is not e]
+        for name, path in users:
+            if real_files(path) & mine:
+                return name
+        return None
 
     # -- download --------------------------------------------------------------------------------
     async def download(self, model_id: str, policy: Any, cap: int) -> CatalogEntry:
@@ -371,3 +389,12 @@ class Catalog:
             if e.engine is not None:
                 await asyncio.get_running_loop().run_in_executor(None, e.engine.shutdown)
                 e.engine = None
+
+
+def real_files(path: Path) -> set[str]:
+    """The resolved real paths of ``path`` and of every folder and file under it (links followed once)."""
+    root = os.path.realpath(path)
+    out = {root}
+    for d, dirs, files in os.walk(root):
+        out.update(os.path.realpath(os.path.join(d, n)) for n in dirs + files)
+    return out

@@ -10,6 +10,7 @@ from typing import Any
 import tornado.web
 
 from mindie_service.catalog.model_json import LIST_STATES, TRANSIENT_STATES
+from mindie_service.server.auth import OPEN_PATHS
 from mindie_service.server.handlers_base import BaseHandler
 
 METHODS = ("get", "post", "put", "delete", "patch")
@@ -95,7 +96,8 @@ def handler_methods(cls: type) -> list[str]:
     out = []
     for m in METHODS:
         impl = getattr(cls, m, None)
-        if impl is not None and impl is not getattr(tornado.web.RequestHandler, m, None):
+        if impl is not None and impl is not getattr(tornado.web.RequestHandler, m, None) \
+                and not getattr(impl, "management_only", False):  # a refusal (403) on this port
             out.append(m)
     return out
 
@@ -155,4 +157,16 @@ class OpenApiHandler(BaseHandler):
         from mindie_service.server.handlers_tgi import service_version
 
         cat = self.ctx.catalog
-        self.write_json(build_document(self.routes, service_version(), list(cat.entries) if cat else None))
+        doc = build_document(self.routes, service_version(), list(cat.entries) if cat else None)
+        auth = self.application.settings.get("auth")
+        if auth is not None and auth.ring.asks(self.application.settings.get("default_plane", "business")):
+            add_bearer(doc)
+        self.write_json(doc)
+
+
+def add_bearer(doc: dict[str, Any]) -> None:
+    """This port asks for API keys: every operation but the open probes (server/auth.OPEN_PATHS) says so."""
+    doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    for path, ops in doc["paths"].items():
+        for op in ops.values():
+            op["security"] = [] if path in OPEN_PATHS else [{"bearer": []}]
