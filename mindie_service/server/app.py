@@ -129,7 +129,8 @@ def make_app(ctx: ServerContext, planes: tuple[str, ...] | list[str],
             seen.add(path)
             routes.append((path, handler, {"ctx": ctx}))
             access.setdefault(handler, {}).setdefault("*", _plane_of(handler, planes))
-    served = [(path, handler) for path, handler, _ in routes]
+    # the refusals (403) are not what this port serves: its document leaves them out
+    served = [(path, handler) for path, handler, _ in routes if not issubclass(handler, ManagementOnlyHandler)]
     routes.append((r"/openapi.json", OpenApiHandler, {"ctx": ctx, "routes": served}))  # each port documents its own
     return tornado.web.Application(routes, default_handler_class=NotFoundHandler,
                                    default_handler_args={"ctx": ctx}, compress_response=False,
