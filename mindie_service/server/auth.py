@@ -106,7 +106,7 @@ class Auth:
         if path in OPEN_PATHS or not ring.asks(plane):
             return None
         if plane == ADMIN and not ring.keys_of(plane):
-            return ForbiddenError(f"{path} is served on the management port (ServerConfig.managementPort); "
+            return ForbiddenError(f"{path} is served on the management port ({self.settings.management_port}); "
                                   "on the business port it needs a management key and none is set")
         key = bearer(authorization)
         if key is None:
