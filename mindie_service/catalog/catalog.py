@@ -10,7 +10,6 @@ import asyncio
 import dataclasses
 import gc
 import logging
-import os
 import shutil
 import threading
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any, Awaitable, Callable
 
 from mindie_service.catalog.memory import estimate
 from mindie_service.catalog.model_json import ModelRecord, check_model_id, read_model_json
+from mindie_service.catalog.shared_files import first_user
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.instances import build_instances, instance_configs
@@ -277,17 +277,13 @@ class Catalog:
         logger.info("model %s deleted", model_id)
 
     def _sharing(self, e: CatalogEntry, folder: Path) -> str | None:
-        """The first other user of any file of ``folder`` (a catalog entry, a ModelConfig entry or a LoRA module of
-        config.json), resolved real paths compared; None when nothing else uses them."""
-        mine = real_files(folder)
+        """The first other user of any file of ``folder``: a ModelConfig entry, a LoRA module of config.json or
+        another catalog model (shared_files.first_user); None when nothing else uses them."""
         users = [(f"ModelConfig entry {m.name} of config.json", Path(m.weight_path)) for m in self.config.models]
         users += [(f"LoRA module {lo.name} of config.json", Path(lo.path))
                   for lo in getattr(self.config, "lora_modules", ())]
         users += [(f"catalog model {o.id}", o.folder) for o in self.entries.values() if o is not e]
-        for name, path in users:
-            if real_files(path) & mine:
-                return name
-        return None
+        return first_user(folder, users)
 
     # -- download --------------------------------------------------------------------------------
     async def download(self, model_id: str, policy: Any, cap: int) -> CatalogEntry:
@@ -390,11 +386,3 @@ class Catalog:
                 await asyncio.get_running_loop().run_in_executor(None, e.engine.shutdown)
                 e.engine = None
 
-
-def real_files(path: Path) -> set[str]:
-    """The resolved real paths of ``path`` and of every folder and file under it (links followed once)."""
-    root = os.path.realpath(path)
-    out = {root}
-    for d, dirs, files in os.walk(root):
-        out.update(os.path.realpath(os.path.join(d, n)) for n in dirs + files)
-    return out

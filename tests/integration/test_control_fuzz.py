@@ -33,7 +33,8 @@ EXAMPLES = "6"  # per operation; --generation-deterministic: the same cases ever
 def server(tmp_path_factory, tiny_model):
     tmp: Path = tmp_path_factory.mktemp("fuzz")
     models = tmp / "models"
-    shutil.copytree(tiny_model, models / "tiny")  # the configured model's weights, inside modelsDir (the set-up)
+    # the configured model's weights, inside modelsDir (the set-up)
+    shutil.copytree(tiny_model, models / "tiny")
     shutil.copytree(tiny_model, models / "fuzz-ckpt")
     (models / "fuzz-json").mkdir()
     for mid, src in (("fuzz-ckpt", "/nonexistent/fuzz.tar"), ("fuzz-json", "http://127.0.0.1:9/fuzz.tar")):
