@@ -16,6 +16,8 @@ from mindie_service.server.handlers_base import BaseHandler
 METHODS = ("get", "post", "put", "delete", "patch")
 _OBJ = {"type": "object"}
 _ANY: dict[str, Any] = {}
+_LOAD_ERROR = {"type": "string", "description": "Extension: present when the model's last start failed (its "
+               "state is then Jan's stopped, or null in a list); the reason. It can be started again."}
 
 SCHEMAS: dict[str, Any] = {
     "Error": {"type": "object", "required": ["error"], "properties": {
@@ -31,7 +33,7 @@ SCHEMAS: dict[str, Any] = {
         "owned_by": {"type": "string"}, "parent": {"type": ["string", "null"]},
         "source_url": {"type": "string"}, "parameters": _OBJ, "metadata": _OBJ,
         "state": {"enum": [None, "downloading", "ready", "starting", "stopping"],
-                  "description": "Jan's Model.state: ready = running."}}},
+                  "description": "Jan's Model.state: ready = running."}, "load_error": _LOAD_ERROR}},
     "ListModelsResponse": {"type": "object", "required": ["object", "data"], "properties": {
         "object": {"const": "list"}, "data": {"type": "array", "items": {"$ref": "#/components/schemas/Model"}}}},
     "GetModelResponse": {"type": "object", "required": ["id", "object", "created", "owned_by", "state",
@@ -41,7 +43,7 @@ SCHEMAS: dict[str, Any] = {
         "engine_parameters": _OBJ,
         "state": {"enum": list(LIST_STATES + TRANSIENT_STATES),
                   "description": "Jan's four states; downloading, starting and stopping (while they last) are "
-                                 "this service's extension."}}},
+                                 "this service's extension."}, "load_error": _LOAD_ERROR}},
     "ModelStateResponse": {"type": "object", "required": ["id", "object", "state"], "properties": {
         "id": {"type": "string"}, "object": {"const": "model"}, "state": {"type": "string"}},
         "description": "StartModelResponse / StopModelResponse."},
