@@ -48,6 +48,13 @@ class ForbiddenError(MindieError):
     error_type = "forbidden"
 
 
+class UnauthorizedError(MindieError):
+    """No API key, or one this plane does not accept: 401 with ``WWW-Authenticate: Bearer``."""
+
+    status = 401
+    error_type = "unauthorized"
+
+
 class NotFoundError(MindieError):
     status = 404
     error_type = "not_found"

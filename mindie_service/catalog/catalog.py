@@ -1,7 +1,8 @@
 """The model catalog: every model the service knows (config.json's ModelConfig entries and the folders of
 ModelDeployConfig.modelsDir), its state, and its engine while it runs (each model its own EngineClient).
 
-States: not_downloaded -> downloading -> downloaded -> starting -> running -> stopping -> stopped.
+States: not_downloaded -> downloading -> downloaded -> starting -> running -> stopping -> stopped; a start
+that fails leaves "failed" (``error`` says why), from which the model can be started again.
 Start, stop and download return at once; the work runs in the background and clients poll the model."""
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Any, Awaitable, Callable
 
 from mindie_service.catalog.memory import estimate
 from mindie_service.catalog.model_json import ModelRecord, check_model_id, read_model_json
+from mindie_service.catalog.shared_files import first_user
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.instances import build_instances, instance_configs
@@ -222,7 +224,7 @@ class Catalog:
             logger.exception("model %s failed to start", e.id)
             if engine is not None:
                 engine.shutdown()
-            e.state, e.error = "stopped", f"{type(ex).__name__}: {ex}"
+            e.state, e.error = "failed", f"{type(ex).__name__}: {ex}"
 
     def attach(self, model_id: str, engine: EngineClient) -> None:
         """The default model's engine, built by main at boot."""
@@ -231,7 +233,7 @@ class Catalog:
 
     def stop(self, model_id: str) -> CatalogEntry:
         e = self.get(model_id)
-        if e.state in ("stopped", "downloaded", "stopping", "not_downloaded"):
+        if e.state in ("stopped", "downloaded", "stopping", "not_downloaded", "failed"):
             return e
         if e.state != "running":
             raise ConflictError(f"model {model_id} cannot stop while {e.state}")
@@ -265,11 +267,23 @@ class Catalog:
             raise ConflictError(f"model {model_id} is {e.state}; stop it before deleting it")
         if not e.owned_folder:
             raise ConflictError(f"model {model_id} is a ModelConfig entry of config.json; remove it there")
-        folder = self.folder_of(model_id)
+        folder = self.folder_of(model_id)  # never outside modelsDir
+        user = self._sharing(e, folder)
+        if user is not None:
+            raise ConflictError(f"model {model_id}'s files are also used by {user}; they are not deleted")
         if folder.is_dir():
             shutil.rmtree(folder)
         del self.entries[model_id]
         logger.info("model %s deleted", model_id)
+
+    def _sharing(self, e: CatalogEntry, folder: Path) -> str | None:
+        """The first other user of any file of ``folder``: a ModelConfig entry, a LoRA module of config.json or
+        another catalog model (shared_files.first_user); None when nothing else uses them."""
+        users = [(f"ModelConfig entry {m.name} of config.json", Path(m.weight_path)) for m in self.config.models]
+        users += [(f"LoRA module {lo.name} of config.json", Path(lo.path))
+                  for lo in getattr(self.config, "lora_modules", ())]
+        users += [(f"catalog model {o.id}", o.folder) for o in self.entries.values() if o is not e]
+        return first_user(folder, users)
 
     # -- download --------------------------------------------------------------------------------
     async def download(self, model_id: str, policy: Any, cap: int) -> CatalogEntry:
@@ -371,3 +385,4 @@ class Catalog:
             if e.engine is not None:
                 await asyncio.get_running_loop().run_in_executor(None, e.engine.shutdown)
                 e.engine = None
+

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -146,7 +147,15 @@ def _server(srv: dict[str, Any], base: Path) -> ServerSettings:
         max_connections_key=srv["maxConnections"], max_decoded_media_bytes=int(srv["maxDecodedMediaBytes"]),
         max_image_aspect_ratio=float(srv["maxImageAspectRatio"]),
         max_video_frames_decoded=int(srv["maxVideoFramesDecoded"]),
-        open_ai_support=srv.get("openAiSupport") or "openai")
+        open_ai_support=srv.get("openAiSupport") or "openai", api_key_hashes=_key_hashes(srv),
+        api_key_file=_resolve(base, srv["apiKeyFile"]) if srv.get("apiKeyFile") else None,
+        management_routes_on_business_port=bool(srv.get("managementRoutesOnBusinessPort")))
+
+
+def _key_hashes(srv: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """(plane, SHA-256 hex) of each configured API key: only their hashes leave the file."""
+    return tuple((plane, hashlib.sha256(k.encode()).hexdigest())
+                 for plane in ("business", "management", "metrics") for k in srv.get(f"{plane}ApiKeys") or ())
 
 
 def _backend(be: dict[str, Any], base: Path) -> BackendSettings:

@@ -104,7 +104,9 @@ def _explain(err: jsonschema.ValidationError, sources: Mapping[str, str]) -> Ite
     elif v == "uniqueItems":
         yield path, f"{label(path, sources)} must not repeat an item, got {show(err.instance)}"
     else:
-        yield path, f"{label(path, sources)} must be {_describe(err.schema)}, got {show(err.instance)}"
+        # an API key is never repeated back (config errors are logged)
+        got = "(a key, not shown)" if "ApiKeys" in path else show(err.instance)
+        yield path, f"{label(path, sources)} must be {_describe(err.schema)}, got {got}"
 
 
 def schema_problems(data: Any, sources: Mapping[str, str]) -> tuple[list[str], set[str]]:

@@ -55,6 +55,11 @@ def cross_key_problems(data: dict[str, Any], bad: set[str], sources: Mapping[str
                  f"= {math.ceil(seq / cbs)}, got {kvb}")
     p += _select_batch_problems(_section(data, "BackendConfig", "ScheduleConfig"), bad, sources)
     p += _address_problems(_section(data, S), bad, sources)
+    srv = _section(data, S)
+    if srv.get("managementRoutesOnBusinessPort") is True and not srv.get("managementApiKeys") \
+            and not srv.get("apiKeyFile"):
+        p.append(f"{S}.managementRoutesOnBusinessPort needs an admin key: set {S}.managementApiKeys "
+                 f"(or {S}.apiKeyFile)")
     p += _model_problems(_section(data, "BackendConfig"), _section(data, "BackendConfig", "ModelDeployConfig"), bad)
     return p
 

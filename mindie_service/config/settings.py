@@ -55,6 +55,10 @@ class ServerSettings:
     max_image_aspect_ratio: float = 200.0
     max_video_frames_decoded: int = 2048
     open_ai_support: str = "openai"  # "openai" | "vllm" (also vLLM's extra request fields)
+    # (plane, SHA-256 hex of the key) of *ApiKeys; the keys themselves are not kept
+    api_key_hashes: tuple[tuple[str, str], ...] = ()
+    api_key_file: str | None = None  # resolved; read by server.auth at start and on SIGHUP
+    management_routes_on_business_port: bool = False  # only ever served with a management key
 
     @property
     def max_connections(self) -> int:

@@ -24,16 +24,16 @@ class InputLimits:
 
 
 def fit_prompt(ids: Sequence[int], truncate: int | None, limits: InputLimits, *,
-               media: bool = False) -> tuple[int, ...]:
+               media: bool = False, field: str = "inputs") -> tuple[int, ...]:
     """Apply ``truncate``, then the length limit. A media prompt is never cut: cutting would drop media
-    placeholders whose embeddings the request still carries."""
+    placeholders whose embeddings the request still carries. ``field``: the request's name for the prompt."""
     if truncate is not None and truncate < len(ids):
         ids = ids[-truncate:]
     limit = limits.max_input_len
     if len(ids) > limit:
         if media or not limits.truncation:
             expanded = " with media placeholders expanded" if media else ""
-            raise ValidationError(f"Parameter inputs must be at most {limit} tokens (maxInputTokenLen, "
+            raise ValidationError(f"Parameter {field} must be at most {limit} tokens (maxInputTokenLen, "
                                   f"maxSeqLen - 1 and the KV pool bound it){expanded}, got {len(ids)} tokens")
         ids = ids[-limit:]
     return tuple(ids)

@@ -183,7 +183,8 @@ class InputProcessor:
             raw, mm_inputs, mm_hashes = list(kept), None, ()
         else:
             raw, mm_inputs, mm_hashes = self._prompt_ids(prompt, truncate)
-        ids = fit_prompt(raw, truncate, self.limits, media=mm_inputs is not None)
+        ids = fit_prompt(raw, truncate, self.limits, media=mm_inputs is not None,
+                         field="messages" if isinstance(prompt, ChatPrompt) else "inputs")
         check(len(ids) > 0, "inputs", "at least one token after tokenization", len(ids))
         self._check_ids(ids, mm_inputs)
         if mm_hashes:

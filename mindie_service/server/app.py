@@ -10,9 +10,11 @@ from mindie_service.server.context import ServerContext
 from mindie_service.server.handlers_base import NotFoundHandler
 from mindie_service.server.handlers_jobs import (CancelJobHandler, JobResultsHandler, JobStatusHandler,
                                                  ListJobsHandler, SubmitJobHandler)
+from mindie_service.server.auth import ADMIN, Auth
 from mindie_service.server.handlers_mgmt import (
     ConfigHandler,
     LiveHandler,
+    ManagementOnlyHandler,
     MetricsHandler,
     ReadyHandler,
     StatusHandler,
@@ -20,8 +22,9 @@ from mindie_service.server.handlers_mgmt import (
 )
 from mindie_service.server.handlers_lora import LoadLoraHandler, UnloadLoraHandler
 from mindie_service.server.handlers_mindie import MindieGenerateHandler, TokenizerHandler
-from mindie_service.server.handlers_models import (DownloadModelHandler, ModelHandler, ModelsHandler,
-                                                   StartModelHandler, StopModelHandler)
+from mindie_service.server.handlers_models import (DownloadModelHandler, ManagementOnlyModelHandler, ModelHandler,
+                                                   ModelsHandler, ModelViewHandler, StartModelHandler,
+                                                   StopModelHandler)
 from mindie_service.server.handlers_openai import ChatCompletionsHandler, CompletionsHandler
 from mindie_service.server.openapi import OpenApiHandler
 from mindie_service.server.handlers_rest import GenerateBatchHandler, GenerateOneHandler
@@ -32,8 +35,23 @@ from mindie_service.server.handlers_tgi import (
     TgiGenerateStreamHandler,
 )
 
+Routes = list[tuple[str, type[tornado.web.RequestHandler]]]
+
+# Everything that changes what the server serves: the management plane's (path, handler, its methods that
+# change something). On the business port these paths answer 403 naming the management port, unless
+# ServerConfig.managementRoutesOnBusinessPort serves them there too (then with a management key only).
+MANAGEMENT_ONLY: list[tuple[str, type[tornado.web.RequestHandler], tuple[str, ...]]] = [
+    (r"/v1/models/download/([^/]+)", DownloadModelHandler, ("get",)),
+    (r"/v1/models/([^/]+)/start", StartModelHandler, ("put",)),
+    (r"/v1/models/([^/]+)/stop", StopModelHandler, ("put",)),
+    (r"/v1/models/([^/]+)", ModelHandler, ("delete",)),
+    (r"/stopService", StopServiceHandler, ("post",)),
+    (r"/v1/load_lora_adapter", LoadLoraHandler, ("post",)),
+    (r"/v1/unload_lora_adapter", UnloadLoraHandler, ("post",)),
+]
+
 # /health and /info are TGI routes too, so the business port serves them as TGI does (read-only).
-PLANE_ROUTES: dict[str, list[tuple[str, type[tornado.web.RequestHandler]]]] = {
+PLANE_ROUTES: dict[str, Routes] = {
     "business": [
         (r"/", MindieGenerateHandler),
         (r"/generate", TgiGenerateHandler),
@@ -49,10 +67,7 @@ PLANE_ROUTES: dict[str, list[tuple[str, type[tornado.web.RequestHandler]]]] = {
         (r"/v1/completions", CompletionsHandler),
         (r"/v1/chat/completions", ChatCompletionsHandler),
         (r"/v1/models", ModelsHandler),
-        (r"/v1/models/download/([^/]+)", DownloadModelHandler),
-        (r"/v1/models/([^/]+)/start", StartModelHandler),
-        (r"/v1/models/([^/]+)/stop", StopModelHandler),
-        (r"/v1/models/([^/]+)", ModelHandler),
+        (r"/v1/models/([^/]+)", ModelViewHandler),  # DELETE: 403 (management port)
         (r"/health", HealthHandler),
         (r"/info", InfoHandler),
     ],
@@ -63,14 +78,23 @@ PLANE_ROUTES: dict[str, list[tuple[str, type[tornado.web.RequestHandler]]]] = {
         (r"/v2/health/ready", ReadyHandler),
         (r"/v1/config", ConfigHandler),
         (r"/v1/status", StatusHandler),
-        (r"/stopService", StopServiceHandler),
-        (r"/v1/load_lora_adapter", LoadLoraHandler),
-        (r"/v1/unload_lora_adapter", UnloadLoraHandler),
+        (r"/v1/models", ModelsHandler),
+        *[(path, cls) for path, cls, _ in MANAGEMENT_ONLY],
     ],
     "metrics": [
         (r"/metrics", MetricsHandler),
     ],
 }
+
+
+def business_extras(admin_routes: bool) -> tuple[Routes, dict[type, dict[str, str]]]:
+    """The business port's management routes: each answering 403 (its path's error dialect), or with
+    ``admin_routes`` the handlers themselves, their changing methods asking for a management key."""
+    if not admin_routes:
+        return [(path, ManagementOnlyModelHandler if path.startswith("/v1/models") else ManagementOnlyHandler)
+                for path, cls, _ in MANAGEMENT_ONLY if cls is not ModelHandler], {}
+    access = {cls: {m: ADMIN for m in methods} for _, cls, methods in MANAGEMENT_ONLY}
+    return [(path, cls) for path, cls, _ in MANAGEMENT_ONLY], access
 
 
 def log_request(handler: tornado.web.RequestHandler) -> None:
@@ -84,17 +108,39 @@ def log_request(handler: tornado.web.RequestHandler) -> None:
     log("%d %s %s (%s) %.2fms", status, r.method, r.path, r.remote_ip, 1000.0 * r.request_time())
 
 
-def make_app(ctx: ServerContext, planes: tuple[str, ...] | list[str]) -> tornado.web.Application:
-    """The application for one listener serving ``planes`` (business, management, metrics)."""
+def make_app(ctx: ServerContext, planes: tuple[str, ...] | list[str],
+             auth: Auth | None = None) -> tornado.web.Application:
+    """The application for one listener serving ``planes`` (business, management, metrics). ``auth``: the API
+    keys in force (shared by the listeners, so that SIGHUP reloads them once); default: the config's."""
+    table: Routes = []
+    access: dict[type, dict[str, str]] = {}
+    for plane in planes:
+        table += PLANE_ROUTES[plane]
+        if plane == "business":
+            extra, access = business_extras(ctx.settings.management_routes_on_business_port)
+            # the handlers themselves replace the read-only model route; the refusals go after every plane's
+            table = [r for r in table if r[1] is not ModelViewHandler or not access] + extra
     routes: list[Any] = []
     seen: set[str] = set()
-    for plane in planes:
-        for path, handler in PLANE_ROUTES[plane]:
-            if path not in seen:
-                seen.add(path)
-                routes.append((path, handler, {"ctx": ctx}))
-    served = [(path, handler) for path, handler, _ in routes]
+    # a plane's own handler wins over another plane's refusal or read-only view (planes sharing a listener)
+    for path, handler in sorted(table, key=lambda r: r[1] is ModelViewHandler
+                                or issubclass(r[1], ManagementOnlyHandler)):
+        if path not in seen:
+            seen.add(path)
+            routes.append((path, handler, {"ctx": ctx}))
+            access.setdefault(handler, {}).setdefault("*", _plane_of(handler, planes))
+    # the refusals (403) are not what this port serves: its document leaves them out
+    served = [(path, handler) for path, handler, _ in routes if not issubclass(handler, ManagementOnlyHandler)]
     routes.append((r"/openapi.json", OpenApiHandler, {"ctx": ctx, "routes": served}))  # each port documents its own
     return tornado.web.Application(routes, default_handler_class=NotFoundHandler,
                                    default_handler_args={"ctx": ctx}, compress_response=False,
-                                   log_function=log_request)
+                                   log_function=log_request, auth=auth or Auth(ctx.settings), access=access,
+                                   default_plane=planes[0])
+
+
+def _plane_of(handler: type, planes: tuple[str, ...] | list[str]) -> str:
+    """The plane whose keys ``handler`` asks for on this listener: the first of ``planes`` serving it."""
+    for plane in planes:
+        if any(cls is handler for _, cls in PLANE_ROUTES[plane]):
+            return plane
+    return planes[0]

@@ -24,8 +24,10 @@ from mindie_service.errors import (
     MindieError,
     NotFoundError,
     PayloadTooLargeError,
+    UnauthorizedError,
 )
 from mindie_service.protocol.validation import parse_json_body
+from mindie_service.server.auth import request_error
 from mindie_service.server.context import ServerContext
 from mindie_service.server.listener import drain_limit, start_linger
 
@@ -94,6 +96,9 @@ class BaseHandler(tornado.web.RequestHandler):
             self._too_large = True  # keep reading (and dropping) so the client sees the 413
         if len(self.request.headers) > MAX_HEADERS:
             self.refuse(BadRequestError(f"too many HTTP headers: {len(self.request.headers)} (at most {MAX_HEADERS})"))
+        key_error = request_error(self)  # API keys of this route's plane (server/auth.py)
+        if key_error is not None:
+            self.refuse(key_error)
 
     def refuse(self, err: MindieError) -> None:
         """Answer ``err`` instead of this request, once its body has been read and dropped (from ``prepare``)."""
@@ -172,6 +177,8 @@ class BaseHandler(tornado.web.RequestHandler):
             return
         self.set_status(err.status)
         self.set_header("Content-Type", "application/json")
+        if isinstance(err, UnauthorizedError):
+            self.set_header("WWW-Authenticate", 'Bearer realm="mindie-service"')
         # ensure_ascii: a message may quote client text holding lone surrogates, which UTF-8 cannot encode.
         self.finish(json.dumps(self.error_json(err), ensure_ascii=True))
 

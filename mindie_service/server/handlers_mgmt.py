@@ -1,8 +1,9 @@
-"""Management routes (MindIE): liveness, readiness, config, status, stopService; and GET /metrics."""
+"""Management routes (MindIE): liveness, readiness, config, status, stopService; and GET /metrics. The
+refusal of a management route asked on the business port (403 naming the management port)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable, TypeVar
 from urllib.parse import urlsplit
 
 from tornado.httputil import HTTPServerRequest
@@ -30,6 +31,55 @@ def same_origin(origin: str, request: HTTPServerRequest) -> bool:
         return False
     return (o.scheme == request.protocol and (o.hostname or "").lower() == (h.hostname or "").lower()
             and port == own_port)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def management_only(method: F) -> F:
+    """Marks a handler method that refuses (403) on this port: /openapi.json does not document it."""
+    method.management_only = True  # type: ignore[attr-defined]
+    return method
+
+
+def management_only_message(handler: BaseHandler) -> str:
+    r = handler.request
+    return (f"{r.method} {r.path} changes what this server serves: it is a management operation, served on the "
+            f"management port ({handler.ctx.settings.management_port}), not on the business port")
+
+
+class ManagementOnlyHandler(BaseHandler):
+    """A route that changes what is served (stopService, LoRA load/unload), asked on the business port: 403."""
+
+    def prepare(self) -> None:
+        super().prepare()  # (a missing or wrong API key is answered first: 401)
+        self.refuse(ForbiddenError(management_only_message(self)))
+
+
+def model_state(ctx: Any) -> tuple[str, str | None]:
+    """(state, load error) of the default model: starting, running, stopping, stopped or failed."""
+    e = ctx.catalog.entries.get(ctx.model_name) if ctx.catalog is not None else None
+    if e is None:
+        return ("running" if ctx.engine is not None else "starting"), None
+    state = "stopped" if e.state in ("downloaded", "not_downloaded") else e.state
+    return state, e.error if state == "failed" else None
+
+
+def unhealthy(ctx: Any) -> UnhealthyError:
+    """Why the default model does not serve, truthfully: shutting down, starting, stopped, failed (and why)."""
+    if ctx.draining:
+        return UnhealthyError("unhealthy: the service is shutting down")
+    state, error = model_state(ctx)
+    name, port = ctx.model_name, ctx.settings.management_port
+    if state == "failed":
+        return UnhealthyError(f"unhealthy: the default model {name} failed to start: {error} (once the cause is "
+                              f"gone, PUT /v1/models/{name}/start on the management port {port})")
+    if state in ("stopped", "stopping"):
+        return UnhealthyError(f"unhealthy: the default model {name} is {state} (PUT /v1/models/{name}/start on the "
+                              f"management port {port})")
+    if state == "starting" or not ctx.ready:
+        return UnhealthyError(f"unhealthy: the default model {name} is starting")
+    return UnhealthyError(f"unhealthy: the engine of the default model {name} is not running")
 
 
 class LiveHandler(BaseHandler):
@@ -73,9 +123,11 @@ class StatusHandler(BaseHandler):
     def get(self) -> None:
         st = self.ctx.stats()
         if st is None:
-            raise UnhealthyError("the model is still loading")
+            raise unhealthy(self.ctx)
+        state, error = model_state(self.ctx)
         self.write_json({
             "status": "ready" if self.ctx.healthy() else "not ready",
+            "model": {"id": self.ctx.model_name, "state": state, "error": error},
             "requests": {"running": st.running, "waiting": st.waiting, "swapped": st.swapped,
                          "in_flight": self.ctx.in_flight, "queued": self.ctx.queued},
             # batch-job lines, counted apart (they are also in running / waiting above)

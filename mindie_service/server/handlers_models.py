@@ -1,19 +1,24 @@
-"""Jan's model routes on the business port: GET /v1/models, GET|DELETE /v1/models/{id},
-PUT /v1/models/{id}/start|stop, GET /v1/models/download/{id}. Shapes: seeds/jan-models.yaml."""
+"""Jan's model routes. The read-only ones (GET /v1/models, GET /v1/models/{id}) on both ports; the ones that change
+what is served (DELETE /v1/models/{id}, PUT /v1/models/{id}/start|stop, GET /v1/models/download/{id}) on the
+management port only (server/app.py). Shapes: seeds/jan-models.yaml; a failed start's error is the extension
+field ``load_error`` (and ``metadata.error``), its state Jan's "stopped" (list: null)."""
 from __future__ import annotations
 
 import logging
 from typing import Any
 
 from mindie_service.catalog.catalog import Catalog, CatalogEntry
-from mindie_service.errors import MindieError, UnhealthyError
+from mindie_service.errors import ForbiddenError, MindieError, UnhealthyError
 from mindie_service.protocol.openai_encoder import openai_error
 from mindie_service.server.handlers_base import BaseHandler
+from mindie_service.server.handlers_mgmt import (ManagementOnlyHandler, management_only,
+                                                 management_only_message)
 
 logger = logging.getLogger(__name__)
 
 # Model.state of the seed's list entries (null when neither running nor changing)
 _LIST_STATE = {"running": "ready", "starting": "starting", "stopping": "stopping", "downloading": "downloading"}
+_DETAIL_STATE = {"failed": "stopped"}  # the seed's enum has no "failed": load_error says why
 
 
 def _source_url(e: CatalogEntry) -> str:
@@ -32,13 +37,15 @@ def model_view(e: CatalogEntry, *, detail: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": e.id, "object": "model", "created": r.created, "owned_by": r.owned_by, "type": "model",
         "version": r.version, "name": r.name or e.id, "description": r.description,
-        "state": e.state if detail else _LIST_STATE.get(e.state), "format": r.format,
+        "state": _DETAIL_STATE.get(e.state, e.state) if detail else _LIST_STATE.get(e.state), "format": r.format,
         "source_url": _source_url(e), "settings": {k: str(v) for k, v in r.settings.items()},
         "parameters": dict(r.parameters), "metadata": meta, "assets": [a.rsplit("/", 1)[-1] for a in r.assets],
         "parent": None, "root": e.id,
     }
     if detail:
         out["engine_parameters"] = dict(r.engine_parameters)
+    if e.state == "failed":
+        out["load_error"] = e.error
     return out
 
 
@@ -75,11 +82,19 @@ class ModelsHandler(_CatalogHandler):
         self.write_json({"object": "list", "data": data})
 
 
-class ModelHandler(_CatalogHandler):
-    """GET /v1/models/{id} (GetModelResponse, with the transient states); DELETE (DeleteModelResponse)."""
+class ModelViewHandler(_CatalogHandler):
+    """GET /v1/models/{id} (GetModelResponse, with the transient states)."""
 
     def get(self, model_id: str) -> None:
         self.write_json(model_view(self.catalog.get(model_id), detail=True))
+
+    @management_only
+    def delete(self, model_id: str) -> None:
+        raise ForbiddenError(management_only_message(self))
+
+
+class ModelHandler(ModelViewHandler):
+    """GET /v1/models/{id} (GetModelResponse, with the transient states); DELETE (DeleteModelResponse)."""
 
     def delete(self, model_id: str) -> None:
         self.catalog.delete(model_id)
@@ -109,3 +124,7 @@ class DownloadModelHandler(_CatalogHandler):
         cap = self.ctx.config.backend.max_model_download_mb * 1024 * 1024
         await self.catalog.download(model_id, self.ctx.media_policy, cap)
         self.write_json({"message": f"Starting download {model_id}"})
+
+
+class ManagementOnlyModelHandler(_CatalogHandler, ManagementOnlyHandler):
+    """A model route that changes what is served, asked on the business port: 403 (OpenAI's error shape)."""

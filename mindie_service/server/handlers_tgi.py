@@ -4,11 +4,11 @@ from __future__ import annotations
 from typing import Any
 
 from mindie_service.protocol.encoders import Encoder
-from mindie_service.errors import UnhealthyError
 from mindie_service.protocol.generation import GenerationRequest
 from mindie_service.protocol.tgi import info_payload, parse_tgi_request
 from mindie_service.server.generation import GenerationHandler
 from mindie_service.server.handlers_base import BaseHandler
+from mindie_service.server.handlers_mgmt import unhealthy
 
 
 def service_version() -> str:
@@ -44,7 +44,7 @@ class HealthHandler(BaseHandler):
 
     def get(self) -> None:
         if not self.ctx.healthy() or self.ctx.draining:
-            raise UnhealthyError("unhealthy")
+            raise unhealthy(self.ctx)  # says stopped, failed (and why) or starting
         self.set_status(200)
         self.finish()
 
@@ -54,6 +54,8 @@ class InfoHandler(BaseHandler):
 
     def get(self) -> None:
         ctx = self.ctx
+        if ctx.engine is None:
+            raise unhealthy(ctx)
         eng, ec, limits = ctx.loaded_engine, ctx.engine_config, ctx.limits
         st = eng.stats()
         self.write_json(info_payload(

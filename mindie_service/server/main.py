@@ -27,6 +27,7 @@ from mindie_service.errors import ConfigError
 from mindie_service.inputs import TextPrompt
 from mindie_service.sampling_params import SamplingParams
 from mindie_service.server.app import make_app
+from mindie_service.server.auth import Auth
 from mindie_service.server.context import ServerContext
 from mindie_service.server.listener import BoundedHTTPServer, drain_limit, raise_open_files_limit
 
@@ -175,19 +176,20 @@ async def watch_engine(ctx: ServerContext, stop: asyncio.Event, interval_s: floa
 
 
 # -- serving ----------------------------------------------------------------------------------------
-async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], show_curl: bool) -> int:
+async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], show_curl: bool, auth: Auth) -> int:
     loop = asyncio.get_running_loop()
     ctx = ServerContext(cfg)
     stop = asyncio.Event()
     ctx.request_stop = stop.set
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, auth.reload)  # ServerConfig.apiKeyFile read again
 
     s = cfg.server
     servers: list[BoundedHTTPServer] = []
     try:
         for (addr, port), planes in s.listeners().items():
-            srv = BoundedHTTPServer(make_app(ctx, planes), ssl_options=contexts.get(planes[0]),
+            srv = BoundedHTTPServer(make_app(ctx, planes, auth), ssl_options=contexts.get(planes[0]),
                                     max_body_size=drain_limit(s.max_request_bytes),
                                     max_header_size=MAX_HEADER_BYTES, idle_connection_timeout=IDLE_CONNECTION_TIMEOUT_S,
                                     body_timeout=s.body_timeout, decompress_request=False,
@@ -270,6 +272,7 @@ def serve(config_path: str, prepare: bool = False) -> int:
             prepare_assets(cfg)
         cfg.check_files()
         raise_open_files_limit(cfg.server.max_connections * len(cfg.server.listeners()))
+        auth = Auth(cfg.server)  # API keys: a bad ServerConfig.apiKeyFile stops start-up
         contexts: dict[str, ssl.SSLContext] = {}
         if cfg.server.https_enabled:
             from mindie_service.server.tls import plane_contexts
@@ -282,4 +285,4 @@ def serve(config_path: str, prepare: bool = False) -> int:
     # The engine thread holds the GIL between torch ops; a shorter switch interval lets the IO
     # thread flush each token as it comes instead of in bursts every 5 ms.
     sys.setswitchinterval(0.001)
-    return asyncio.run(_run(cfg, contexts, show_curl=prepare))
+    return asyncio.run(_run(cfg, contexts, show_curl=prepare, auth=auth))

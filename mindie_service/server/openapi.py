@@ -10,11 +10,14 @@ from typing import Any
 import tornado.web
 
 from mindie_service.catalog.model_json import LIST_STATES, TRANSIENT_STATES
+from mindie_service.server.auth import OPEN_PATHS
 from mindie_service.server.handlers_base import BaseHandler
 
 METHODS = ("get", "post", "put", "delete", "patch")
 _OBJ = {"type": "object"}
 _ANY: dict[str, Any] = {}
+_LOAD_ERROR = {"type": "string", "description": "Extension: present when the model's last start failed (its "
+               "state is then Jan's stopped, or null in a list); the reason. It can be started again."}
 
 SCHEMAS: dict[str, Any] = {
     "Error": {"type": "object", "required": ["error"], "properties": {
@@ -30,7 +33,7 @@ SCHEMAS: dict[str, Any] = {
         "owned_by": {"type": "string"}, "parent": {"type": ["string", "null"]},
         "source_url": {"type": "string"}, "parameters": _OBJ, "metadata": _OBJ,
         "state": {"enum": [None, "downloading", "ready", "starting", "stopping"],
-                  "description": "Jan's Model.state: ready = running."}}},
+                  "description": "Jan's Model.state: ready = running."}, "load_error": _LOAD_ERROR}},
     "ListModelsResponse": {"type": "object", "required": ["object", "data"], "properties": {
         "object": {"const": "list"}, "data": {"type": "array", "items": {"$ref": "#/components/schemas/Model"}}}},
     "GetModelResponse": {"type": "object", "required": ["id", "object", "created", "owned_by", "state",
@@ -40,7 +43,7 @@ SCHEMAS: dict[str, Any] = {
         "engine_parameters": _OBJ,
         "state": {"enum": list(LIST_STATES + TRANSIENT_STATES),
                   "description": "Jan's four states; downloading, starting and stopping (while they last) are "
-                                 "this service's extension."}}},
+                                 "this service's extension."}, "load_error": _LOAD_ERROR}},
     "ModelStateResponse": {"type": "object", "required": ["id", "object", "state"], "properties": {
         "id": {"type": "string"}, "object": {"const": "model"}, "state": {"type": "string"}},
         "description": "StartModelResponse / StopModelResponse."},
@@ -95,7 +98,8 @@ def handler_methods(cls: type) -> list[str]:
     out = []
     for m in METHODS:
         impl = getattr(cls, m, None)
-        if impl is not None and impl is not getattr(tornado.web.RequestHandler, m, None):
+        if impl is not None and impl is not getattr(tornado.web.RequestHandler, m, None) \
+                and not getattr(impl, "management_only", False):  # a refusal (403) on this port
             out.append(m)
     return out
 
@@ -155,4 +159,16 @@ class OpenApiHandler(BaseHandler):
         from mindie_service.server.handlers_tgi import service_version
 
         cat = self.ctx.catalog
-        self.write_json(build_document(self.routes, service_version(), list(cat.entries) if cat else None))
+        doc = build_document(self.routes, service_version(), list(cat.entries) if cat else None)
+        auth = self.application.settings.get("auth")
+        if auth is not None and auth.ring.asks(self.application.settings.get("default_plane", "business")):
+            add_bearer(doc)
+        self.write_json(doc)
+
+
+def add_bearer(doc: dict[str, Any]) -> None:
+    """This port asks for API keys: every operation but the open probes (server/auth.OPEN_PATHS) says so."""
+    doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    for path, ops in doc["paths"].items():
+        for op in ops.values():
+            op["security"] = [] if path in OPEN_PATHS else [{"bearer": []}]

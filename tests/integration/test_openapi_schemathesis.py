@@ -13,7 +13,8 @@ import pytest
 from tests.server_utils import ServerProcess, write_config
 
 pytestmark = pytest.mark.slow
-# Destructive or state-changing routes stay out (the list, plus the batch-job and adapter routes).
+# Destructive or state-changing routes stay out (the list, plus the batch-job and adapter routes); the
+# catalog, adapter and stopService routes are management-port routes now, fuzzed by test_control_fuzz.py.
 EXCLUDED = r"^/(stopService|v1/models/[^/]+/(stop|start)|v1/models/download/.*|v1/(load|unload)_lora_adapter" \
            r"|batch_inference/.*)$"
 

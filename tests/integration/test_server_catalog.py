@@ -49,11 +49,11 @@ def srv(tiny_model, tmp_path_factory):
 
 
 def _put(srv: ServerProcess, path: str) -> requests.Response:
-    return requests.put(srv.url() + path, timeout=30)
+    return requests.put(srv.url("management") + path, timeout=30)
 
 
 def _delete(srv: ServerProcess, path: str) -> requests.Response:
-    return requests.delete(srv.url() + path, timeout=30)
+    return requests.delete(srv.url("management") + path, timeout=30)
 
 
 def _state(srv: ServerProcess, mid: str) -> str:
@@ -113,7 +113,7 @@ def test_bad_requests_are_clear_and_leave_the_server_healthy(srv):
 def test_download_from_a_private_address_is_refused_at_once(srv):
     (srv.models / "priv").mkdir()
     (srv.models / "priv" / "model.json").write_text(json.dumps({"source_url": "http://127.0.0.1:9/m.tar.gz"}))
-    r = srv.get("/v1/models/download/priv")
+    r = srv.get("/v1/models/download/priv", "management")
     assert r.status_code == 403 and "127.0.0.1" in r.json()["error"]["message"]
     got = srv.get("/v1/models/priv").json()
     assert got["state"] == "not_downloaded" and sorted(p.name for p in (srv.models / "priv").iterdir()) == ["model.json"]
@@ -157,7 +157,7 @@ def dl_srv(tiny_model, tmp_path_factory):
 
 
 def test_download_a_model_over_http_then_start_it(dl_srv):
-    r = dl_srv.get("/v1/models/download/fetched")
+    r = dl_srv.get("/v1/models/download/fetched", "management")
     assert r.status_code == 200 and "message" in r.json()
     assert wait_until(lambda: _state(dl_srv, "fetched") == "downloaded", timeout=60), dl_srv.log()
     got = dl_srv.get("/v1/models/fetched").json()
@@ -173,7 +173,7 @@ def test_download_a_model_over_http_then_start_it(dl_srv):
 
 def test_bad_archives_leave_nothing_behind(dl_srv):
     for mid, words in (("evil", "would leave"), ("missing", "404")):
-        assert dl_srv.get(f"/v1/models/download/{mid}").status_code == 200  # checked source, fetched later
+        assert dl_srv.get(f"/v1/models/download/{mid}", "management").status_code == 200  # checked source, fetched later
         assert wait_until(lambda: _state(dl_srv, mid) == "not_downloaded", timeout=30)
         got = dl_srv.get(f"/v1/models/{mid}").json()
         assert words in got["metadata"]["error"]

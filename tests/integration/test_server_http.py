@@ -240,7 +240,7 @@ def test_health_and_management_routes(srv):
     assert st["blocks"]["total"] == 256 and set(st["requests"]) >= {"running", "waiting", "swapped"}
     # management routes live on the management port only
     assert srv.get("/v1/status").status_code == 404
-    assert srv.post("/stopService", {}).status_code == 404
+    assert srv.post("/stopService", {}).status_code == 403
 
 
 def test_tokenizer_route(srv):

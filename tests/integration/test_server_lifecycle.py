@@ -69,7 +69,7 @@ def test_sigterm_finishes_running_requests_then_exits_0(tiny_model, tmp_path):
 def test_stop_service_on_the_management_port_drains_and_exits_0(tiny_model, tmp_path):
     srv = _server(tiny_model, tmp_path)
     try:
-        assert srv.post("/stopService", {}).status_code == 404  # the business port does not serve it
+        assert srv.post("/stopService", {}).status_code == 403  # the business port does not serve it
         frames, lines = _open_stream(srv)
         r = srv.post("/stopService", {}, plane="management")
         assert r.status_code == 200 and r.json() == {"status": "stopping"}

@@ -30,8 +30,14 @@ def test_openai_and_model_routes_use_openais_error_shape() -> None:
             assert ref.endswith("/OpenAIError")
     assert doc["paths"]["/generate"]["post"]["responses"]["default"]["content"]["application/json"]["schema"][
         "$ref"].endswith("/Error")
-    assert set(doc["paths"]["/v1/models/{id}"]) == {"get", "delete"}
-    assert set(doc["paths"]["/v1/models/{id}/start"]) == {"put"}
+    # the business port serves the model listings read-only; the management port changes what is served
+    assert set(doc["paths"]["/v1/models/{id}"]) == {"get"}
+    assert "/v1/models/{id}/start" not in doc["paths"] and "/stopService" not in doc["paths"]
+    mgmt = build_document(PLANE_ROUTES["management"], "test")
+    assert set(mgmt["paths"]["/v1/models/{id}"]) == {"get", "delete"}
+    assert set(mgmt["paths"]["/v1/models/{id}/start"]) == {"put"}
+    for op in mgmt["paths"]["/v1/models/{id}/start"].values():
+        assert op["responses"]["default"]["content"]["application/json"]["schema"]["$ref"].endswith("/OpenAIError")
     # every $ref resolves
     import json
     for name in set(__import__("re").findall(r'#/components/schemas/(\w+)', json.dumps(doc))):
