@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -10,8 +11,13 @@ import pytest
 from mindie_service.devkit import synth
 from mindie_service.errors import MediaError
 from multimodal import MediaPolicy, fetch_media
+from multimodal.netfetch import http_get
+from netguard import PinnedResolver
 
 PNG = synth.image_bytes()
+# The URL tests' handle on the media GET and the guard's pinned resolver, by the names they had when both
+# lived in multimodal.netfetch (the guard is netguard now).
+netfetch = SimpleNamespace(http_get=http_get, _PinnedResolver=PinnedResolver)
 
 
 def run(coro: Awaitable[Any]) -> Any:
