@@ -10,7 +10,7 @@
 
 Callers (``multimodal`` for media, ``mindie_service.catalog.download`` for weights, ``mindie_service.jobs``
 for batch input files) each build their own limits. Every refusal is a ``MediaError`` (a 4xx) whose message
-starts with the caller's ``label``. Modules: ``limits`` (the value objects, host allow-list), ``addresses``
+starts with the caller's ``label``. Modules: ``guard_limits`` (the value objects, host allow-list), ``addresses``
 (the private-address block, one checked lookup), ``urls`` (URL checks), ``pinned_http`` (the guarded GET;
 Tornado's HTTP client, so it loads on first use), ``paths`` (path checks and checked reads).
 
@@ -21,7 +21,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .addresses import METADATA_ADDRESSES, Address, refusal_reason, resolve_checked
-from .limits import MB, USER_AGENT, PathLimits, UrlLimits, host_allowed, mb, normalize_hosts
+from .guard_limits import MB, USER_AGENT, PathLimits, UrlLimits, host_allowed, mb, normalize_hosts
 from .paths import is_inside, lexical_path, open_regular, read_fd, read_regular, real_path_inside
 from .urls import CheckedURL, check_url, url_host_port
 

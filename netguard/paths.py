@@ -12,7 +12,7 @@ from urllib.parse import unquote, urlsplit
 
 from mindie_service.errors import MediaError
 
-from .limits import PathLimits, mb
+from .guard_limits import PathLimits, mb
 
 _READ_BLOCK = 1024 * 1024
 

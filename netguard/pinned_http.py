@@ -18,7 +18,7 @@ from tornado.simple_httpclient import HTTPTimeoutError, SimpleAsyncHTTPClient
 from mindie_service.errors import MediaError
 
 from .addresses import Address
-from .limits import UrlLimits, mb
+from .guard_limits import UrlLimits, mb
 from .urls import CheckedURL
 
 logger = logging.getLogger(__name__)

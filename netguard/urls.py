@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 from mindie_service.errors import MediaError
 
 from .addresses import Address, resolve_checked
-from .limits import UrlLimits, host_allowed
+from .guard_limits import UrlLimits, host_allowed
 
 logger = logging.getLogger(__name__)
 
