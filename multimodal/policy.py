@@ -106,9 +106,15 @@ class MediaPolicy:
 
     def url_limits(self, kind: MediaKind) -> UrlLimits:
         """The guard's limits for fetching one item of this kind over http(s)."""
-        return UrlLimits(max_bytes=self.max_bytes(kind), cap_name=kind, allowed_hosts=self.allowed_hosts,
+        return self.fetch_limits(self.max_bytes(kind), kind)
+
+    def fetch_limits(self, max_bytes: int, cap_name: str, read_timeout: float | None = None) -> UrlLimits:
+        """The server's outbound rules (hosts, private addresses, URL length, timeouts, headers) with another
+        caller's cap (a catalog download, a batch job's input file) and, if given, its read timeout."""
+        return UrlLimits(max_bytes=max(max_bytes, 0), cap_name=cap_name, allowed_hosts=self.allowed_hosts,
                          allow_private=self.allow_private_urls, max_url_len=self.max_url_len,
-                         connect_timeout=self.connect_timeout, read_timeout=self.read_timeout,
+                         connect_timeout=self.connect_timeout,
+                         read_timeout=self.read_timeout if read_timeout is None else read_timeout,
                          max_response_headers=self.max_response_headers, max_header_bytes=self.max_header_bytes)
 
     def path_limits(self, kind: MediaKind) -> PathLimits:

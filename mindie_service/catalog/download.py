@@ -51,9 +51,7 @@ def _refuse(msg: str, status: int = 422, field: str = "source_url") -> MediaErro
 def download_limits(policy: MediaPolicy, cap: int) -> UrlLimits:
     """The downloader's limits: the server's outbound rules (hosts, private addresses, timeouts) with the
     download's own cap and a longer read timeout."""
-    return UrlLimits(max_bytes=max(cap, 0), cap_name="download", allowed_hosts=policy.allowed_hosts,
-                     allow_private=policy.allow_private_urls, max_url_len=policy.max_url_len,
-                     connect_timeout=policy.connect_timeout, read_timeout=policy.read_timeout * READ_TIMEOUT_FACTOR)
+    return policy.fetch_limits(cap, "download", read_timeout=policy.read_timeout * READ_TIMEOUT_FACTOR)
 
 
 def source_path_limits(policy: MediaPolicy) -> PathLimits:

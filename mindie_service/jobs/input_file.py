@@ -46,10 +46,7 @@ class JobInputLimits:
         return cls(
             files=PathLimits((*roots, jobs_dir), max_bytes, CAP_NAME, "ServerConfig.allowedLocalMediaPaths or batchJobsDir"),
             uri_files=PathLimits(roots, max_bytes, CAP_NAME, "ServerConfig.allowedLocalMediaPaths"),
-            url=UrlLimits(max_bytes=max_bytes, cap_name=CAP_NAME, allowed_hosts=policy.allowed_hosts,
-                          allow_private=policy.allow_private_urls, max_url_len=policy.max_url_len,
-                          connect_timeout=policy.connect_timeout,
-                          read_timeout=policy.read_timeout * READ_TIMEOUT_FACTOR))
+            url=policy.fetch_limits(max_bytes, CAP_NAME, read_timeout=policy.read_timeout * READ_TIMEOUT_FACTOR))
 
 
 def _data_uri(ref: str, max_bytes: int) -> bytes:
