@@ -24,7 +24,7 @@ import re
 from typing import Any, Callable
 
 from mindie_service.errors import MediaError
-from netguard import lexical_path, mb as _mb, open_regular, read_fd, refusal_reason
+from netguard import lexical_path, mb, open_regular, read_fd, refusal_reason
 
 from .budget import ByteBudget
 from .netfetch import fetch_url, http_get
@@ -169,7 +169,7 @@ async def _decode_data_uri(ref: str, kind: MediaKind, index: int, policy: MediaP
     if decoded_len > cap:
         raise MediaError(
             f"{w}: the base64 data decodes to about {decoded_len} bytes, over the {kind} cap "
-            f"of {_mb(cap)}",
+            f"of {mb(cap)}",
             413,
         )
     if budget is not None:
