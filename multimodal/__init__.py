@@ -4,7 +4,7 @@
     loaded = await load_media(parts, policy, executor, DecodeOptions(num_video_frames=8))
 
 Modules, one concern each: ``policy`` (limits), ``parts`` (the shape of ``inputs``), ``sources``
-(local path / data: URI / http(s) URL; the path and URL guards are ``netguard``'s, called with the
+(local path / data: URI / http(s) URL; the path and URL guards are ``mindie_service.netguard``'s, called with the
 policy's limits), ``netfetch`` (the guarded GET with the media's budget, sniff and spooling), ``sniff``
 (format from magic bytes), ``decode`` (Pillow, PyAV, soundfile with header checks first), ``loader``
 (concurrent load).

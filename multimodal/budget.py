@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from mindie_service.errors import MediaError
-from netguard import mb
+from mindie_service.netguard import mb
 
 from .policy import MediaKind, where
 

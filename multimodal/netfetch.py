@@ -1,4 +1,4 @@
-"""http(s) media URLs through the guard (``netguard``: host allow-list, one DNS lookup whose every address is
+"""http(s) media URLs through the guard (``mindie_service.netguard``: host allow-list, one DNS lookup whose every address is
 checked, a connection pinned to the checked address, no redirects, timeouts, the byte cap while the body
 streams in), with the media layer's own part on top: the request's byte budget, the early format sniff, and
 spooling a large video to a temporary file. Every failure is a ``MediaError`` (4xx) naming the part."""
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from netguard import Address, CheckedURL, check_url, pinned_get
+from mindie_service.netguard import Address, CheckedURL, check_url, pinned_get
 
 from .budget import ByteBudget
 from .policy import MediaKind, MediaPolicy, where

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from netguard import PathLimits, UrlLimits, host_allowed, normalize_hosts
+from mindie_service.netguard import PathLimits, UrlLimits, host_allowed, normalize_hosts
 
 logger = logging.getLogger(__name__)
 

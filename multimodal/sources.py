@@ -7,7 +7,7 @@
 - http(s) URL: see ``netfetch`` (host allow-list, every resolved address checked, connection pinned
   to the checked address, no redirects, timeouts, byte cap while streaming).
 
-The path and URL checks themselves are the guard's (``netguard``); this module picks the source and adds
+The path and URL checks themselves are the guard's (``mindie_service.netguard``); this module picks the source and adds
 what only media have (the per-request byte budget, the format sniff, spooling, ``data:`` URIs).
 
 Every failure is a ``MediaError`` with a 4xx status whose message names the part:
@@ -24,7 +24,7 @@ import re
 from typing import Any, Callable
 
 from mindie_service.errors import MediaError
-from netguard import lexical_path, mb, open_regular, read_fd, refusal_reason
+from mindie_service.netguard import lexical_path, mb, open_regular, read_fd, refusal_reason
 
 from .budget import ByteBudget
 from .netfetch import fetch_url, http_get

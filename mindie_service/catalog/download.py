@@ -1,7 +1,7 @@
 """Fetching a model into the catalog: an http(s) URL of a .tar / .tar.gz / .zip of a checkpoint folder (or of
 each file in ``assets``), or a local path under the allowed folders.
 
-The guard (``netguard``) applies, with the downloader's own limits (``download_limits``): one DNS resolution
+The guard (``mindie_service.netguard``) applies, with the downloader's own limits (``download_limits``): one DNS resolution
 checked against private/loopback/metadata addresses and pinned for the connection, no redirects,
 connect/read timeouts, a byte cap (checked on Content-Length and while streaming to disk, never holding the
 body in memory); a local source must lie in the allowed folders after symlinks are resolved. Archive entries must stay inside the folder:
@@ -21,8 +21,8 @@ from typing import Any, BinaryIO, Callable
 from urllib.parse import urlsplit
 
 from mindie_service.errors import MediaError, ValidationError
+from mindie_service.netguard import CheckedURL, PathLimits, UrlLimits, check_url, lexical_path, pinned_get, real_path_inside
 from multimodal import MediaPolicy
-from netguard import CheckedURL, PathLimits, UrlLimits, check_url, lexical_path, pinned_get, real_path_inside
 
 logger = logging.getLogger(__name__)
 

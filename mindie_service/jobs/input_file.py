@@ -1,4 +1,4 @@
-"""A batch job's input file, read through the guard (``netguard``) with the jobs' own limits.
+"""A batch job's input file, read through the guard (``mindie_service.netguard``) with the jobs' own limits.
 
 ``prompt_file_path`` is a seed ``Path``: ``raw_bytes`` (base64 in the request), ``filepath`` (a server path
 under the allowed media folders or ``batchJobsDir``), or ``uri``: a ``data:`` URI, an http(s) URL (one
@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 from mindie_service.errors import ValidationError
 from mindie_service.jobs.spec import PathSpec, decode_raw
+from mindie_service.netguard import PathLimits, UrlLimits, lexical_path, read_regular
 from multimodal import MediaPolicy
-from netguard import PathLimits, UrlLimits, lexical_path, read_regular
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ async def read_job_input(path: PathSpec, limits: JobInputLimits, run_blocking: R
         return _data_uri(ref, limits.url.max_bytes)
     scheme = urlsplit(ref).scheme
     if scheme in ("http", "https"):
-        from netguard import BytesSink, check_url, pinned_get  # Tornado's client only when a URL is given
+        from mindie_service.netguard import BytesSink, check_url, pinned_get  # Tornado's client only when a URL is given
 
         target = await check_url(ref, limits.url, LABEL)
         sink = BytesSink()

@@ -12,8 +12,8 @@ from mindie_service.catalog.download import check_source, download_limits
 from mindie_service.errors import MediaError
 from mindie_service.jobs.input_file import JobInputLimits, read_job_input
 from mindie_service.jobs.spec import PathSpec
+from mindie_service.netguard import PathLimits, UrlLimits, check_url, lexical_path, read_regular, url_host_port
 from multimodal import MediaPolicy
-from netguard import PathLimits, UrlLimits, check_url, lexical_path, read_regular, url_host_port
 
 
 async def _blocking(fn, *args):  # type: ignore[no-untyped-def]

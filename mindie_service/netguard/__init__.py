@@ -14,7 +14,7 @@ starts with the caller's ``label``. Modules: ``guard_limits`` (the value objects
 (the private-address block, one checked lookup), ``urls`` (URL checks), ``pinned_http`` (the guarded GET;
 Tornado's HTTP client, so it loads on first use), ``paths`` (path checks and checked reads).
 
-This package imports nothing of ``mindie_service`` but its errors."""
+This package imports nothing of ``mindie_service`` but its errors (``.importlinter``: netguard-standalone)."""
 from __future__ import annotations
 
 import importlib
