@@ -67,8 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
+        from mindie_service.serve_wiring import cli_wiring
         from mindie_service.server.main import serve
-        return serve(args.config, prepare=args.prepare)
+        return serve(args.config, cli_wiring(args.prepare))
     if args.command == "worker":
         from mindie_service.config import load_config
         from mindie_service.engine.parallel.join import join_instance

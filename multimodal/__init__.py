@@ -4,8 +4,10 @@
     loaded = await load_media(parts, policy, executor, DecodeOptions(num_video_frames=8))
 
 Modules, one concern each: ``policy`` (limits), ``parts`` (the shape of ``inputs``), ``sources``
-(local path / data: URI / http(s) fetch with SSRF and size guards), ``sniff`` (format from magic
-bytes), ``decode`` (Pillow, PyAV, soundfile with header checks first), ``loader`` (concurrent load).
+(local path / data: URI / http(s) URL; the path and URL guards are ``mindie_service.netguard``'s, called with the
+policy's limits), ``netfetch`` (the guarded GET with the media's budget, sniff and spooling), ``sniff``
+(format from magic bytes), ``decode`` (Pillow, PyAV, soundfile with header checks first), ``loader``
+(concurrent load).
 
 Names are resolved on first use (PEP 562), so validating a request (``parts``, ``policy``) never
 imports PyAV, Pillow, soundfile or Tornado's HTTP client; only fetching and decoding do."""

@@ -5,13 +5,9 @@ from __future__ import annotations
 import threading
 
 from mindie_service.errors import MediaError
+from mindie_service.netguard import mb
 
 from .policy import MediaKind, where
-
-
-def mb(n: int) -> str:
-    mb = 1024 * 1024
-    return f"{n // mb} MB" if n % mb == 0 else f"{n} bytes"
 
 
 class ByteBudget:

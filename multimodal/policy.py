@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from mindie_service.netguard import PathLimits, UrlLimits, host_allowed, normalize_hosts
+
 logger = logging.getLogger(__name__)
 
 MediaKind = Literal["image", "video", "audio"]
@@ -68,8 +70,7 @@ class MediaPolicy:
             if not os.path.isabs(p):
                 raise ValueError(f"MediaPolicy.allowed_local_paths must be absolute, got {p!r}")
         object.__setattr__(self, "allowed_local_paths", paths)
-        hosts = tuple(h.strip().lower().rstrip(".") for h in self.allowed_hosts if h.strip())
-        object.__setattr__(self, "allowed_hosts", hosts)
+        object.__setattr__(self, "allowed_hosts", normalize_hosts(tuple(self.allowed_hosts)))
         for name in (
             "max_items", "max_url_len", "max_image_bytes", "max_video_bytes", "max_audio_bytes",
             "max_request_bytes", "max_response_headers", "max_header_bytes", "max_image_pixels",
@@ -101,18 +102,24 @@ class MediaPolicy:
 
     def host_allowed(self, host: str) -> bool:
         """True if ``host`` (lower case, no trailing dot) passes the host allow-list."""
-        if not self.allowed_hosts:
-            return True
-        host = host.lower().rstrip(".")
-        for entry in self.allowed_hosts:
-            if entry.startswith("*."):
-                entry = entry[1:]
-            if entry.startswith("."):
-                if host.endswith(entry) and len(host) > len(entry):
-                    return True
-            elif host == entry:
-                return True
-        return False
+        return host_allowed(host, self.allowed_hosts)
+
+    def url_limits(self, kind: MediaKind) -> UrlLimits:
+        """The guard's limits for fetching one item of this kind over http(s)."""
+        return self.fetch_limits(self.max_bytes(kind), kind)
+
+    def fetch_limits(self, max_bytes: int, cap_name: str, read_timeout: float | None = None) -> UrlLimits:
+        """The server's outbound rules (hosts, private addresses, URL length, timeouts, headers) with another
+        caller's cap (a catalog download, a batch job's input file) and, if given, its read timeout."""
+        return UrlLimits(max_bytes=max(max_bytes, 0), cap_name=cap_name, allowed_hosts=self.allowed_hosts,
+                         allow_private=self.allow_private_urls, max_url_len=self.max_url_len,
+                         connect_timeout=self.connect_timeout,
+                         read_timeout=self.read_timeout if read_timeout is None else read_timeout,
+                         max_response_headers=self.max_response_headers, max_header_bytes=self.max_header_bytes)
+
+    def path_limits(self, kind: MediaKind) -> PathLimits:
+        """The guard's limits for reading one item of this kind from a server-local path."""
+        return PathLimits(roots=self.allowed_local_paths, max_bytes=self.max_bytes(kind), cap_name=kind)
 
 
 def where(index: int, kind: str) -> str:

@@ -7,6 +7,9 @@
 - http(s) URL: see ``netfetch`` (host allow-list, every resolved address checked, connection pinned
   to the checked address, no redirects, timeouts, byte cap while streaming).
 
+The path and URL checks themselves are the guard's (``mindie_service.netguard``); this module picks the source and adds
+what only media have (the per-request byte budget, the format sniff, spooling, ``data:`` URIs).
+
 Every failure is a ``MediaError`` with a 4xx status whose message names the part:
 403 refused source, 404 missing local file, 408 timed out, 413 over a cap, 415 unsupported
 format, 422 anything else (malformed reference, upstream error)."""
@@ -18,27 +21,24 @@ import binascii
 import logging
 import os
 import re
-import stat
 from typing import Any, Callable
-from urllib.parse import unquote, urlsplit
-
 
 from mindie_service.errors import MediaError
+from mindie_service.netguard import lexical_path, mb, open_regular, read_fd, refusal_reason
 
-from .budget import ByteBudget, mb as _mb
-from .netfetch import _fetch_url, http_get, refusal_reason
+from .budget import ByteBudget
+from .netfetch import fetch_url, http_get
 from .policy import MediaKind, MediaPolicy, where
 from .sniff import require_format
 from .spool import MediaBytes, Spooler
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ByteBudget", "fetch_media", "http_get", "local_path_of", "refusal_reason"]
+__all__ = ["ByteBudget", "fetch_media", "http_get", "refusal_reason"]
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*):")
 # Data URIs above this many characters are decoded in a thread, not on the IO loop.
 _INLINE_B64_CHARS = 256 * 1024
-_READ_BLOCK = 1024 * 1024
 _B64_BLOCK_CHARS = 4 * 256 * 1024  # a multiple of 4: each block decodes alone (768 KB)
 
 async def fetch_media(
@@ -71,7 +71,7 @@ async def _fetch_media(ref: str, kind: MediaKind, index: int, policy: MediaPolic
     scheme = m.group(1).lower() if m else None
     threshold = policy.spool_threshold(kind) if spool else None
     if scheme in ("http", "https"):
-        data = await _fetch_url(ref, kind, index, policy, budget)  # spools a video past policy.spool_bytes
+        data = await fetch_url(ref, kind, index, policy, budget)  # spools a video past policy.spool_bytes
     elif scheme == "data":
         data = await _decode_data_uri(ref, kind, index, policy, budget, threshold)
     elif scheme == "file" or scheme is None:
@@ -94,98 +94,18 @@ async def _fetch_media(ref: str, kind: MediaKind, index: int, policy: MediaPolic
 # Local paths
 
 
-def _has_dotdot(path: str) -> bool:
-    return any(part == ".." for part in re.split(r"[/\\]", path))
-
-
-def _inside(path: str, root: str) -> bool:
-    if path == root:
-        return True
-    prefix = root if root.endswith(os.sep) else root + os.sep
-    return path.startswith(prefix)
-
-
-def local_path_of(ref: str, is_file_uri: bool, kind: MediaKind, index: int,
-                  policy: MediaPolicy) -> str:
-    """The filesystem path ``ref`` names, after the lexical checks (no ``..``, plain or
-    percent-encoded; no ``file://host``; absolute). The folder check comes after realpath."""
-    w = where(index, kind)
-    if not policy.allowed_local_paths:
-        raise MediaError(f"{w}: server-local paths are not allowed (no allowed folder is set)",
-                         403)
-    raw = ref
-    if is_file_uri:
-        try:
-            parts = urlsplit(ref)
-        except ValueError:
-            raise MediaError(f"{w}: the file URI is malformed", 422) from None
-        if parts.netloc:
-            raise MediaError(f"{w}: file URIs naming a host (file://host/...) are refused", 403)
-        if parts.query or parts.fragment:
-            raise MediaError(f"{w}: file URIs may not carry a query or fragment", 422)
-        raw = parts.path
-    if _has_dotdot(raw):
-        raise MediaError(f"{w}: '..' path components are refused", 403)
-    decoded = raw
-    for _ in range(4):  # catches double encoding (%252e%252e) too
-        nxt = unquote(decoded)
-        if nxt == decoded:
-            break
-        decoded = nxt
-    if _has_dotdot(decoded):
-        raise MediaError(f"{w}: percent-encoded path traversal ('%2e%2e') is refused", 403)
-    path = unquote(raw) if is_file_uri else raw
-    if "\x00" in path:
-        raise MediaError(f"{w}: the path contains a NUL character", 422)
-    if not os.path.isabs(path):
-        raise MediaError(f"{w}: a server-local path must be absolute", 422)
-    return path
-
-
 def _read_local_file(path: str, kind: MediaKind, index: int, policy: MediaPolicy,
                      threshold: int | None = None) -> MediaBytes:
-    """Runs in a thread: realpath, folder check, stat, size cap, open, same-file check, read. A file over
-    ``threshold`` is not read: its checked descriptor is handed over (already on disk, never reopened)."""
-    w = where(index, kind)
-    real = os.path.realpath(path)
-    roots = [os.path.realpath(r) for r in policy.allowed_local_paths]
-    if not any(_inside(real, root) for root in roots):
-        raise MediaError(f"{w}: the path is outside the allowed folders", 403)
+    """Runs in a thread: the guard's checked open (real path in the allowed folders, regular file, size cap,
+    same file) and read. A file over ``threshold`` is not read: its checked descriptor is handed over
+    (already on disk, never reopened)."""
+    limits, w = policy.path_limits(kind), where(index, kind)
+    fd, size = open_regular(path, limits, w)
     try:
-        st = os.stat(real)
-    except FileNotFoundError:
-        raise MediaError(f"{w}: file not found", 404) from None
-    except OSError as e:
-        raise MediaError(f"{w}: the file cannot be read ({e.strerror})", 403) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise MediaError(f"{w}: not a regular file", 422)
-    cap = policy.max_bytes(kind)
-    if st.st_size > cap:
-        raise MediaError(
-            f"{w}: the file is {st.st_size} bytes, over the {kind} cap of {_mb(cap)}", 413)
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    try:
-        fd = os.open(real, flags)
-    except OSError as e:
-        raise MediaError(f"{w}: the file cannot be read ({e.strerror})", 403) from None
-    try:
-        fst = os.fstat(fd)
-        if (fst.st_dev, fst.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(fst.st_mode):
-            raise MediaError(f"{w}: the file changed while it was being opened", 403)
-        if threshold is not None and threshold < fst.st_size <= cap:
-            blob, fd = MediaBytes(fd=fd, size=fst.st_size), -1  # the descriptor is the blob's now
+        if threshold is not None and threshold < size <= limits.max_bytes:
+            blob, fd = MediaBytes(fd=fd, size=size), -1  # the descriptor is the blob's now
             return blob
-        chunks: list[bytes] = []
-        total = 0
-        while True:
-            block = os.read(fd, min(_READ_BLOCK, cap + 1 - total))
-            if not block:
-                break
-            chunks.append(block)
-            total += len(block)
-            if total > cap:
-                raise MediaError(f"{w}: the file is over the {kind} cap of {_mb(cap)}", 413)
-        return MediaBytes(b"".join(chunks))
+        return MediaBytes(read_fd(fd, limits, w))
     finally:
         if fd >= 0:
             os.close(fd)
@@ -193,7 +113,7 @@ def _read_local_file(path: str, kind: MediaKind, index: int, policy: MediaPolicy
 
 async def _read_local(ref: str, is_file_uri: bool, kind: MediaKind, index: int,
                       policy: MediaPolicy, budget: ByteBudget | None, threshold: int | None = None) -> MediaBytes:
-    path = local_path_of(ref, is_file_uri, kind, index, policy)
+    path = lexical_path(ref, is_file_uri, policy.path_limits(kind), where(index, kind))
     loop = asyncio.get_running_loop()
     fut = loop.run_in_executor(None, _read_local_file, path, kind, index, policy, threshold)
     try:
@@ -249,7 +169,7 @@ async def _decode_data_uri(ref: str, kind: MediaKind, index: int, policy: MediaP
     if decoded_len > cap:
         raise MediaError(
             f"{w}: the base64 data decodes to about {decoded_len} bytes, over the {kind} cap "
-            f"of {_mb(cap)}",
+            f"of {mb(cap)}",
             413,
         )
     if budget is not None:

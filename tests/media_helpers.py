@@ -3,15 +3,21 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from mindie_service.devkit import synth
 from mindie_service.errors import MediaError
+from mindie_service.netguard import PinnedResolver
 from multimodal import MediaPolicy, fetch_media
+from multimodal.netfetch import http_get
 
 PNG = synth.image_bytes()
+# The URL tests' handle on the media GET and the guard's pinned resolver, by the names they had when both
+# lived in multimodal.netfetch (the guard is mindie_service.netguard now).
+netfetch = SimpleNamespace(http_get=http_get, _PinnedResolver=PinnedResolver)
 
 
 def run(coro: Awaitable[Any]) -> Any:

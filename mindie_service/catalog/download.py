@@ -1,9 +1,10 @@
 """Fetching a model into the catalog: an http(s) URL of a .tar / .tar.gz / .zip of a checkpoint folder (or of
 each file in ``assets``), or a local path under the allowed folders.
 
-The media layer's guards apply: one DNS resolution checked against private/loopback/metadata addresses and
-pinned for the connection, no redirects, connect/read timeouts, a byte cap (checked on Content-Length and
-while streaming to disk, never holding the body in memory). Archive entries must stay inside the folder:
+The guard (``mindie_service.netguard``) applies, with the downloader's own limits (``download_limits``): one DNS resolution
+checked against private/loopback/metadata addresses and pinned for the connection, no redirects,
+connect/read timeouts, a byte cap (checked on Content-Length and while streaming to disk, never holding the
+body in memory); a local source must lie in the allowed folders after symlinks are resolved. Archive entries must stay inside the folder:
 no absolute paths, no ``..``, no links or devices. Everything is written to a staging folder beside the
 model's and moved into place only when complete, so a failed download leaves no half model."""
 from __future__ import annotations
@@ -16,21 +17,19 @@ import tarfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 from urllib.parse import urlsplit
 
-from tornado.httpclient import HTTPRequest
-from tornado.simple_httpclient import SimpleAsyncHTTPClient
-
 from mindie_service.errors import MediaError, ValidationError
+from mindie_service.netguard import CheckedURL, PathLimits, UrlLimits, check_url, lexical_path, pinned_get, real_path_inside
 from multimodal import MediaPolicy
-from multimodal.netfetch import _PinnedResolver, resolve_checked
-from multimodal.sources import local_path_of
 
 logger = logging.getLogger(__name__)
 
 ARCHIVES = (".tar", ".tar.gz", ".tgz", ".zip")
 CHUNK = 1 << 20
+READ_TIMEOUT_FACTOR = 20  # weights take longer than a media item: 20 x the media read timeout
+ROOTS_HINT = "ServerConfig.allowedLocalMediaPaths"
 
 
 @dataclass
@@ -49,6 +48,17 @@ def _refuse(msg: str, status: int = 422, field: str = "source_url") -> MediaErro
     return MediaError(f"{field}: {msg}", status)
 
 
+def download_limits(policy: MediaPolicy, cap: int) -> UrlLimits:
+    """The downloader's limits: the server's outbound rules (hosts, private addresses, timeouts) with the
+    download's own cap and a longer read timeout."""
+    return policy.fetch_limits(cap, "download", read_timeout=policy.read_timeout * READ_TIMEOUT_FACTOR)
+
+
+def source_path_limits(policy: MediaPolicy) -> PathLimits:
+    """The folders a local source may lie in (the server's allowed local folders)."""
+    return PathLimits(roots=policy.allowed_local_paths, max_bytes=0, cap_name="download", roots_hint=ROOTS_HINT)
+
+
 @dataclass(frozen=True)
 class Source:
     """A checked source: an URL with its checked addresses, or a local path inside the allowed folders."""
@@ -61,73 +71,40 @@ class Source:
 
 async def check_source(ref: str, policy: MediaPolicy, field: str = "source_url") -> Source:
     """The SSRF and path checks, before anything is fetched (the route answers their errors at once).
-    ``field`` names the request field in error messages (batch jobs fetch their input file this way too)."""
+    ``field`` names the request field in error messages."""
     if not isinstance(ref, str) or not ref:
         raise ValidationError("Parameter source_url must be set in the model's model.json to download it")
-    parts = urlsplit(ref)
-    if parts.scheme in ("http", "https"):
-        if "@" in parts.netloc or not parts.hostname:
-            raise _refuse("the URL must name a host and carry no credentials", field=field)
-        if not policy.host_allowed(parts.hostname):
-            raise _refuse(f"the URL host {parts.hostname!r} is not in the allowed hosts", 403, field=field)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        try:
-            addrs = await resolve_checked(parts.hostname, port, "image", 0, policy)
-        except MediaError as e:
-            raise _refuse(e.message.split(": ", 1)[-1], e.status, field=field) from None
-        return Source(url=ref, host=parts.hostname, addresses=tuple(addrs))
-    try:
-        raw = local_path_of(ref, parts.scheme == "file", "image", 0, policy)
-    except MediaError as e:
-        raise _refuse(e.message.split(": ", 1)[-1], e.status, field=field) from None
-    real = os.path.realpath(raw)
-    if not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in policy.allowed_local_paths):
-        raise _refuse("the path is outside the allowed local folders (ServerConfig.allowedLocalMediaPaths)", 403,
-                      field=field)
+    scheme = urlsplit(ref).scheme
+    if scheme in ("http", "https"):
+        target = await check_url(ref, download_limits(policy, 0), field)
+        return Source(url=ref, host=target.host, addresses=target.addresses)
+    limits = source_path_limits(policy)
+    real = real_path_inside(lexical_path(ref, scheme == "file", limits, field), limits, field)
     if not os.path.exists(real):
         raise _refuse("the path does not exist", 404, field=field)
     return Source(path=Path(real))
 
 
+class _FileSink:
+    """The guarded body written to a file as it arrives, counted in the download's progress."""
+
+    def __init__(self, f: BinaryIO, progress: Progress) -> None:
+        self.f, self.progress = f, progress
+
+    def expect(self, length: int) -> None:
+        self.progress.bytes_total = (self.progress.bytes_total or 0) + length
+
+    def write(self, chunk: bytes) -> None:
+        self.progress.bytes_done += len(chunk)
+        self.f.write(chunk)
+
+
 async def fetch_to_file(src: Source, url: str, dest: Path, cap: int, policy: MediaPolicy, progress: Progress,
                         field: str = "source_url") -> None:
-    """GET ``url`` (its host already checked) into ``dest``, streamed, at most ``cap`` bytes."""
-    failure: list[MediaError] = []
-    f = dest.open("wb")
-
-    def on_header(line: str) -> None:
-        if line.lower().startswith("content-length:"):
-            n = int(line.split(":", 1)[1].strip() or 0)
-            progress.bytes_total = (progress.bytes_total or 0) + n
-            if n > cap:
-                failure.append(_refuse(f"Content-Length {n} is over the cap of {cap} bytes", 413, field=field))
-                raise OSError("over the cap")
-
-    def on_chunk(chunk: bytes) -> None:
-        progress.bytes_done += len(chunk)
-        if progress.bytes_done > cap:
-            failure.append(_refuse(f"the download is over the cap of {cap} bytes", 413, field=field))
-            raise OSError("over the cap")
-        f.write(chunk)
-
-    client = SimpleAsyncHTTPClient(force_instance=True, resolver=_PinnedResolver(host=src.host, addresses=list(src.addresses)),
-                                   max_clients=1, max_body_size=1 << 62)
-    try:
-        resp = await client.fetch(HTTPRequest(
-            url, follow_redirects=False, connect_timeout=policy.connect_timeout,
-            request_timeout=policy.connect_timeout + policy.read_timeout * 20, decompress_response=False,
-            header_callback=on_header, streaming_callback=on_chunk), raise_error=False)
-    except Exception as e:  # noqa: BLE001 - every transport failure becomes the model's error
-        if failure:
-            raise failure[0] from None
-        raise _refuse(f"fetching the URL failed ({type(e).__name__})", field=field) from None
-    finally:
-        f.close()
-        client.close()
-    if failure:
-        raise failure[0]
-    if resp.code != 200:
-        raise _refuse(f"the URL answered HTTP {resp.code}, not 200 (redirects are not followed)", field=field)
+    """GET ``url`` (its host already checked: ``src``) into ``dest``, streamed, at most ``cap`` bytes."""
+    limits = download_limits(policy, cap)
+    with dest.open("wb") as f:
+        await pinned_get(CheckedURL(url, src.host, 0, src.addresses), limits, field, _FileSink(f, progress))
 
 
 def _member_ok(name: str) -> bool:

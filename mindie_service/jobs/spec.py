@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from mindie_service.errors import ForbiddenError, ValidationError, check
+from mindie_service.errors import ValidationError, check
 
 PATH_TYPES = ("filepath", "uri", "raw_bytes")
 MAX_GENERATIONS = 16
@@ -85,29 +84,6 @@ def parse_job_request(body: Mapping[str, Any], max_tokens_cap: int) -> JobReques
     # max_tokens is capped by maxIterTimes (documented), as every other route's output is.
     opts = JobOptions(min(mt, max_tokens_cap), temperature, top_p, lp)
     return JobRequest(model, path, opts, n)
-
-
-def _inside(path: str, roots: tuple[str, ...]) -> bool:
-    real = os.path.realpath(path)
-    return any(real == os.path.realpath(r) or real.startswith(os.path.realpath(r) + os.sep) for r in roots)
-
-
-def read_local(path: PathSpec, roots: tuple[str, ...], max_bytes: int) -> bytes:
-    """A ``filepath`` Path's bytes: only a regular file under ``roots`` (after symlinks), at most ``max_bytes``."""
-    p = path.value
-    if not os.path.isabs(p) or not _inside(p, roots):
-        raise ForbiddenError(f"Parameter prompt_file_path.value must be a file under the allowed folders "
-                             f"(ServerConfig.allowedLocalMediaPaths or batchJobsDir), got {p!r}")
-    try:
-        with open(p, "rb") as f:
-            if not os.path.isfile(os.path.realpath(p)):
-                raise ValidationError(f"Parameter prompt_file_path.value must name a regular file, got {p!r}")
-            data = f.read(max_bytes + 1)
-    except OSError as e:
-        raise ValidationError(f"Parameter prompt_file_path.value must be a readable file, got {p!r} "
-                              f"({e.strerror})") from None
-    check(len(data) <= max_bytes, "prompt_file_path", f"at most {max_bytes} bytes", f"{len(data)}+ bytes")
-    return data
 
 
 def decode_raw(path: PathSpec, max_bytes: int) -> bytes:

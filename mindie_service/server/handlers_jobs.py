@@ -8,25 +8,20 @@
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
-import tempfile
-from pathlib import Path
 from typing import Any
 
 from mindie_service.engine.client import EngineClient
-from mindie_service.errors import ConflictError, NotFoundError, PayloadTooLargeError, UnhealthyError, ValidationError, check
+from mindie_service.errors import ConflictError, NotFoundError, PayloadTooLargeError, UnhealthyError, check
+from mindie_service.jobs.input_file import MAX_INPUT_BYTES, JobInputLimits, read_job_input
 from mindie_service.jobs.lines import split_lines
 from mindie_service.jobs.runner import JobRunner
-from mindie_service.jobs.spec import PathSpec, decode_raw, parse_job_request, read_local
+from mindie_service.jobs.spec import PathSpec, parse_job_request
 from mindie_service.jobs.store import JobRow
 from mindie_service.server.context import ServerContext
 from mindie_service.server.handlers_base import BaseHandler
 
 logger = logging.getLogger(__name__)
-
-MAX_INPUT_BYTES = 1 << 30  # an input file's bytes (lines are bounded by batchMaxLines too)
 
 
 def engine_for(ctx: ServerContext, model: str) -> tuple[EngineClient, str | None]:
@@ -104,34 +99,8 @@ class SubmitJobHandler(_JobsHandler):
         runner.start(job_id)
 
     async def _read_input(self, path: PathSpec) -> bytes:
-        ctx = self.ctx
-        if path.type == "raw_bytes":
-            return decode_raw(path, MAX_INPUT_BYTES)
-        if path.type == "filepath":
-            roots = (*ctx.settings.allowed_local_media_paths, ctx.settings.batch_jobs_dir)
-            return await ctx.run_blocking(read_local, path, roots, MAX_INPUT_BYTES)
-        ref = path.value
-        if ref.startswith("data:"):
-            head, _, payload = ref.partition(",")
-            if not head.endswith(";base64"):
-                raise ValidationError("Parameter prompt_file_path.value must be a base64 data: URI")
-            try:
-                return base64.b64decode(payload, validate=True)
-            except (binascii.Error, ValueError):
-                raise ValidationError("Parameter prompt_file_path.value must be a base64 data: URI") from None
-        # http(s) through the media layer's SSRF guard (one lookup, checked and pinned addresses, no redirects),
-        # streamed to a file under the cap; file:// and local paths only under the allowed folders.
-        from mindie_service.catalog import download  # Tornado's client only when a URL is given
-
-        src = await download.check_source(ref, ctx.media_policy, field="prompt_file_path")
-        if src.path is not None:
-            return await ctx.run_blocking(read_local, PathSpec(str(src.path), "filepath"),
-                                          ctx.settings.allowed_local_media_paths, MAX_INPUT_BYTES)
-        with tempfile.TemporaryDirectory(dir=ctx.settings.batch_jobs_dir) as tmp:
-            dest = Path(tmp) / "input.jsonl"
-            await download.fetch_to_file(src, ref, dest, MAX_INPUT_BYTES, ctx.media_policy, download.Progress(),
-                                         field="prompt_file_path")
-            return await ctx.run_blocking(dest.read_bytes)
+        limits = JobInputLimits.build(self.ctx.media_policy, self.ctx.settings.batch_jobs_dir, MAX_INPUT_BYTES)
+        return await read_job_input(path, limits, self.ctx.run_blocking)
 
 
 class JobStatusHandler(_JobsHandler):

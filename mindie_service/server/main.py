@@ -1,26 +1,29 @@
 """`mindie-service serve`: load the config, open the listeners, load the engine, serve, drain on SIGTERM.
 
-Order: config (and, with --prepare, the demo model and dev certificates) -> files and TLS material
+Order: config (and, with --prepare, what the CLI's wiring prepares) -> files and TLS material
 checked (a bad one stops start-up, naming its key) -> listeners open (generation answers 503 and
 /health 503 until the engine is ready) -> engine loaded in a worker thread, started, warmed up ->
 ready. SIGTERM, SIGINT or POST /stopService: stop accepting, let running requests finish (bounded),
 exit 0.
+
+What comes from the devkit (demo model and certificates, the mock engine, the testing fault hook, the
+ready banner) is plugged in by the CLI through ``ServeWiring`` (``mindie_service.serve_wiring``): this
+package never imports ``mindie_service.devkit``.
 """
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import logging.handlers
 import os
-import shlex
 import signal
 import ssl
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from mindie_service.config import ServiceConfig, load_config
-from mindie_service.devkit.faults import install_from_env as install_test_faults
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.client import EngineClient
 from mindie_service.errors import ConfigError
@@ -40,83 +43,44 @@ ENGINE_DEAD_EXIT = 3  # the exit code after the engine thread died while serving
 ENGINE_DEATH_GRACE_S = 5.0
 
 
-# -- preparation (serve --prepare) -----------------------------------------------------------------
-def _dev_cert_dir(cfg: ServiceConfig) -> Path | None:
-    """The folder generate_dev_certs writes to, when the config's TLS paths follow its layout."""
-    tls = cfg.server.tls
-    out = Path(tls.cert).parent.parent
-    expected = {Path(tls.cert): out / "certs/server.pem", Path(tls.pk): out / "keys/server.key.pem"}
-    if tls.ca_files:
-        expected[Path(tls.ca_files[0])] = out / "ca/ca.pem"
-    return out if all(k == v for k, v in expected.items()) else None
-
-
-def prepare_assets(cfg: ServiceConfig) -> None:
-    """Build the demo model the config names and development certificates, each only if missing. A demo
-    model built by an older devkit is rebuilt; a real checkpoint (no devkit marker) is never touched."""
-    from mindie_service.devkit.presets import PRESETS, build_demo_model, is_current, recorded_version
-
-    for m in cfg.models:
-        folder = Path(m.weight_path)
-        built_by_devkit = recorded_version(folder) is not None
-        if m.mock or ((folder / "config.json").is_file() and (not built_by_devkit or is_current(folder))):
-            continue
-        preset = Path(m.weight_path).name if Path(m.weight_path).name in PRESETS else "small"
-        logger.info("building the demo model %r into %s", preset, m.weight_path)
-        build_demo_model(preset, m.weight_path, if_missing=True)
-    if cfg.server.https_enabled:
-        out = _dev_cert_dir(cfg)
-        if out is None:
-            logger.warning("TLS paths do not follow the gen-certs layout; not generating certificates")
-        else:
-            from mindie_service.devkit.certs import generate_dev_certs
-
-            generate_dev_certs(str(out), if_missing=True)
-
-
-def curl_line(cfg: ServiceConfig) -> str:
-    s = cfg.server
-    host = s.ip_address
-    ip = ipaddress.ip_address(host)
-    if ip.is_unspecified:
-        host = "127.0.0.1" if ip.version == 4 else "::1"
-    if ":" in host:
-        host = f"[{host}]"
-    body = '{"inputs": "My name is Olivier and I", "parameters": {"max_new_tokens": 20}}'
-    parts = ["curl"]
-    if s.https_enabled:
-        if s.tls.ca_files:
-            parts += ["--cacert", s.tls.ca_files[0]]
-        out = _dev_cert_dir(cfg)
-        client_cert = out / "certs/client.pem" if out else None
-        if client_cert is not None and client_cert.is_file():
-            parts += ["--cert", str(client_cert), "--key", str(out / "keys/client.key.pem")]  # type: ignore[operator]
-        elif s.tls.ca_files:
-            parts += ["--cert", "CLIENT_CERT.pem", "--key", "CLIENT_KEY.pem"]
-    scheme = "https" if s.https_enabled else "http"
-    parts += ["-H", "Content-Type: application/json", "-d", body, f"{scheme}://{host}:{s.port}/"]
-    return " ".join(shlex.quote(p) for p in parts)
-
-
 # -- engine -----------------------------------------------------------------------------------------
-def build_engine(cfg: ServiceConfig) -> EngineClient:
+def build_model_engine(ec: EngineConfig, mock: bool) -> EngineClient:
+    """The real engine of one catalog model (runs in a worker thread: it loads weights). A mock model needs
+    the CLI's wiring (the mock engine is the devkit's)."""
+    if mock:
+        raise ConfigError(f"ModelConfig {ec.model_name!r} is a mock model: serve it through `mindie-service serve`")
+    from mindie_service.engine.async_engine import AsyncEngine
+
+    return AsyncEngine(ec)
+
+
+def _same(engine: EngineClient) -> EngineClient:
+    return engine
+
+
+@dataclass(frozen=True)
+class ServeWiring:
+    """What the CLI plugs into the server (``mindie_service.serve_wiring.cli_wiring``); the defaults serve
+    real models only, with nothing prepared and no banner.
+
+    - ``prepare``: runs on the loaded config before its files are checked (``serve --prepare``).
+    - ``model_engine``: ``(EngineConfig, mock) -> EngineClient`` for every model, the catalog's too.
+    - ``wrap_engine``: applied once to the default model's engine after it loaded (a testing hook).
+    - ``ready_banner``: a line printed once the service is ready."""
+
+    prepare: Callable[[ServiceConfig], None] | None = None
+    model_engine: Callable[[EngineConfig, bool], EngineClient] = build_model_engine
+    wrap_engine: Callable[[EngineClient], EngineClient] = _same
+    ready_banner: Callable[[ServiceConfig], str] | None = None
+
+
+def build_engine(cfg: ServiceConfig, wiring: ServeWiring) -> EngineClient:
     """The engine for the first model (runs in a worker thread: it loads weights): its
     BackendConfig.modelInstanceNumber instances, behind one router when there are several."""
     from mindie_service.engine.instances import build_instances, instance_configs
 
     mock = cfg.models[0].mock
-    return build_instances(instance_configs(cfg, 0), lambda ec: build_model_engine(ec, mock))
-
-
-def build_model_engine(ec: EngineConfig, mock: bool) -> EngineClient:
-    """The engine of one catalog model (runs in a worker thread: it loads weights)."""
-    if mock:
-        from mindie_service.devkit.mock_engine import MockEngine
-
-        return MockEngine(ec)
-    from mindie_service.engine.async_engine import AsyncEngine
-
-    return AsyncEngine(ec)
+    return build_instances(instance_configs(cfg, 0), lambda ec: wiring.model_engine(ec, mock))
 
 
 def _on_default(ctx: ServerContext, engine: EngineClient | None) -> None:
@@ -176,15 +140,9 @@ async def watch_engine(ctx: ServerContext, stop: asyncio.Event, interval_s: floa
 
 
 # -- serving ----------------------------------------------------------------------------------------
-async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], show_curl: bool, auth: Auth) -> int:
-    loop = asyncio.get_running_loop()
-    ctx = ServerContext(cfg)
-    stop = asyncio.Event()
-    ctx.request_stop = stop.set
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, auth.reload)  # ServerConfig.apiKeyFile read again
-
+def _listen(ctx: ServerContext, cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext],
+            auth: Auth) -> list[BoundedHTTPServer]:
+    """One listener per (address, port) of the config's planes; OSError if one cannot open (the others closed)."""
     s = cfg.server
     servers: list[BoundedHTTPServer] = []
     try:
@@ -199,54 +157,40 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], show_cur
             servers.append(srv)
             logger.info("listening on %s://%s:%d for %s", "https" if s.https_enabled else "http", addr, port,
                         ", ".join(planes))
-    except OSError as e:
-        logger.error("cannot listen: %s", e)
+    except OSError:
         for srv in servers:
             srv.stop()
-        return 1
+        raise
+    return servers
 
-    code = 0
-    engine: EngineClient | None = None
+
+async def _go_ready(ctx: ServerContext, cfg: ServiceConfig, engine: EngineClient, wiring: ServeWiring) -> None:
+    """Start and warm up the default model's engine, start the other models and the batch jobs: ready."""
     catalog = ctx.catalog
     assert catalog is not None
-    catalog.build, catalog.warm_up = build_model_engine, warm_up
-    catalog.on_default = lambda e: _on_default(ctx, e)
-    catalog.entries[ctx.model_name].state = "starting"
-    try:
-        load = loop.run_in_executor(None, build_engine, cfg)
-        await asyncio.wait([load, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
-        if not load.done():
-            logger.info("stop requested while loading the model; exiting once it is loaded")
-        engine = install_test_faults(await load, os.environ)  # a testing hook: only with MINDIE_SERVICE_FAULTS set
-        if not stop.is_set():
-            engine.start()
-            ctx.attach_engine(engine)
-            await warm_up(engine)
-            ctx.ready = True
-            for m in cfg.models[1:]:  # every ModelConfig entry is started at boot, in the background
-                try:
-                    catalog.start(m.name)
-                except Exception as e:  # noqa: BLE001 - one model that cannot start leaves the others serving
-                    logger.error("model %s not started: %s", m.name, e)
-            ctx.start_jobs()
-            logger.info("ready: model %s on %s (%s), %s", ctx.model_name, engine.device_type,
-                        engine.device_reason, engine.dtype)
-            if show_curl:
-                print(f"\nmindie-service is ready. Try:\n\n  {curl_line(cfg)}\n", flush=True)
-            watcher = asyncio.ensure_future(watch_engine(ctx, stop))
-            await stop.wait()
-            code = ENGINE_DEAD_EXIT if watcher.done() and watcher.result() else code
-            watcher.cancel()
-    except Exception:
-        logger.exception("the engine failed to start")
-        code = 1
+    engine.start()
+    ctx.attach_engine(engine)
+    await warm_up(engine)
+    ctx.ready = True
+    for m in cfg.models[1:]:  # every ModelConfig entry is started at boot, in the background
+        try:
+            catalog.start(m.name)
+        except Exception as e:  # noqa: BLE001 - one model that cannot start leaves the others serving
+            logger.error("model %s not started: %s", m.name, e)
+    ctx.start_jobs()
+    logger.info("ready: model %s on %s (%s), %s", ctx.model_name, engine.device_type, engine.device_reason,
+                engine.dtype)
+    if wiring.ready_banner is not None:
+        print(f"\nmindie-service is ready. Try:\n\n  {wiring.ready_banner(cfg)}\n", flush=True)
 
-    # Drain: stop accepting, let running requests finish (bounded), close connections, stop the engine.
+
+async def _drain(ctx: ServerContext, servers: list[BoundedHTTPServer], engine: EngineClient | None) -> None:
+    """Stop accepting, let running requests finish (bounded), close connections, stop jobs, models, engine."""
     logger.info("draining: %d request(s) in flight", ctx.in_flight)
     ctx.draining = True
     for srv in servers:
         srv.stop()
-    if not await ctx.wait_idle(min(DRAIN_TIMEOUT_S, s.e2e_timeout)):
+    if not await ctx.wait_idle(min(DRAIN_TIMEOUT_S, ctx.settings.e2e_timeout)):
         logger.warning("drain timed out with %d request(s) in flight", ctx.in_flight)
     for srv in servers:
         try:
@@ -254,22 +198,61 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], show_cur
         except asyncio.TimeoutError:
             pass
     await ctx.stop_jobs()  # batch jobs stop where they are and resume at the next start
-    await catalog.shutdown()
+    if ctx.catalog is not None:
+        await ctx.catalog.shutdown()
     if engine is not None:
         engine.shutdown()
     ctx.executor.shutdown(wait=False, cancel_futures=True)
     ctx.media_executor.shutdown(wait=False, cancel_futures=True)
+
+
+async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], wiring: ServeWiring, auth: Auth) -> int:
+    loop = asyncio.get_running_loop()
+    ctx = ServerContext(cfg)
+    stop = asyncio.Event()
+    ctx.request_stop = stop.set
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, auth.reload)  # ServerConfig.apiKeyFile read again
+    try:
+        servers = _listen(ctx, cfg, contexts, auth)
+    except OSError as e:
+        logger.error("cannot listen: %s", e)
+        return 1
+    code = 0
+    engine: EngineClient | None = None
+    catalog = ctx.catalog
+    assert catalog is not None
+    catalog.build, catalog.warm_up = wiring.model_engine, warm_up
+    catalog.on_default = lambda e: _on_default(ctx, e)
+    catalog.entries[ctx.model_name].state = "starting"
+    try:
+        load = loop.run_in_executor(None, build_engine, cfg, wiring)
+        await asyncio.wait([load, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        if not load.done():
+            logger.info("stop requested while loading the model; exiting once it is loaded")
+        engine = wiring.wrap_engine(await load)
+        if not stop.is_set():
+            await _go_ready(ctx, cfg, engine, wiring)
+            watcher = asyncio.ensure_future(watch_engine(ctx, stop))
+            await stop.wait()
+            code = ENGINE_DEAD_EXIT if watcher.done() and watcher.result() else code
+            watcher.cancel()
+    except Exception:
+        logger.exception("the engine failed to start")
+        code = 1
+    await _drain(ctx, servers, engine)
     logger.info("stopped")
     return code
 
 
-def serve(config_path: str, prepare: bool = False) -> int:
-    """Entry point of `mindie-service serve`; returns the process exit code."""
+def serve(config_path: str, wiring: ServeWiring = ServeWiring()) -> int:
+    """Entry point of `mindie-service serve` (the CLI passes its wiring); returns the process exit code."""
     try:
         cfg = load_config(config_path)
         _setup_file_logging(cfg)
-        if prepare:
-            prepare_assets(cfg)
+        if wiring.prepare is not None:
+            wiring.prepare(cfg)
         cfg.check_files()
         raise_open_files_limit(cfg.server.max_connections * len(cfg.server.listeners()))
         auth = Auth(cfg.server)  # API keys: a bad ServerConfig.apiKeyFile stops start-up
@@ -285,4 +268,4 @@ def serve(config_path: str, prepare: bool = False) -> int:
     # The engine thread holds the GIL between torch ops; a shorter switch interval lets the IO
     # thread flush each token as it comes instead of in bursts every 5 ms.
     sys.setswitchinterval(0.001)
-    return asyncio.run(_run(cfg, contexts, show_curl=prepare, auth=auth))
+    return asyncio.run(_run(cfg, contexts, wiring, auth))

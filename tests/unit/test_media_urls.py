@@ -16,8 +16,8 @@ from tornado.web import Application, RequestHandler
 
 from mindie_service.errors import MediaError
 from multimodal import MediaPolicy, fetch_media, refusal_reason
-from multimodal import netfetch, sources
-from tests.media_helpers import PNG, refused, run
+from multimodal import sources
+from tests.media_helpers import PNG, netfetch, refused, run
 
 # ---------------------------------------------------------------------------------------------
 # http(s) URLs (a loopback tornado server)

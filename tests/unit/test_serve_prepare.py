@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mindie_service.config import load_config
 from mindie_service.devkit.presets import MARKER, build_demo_model, is_current
-from mindie_service.server.main import prepare_assets
+from mindie_service.serve_wiring import prepare_assets
 from tests.server_utils import write_config
 
 

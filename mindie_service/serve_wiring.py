@@ -1,0 +1,101 @@
+"""The CLI's wiring of `mindie-service serve`: what the server gets from the devkit, plugged in from here so
+that ``mindie_service.server`` never imports ``mindie_service.devkit``.
+
+- ``--prepare``: the demo model the config names and development certificates, each built only if missing.
+- mock models (``ModelConfig[].mock``): the devkit's ``MockEngine``; every other model the real engine.
+- the testing fault hook (``MINDIE_SERVICE_FAULTS``), a no-op when the variable is not set.
+- the ready banner: a curl line that works against the development certificates."""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import shlex
+from pathlib import Path
+
+from mindie_service.config import ServiceConfig
+from mindie_service.engine.client import EngineClient
+from mindie_service.engine.config import EngineConfig
+from mindie_service.server.main import ServeWiring, build_model_engine
+
+logger = logging.getLogger(__name__)
+
+
+def _dev_cert_dir(cfg: ServiceConfig) -> Path | None:
+    """The folder generate_dev_certs writes to, when the config's TLS paths follow its layout."""
+    tls = cfg.server.tls
+    out = Path(tls.cert).parent.parent
+    expected = {Path(tls.cert): out / "certs/server.pem", Path(tls.pk): out / "keys/server.key.pem"}
+    if tls.ca_files:
+        expected[Path(tls.ca_files[0])] = out / "ca/ca.pem"
+    return out if all(k == v for k, v in expected.items()) else None
+
+
+def prepare_assets(cfg: ServiceConfig) -> None:
+    """Build the demo model the config names and development certificates, each only if missing. A demo
+    model built by an older devkit is rebuilt; a real checkpoint (no devkit marker) is never touched."""
+    from mindie_service.devkit.presets import PRESETS, build_demo_model, is_current, recorded_version
+
+    for m in cfg.models:
+        folder = Path(m.weight_path)
+        built_by_devkit = recorded_version(folder) is not None
+        if m.mock or ((folder / "config.json").is_file() and (not built_by_devkit or is_current(folder))):
+            continue
+        preset = Path(m.weight_path).name if Path(m.weight_path).name in PRESETS else "small"
+        logger.info("building the demo model %r into %s", preset, m.weight_path)
+        build_demo_model(preset, m.weight_path, if_missing=True)
+    if cfg.server.https_enabled:
+        out = _dev_cert_dir(cfg)
+        if out is None:
+            logger.warning("TLS paths do not follow the gen-certs layout; not generating certificates")
+        else:
+            from mindie_service.devkit.certs import generate_dev_certs
+
+            generate_dev_certs(str(out), if_missing=True)
+
+
+def curl_line(cfg: ServiceConfig) -> str:
+    """A curl command for the `/` route of the running server (with the dev client certificate when present)."""
+    s = cfg.server
+    host = s.ip_address
+    ip = ipaddress.ip_address(host)
+    if ip.is_unspecified:
+        host = "127.0.0.1" if ip.version == 4 else "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    body = '{"inputs": "My name is Olivier and I", "parameters": {"max_new_tokens": 20}}'
+    parts = ["curl"]
+    if s.https_enabled:
+        if s.tls.ca_files:
+            parts += ["--cacert", s.tls.ca_files[0]]
+        out = _dev_cert_dir(cfg)
+        client_cert = out / "certs/client.pem" if out else None
+        if client_cert is not None and client_cert.is_file():
+            parts += ["--cert", str(client_cert), "--key", str(out / "keys/client.key.pem")]  # type: ignore[operator]
+        elif s.tls.ca_files:
+            parts += ["--cert", "CLIENT_CERT.pem", "--key", "CLIENT_KEY.pem"]
+    scheme = "https" if s.https_enabled else "http"
+    parts += ["-H", "Content-Type: application/json", "-d", body, f"{scheme}://{host}:{s.port}/"]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def model_engine(ec: EngineConfig, mock: bool) -> EngineClient:
+    """The engine of one model (runs in a worker thread): the devkit's mock for a mock model."""
+    if mock:
+        from mindie_service.devkit.mock_engine import MockEngine
+
+        return MockEngine(ec)
+    return build_model_engine(ec, False)
+
+
+def with_test_faults(engine: EngineClient) -> EngineClient:
+    """A testing hook: faults injected into the engine only with MINDIE_SERVICE_FAULTS set."""
+    from mindie_service.devkit.faults import install_from_env
+
+    return install_from_env(engine, os.environ)
+
+
+def cli_wiring(prepare: bool) -> ServeWiring:
+    """What `mindie-service serve [--prepare]` plugs into the server."""
+    return ServeWiring(prepare=prepare_assets if prepare else None, model_engine=model_engine,
+                       wrap_engine=with_test_faults, ready_banner=curl_line if prepare else None)
