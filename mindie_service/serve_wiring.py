@@ -15,7 +15,7 @@ from pathlib import Path
 
 from mindie_service.config import ServiceConfig
 from mindie_service.engine.client import EngineClient
-from mindie_service.engine.config import EngineConfig
+from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.server.main import ServeWiring, build_model_engine
 
 logger = logging.getLogger(__name__)
