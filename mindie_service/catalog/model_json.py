@@ -14,7 +14,7 @@ from typing import Any
 
 from mindie_service.errors import ValidationError
 from mindie_service.inputs.chat import ChatPrefixes
-from mindie_service.protocol.openai import RequestDefaults
+from mindie_service.params.defaults import RequestDefaults
 
 logger = logging.getLogger(__name__)
 
