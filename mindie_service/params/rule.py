@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mindie_service.errors import check
+from mindie_service.errors import ValidationError, check
 from mindie_service.params.ranges import F32_MAX, F32_TINY, Range
 
 Kind = Literal["int", "float", "bool", "early_stopping"]
@@ -27,6 +27,13 @@ class Rule:
     def type_phrase(self) -> str:
         """What a value of the wrong type is told it must be."""
         return self.text or _KIND_PHRASE[self.kind]
+
+    def accepts(self, value: Any) -> bool:
+        try:
+            self.checked(value, "")
+        except ValidationError:
+            return False
+        return True
 
     def checked(self, value: Any, shown: str) -> Any:
         """``value`` (JSON types) by this rule, or a ValidationError naming ``shown`` (the dialect's spelling)."""

@@ -106,6 +106,9 @@ HF = _table(
     early_stopping=Rule("early_stopping"),
 )
 
+# The seed REST API's own switches (/api/generate-one, /api/generate-batch).
+REST = _table(only_new_tokens=BOOL, stream_response=BOOL)
+
 # A batch job's ``options`` (llama-stack's SamplingParams subset; OpenAI's ranges).
 JOB_OPTIONS = _table(
     max_tokens=MAX_TOKENS,

@@ -50,7 +50,7 @@ def require_object(v: Any, name: str) -> dict[str, Any]:
     return v
 
 
-def _reject_constant(name: str) -> Any:
+def reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
@@ -67,7 +67,7 @@ def parse_json_body(body: bytes, content_type: str | None) -> dict[str, Any]:
     if depth > MAX_JSON_DEPTH:
         raise BadRequestError(f"request body nests arrays and objects {depth} deep, at most {MAX_JSON_DEPTH}")
     try:
-        obj = json.loads(text, parse_constant=_reject_constant)
+        obj = json.loads(text, parse_constant=reject_constant)
     except RecursionError:
         raise BadRequestError(f"request body nests too deeply (at most {MAX_JSON_DEPTH})") from None
     except ValueError as e:
