@@ -6,8 +6,8 @@ from dataclasses import dataclass, field, fields
 from mindie_service.errors import check
 from mindie_service.params.adapter_name import BASE_ADAPTER, is_base_adapter, unknown_adapter_message
 from mindie_service.params.ranges import INT32_MAX, UINT64_MAX
-from mindie_service.params.table import (ENGINE, MAX_BEAMS, MAX_LOGIT_BIAS, MAX_STOP_LEN, MAX_STOP_STRINGS,
-                                         MAX_TOP_LOGPROBS)
+from mindie_service.params.table import (ENGINE, LOGIT_BIAS, MAX_BEAMS, MAX_LOGIT_BIAS, MAX_STOP_LEN,
+                                         MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, TOKEN_ID)
 
 __all__ = ["BASE_ADAPTER", "INT32_MAX", "MAX_BEAMS", "MAX_LOGIT_BIAS", "MAX_STOP_LEN", "MAX_STOP_STRINGS",
            "MAX_TOP_LOGPROBS", "UINT64_MAX", "SamplingParams", "is_base_adapter", "unknown_adapter_message"]
@@ -67,10 +67,8 @@ class SamplingParams:
         check(isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS, "logit_bias",
               f"an object of at most {MAX_LOGIT_BIAS} token ids", len(self.logit_bias))
         for tid, bias in self.logit_bias.items():
-            check(isinstance(tid, int) and not isinstance(tid, bool) and 0 <= tid <= INT32_MAX, "logit_bias key",
-                  f"an integer in [0, {INT32_MAX}]", tid)
-            check(isinstance(bias, (int, float)) and not isinstance(bias, bool) and -100.0 <= bias <= 100.0,
-                  f"logit_bias[{tid}]", "a number in [-100, 100]", bias)
+            TOKEN_ID.checked(tid, "logit_bias key")
+            LOGIT_BIAS.checked(bias, f"logit_bias[{tid}]")
         check(len(self.stop) <= MAX_STOP_STRINGS, "stop", f"at most {MAX_STOP_STRINGS} strings", len(self.stop))
         for s in self.stop:
             check(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LEN, "stop",

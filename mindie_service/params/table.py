@@ -27,6 +27,8 @@ REPETITION_PENALTY = Rule("float", Range(0.0))
 PENALTY = Rule("float", closed(-2.0, 2.0))  # frequency_penalty, presence_penalty (OpenAI's range)
 TOP_P = Rule("float", Range(0.0, 1.0))
 BOOL = Rule("bool")
+LOGIT_BIAS = Rule("float", closed(-100.0, 100.0))  # one entry of OpenAI's logit_bias (its range)
+TOKEN_ID = Rule("int", closed(0, INT32_MAX))
 POSITIVE_INT32 = Rule("int", Range(0, INT32_MAX))
 
 

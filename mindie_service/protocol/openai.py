@@ -18,7 +18,7 @@ from mindie_service.errors import ValidationError, check
 from mindie_service.inputs.types import ChatMessage, ChatPrompt, Prompt, TextPrompt, TokensPrompt
 from mindie_service.params.defaults import RequestDefaults
 from mindie_service.params.rule import Field, FieldTable, read_fields
-from mindie_service.params.table import BOOL, OPENAI_CHAT, OPENAI_COMPLETION, VLLM
+from mindie_service.params.table import BOOL, LOGIT_BIAS, OPENAI_CHAT, OPENAI_COMPLETION, VLLM
 from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
 from mindie_service.protocol.validation import get_str, get_str_list
 from mindie_service.sampling_params import INT32_MAX, MAX_LOGIT_BIAS, MAX_STOP_LEN, MAX_STOP_STRINGS, SamplingParams
@@ -183,9 +183,7 @@ def _logit_bias(v: Any, vocab_size: int) -> dict[int, float]:
     for key, bias in v.items():
         check(isinstance(key, str) and key.isdigit() and int(key) < vocab_size, "logit_bias",
               f"keys that are token ids in [0, {vocab_size})", key)
-        check(isinstance(bias, (int, float)) and not isinstance(bias, bool) and -100 <= bias <= 100,
-              f"logit_bias[{key}]", "a number in [-100, 100]", bias)
-        out[int(key)] = float(bias)
+        out[int(key)] = LOGIT_BIAS.checked(bias, f"logit_bias[{key}]")
     return out
 
 def _stream_options(body: dict[str, Any], stream: bool) -> bool:
