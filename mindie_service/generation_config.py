@@ -1,6 +1,7 @@
 """Hugging Face ``generate``'s generation config, as the seed REST API (/api/*) takes it.
 
-One table of fields (type, range, HF default) serves three readers: the request's
+One table of fields (``params.table.HF``: type and range; HF's defaults are GenerationConfig's) serves
+three readers: the request's
 ``generation_config`` object (422 naming ``generation_config.<field>``), the config file's
 ``GenerationDefaults`` section and the ``MINDIE_GEN_<FIELD>`` environment variables (both read
 at start-up, a bad value stops it). Precedence, highest first: the request, the environment
@@ -8,43 +9,16 @@ at start-up, a bad value stops it). Precedence, highest first: the request, the 
 ``model.json`` ``parameters``, then HF's defaults below."""
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from mindie_service.errors import ValidationError
-from mindie_service.sampling_params import INT32_MAX, MAX_BEAMS, SamplingParams
+from mindie_service.params.table import HF
+from mindie_service.sampling_params import SamplingParams
 
 ENV_PREFIX = "MINDIE_GEN_"
-
-
-@dataclass(frozen=True)
-class _Field:
-    kind: str  # "int" | "float" | "bool" | "early_stopping"
-    rule: str  # the phrase after "must be"
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-
-    def ok(self, v: float) -> bool:
-        if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
-            return False
-        return self.hi is None or v <= self.hi
-
-
-# HF generate's ranges (top_p 1 and top_k 0 mean off; temperature > 0 is checked when sampling).
-FIELDS: dict[str, _Field] = {
-    "num_beams": _Field("int", f"an integer in [1, {MAX_BEAMS}]", 1, MAX_BEAMS),
-    "do_sample": _Field("bool", "a boolean"),
-    "temperature": _Field("float", "a number >= 0", 0.0),
-    "top_p": _Field("float", "a number in (0, 1]", 0.0, 1.0, lo_open=True),
-    "top_k": _Field("int", f"an integer in [0, {INT32_MAX}] (0 = off)", 0, INT32_MAX),
-    "max_new_tokens": _Field("int", f"an integer in [1, {INT32_MAX}]", 1, INT32_MAX),
-    "repetition_penalty": _Field("float", "a number > 0", 0.0, lo_open=True),
-    "length_penalty": _Field("float", "a finite number"),
-    "early_stopping": _Field("early_stopping", 'true, false or "never"'),
-}
+FIELDS = HF  # HF generate's fields, their ranges and HF's deviations: mindie_service.params.table.HF
 
 
 @dataclass(frozen=True)
@@ -91,40 +65,24 @@ class GenerationConfig:
 
 def check_field(name: str, value: Any, shown: str) -> Any:
     """``value`` of field ``name`` (JSON types), or ValidationError naming ``shown``."""
-    f = FIELDS[name]
-    if f.kind == "bool" or (f.kind == "early_stopping" and value != "never"):
-        if not isinstance(value, bool):
-            raise ValidationError(f"Parameter {shown} must be {f.rule}, got {value!r}")
-        return value
-    if f.kind == "early_stopping":
-        return value
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if f.kind == "int":
-        # HF accepts 1.0 for an int field in JSON; so do we, as long as it is integral.
-        if number and isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if not (number and isinstance(value, int) and f.ok(value)):
-            raise ValidationError(f"Parameter {shown} must be {f.rule}, got {value!r}")
-        return value
-    if not (number and math.isfinite(value) and f.ok(value)):
-        raise ValidationError(f"Parameter {shown} must be {f.rule}, got {value!r}")
-    return float(value)
+    return FIELDS[name].rule.checked(value, shown)
 
 
 def parse_text_value(name: str, text: str, shown: str) -> Any:
     """A field from text (an environment variable, a .env line, a string in model.json)."""
     t = text.strip()
     low = t.lower()
-    if FIELDS[name].kind in ("bool", "early_stopping"):
+    rule = FIELDS[name].rule
+    if rule.kind in ("bool", "early_stopping"):
         if low in ("true", "1", "yes", "on"):
             return True
         if low in ("false", "0", "no", "off"):
             return False
         return check_field(name, "never" if low == "never" else t, shown)
     try:
-        value: Any = int(t) if FIELDS[name].kind == "int" and low.lstrip("+-").isdigit() else float(t)
+        value: Any = int(t) if rule.kind == "int" and low.lstrip("+-").isdigit() else float(t)
     except ValueError:
-        raise ValidationError(f"Parameter {shown} must be {FIELDS[name].rule}, got {text!r}") from None
+        raise ValidationError(f"Parameter {shown} must be {rule.type_phrase}, got {text!r}") from None
     return check_field(name, value, shown)
 
 

@@ -1,29 +1,16 @@
 """Sampling parameters in vLLM's shape (the offline API and the engine's own request type)."""
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from mindie_service.errors import check
+from mindie_service.params.adapter_name import BASE_ADAPTER, is_base_adapter, unknown_adapter_message
+from mindie_service.params.ranges import INT32_MAX, UINT64_MAX
+from mindie_service.params.table import (ENGINE, LOGIT_BIAS, MAX_BEAMS, MAX_LOGIT_BIAS, MAX_STOP_LEN,
+                                         MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, TOKEN_ID)
 
-INT32_MAX = 2147483647
-UINT64_MAX = 2**64 - 1
-MAX_STOP_STRINGS = 32
-MAX_STOP_LEN = 1024
-MAX_TOP_LOGPROBS = 20
-MAX_LOGIT_BIAS = 300  # OpenAI's cap on logit_bias entries
-MAX_BEAMS = 8
-# The adapter name that means "the base model" (MindIE's adapter_id default); the offline API also takes None.
-BASE_ADAPTER = "None"
-
-
-def is_base_adapter(name: str | None) -> bool:
-    return name is None or name == BASE_ADAPTER
-
-
-def unknown_adapter_message(name: object) -> str:
-    """The one wording of an unknown adapter_id (422 on MindIE/TGI routes, ValueError offline)."""
-    return f"Parameter adapter_id must name a loaded LoRA adapter or \"{BASE_ADAPTER}\", got {name!r}"
+__all__ = ["BASE_ADAPTER", "INT32_MAX", "MAX_BEAMS", "MAX_LOGIT_BIAS", "MAX_STOP_LEN", "MAX_STOP_STRINGS",
+           "MAX_TOP_LOGPROBS", "UINT64_MAX", "SamplingParams", "is_base_adapter", "unknown_adapter_message"]
 
 
 @dataclass
@@ -70,48 +57,22 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def validate(self) -> None:
-        """Raise ValueError (a ValidationError) naming the parameter, the rule and the value."""
-        _int(self.max_tokens, "max_tokens", 1, INT32_MAX)
-        _num(self.temperature, "temperature")
-        check(self.temperature >= 0.0, "temperature", ">= 0 (0 = greedy)", self.temperature)
-        check(isinstance(self.top_k, int) and not isinstance(self.top_k, bool), "top_k", "an integer", self.top_k)
-        _num(self.top_p, "top_p")
-        check(0.0 < self.top_p <= 1.0, "top_p", "in (0, 1]", self.top_p)
-        _num(self.typical_p, "typical_p")
-        check(0.0 < self.typical_p <= 1.0, "typical_p", "in (0, 1]", self.typical_p)
-        _num(self.repetition_penalty, "repetition_penalty")
-        check(self.repetition_penalty > 0.0, "repetition_penalty", "> 0", self.repetition_penalty)
-        _num(self.frequency_penalty, "frequency_penalty")
-        check(-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "in [-2, 2]", self.frequency_penalty)
-        _num(self.presence_penalty, "presence_penalty")
-        check(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "in [-2, 2]", self.presence_penalty)
+        """Raise ValueError (a ValidationError) naming the parameter, the rule and the value: the engine's
+        envelope of every dialect's ranges (params.table.ENGINE)."""
+        for f in fields(self):
+            rule = ENGINE.get(f.name)
+            value = getattr(self, f.name)
+            if rule is not None and value is not None:
+                setattr(self, f.name, rule.rule.checked(value, f.name))
         check(isinstance(self.logit_bias, dict) and len(self.logit_bias) <= MAX_LOGIT_BIAS, "logit_bias",
               f"an object of at most {MAX_LOGIT_BIAS} token ids", len(self.logit_bias))
         for tid, bias in self.logit_bias.items():
-            _int(tid, "logit_bias key", 0, INT32_MAX)
-            _num(bias, f"logit_bias[{tid}]")
-            check(-100.0 <= bias <= 100.0, f"logit_bias[{tid}]", "in [-100, 100]", bias)
-        if self.seed is not None:
-            _int(self.seed, "seed", 0, UINT64_MAX)
+            TOKEN_ID.checked(tid, "logit_bias key")
+            LOGIT_BIAS.checked(bias, f"logit_bias[{tid}]")
         check(len(self.stop) <= MAX_STOP_STRINGS, "stop", f"at most {MAX_STOP_STRINGS} strings", len(self.stop))
         for s in self.stop:
             check(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LEN, "stop",
                   f"a list of non-empty strings of at most {MAX_STOP_LEN} characters", s)
-        if self.logprobs is not None:
-            _int(self.logprobs, "logprobs", 0, MAX_TOP_LOGPROBS)
-        _int(self.num_beams, "num_beams", 1, MAX_BEAMS)
-        _num(self.length_penalty, "length_penalty")
-        check(self.early_stopping in (True, False, "never"), "early_stopping", 'True, False or "never"',
-              self.early_stopping)
         if self.num_beams > 1:
             check(self.greedy, "num_beams", "1 when sampling (temperature > 0): beam sampling is not supported",
                   self.num_beams)
-
-
-def _num(v: object, name: str) -> None:
-    check(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v), name, "a finite number", v)
-
-
-def _int(v: object, name: str, lo: int, hi: int) -> None:
-    check(isinstance(v, int) and not isinstance(v, bool), name, "an integer", v)
-    check(lo <= v <= hi, name, f"in [{lo}, {hi}]", v)  # type: ignore[operator]

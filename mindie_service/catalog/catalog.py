@@ -23,7 +23,7 @@ from mindie_service.engine.client import EngineClient
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.instances import build_instances, instance_configs
 from mindie_service.errors import ConflictError, ModelNotFoundError, UnhealthyError, ValidationError
-from mindie_service.protocol.openai import RequestDefaults
+from mindie_service.params.defaults import RequestDefaults
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from mindie_service.errors import ValidationError
 from mindie_service.inputs.chat import ChatPrefixes
-from mindie_service.protocol.openai import RequestDefaults
+from mindie_service.params.defaults import RequestDefaults
 
 logger = logging.getLogger(__name__)
 
@@ -88,11 +88,7 @@ class ModelRecord:
                 return None
         temperature, top_p, top_k, limit = num("temperature", float), num("top_p", float), num("top_k", int), \
             num("token_limit", int)
-        return RequestDefaults(
-            temperature=temperature if temperature is not None and 0 <= temperature <= 2 else None,
-            top_p=top_p if top_p is not None and 0 < top_p < 1 else None,
-            top_k=top_k if top_k is not None and top_k > 0 else None,
-            max_tokens=limit if limit is not None and limit > 0 else None)
+        return RequestDefaults.within_rules(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=limit)
 
     def prefixes(self) -> ChatPrefixes:
         e, d = self.engine_parameters, ChatPrefixes()

@@ -16,6 +16,7 @@ from mindie_service.engine.types import (FINISH_LENGTH, FINISH_STOP, EngineReque
                                          TokenInfo)
 from mindie_service.errors import ValidationError
 from mindie_service.inputs import InputLimits, InputProcessor
+from mindie_service.params.output_cap import output_cap
 
 _SPECIAL = ("<unk>", "<s>", "</s>")
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz    "
@@ -88,7 +89,7 @@ class MockEngine:
         p, ids, cfg = request.params, request.prompt_token_ids, self.config
         seed = p.seed if p.seed is not None else secrets.randbits(63) + 1
         rng = random.Random(seed if not p.greedy else 0)
-        cap = max(1, min(p.max_tokens, cfg.max_iter_times, cfg.max_seq_len - len(ids)))
+        cap = output_cap(p.max_tokens, len(ids), max_iter_times=cfg.max_iter_times, max_seq_len=cfg.max_seq_len)
         text = ""
         rid = request.request_id
         self._active[rid] = len(ids)

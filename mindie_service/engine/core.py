@@ -32,6 +32,7 @@ from mindie_service.engine.swap import HostBlockPool, host_pool_blocks
 from mindie_service.engine.types import PRIORITY_ONLINE, EngineRequest, EngineStats, FailedEvent, TokenEvent
 from mindie_service.errors import EngineDeadError, check
 from mindie_service.lora.manager import LoraManager
+from mindie_service.params.output_cap import output_cap
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +101,8 @@ class LLMEngine:
               len(ids))
         cache_key = b"|mm:" + ",".join(req.mm_hashes).encode() if req.mm_hashes else b""  # media never share KV
         p = req.params
-        max_output = min(p.max_tokens, self.cfg.max_iter_times, self.cfg.max_seq_len - len(ids),
-                         self.pool_tokens - len(ids))
+        max_output = output_cap(p.max_tokens, len(ids), max_iter_times=self.cfg.max_iter_times,
+                                max_seq_len=self.cfg.max_seq_len, pool_tokens=self.pool_tokens)
         seed = p.seed if p.seed is not None else secrets.randbits(63)
         if p.num_beams > 1:
             check_beam_request(req, max(1, max_output), self.blocks.blocks_needed, self.blocks.num_blocks,

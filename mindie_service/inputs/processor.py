@@ -26,7 +26,8 @@ from mindie_service.inputs.limits import InputLimits, fit_prompt
 from mindie_service.inputs.text_bound import TextBound, tokenize_bounded
 from mindie_service.inputs.types import (ChatMessage, ChatPrompt, MediaEncoder, PartsPrompt, Prompt,
                                          SessionLookup, TextPrompt, TokensPrompt)
-from mindie_service.sampling_params import SamplingParams, is_base_adapter, unknown_adapter_message
+from mindie_service.params.adapter_name import check_adapter_id
+from mindie_service.sampling_params import SamplingParams
 from multimodal import MediaItem, MediaPolicy
 
 if TYPE_CHECKING:
@@ -108,12 +109,8 @@ class InputProcessor:
             self._check_media_kinds(prompt)
             check(truncate is None, "truncate", "absent for inputs holding media (it would cut placeholders)",
                   truncate)
-        name = params.adapter_id
-        if is_base_adapter(name):
-            return params if name is None else dataclasses.replace(params, adapter_id=None)
-        if name not in self.adapter_names():
-            raise ValidationError(unknown_adapter_message(name))
-        return params
+        name = check_adapter_id(params.adapter_id, self.adapter_names())
+        return params if name == params.adapter_id else dataclasses.replace(params, adapter_id=name)
 
     def _check_media_kinds(self, prompt: PartsPrompt | ChatPrompt) -> None:
         takes = ", ".join(sorted(self.modalities)) or "text only"

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from mindie_service.errors import ValidationError, check
+from mindie_service.params.output_cap import output_cap
+from mindie_service.params.rule import read_fields
+from mindie_service.params.table import JOB, JOB_OPTIONS
 
 PATH_TYPES = ("filepath", "uri", "raw_bytes")
-MAX_GENERATIONS = 16
 DEFAULT_MAX_TOKENS = 256
 
 
@@ -44,14 +46,6 @@ class JobRequest:
     num_generations: int
 
 
-def _number(obj: Mapping[str, Any], name: str, field: str, default: float) -> float:
-    v = obj.get(name)
-    if v is None:
-        return default
-    check(isinstance(v, (int, float)) and not isinstance(v, bool), field, "a number", v)
-    return float(v)
-
-
 def parse_path(v: Any, field: str) -> PathSpec:
     check(isinstance(v, dict), field, 'an object {"value", "type"}', v)
     value, kind = v.get("value"), v.get("type")
@@ -61,28 +55,21 @@ def parse_path(v: Any, field: str) -> PathSpec:
 
 
 def parse_job_request(body: Mapping[str, Any], max_tokens_cap: int) -> JobRequest:
+    """``{model, prompt_file_path, options?, num_generations?}``; ``options`` and ``num_generations`` are read
+    through the rule table (``params.table.JOB_OPTIONS``, ``JOB``), max_tokens capped by maxIterTimes
+    (``max_tokens_cap``) as every other route's output is (params.output_cap; the engine caps each line again
+    by its prompt)."""
     model = body.get("model")
     check(isinstance(model, str) and model != "", "model", "a non-empty string", model)
     path = parse_path(body.get("prompt_file_path"), "prompt_file_path")
     raw_opts = body.get("options") or {}
     check(isinstance(raw_opts, dict), "options", "an object", raw_opts)
-    unknown = sorted(set(raw_opts) - {"logprobs", "max_tokens", "temperature", "top_p"})
-    check(not unknown, "options", "an object of logprobs, max_tokens, temperature, top_p", unknown)
-    mt = raw_opts.get("max_tokens", DEFAULT_MAX_TOKENS)
-    check(isinstance(mt, int) and not isinstance(mt, bool), "options.max_tokens", "an integer", mt)
-    check(mt >= 1, "options.max_tokens", ">= 1", mt)
-    temperature = _number(raw_opts, "temperature", "options.temperature", 0.0)
-    check(0.0 <= temperature <= 2.0, "options.temperature", "in [0, 2] (0 = greedy)", temperature)
-    top_p = _number(raw_opts, "top_p", "options.top_p", 1.0)
-    check(0.0 < top_p <= 1.0, "options.top_p", "in (0, 1]", top_p)
-    lp = raw_opts.get("logprobs", False)
-    check(isinstance(lp, bool), "options.logprobs", "a boolean", lp)
-    n = body.get("num_generations", 1)
-    n = 1 if n is None else n
-    check(isinstance(n, int) and not isinstance(n, bool), "num_generations", "an integer", n)
-    check(1 <= n <= MAX_GENERATIONS, "num_generations", f"in [1, {MAX_GENERATIONS}]", n)
-    # max_tokens is capped by maxIterTimes (documented), as every other route's output is.
-    opts = JobOptions(min(mt, max_tokens_cap), temperature, top_p, lp)
+    unknown = sorted(set(raw_opts) - set(JOB_OPTIONS))
+    check(not unknown, "options", f"an object of {', '.join(sorted(JOB_OPTIONS))}", unknown)
+    o = read_fields(raw_opts, JOB_OPTIONS, "options.")
+    n = read_fields(body, JOB).get("num_generations", 1)
+    opts = JobOptions(output_cap(o.get("max_tokens", DEFAULT_MAX_TOKENS), 0, max_iter_times=max_tokens_cap),
+                      o.get("temperature", 0.0), o.get("top_p", 1.0), o.get("logprobs", False))
     return JobRequest(model, path, opts, n)
 
 

@@ -29,7 +29,7 @@ from mindie_service.lora.adapter import LoraAdapter, read_adapter
 from mindie_service.lora.apply import BatchedLoraApplier, build_applier
 from mindie_service.lora.pool import AdapterPool
 from mindie_service.errors import ConflictError, NotFoundError, ValidationError
-from mindie_service.sampling_params import is_base_adapter, unknown_adapter_message
+from mindie_service.params.adapter_name import check_adapter_id, is_base_adapter
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +109,7 @@ class LoraManager:
         if is_base_adapter(adapter_id):
             return b""
         with self._lock:
-            adapter = self.registry.get(adapter_id)  # type: ignore[arg-type]
-            if adapter is None:
-                raise ValidationError(unknown_adapter_message(adapter_id))
+            adapter = self.registry[check_adapter_id(adapter_id, self.registry)]  # type: ignore[index]
             adapter.refs += 1
             self._bound[request_id] = adapter
             return adapter.cache_key

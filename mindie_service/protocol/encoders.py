@@ -11,7 +11,7 @@ from typing import Any
 
 from mindie_service.engine.types import TokenEvent, TokenInfo
 from mindie_service.errors import MindieError
-from mindie_service.protocol.generation import GenerationRequest, GenerationResult, select_best
+from mindie_service.protocol.request import GenerationRequest, GenerationResult, select_best
 
 
 def _dumps(obj: Any) -> str:

@@ -1,9 +1,10 @@
 """POST /v1/completions and /v1/chat/completions: OpenAI's request bodies -> an ``OpenAIRequest``.
 
-Ranges and defaults are OpenAI's (temperature in [0, 2], 0 = greedy; top_p in (0, 1]; max_tokens 16 on
-completions, up to the caps on chat). ``openAiSupport: "vllm"`` also takes vLLM's extra fields. A field we
-cannot honour (tools, suffix, min_tokens...) is refused by name rather than ignored. The model
-picks its engine (``peek_model``) before the rest is parsed with that model's request defaults.
+Fields and ranges are the rule table's (``params.table.OPENAI_*``, ``VLLM``: OpenAI's documented ranges);
+defaults are OpenAI's (max_tokens 16 on completions, up to the output cap on chat). ``openAiSupport: "vllm"``
+also takes vLLM's extra fields. A field we cannot honour (tools, suffix, min_tokens...) is refused by name
+rather than ignored. The model picks its engine (``peek_model``) before the rest is parsed with that model's
+request defaults; an adapter it names was resolved by the catalog.
 """
 from __future__ import annotations
 
@@ -15,21 +16,21 @@ from typing import Any, Literal
 
 from mindie_service.errors import ValidationError, check
 from mindie_service.inputs.types import ChatMessage, ChatPrompt, Prompt, TextPrompt, TokensPrompt
-from mindie_service.protocol.generation import GenerationRequest, ProtocolLimits
-from mindie_service.protocol.validation import Range, get_bool, get_float, get_int, get_str, get_str_list
-from mindie_service.sampling_params import INT32_MAX, MAX_STOP_LEN, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, UINT64_MAX
-from mindie_service.sampling_params import MAX_LOGIT_BIAS, SamplingParams
+from mindie_service.params.defaults import RequestDefaults
+from mindie_service.params.rule import Field, FieldTable, read_fields
+from mindie_service.params.table import BOOL, LOGIT_BIAS, OPENAI_CHAT, OPENAI_COMPLETION, VLLM
+from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
+from mindie_service.protocol.validation import get_str, get_str_list
+from mindie_service.sampling_params import INT32_MAX, MAX_LOGIT_BIAS, MAX_STOP_LEN, MAX_STOP_STRINGS, SamplingParams
 from multimodal import MediaItem, MediaPolicy
 
 Kind = Literal["completion", "chat"]
 Support = Literal["openai", "vllm"]
 
-MAX_N = 16  # choices per prompt
 MAX_CHOICES = 64  # prompts x n
 MAX_PROMPTS = 64
 MAX_MESSAGES = 512
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default on /v1/completions
-MAX_COMPLETION_LOGPROBS = 5  # OpenAI's cap on completions' logprobs (vLLM's too)
 AUDIO_FORMATS = {"wav": "audio/wav", "mp3": "audio/mpeg", "flac": "audio/flac", "ogg": "audio/ogg"}
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
@@ -39,17 +40,8 @@ _FIELDS: dict[str, frozenset[str]] = {
     "chat": frozenset(_COMMON | {"messages", "max_completion_tokens", "top_logprobs", "parallel_tool_calls"}),
 }
 VLLM_FIELDS = frozenset({"top_k", "repetition_penalty", "min_tokens", "ignore_eos"})
+_TABLES: dict[Kind, FieldTable] = {"completion": OPENAI_COMPLETION, "chat": OPENAI_CHAT}
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-
-
-@dataclass(frozen=True)
-class RequestDefaults:
-    """A model's request defaults (its model.json ``parameters``); None: OpenAI's."""
-
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    max_tokens: int | None = None  # token_limit
 
 
 @dataclass(frozen=True)
@@ -191,82 +183,76 @@ def _logit_bias(v: Any, vocab_size: int) -> dict[int, float]:
     for key, bias in v.items():
         check(isinstance(key, str) and key.isdigit() and int(key) < vocab_size, "logit_bias",
               f"keys that are token ids in [0, {vocab_size})", key)
-        check(isinstance(bias, (int, float)) and not isinstance(bias, bool) and -100 <= bias <= 100,
-              f"logit_bias[{key}]", "a number in [-100, 100]", bias)
-        out[int(key)] = float(bias)
+        out[int(key)] = LOGIT_BIAS.checked(bias, f"logit_bias[{key}]")
     return out
+
+def _stream_options(body: dict[str, Any], stream: bool) -> bool:
+    """``stream_options``: only with stream; its include_usage."""
+    opts = body.get("stream_options")
+    if opts is None:
+        return False
+    check(stream, "stream_options", "absent unless stream is true", opts)
+    check(isinstance(opts, dict) and set(opts) <= {"include_usage"}, "stream_options", "an object {include_usage}",
+          opts)
+    return bool(read_fields(opts, {"include_usage": Field("include_usage", BOOL)}).get("include_usage", False))
+
+
+def _kind_rules(body: dict[str, Any], kind: Kind, v: dict[str, Any], n: int) -> None:
+    """The rules one route adds: completions' suffix and best_of, chat's top_logprobs and tool calls."""
+    if kind == "completion":
+        _refuse(body, "suffix", "", "insertion (suffix) is not supported")
+        check(body.get("best_of") in (None, n), "best_of", f"absent or equal to n ({n}): "
+              "server-side best-of selection is not supported on this route", body.get("best_of"))
+        return
+    check(v.get("logprobs") is None or v.get("want_logprobs"), "top_logprobs", "absent unless logprobs is true",
+          v.get("logprobs"))
+    v["logprobs"] = (v.get("logprobs") or 0) if v.get("want_logprobs") else None
+    _refuse(body, "parallel_tool_calls", None, "tool calls are not supported")
+
+
+def _vllm(body: dict[str, Any], support: Support, defaults: RequestDefaults, vocab_size: int) -> dict[str, Any]:
+    """vLLM's extra fields (openAiSupport "vllm"), top_k resolved against the model's default and vocabulary."""
+    v = read_fields(body, VLLM) if support == "vllm" else {}
+    check(v.get("min_tokens", 0) == 0, "min_tokens", "0 (a minimum output length is not implemented by the engine)",
+          v.get("min_tokens"))
+    top_k = v.get("top_k", defaults.top_k)
+    if top_k is not None and (top_k <= 0 or top_k >= vocab_size):
+        top_k = None  # -1 / 0 (Jan's "0") and the whole vocabulary mean off
+    return {"top_k": top_k, "repetition_penalty": v.get("repetition_penalty") or 1.0,
+            "ignore_eos": v.get("ignore_eos", False)}
+
 
 def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: ProtocolLimits, model: str,
                  defaults: RequestDefaults = RequestDefaults(), adapter_id: str | None = None,
                  request_id: str = "") -> OpenAIRequest:
     """Validate ``body``; raise ValidationError (the route answers 400) naming the parameter."""
     _check_fields(body, kind, support)
-    stream = bool(get_bool(body, "stream", False))
-    opts = body.get("stream_options")
-    include_usage = False
-    if opts is not None:
-        check(stream, "stream_options", "absent unless stream is true", opts)
-        check(isinstance(opts, dict) and set(opts) <= {"include_usage"}, "stream_options",
-              "an object {include_usage}", opts)
-        include_usage = bool(get_bool(opts, "include_usage", False))
-    n = get_int(body, "n", Range(1, MAX_N, lo_open=False), 1) or 1
+    v = read_fields(body, _TABLES[kind])
+    stream, n = v.get("stream", False), v.get("n", 1)
+    include_usage = _stream_options(body, stream)
     prompts = (_completion_prompts(body, limits.vocab_size) if kind == "completion"
                else (_messages(body, limits.media_policy or MediaPolicy()),))
     check(len(prompts) * n <= MAX_CHOICES, "n", f"at most {MAX_CHOICES} choices in all (prompts x n)",
           f"{len(prompts)} x {n}")
-
-    max_tokens = get_int(body, "max_tokens", Range(1, INT32_MAX, lo_open=False), None)
-    if kind == "chat":
-        max_tokens = get_int(body, "max_completion_tokens", Range(1, INT32_MAX, lo_open=False), max_tokens)
-        default_max = defaults.max_tokens or INT32_MAX  # the engine caps it: maxIterTimes and the context
-    else:
-        default_max = defaults.max_tokens or COMPLETION_DEFAULT_MAX_TOKENS
-    temperature = get_float(body, "temperature", Range(0.0, 2.0, lo_open=False), defaults.temperature)
-    top_p = get_float(body, "top_p", Range(0.0, 1.0), defaults.top_p)
+    # Without max_tokens: the model's default, else OpenAI's 16 on completions; chat leaves it to the output cap.
+    default_max = defaults.max_tokens or (INT32_MAX if kind == "chat" else COMPLETION_DEFAULT_MAX_TOKENS)
     stop = get_str_list(body, "stop", MAX_STOP_STRINGS, MAX_STOP_LEN)
-    seed = get_int(body, "seed", Range(0, UINT64_MAX, lo_open=False), None)
-    frequency_penalty = get_float(body, "frequency_penalty", Range(-2.0, 2.0, lo_open=False), 0.0)
-    presence_penalty = get_float(body, "presence_penalty", Range(-2.0, 2.0, lo_open=False), 0.0)
     logit_bias = _logit_bias(body.get("logit_bias"), limits.vocab_size)
     get_str(body, "user", None)  # an end-user id for the caller's own records; nothing here uses it
-
-    logprobs: int | None = None
-    echo = False
-    if kind == "completion":
-        logprobs = get_int(body, "logprobs", Range(0, MAX_COMPLETION_LOGPROBS, lo_open=False), None)
-        echo = bool(get_bool(body, "echo", False))
-        _refuse(body, "suffix", "", "insertion (suffix) is not supported")
-        get_int(body, "best_of", Range(1, MAX_N, lo_open=False), None)
-        check(body.get("best_of") in (None, n), "best_of", f"absent or equal to n ({n}): "
-              "server-side best-of selection is not supported on this route", body.get("best_of"))
-    else:
-        want = get_bool(body, "logprobs", False)
-        top = get_int(body, "top_logprobs", Range(0, MAX_TOP_LOGPROBS, lo_open=False), None)
-        check(top is None or want, "top_logprobs", "absent unless logprobs is true", top)
-        logprobs = (top or 0) if want else None
-        _refuse(body, "parallel_tool_calls", None, "tool calls are not supported")
-
-    top_k = defaults.top_k
-    repetition_penalty, ignore_eos = 1.0, False
-    if support == "vllm":
-        top_k = get_int(body, "top_k", Range(-1, INT32_MAX, lo_open=False), top_k)
-        repetition_penalty = get_float(body, "repetition_penalty", Range(0.0), 1.0) or 1.0
-        ignore_eos = bool(get_bool(body, "ignore_eos", False))
-        min_tokens = get_int(body, "min_tokens", Range(0, INT32_MAX, lo_open=False), 0)
-        check(min_tokens == 0, "min_tokens", "0 (a minimum output length is not implemented by the engine)",
-              min_tokens)
-    if top_k is not None and (top_k <= 0 or top_k >= limits.vocab_size):
-        top_k = None  # -1 / 0 (Jan's "0") and the whole vocabulary mean off
-
-    temp = 1.0 if temperature is None else temperature
+    _kind_rules(body, kind, v, n)
+    x = _vllm(body, support, defaults, limits.vocab_size)
+    temp = v.get("temperature", 1.0 if defaults.temperature is None else defaults.temperature)
+    top_p = v.get("top_p", defaults.top_p)
     greedy = temp == 0.0
+    echo = v.get("echo", False)
     params = SamplingParams(
-        max_tokens=max_tokens or default_max, temperature=temp,
-        top_k=0 if greedy else (top_k or 0), top_p=1.0 if greedy or top_p is None else top_p,
-        repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty,
-        presence_penalty=presence_penalty or 0.0, logit_bias=logit_bias, seed=seed, stop=stop,
-        ignore_eos=ignore_eos, logprobs=logprobs or None, prompt_logprobs=echo, adapter_id=adapter_id)
+        max_tokens=v.get("max_tokens", default_max), temperature=temp,
+        top_k=0 if greedy else (x["top_k"] or 0), top_p=1.0 if greedy or top_p is None else top_p,
+        repetition_penalty=x["repetition_penalty"], frequency_penalty=v.get("frequency_penalty", 0.0),
+        presence_penalty=v.get("presence_penalty", 0.0), logit_bias=logit_bias, seed=v.get("seed"), stop=stop,
+        ignore_eos=x["ignore_eos"], logprobs=v.get("logprobs") or None, prompt_logprobs=echo,
+        adapter_id=adapter_id)
     return OpenAIRequest(
         prompt=prompts[0], params=params, stream=stream, best_of=n, sampling=not greedy, kind=kind,
-        model=model, prompts=prompts, echo=echo, logprobs=logprobs, include_usage=include_usage,
+        model=model, prompts=prompts, echo=echo, logprobs=v.get("logprobs"), include_usage=include_usage,
         request_id=request_id)

@@ -9,7 +9,7 @@ from typing import Any
 from mindie_service.engine.types import FINISH_LENGTH, TokenEvent, TokenInfo
 from mindie_service.errors import MindieError
 from mindie_service.protocol.encoders import Encoder, StreamState, sse
-from mindie_service.protocol.generation import GenerationRequest, GenerationResult
+from mindie_service.protocol.request import GenerationRequest, GenerationResult
 from mindie_service.protocol.openai import OpenAIRequest
 
 DONE = b"data: [DONE]\n\n"

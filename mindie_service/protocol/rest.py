@@ -12,6 +12,9 @@ from typing import Any
 
 from mindie_service.errors import BadRequestError, ValidationError
 from mindie_service.generation_config import GenerationConfig, read_object
+from mindie_service.params.rule import read_fields
+from mindie_service.params.table import REST
+from mindie_service.protocol.validation import reject_constant
 from mindie_service.sampling_params import SamplingParams
 
 MAX_BATCH_PROMPTS = 256
@@ -40,7 +43,7 @@ class RestRequest:
 def parse_rest_body(body: bytes) -> dict[str, Any]:
     """JSON object from the body (400 malformed, 422 not an object); the Content-Type is not checked."""
     try:
-        obj = json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+        obj = json.loads(body.decode("utf-8"), parse_constant=reject_constant)
     except UnicodeDecodeError as e:
         raise BadRequestError(f"request body is not valid UTF-8: {e}") from None
     except ValueError as e:
@@ -48,19 +51,6 @@ def parse_rest_body(body: bytes) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise ValidationError(f"request body must be a JSON object, got {type(obj).__name__}")
     return obj
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _bool(obj: Mapping[str, Any], key: str, default: bool) -> bool:
-    v = obj.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise ValidationError(f"Parameter {key} must be a boolean, got {v!r}")
-    return v
 
 
 def _prompt(obj: Any, where: str) -> RestPrompt:
@@ -91,8 +81,9 @@ def _config(body: Mapping[str, Any], defaults: GenerationConfig) -> GenerationCo
 
 def parse_generate_one(body: Mapping[str, Any], defaults: GenerationConfig) -> RestRequest:
     """``{request_id, prompt, only_new_tokens=true, stream_response=true, generation_config}``."""
-    return RestRequest((_prompt(body, ""),), _bool(body, "only_new_tokens", True),
-                       _bool(body, "stream_response", True), _config(body, defaults))
+    v = read_fields(body, REST)
+    return RestRequest((_prompt(body, ""),), v.get("only_new_tokens", True), v.get("stream_response", True),
+                       _config(body, defaults))
 
 
 def parse_generate_batch(body: Mapping[str, Any], defaults: GenerationConfig) -> RestRequest:
@@ -113,4 +104,4 @@ def parse_generate_batch(body: Mapping[str, Any], defaults: GenerationConfig) ->
     if "stream_response" in body and body["stream_response"]:
         raise ValidationError("Parameter stream_response must be false or absent on /api/generate-batch "
                               "(the batch answers one JSON list), got True")
-    return RestRequest(prompts, _bool(body, "only_new_tokens", True), False, _config(body, defaults))
+    return RestRequest(prompts, read_fields(body, REST).get("only_new_tokens", True), False, _config(body, defaults))

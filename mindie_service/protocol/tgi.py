@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mindie_service.protocol.generation import GenerationRequest, ProtocolLimits, parse_generation
+from mindie_service.protocol.mindie import parse_generation
+from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
 
 
 def parse_tgi_request(body: dict[str, Any], limits: ProtocolLimits, *, stream: bool) -> GenerationRequest:

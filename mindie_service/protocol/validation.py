@@ -1,88 +1,23 @@
-"""Shared validation rules: one place for types, ranges and the wording of their messages.
-
-Every message names the parameter, the rule and the value given, e.g.
-``Parameter max_new_tokens must be in (0, 2147483647], got 0``.
+"""Request bodies: JSON decoding (content type, depth, surrogates) and the shapes that are not numbers
+(strings, string lists, objects). Numbers and booleans are read through the rule table (mindie_service.params),
+which words every message: ``Parameter max_new_tokens must be in (0, 2147483647], got 0``.
 """
 from __future__ import annotations
 
 import json
-import math
 import re
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 from mindie_service.errors import BadRequestError, ValidationError, check
 
 _MISSING = object()
-F32_TINY = 1.1754943508222875e-38  # smallest normal float32
-F32_MAX = 3.4028234663852886e38
 MAX_JSON_DEPTH = 64  # requests nest 3-4 levels; json's recursive decoder must never see ~1,000
-
-
-def _fmt(x: float) -> str:
-    if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
-        return f"{x:.1f}"
-    return f"{x:g}" if isinstance(x, float) else str(x)
-
-
-@dataclass(frozen=True)
-class Range:
-    """A numeric interval; ``str()`` gives the rule as messages print it: ``in (0, 1.0]`` or ``> 0.0``."""
-
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = True
-    hi_open: bool = False
-
-    def __contains__(self, v: float) -> bool:
-        if self.lo is not None and (v <= self.lo if self.lo_open else v < self.lo):
-            return False
-        if self.hi is not None and (v >= self.hi if self.hi_open else v > self.hi):
-            return False
-        return True
-
-    def __str__(self) -> str:
-        if self.hi is None:
-            return f"{'>' if self.lo_open else '>='} {_fmt(self.lo)}" if self.lo is not None else "a number"
-        if self.lo is None:
-            return f"{'<' if self.hi_open else '<='} {_fmt(self.hi)}"
-        return f"in {'(' if self.lo_open else '['}{_fmt(self.lo)}, {_fmt(self.hi)}{')' if self.hi_open else ']'}"
 
 
 def _present(obj: Mapping[str, Any], name: str) -> Any:
     """The value of ``name``; absent and JSON null both read as missing."""
     v = obj.get(name, _MISSING)
     return _MISSING if v is None else v
-
-
-def get_bool(obj: Mapping[str, Any], name: str, default: bool | None) -> bool | None:
-    v = _present(obj, name)
-    if v is _MISSING:
-        return default
-    check(isinstance(v, bool), name, "a boolean", v)
-    return v
-
-
-def get_int(obj: Mapping[str, Any], name: str, rng: Range, default: int | None) -> int | None:
-    v = _present(obj, name)
-    if v is _MISSING:
-        return default
-    check(isinstance(v, int) and not isinstance(v, bool), name, "an integer", v)
-    check(v in rng, name, str(rng), v)
-    return v
-
-
-def get_float(obj: Mapping[str, Any], name: str, rng: Range, default: float | None) -> float | None:
-    v = _present(obj, name)
-    if v is _MISSING:
-        return default
-    check(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v), name, "a number", v)
-    check(v in rng, name, str(rng), v)
-    # The engine samples in 32-bit floats at best: a value that rounds to 0 or infinity there would
-    # divide by zero (1e-300 -> 0.0) or overflow (1e39 -> inf).
-    check(v == 0 or F32_TINY <= abs(v) <= F32_MAX, name, f"representable as a 32-bit float (0 or "
-          f"{F32_TINY:g} <= |value| <= {F32_MAX:g})", v)
-    return float(v)
 
 
 def get_str(obj: Mapping[str, Any], name: str, default: str | None) -> str | None:
@@ -115,7 +50,7 @@ def require_object(v: Any, name: str) -> dict[str, Any]:
     return v
 
 
-def _reject_constant(name: str) -> Any:
+def reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
@@ -132,7 +67,7 @@ def parse_json_body(body: bytes, content_type: str | None) -> dict[str, Any]:
     if depth > MAX_JSON_DEPTH:
         raise BadRequestError(f"request body nests arrays and objects {depth} deep, at most {MAX_JSON_DEPTH}")
     try:
-        obj = json.loads(text, parse_constant=_reject_constant)
+        obj = json.loads(text, parse_constant=reject_constant)
     except RecursionError:
         raise BadRequestError(f"request body nests too deeply (at most {MAX_JSON_DEPTH})") from None
     except ValueError as e:

@@ -17,7 +17,7 @@ from mindie_service.engine.types import EngineRequest, EngineStats
 from mindie_service.errors import TimeoutError_, UnhealthyError
 from mindie_service.inputs.types import Prompt
 from mindie_service.protocol.encoders import MindieEncoder, TgiEncoder
-from mindie_service.protocol.generation import GenerationRequest, ProtocolLimits
+from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
 from mindie_service.sampling_params import SamplingParams
 from mindie_service.server.admission import AdmissionQueue
 from mindie_service.server.metrics import ServiceMetrics

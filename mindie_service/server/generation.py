@@ -19,7 +19,7 @@ from mindie_service.engine.client import EngineClient
 from mindie_service.engine.types import EngineRequest, TokenEvent
 from mindie_service.protocol.encoders import Encoder, StreamState
 from mindie_service.errors import GenerationError, MindieError, TimeoutError_
-from mindie_service.protocol.generation import GenerationRequest, GenerationResult
+from mindie_service.protocol.request import GenerationRequest, GenerationResult
 from mindie_service.server.context import ServerContext
 from mindie_service.server.handlers_base import BaseHandler
 

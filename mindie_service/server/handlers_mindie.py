@@ -5,7 +5,7 @@ from typing import Any
 
 from mindie_service.protocol.encoders import Encoder
 from mindie_service.errors import UnhealthyError, ValidationError
-from mindie_service.protocol.generation import GenerationRequest
+from mindie_service.protocol.request import GenerationRequest
 from mindie_service.protocol.mindie import parse_mindie_request, parse_tokenizer_request
 from mindie_service.server.generation import GenerationHandler
 from mindie_service.server.handlers_base import BaseHandler

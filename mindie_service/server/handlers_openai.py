@@ -9,7 +9,7 @@ from mindie_service.engine.client import EngineClient
 from mindie_service.engine.types import EngineRequest
 from mindie_service.errors import MindieError, UnhealthyError
 from mindie_service.protocol.encoders import Encoder
-from mindie_service.protocol.generation import GenerationRequest, ProtocolLimits
+from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
 from mindie_service.protocol.openai import Kind, OpenAIRequest, parse_openai, peek_model
 from mindie_service.protocol.openai_encoder import OpenAIEncoder, openai_error
 from mindie_service.server.generation import GenerationHandler

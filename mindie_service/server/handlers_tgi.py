@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from mindie_service.protocol.encoders import Encoder
-from mindie_service.protocol.generation import GenerationRequest
+from mindie_service.protocol.request import GenerationRequest
 from mindie_service.protocol.tgi import info_payload, parse_tgi_request
 from mindie_service.server.generation import GenerationHandler
 from mindie_service.server.handlers_base import BaseHandler

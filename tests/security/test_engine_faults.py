@@ -128,6 +128,6 @@ def test_logprobs_are_floored_and_json_refuses_nan():
 @pytest.mark.parametrize("params", [{"repetition_penalty": 1e-300, "do_sample": True},
                                     {"temperature": 1e-40}])
 def test_values_float32_cannot_hold_are_refused(params):
-    from mindie_service.protocol.generation import ProtocolLimits
+    from mindie_service.protocol.request import ProtocolLimits
     with pytest.raises(ValidationError, match="32-bit float"):
         parse_tgi_request({"inputs": "hi", "parameters": params}, ProtocolLimits(vocab_size=100), stream=False)

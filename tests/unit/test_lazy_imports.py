@@ -21,7 +21,7 @@ def _loaded_after(code: str) -> dict[str, bool]:
     "import multimodal.policy",
     "import multimodal",
     "from multimodal import MediaItem, MediaPolicy, TextPart, parse_parts, sniff",
-    "import mindie_service.protocol.generation",
+    "import mindie_service.protocol.request",
 ])
 def test_the_protocol_side_of_multimodal_imports_no_decoder(code: str) -> None:
     loaded = _loaded_after(code)

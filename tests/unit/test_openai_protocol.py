@@ -6,8 +6,9 @@ import pytest
 
 from mindie_service.errors import ValidationError
 from mindie_service.inputs import ChatPrompt, TextPrompt, TokensPrompt
-from mindie_service.protocol.generation import ProtocolLimits
-from mindie_service.protocol.openai import RequestDefaults, parse_openai, peek_model
+from mindie_service.protocol.request import ProtocolLimits
+from mindie_service.params.defaults import RequestDefaults
+from mindie_service.protocol.openai import parse_openai, peek_model
 from mindie_service.protocol.openai_encoder import openai_error
 from mindie_service.sampling_params import INT32_MAX
 

@@ -7,7 +7,7 @@ from mindie_service.engine.types import TokenEvent, TokenInfo
 from mindie_service.protocol.encoders import MindieEncoder, StreamState, TgiEncoder
 from mindie_service.errors import GenerationError
 from mindie_service.inputs import TextPrompt
-from mindie_service.protocol.generation import GenerationRequest, GenerationResult, select_best
+from mindie_service.protocol.request import GenerationRequest, GenerationResult, select_best
 from mindie_service.sampling_params import SamplingParams
 
 PROMPT = [TokenInfo(1, None, "<s>", True), TokenInfo(10, -2.5, "Hi", False)]

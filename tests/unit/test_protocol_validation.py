@@ -11,7 +11,8 @@ from transformers import AutoTokenizer
 from mindie_service.engine.types import EngineRequest
 from mindie_service.errors import BadRequestError, ValidationError
 from mindie_service.inputs import InputLimits, InputProcessor, PartsPrompt, TextPrompt
-from mindie_service.protocol.generation import GenerationRequest, ProtocolLimits, parse_generation
+from mindie_service.protocol.mindie import parse_generation
+from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
 from mindie_service.protocol.mindie import parse_mindie_request
 from mindie_service.protocol.tgi import parse_tgi_request
 from mindie_service.protocol.validation import parse_json_body
