@@ -7,7 +7,7 @@ from typing import Any, Sequence as Seq
 
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.core import LLMEngine
-from mindie_service.engine.types import EngineRequest, FailedEvent
+from mindie_service.engine.contract import EngineRequest, FailedEvent
 from mindie_service.errors import GenerationError, check
 from mindie_service.inputs import InputProcessor, PartsPrompt, Prompt, TextPrompt, TokensPrompt
 from mindie_service.sampling_params import SamplingParams

@@ -12,7 +12,7 @@ import secrets
 from typing import Any, AsyncIterator
 
 from mindie_service.engine.config import EngineConfig
-from mindie_service.engine.types import (FINISH_LENGTH, FINISH_STOP, EngineRequest, EngineStats, TokenEvent,
+from mindie_service.engine.contract import (FINISH_LENGTH, FINISH_STOP, EngineRequest, EngineStats, TokenEvent,
                                          TokenInfo)
 from mindie_service.errors import ValidationError
 from mindie_service.inputs import InputLimits, InputProcessor

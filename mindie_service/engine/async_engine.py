@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.core import Event, LLMEngine
-from mindie_service.engine.types import EngineRequest, EngineStats, FailedEvent, TokenEvent
+from mindie_service.engine.contract import EngineRequest, EngineStats, FailedEvent, TokenEvent
 from mindie_service.errors import GenerationError, IncompleteGenerationError, MindieError, UnhealthyError
 from mindie_service.inputs.processor import InputProcessor
 

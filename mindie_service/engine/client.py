@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Protocol, runtime_checkable
 
-from mindie_service.engine.types import EngineRequest, EngineStats, TokenEvent
+from mindie_service.engine.contract import EngineRequest, EngineStats, TokenEvent
 from mindie_service.inputs.processor import InputProcessor
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Sequence
 
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.config import EngineConfig
-from mindie_service.engine.types import EngineRequest, EngineStats, TokenEvent
+from mindie_service.engine.contract import EngineRequest, EngineStats, TokenEvent
 from mindie_service.errors import ConflictError, MindieError
 from mindie_service.inputs.processor import InputProcessor
 from mindie_service.sampling_params import is_base_adapter

@@ -38,7 +38,7 @@ from mindie_service.engine.sequence import Sequence, SeqStatus
 from mindie_service.engine.sessions import SessionStore
 from mindie_service.engine.step import ScheduledChunk, SchedulerOutput
 from mindie_service.engine.swap import HostBlockPool, swap_in, swap_out
-from mindie_service.engine.types import PRIORITY_ONLINE
+from mindie_service.engine.contract import PRIORITY_ONLINE
 
 if TYPE_CHECKING:
     from mindie_service.engine.beam import BeamGroup

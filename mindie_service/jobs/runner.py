@@ -12,7 +12,7 @@ from concurrent.futures import Executor
 from typing import Any, Callable
 
 from mindie_service.engine.client import EngineClient
-from mindie_service.engine.types import FINISH_LENGTH, PRIORITY_BATCH, EngineRequest
+from mindie_service.engine.contract import FINISH_LENGTH, PRIORITY_BATCH, EngineRequest
 from mindie_service.errors import MindieError, ValidationError
 from mindie_service.jobs.lines import parse_line, split_lines
 from mindie_service.jobs.store import JobRow, JobStore

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from mindie_service.engine.types import TokenEvent, TokenInfo
+from mindie_service.engine.contract import TokenEvent, TokenInfo
 from mindie_service.errors import ValidationError, check
 from mindie_service.inputs.types import PartsPrompt, TextPrompt
 from mindie_service.protocol.validation import (

@@ -13,7 +13,7 @@ from mindie_service.engine.client import EngineClient
 from mindie_service.engine.instances import InstanceStatus, instances_of
 from mindie_service.jobs.runner import JobRunner
 from mindie_service.jobs.store import JobStore
-from mindie_service.engine.types import EngineRequest, EngineStats
+from mindie_service.engine.contract import EngineRequest, EngineStats
 from mindie_service.errors import TimeoutError_, UnhealthyError
 from mindie_service.inputs.types import Prompt
 from mindie_service.protocol.encoders import MindieEncoder, TgiEncoder

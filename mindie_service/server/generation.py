@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Awaitable, Iterator
 from tornado.iostream import StreamBufferFullError, StreamClosedError
 
 from mindie_service.engine.client import EngineClient
-from mindie_service.engine.types import EngineRequest, TokenEvent
+from mindie_service.engine.contract import EngineRequest, TokenEvent
 from mindie_service.protocol.encoders import Encoder, StreamState
 from mindie_service.errors import GenerationError, MindieError, TimeoutError_
 from mindie_service.protocol.generation import GenerationRequest, GenerationResult

@@ -6,7 +6,7 @@ from typing import Any
 
 from mindie_service.catalog.catalog import Target
 from mindie_service.engine.client import EngineClient
-from mindie_service.engine.types import EngineRequest
+from mindie_service.engine.contract import EngineRequest
 from mindie_service.errors import MindieError, UnhealthyError
 from mindie_service.protocol.encoders import Encoder
 from mindie_service.protocol.generation import GenerationRequest, ProtocolLimits

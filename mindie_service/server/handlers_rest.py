@@ -17,7 +17,7 @@ from typing import Iterator
 
 from tornado.iostream import StreamBufferFullError, StreamClosedError
 
-from mindie_service.engine.types import EngineRequest
+from mindie_service.engine.contract import EngineRequest
 from mindie_service.errors import ConflictError, MindieError
 from mindie_service.generation_config import GenerationConfig
 from mindie_service.inputs.types import TextPrompt

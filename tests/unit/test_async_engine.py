@@ -10,7 +10,7 @@ import pytest
 from mindie_service.engine.async_engine import AsyncEngine
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.config import EngineConfig
-from mindie_service.engine.types import EngineRequest
+from mindie_service.engine.contract import EngineRequest
 from mindie_service.devkit import faults
 from mindie_service.errors import (ConfigError, EngineDeadError, GenerationError, IncompleteGenerationError,
                                    UnhealthyError, ValidationError)

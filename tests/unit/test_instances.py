@@ -12,7 +12,7 @@ from mindie_service.engine.client import EngineClient
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.instances import (InstanceRouter, build_instances, instances_of, split_threads,
                                              sum_stats)
-from mindie_service.engine.types import FINISH_LENGTH, EngineRequest, EngineStats, TokenEvent, TokenInfo
+from mindie_service.engine.contract import FINISH_LENGTH, EngineRequest, EngineStats, TokenEvent, TokenInfo
 from mindie_service.errors import ConflictError, NotFoundError, ValidationError
 from mindie_service.inputs import InputLimits, InputProcessor, TextPrompt
 from mindie_service.sampling_params import SamplingParams
