@@ -12,10 +12,9 @@ import secrets
 from typing import Any, AsyncIterator
 
 from mindie_service.engine.config import EngineConfig
-from mindie_service.engine.contract import (FINISH_LENGTH, FINISH_STOP, EngineRequest, EngineStats, TokenEvent,
-                                         TokenInfo)
+from mindie_service.engine.contract import (FINISH_LENGTH, FINISH_STOP, EngineRequest, EngineStats, InputFacts,
+                                            TokenEvent, TokenInfo)
 from mindie_service.errors import ValidationError
-from mindie_service.inputs import InputLimits, InputProcessor
 
 _SPECIAL = ("<unk>", "<s>", "</s>")
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz    "
@@ -33,10 +32,10 @@ class MockEngine:
         self.eos_token_ids = frozenset({2})
         self.device_type, self.device_reason, self.dtype = "cpu", "StandardMock: no model", "float32"
         self.modalities: frozenset[str] = frozenset()
-        limits = InputLimits.of(effective_max_input_len=config.effective_max_input_len,
-                                pool_tokens=TOTAL_BLOCKS * config.cache_block_size, truncation=config.truncation,
-                                vocab_size=self.vocab_size)
-        self.input_processor = InputProcessor(self.tokenize, limits)
+        self.input_facts = InputFacts(tokenize=self.tokenize, vocab_size=self.vocab_size,
+                                      max_input_len=config.effective_max_input_len,
+                                      pool_tokens=TOTAL_BLOCKS * config.cache_block_size,
+                                      truncation=config.truncation)
         self.token_delay_s = 0.001
         self._active: dict[str, int] = {}
         self._started = False

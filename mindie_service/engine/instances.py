@@ -12,7 +12,6 @@ On the CPU each instance is an engine thread of the same process, with ``cores /
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import inspect
 import logging
@@ -26,7 +25,6 @@ from mindie_service.engine.client import EngineClient
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.contract import EngineRequest, EngineStats, TokenEvent
 from mindie_service.errors import ConflictError, MindieError
-from mindie_service.inputs.processor import InputProcessor
 from mindie_service.sampling_params import is_base_adapter
 
 if TYPE_CHECKING:
@@ -113,11 +111,11 @@ class InstanceRouter:
         self.model_name, self.vocab_size, self.eos_token_ids = first.model_name, first.vocab_size, first.eos_token_ids
         self.device_type, self.device_reason, self.dtype = first.device_type, first.device_reason, first.dtype
         self.modalities = first.modalities
-        # The first instance's processor (same model, config and adapters on every instance), reading sessions
+        # The first instance's input facts (same model, config and adapters on every instance), reading sessions
         # through the router so a continuation finds its tokens on whichever instance holds them.
-        self.input_processor: InputProcessor = copy.copy(first.input_processor)
-        self._sessions = [e.input_processor.sessions for e in self.engines]
-        self.input_processor.sessions = self if any(s is not None for s in self._sessions) else None
+        self._sessions = [e.input_facts.sessions for e in self.engines]
+        self.input_facts = dataclasses.replace(
+            first.input_facts, sessions=self if any(s is not None for s in self._sessions) else None)
         self._load = [_Load() for _ in self.engines]
         self._lock = threading.Lock()  # tokens() runs in the tokenizer pool; the rest on the IO loop
         self._owner: OrderedDict[str, int] = OrderedDict()  # session key -> instance, least recent first

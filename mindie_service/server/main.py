@@ -24,7 +24,7 @@ from mindie_service.devkit.faults import install_from_env as install_test_faults
 from mindie_service.engine.config import EngineConfig
 from mindie_service.engine.client import EngineClient
 from mindie_service.errors import ConfigError
-from mindie_service.inputs import TextPrompt
+from mindie_service.inputs import InputProcessor, TextPrompt
 from mindie_service.sampling_params import SamplingParams
 from mindie_service.server.app import make_app
 from mindie_service.server.context import ServerContext
@@ -128,8 +128,8 @@ def _on_default(ctx: ServerContext, engine: EngineClient | None) -> None:
 
 async def warm_up(engine: EngineClient) -> None:
     """One greedy token through the input processor and the engine: /health turns green only after both answered."""
-    req = engine.input_processor.process(TextPrompt("Hello"), SamplingParams(max_tokens=1, temperature=0.0),
-                                         request_id="warmup")
+    req = InputProcessor.from_facts(engine.input_facts).process(
+        TextPrompt("Hello"), SamplingParams(max_tokens=1, temperature=0.0), request_id="warmup")
     agen = engine.generate(req)
     try:
         async for _ in agen:
@@ -255,8 +255,7 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], show_cur
     await catalog.shutdown()
     if engine is not None:
         engine.shutdown()
-    ctx.executor.shutdown(wait=False, cancel_futures=True)
-    ctx.media_executor.shutdown(wait=False, cancel_futures=True)
+    ctx.frontend.shutdown()
     logger.info("stopped")
     return code
 
