@@ -24,6 +24,12 @@ TOTAL_BLOCKS = 4096
 _NO_ADAPTERS = "lora_name must name an adapter of a model engine; StandardMock has no model"
 
 
+def tokenize(text: str) -> list[int]:
+    """The mock's tokenizer: <s> then each UTF-8 byte (a plain function: the serving core's input processor for
+    the mock must not keep the engine alive)."""
+    return [1] + [b + 3 for b in text.encode("utf-8")]
+
+
 class MockEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -32,7 +38,7 @@ class MockEngine:
         self.eos_token_ids = frozenset({2})
         self.device_type, self.device_reason, self.dtype = "cpu", "StandardMock: no model", "float32"
         self.modalities: frozenset[str] = frozenset()
-        self.input_facts = InputFacts(tokenize=self.tokenize, vocab_size=self.vocab_size,
+        self.input_facts = InputFacts(tokenize=tokenize, vocab_size=self.vocab_size,
                                       max_input_len=config.effective_max_input_len,
                                       pool_tokens=TOTAL_BLOCKS * config.cache_block_size,
                                       truncation=config.truncation)
@@ -50,7 +56,7 @@ class MockEngine:
         self._started = False
 
     def tokenize(self, text: str) -> list[int]:
-        return [1] + [b + 3 for b in text.encode("utf-8")]
+        return tokenize(text)
 
     def detokenize(self, token_ids: list[int]) -> str:
         raw = b"".join(_SPECIAL[t].encode() if t < 3 else bytes([t - 3]) for t in token_ids)

@@ -7,6 +7,7 @@ its KV blocks before the next step."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections import deque
@@ -38,7 +39,7 @@ class AsyncEngine:
         self.device_type = self.engine.device_info.type
         self.device_reason = self.engine.device_info.reason
         self.dtype = str(self.engine.dtype).removeprefix("torch.")
-        self.input_facts = input_facts(self.engine, self.tokenize, self.tokenizer)
+        self.input_facts = input_facts(self.engine, tokenizer=self.tokenizer)
         enc = self.engine.mm_encoder
         self.modalities = frozenset(enc.modalities) if enc is not None else frozenset()
         self._cond = threading.Condition()
@@ -70,7 +71,7 @@ class AsyncEngine:
         return self.engine.stats()
 
     def tokenize(self, text: str) -> list[int]:
-        return list(self.tokenizer(text).input_ids)
+        return _tokenize(self.tokenizer, text)
 
     def detokenize(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
@@ -202,14 +203,19 @@ class AsyncEngine:
 
 
 def input_facts(engine: LLMEngine, tokenize: Any = None, tokenizer: Any = None) -> InputFacts:
-    """What the serving core (or the offline API) needs to build ``engine``'s input processor. ``tokenize`` and
-    ``tokenizer`` default to the engine's own (the async facade passes its frontend instance)."""
+    """What the serving core (or the offline API) needs to build ``engine``'s input processor. ``tokenizer``
+    defaults to the engine's own (the async facade passes its frontend instance). Nothing here refers to the
+    facade itself: the serving core's processor for an engine must not keep a stopped engine alive."""
     cfg, tok = engine.cfg, tokenizer or engine.tokenizer
-    return InputFacts(tokenize=tokenize or (lambda text: list(tok(text).input_ids)), vocab_size=engine.vocab_size,
+    return InputFacts(tokenize=tokenize or functools.partial(_tokenize, tok), vocab_size=engine.vocab_size,
                       max_input_len=cfg.effective_max_input_len, pool_tokens=engine.pool_tokens,
                       truncation=cfg.truncation, adapter_names=engine.lora.names, tokenizer=tok,
                       mm_encoder=engine.mm_encoder, video_frames=min(cfg.video_frames, cfg.max_video_frames),
                       sessions=engine.sessions)
+
+
+def _tokenize(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text).input_ids)
 
 
 def _put_all(puts: list[tuple[asyncio.Queue, Event | Exception]]) -> None:

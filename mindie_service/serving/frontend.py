@@ -93,7 +93,8 @@ class Frontend:
 
     # -- input processing ----------------------------------------------------------------------------
     def processor(self, engine: EngineClient) -> InputProcessor:
-        """``engine``'s input processor, built once from its ``input_facts``."""
+        """``engine``'s input processor, built once from its ``input_facts`` and kept while the engine lives
+        (the facts never refer to the engine client itself, so a stopped model's memory is freed)."""
         proc = self._processors.get(engine)
         if proc is None:
             proc = self._processors[engine] = InputProcessor.from_facts(engine.input_facts)
