@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from mindie_service.catalog.catalog import Catalog
@@ -124,15 +125,15 @@ class ServerContext:
 
     # -- the serving core's pools and admission, as the server and its tests see them ----------------------
     @property
-    def executor(self) -> Any:
+    def executor(self) -> ThreadPoolExecutor:
         return self.frontend.executor
 
     @executor.setter
-    def executor(self, pool: Any) -> None:
+    def executor(self, pool: ThreadPoolExecutor) -> None:
         self.frontend.executor = pool
 
     @property
-    def media_executor(self) -> Any:
+    def media_executor(self) -> ThreadPoolExecutor:
         return self.frontend.media_executor
 
     @property

@@ -81,7 +81,7 @@ class Frontend:
         # tokenizerProcessNumber sizes a thread pool, not processes: tokenizers releases the GIL, so threads
         # tokenize in parallel without pickling the tokenizer or the prompts. Body parsing runs there too.
         self.workers = max(1, workers)
-        self.executor: Any = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="tokenize")
+        self.executor: ThreadPoolExecutor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="tokenize")
         # Media fetching and decoding have a pool of their own, of the same size: a request's images never hold
         # the tokenizer pool that a concurrent text request waits for (bytes bounded by maxDecodedMediaBytes).
         self.media_executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="media")
