@@ -5,11 +5,13 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence as Seq
 
+from mindie_service.engine.async_engine import input_facts
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.core import LLMEngine
-from mindie_service.engine.types import EngineRequest, FailedEvent
+from mindie_service.engine.contract import EngineRequest, FailedEvent
 from mindie_service.errors import GenerationError, check
 from mindie_service.inputs import InputProcessor, PartsPrompt, Prompt, TextPrompt, TokensPrompt
+from mindie_service.protocol.request import GenerationResult
 from mindie_service.sampling_params import SamplingParams
 
 
@@ -57,7 +59,7 @@ class LLM:
         overrides.setdefault("max_queue_delay_microseconds", 0)  # every prompt is queued before the first step
         self.engine = LLMEngine(EngineConfig(model=str(model), dtype=dtype, **overrides))  # type: ignore[arg-type]
         self.tokenizer = self.engine.tokenizer
-        self.input_processor = InputProcessor.for_engine(self.engine)
+        self.input_processor = InputProcessor.from_facts(input_facts(self.engine))
         self._ids = itertools.count()
 
     def shutdown(self) -> None:
@@ -82,25 +84,25 @@ class LLM:
         prompts = list(prompts)
         plist = list(params) if isinstance(params, (list, tuple)) else [params or SamplingParams()] * len(prompts)
         check(len(plist) == len(prompts), "params", f"one SamplingParams or a list of {len(prompts)}", len(plist))
-        order: dict[str, int] = {}
-        outputs: dict[str, RequestOutput] = {}
         # Every request is checked before any is queued: a bad prompt fails the call without running the others.
         requests: list[EngineRequest] = []
         for prompt, p in zip(prompts, plist):
             if adapter_id is not None:
                 p = replace(p, adapter_id=adapter_id)
             requests.append(self.input_processor.process(_prompt(prompt), p, request_id=f"offline-{next(self._ids)}"))
-        for i, (prompt, req) in enumerate(zip(prompts, requests)):
-            seq = self.engine.add_request(req)
-            order[req.request_id] = i
-            outputs[req.request_id] = RequestOutput(
-                req.request_id, prompt if isinstance(prompt, str) else None, list(req.prompt_token_ids),
-                [CompletionOutput(0, "", [], None, 0.0, [] if req.params.logprobs is not None else None)], seed=seq.seed)
+        seeds = {req.request_id: self.engine.add_request(req).seed for req in requests}
+        results = self._run({req.request_id: GenerationResult() for req in requests}, use_tqdm)
+        return [_output(prompt, req, results[req.request_id], seeds[req.request_id])
+                for prompt, req in zip(prompts, requests)]
+
+    def _run(self, results: dict[str, GenerationResult], use_tqdm: bool) -> dict[str, GenerationResult]:
+        """Step the engine until every request has finished, folding each one's events (GenerationResult.add,
+        the serving core's fold)."""
         bar = None
-        if use_tqdm and len(prompts) > 1:
+        if use_tqdm and len(results) > 1:
             from tqdm.auto import tqdm
-            bar = tqdm(total=len(prompts), desc="generate", unit="req")
-        pending = set(order)
+            bar = tqdm(total=len(results), desc="generate", unit="req")
+        pending = set(results)
         failures: list[str] = []
         while pending:
             for ev in self.engine.step():
@@ -108,18 +110,8 @@ class LLM:
                     failures.append(f"{ev.request_id}: {ev.message}")
                     pending.discard(ev.request_id)
                     continue
-                ro = outputs[ev.request_id]
-                out = ro.outputs[0]
-                out.text += ev.text_delta
-                out.token_ids.append(ev.token.id)
-                if ev.token.logprob is not None:
-                    out.cumulative_logprob += ev.token.logprob
-                if out.logprobs is not None:
-                    out.logprobs.append({ev.token.id: ev.token.logprob, **{t.id: t.logprob for t in ev.token.top}})
-                if ev.prompt_tokens is not None:
-                    ro.prompt_logprobs = [t.logprob for t in ev.prompt_tokens]
+                results[ev.request_id].add(ev)
                 if ev.finish_reason is not None:
-                    out.finish_reason = ev.finish_reason
                     pending.discard(ev.request_id)
                     if bar is not None:
                         bar.update(1)
@@ -127,7 +119,19 @@ class LLM:
             bar.close()
         if failures:
             raise GenerationError("; ".join(failures))
-        return [outputs[rid] for rid in sorted(order, key=order.__getitem__)]
+        return results
+
+
+def _output(prompt: Any, req: EngineRequest, result: GenerationResult, seed: int | None) -> RequestOutput:
+    """A request's folded result in the offline API's shape."""
+    toks = result.tokens
+    logprobs = ([{t.id: t.logprob, **{a.id: a.logprob for a in t.top}} for t in toks]
+                if req.params.logprobs is not None else None)
+    out = CompletionOutput(0, result.text, [t.id for t in toks], result.finish_reason,
+                           sum((t.logprob for t in toks if t.logprob is not None), 0.0), logprobs)
+    prompt_lps = [t.logprob for t in result.prompt_tokens] if req.params.prompt_logprobs else None
+    return RequestOutput(req.request_id, prompt if isinstance(prompt, str) else None, list(req.prompt_token_ids),
+                         [out], prompt_logprobs=prompt_lps, seed=seed)
 
 
 def _prompt(prompt: Any) -> Prompt:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from mindie_service import LLM, SamplingParams  # noqa: E402
 from mindie_service.devkit.presets import build_demo_model  # noqa: E402
-from mindie_service.engine.types import EngineRequest  # noqa: E402
+from mindie_service.engine.contract import EngineRequest  # noqa: E402
 from tests.prompts import word_prompts  # noqa: E402
 
 

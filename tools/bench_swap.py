@@ -28,7 +28,7 @@ from transformers import AutoTokenizer  # noqa: E402
 
 from mindie_service import LLM, SamplingParams  # noqa: E402
 from mindie_service.devkit.presets import build_demo_model  # noqa: E402
-from mindie_service.engine.types import EngineRequest, TokenEvent  # noqa: E402
+from mindie_service.engine.contract import EngineRequest, TokenEvent  # noqa: E402
 from tests.prompts import bench_workload  # noqa: E402
 
 BLOCK = 16

@@ -212,7 +212,7 @@ class Catalog:
             engine = await asyncio.get_running_loop().run_in_executor(
                 None, build_instances, self.instance_configs(e, cfg), lambda ec: build(ec, mock))
             if not e.mock and e.record.engine_parameters:  # the model.json prefixes for template-less checkpoints
-                engine.input_processor.chat.prefixes = e.record.prefixes()
+                engine.input_facts.chat_prefixes = e.record.prefixes()
             engine.start()
             if self.warm_up is not None:
                 await self.warm_up(engine)

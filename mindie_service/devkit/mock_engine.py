@@ -12,10 +12,9 @@ import secrets
 from typing import Any, AsyncIterator
 
 from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.types import (FINISH_LENGTH, FINISH_STOP, EngineRequest, EngineStats, TokenEvent,
-                                         TokenInfo)
+from mindie_service.engine.contract import (FINISH_LENGTH, FINISH_STOP, EngineRequest, EngineStats, InputFacts,
+                                            TokenEvent, TokenInfo)
 from mindie_service.errors import ValidationError
-from mindie_service.inputs import InputLimits, InputProcessor
 from mindie_service.params.output_cap import output_cap
 
 _SPECIAL = ("<unk>", "<s>", "</s>")
@@ -26,6 +25,12 @@ TOTAL_BLOCKS = 4096
 _NO_ADAPTERS = "lora_name must name an adapter of a model engine; StandardMock has no model"
 
 
+def tokenize(text: str) -> list[int]:
+    """The mock's tokenizer: <s> then each UTF-8 byte (a plain function: the serving core's input processor for
+    the mock must not keep the engine alive)."""
+    return [1] + [b + 3 for b in text.encode("utf-8")]
+
+
 class MockEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -34,10 +39,10 @@ class MockEngine:
         self.eos_token_ids = frozenset({2})
         self.device_type, self.device_reason, self.dtype = "cpu", "StandardMock: no model", "float32"
         self.modalities: frozenset[str] = frozenset()
-        limits = InputLimits.of(effective_max_input_len=config.effective_max_input_len,
-                                pool_tokens=TOTAL_BLOCKS * config.cache_block_size, truncation=config.truncation,
-                                vocab_size=self.vocab_size)
-        self.input_processor = InputProcessor(self.tokenize, limits)
+        self.input_facts = InputFacts(tokenize=tokenize, vocab_size=self.vocab_size,
+                                      max_input_len=config.effective_max_input_len,
+                                      pool_tokens=TOTAL_BLOCKS * config.cache_block_size,
+                                      truncation=config.truncation)
         self.token_delay_s = 0.001
         self._active: dict[str, int] = {}
         self._started = False
@@ -52,7 +57,7 @@ class MockEngine:
         self._started = False
 
     def tokenize(self, text: str) -> list[int]:
-        return [1] + [b + 3 for b in text.encode("utf-8")]
+        return tokenize(text)
 
     def detokenize(self, token_ids: list[int]) -> str:
         raw = b"".join(_SPECIAL[t].encode() if t < 3 else bytes([t - 3]) for t in token_ids)

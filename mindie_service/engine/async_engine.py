@@ -7,6 +7,7 @@ its KV blocks before the next step."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections import deque
@@ -16,9 +17,8 @@ from transformers import AutoTokenizer
 
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.core import Event, LLMEngine
-from mindie_service.engine.types import EngineRequest, EngineStats, FailedEvent, TokenEvent
+from mindie_service.engine.contract import EngineRequest, EngineStats, FailedEvent, InputFacts, TokenEvent
 from mindie_service.errors import GenerationError, IncompleteGenerationError, MindieError, UnhealthyError
-from mindie_service.inputs.processor import InputProcessor
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +39,9 @@ class AsyncEngine:
         self.device_type = self.engine.device_info.type
         self.device_reason = self.engine.device_info.reason
         self.dtype = str(self.engine.dtype).removeprefix("torch.")
-        self.input_processor = InputProcessor.for_engine(self.engine, self.tokenize, chat_tokenizer=self.tokenizer)
-        self.modalities = self.input_processor.modalities
+        self.input_facts = input_facts(self.engine, tokenizer=self.tokenizer)
+        enc = self.engine.mm_encoder
+        self.modalities = frozenset(enc.modalities) if enc is not None else frozenset()
         self._cond = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
         self._streams: dict[str, _Stream] = {}
@@ -70,7 +71,7 @@ class AsyncEngine:
         return self.engine.stats()
 
     def tokenize(self, text: str) -> list[int]:
-        return list(self.tokenizer(text).input_ids)
+        return _tokenize(self.tokenizer, text)
 
     def detokenize(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
@@ -103,7 +104,7 @@ class AsyncEngine:
         return self.engine.lora.names()
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenEvent]:
-        """``request`` comes from ``input_processor``. The engine binds its LoRA adapter (one unloaded since
+        """``request`` comes from the input processor built from ``input_facts``. The engine binds its LoRA adapter (one unloaded since
         raises ValidationError, 422, from the first iteration)."""
         rid = request.request_id
         queue: asyncio.Queue[Event | Exception] = asyncio.Queue()
@@ -199,6 +200,22 @@ class AsyncEngine:
     def dead_reason(self) -> str | None:
         """Why the engine thread stopped (for the log), or None while it runs."""
         return self._dead
+
+
+def input_facts(engine: LLMEngine, tokenize: Any = None, tokenizer: Any = None) -> InputFacts:
+    """What the serving core (or the offline API) needs to build ``engine``'s input processor. ``tokenizer``
+    defaults to the engine's own (the async facade passes its frontend instance). Nothing here refers to the
+    facade itself: the serving core's processor for an engine must not keep a stopped engine alive."""
+    cfg, tok = engine.cfg, tokenizer or engine.tokenizer
+    return InputFacts(tokenize=tokenize or functools.partial(_tokenize, tok), vocab_size=engine.vocab_size,
+                      max_input_len=cfg.effective_max_input_len, pool_tokens=engine.pool_tokens,
+                      truncation=cfg.truncation, adapter_names=engine.lora.names, tokenizer=tok,
+                      mm_encoder=engine.mm_encoder, video_frames=min(cfg.video_frames, cfg.max_video_frames),
+                      sessions=engine.sessions)
+
+
+def _tokenize(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text).input_ids)
 
 
 def _put_all(puts: list[tuple[asyncio.Queue, Event | Exception]]) -> None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from mindie_service.engine.sequence import Sequence, SequenceGroup, SeqStatus
-from mindie_service.engine.types import FINISH_LENGTH, EngineRequest, TokenEvent
+from mindie_service.engine.contract import FINISH_LENGTH, EngineRequest, TokenEvent
 from mindie_service.errors import check
 
 if TYPE_CHECKING:

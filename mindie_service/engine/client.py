@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Protocol, runtime_checkable
 
-from mindie_service.engine.types import EngineRequest, EngineStats, TokenEvent
-from mindie_service.inputs.processor import InputProcessor
+from mindie_service.engine.contract import EngineRequest, EngineStats, InputFacts, TokenEvent
 
 
 @runtime_checkable
@@ -21,8 +20,9 @@ class EngineClient(Protocol):
     device_reason: str  # why that device (shown in /info)
     dtype: str  # e.g. "float32", without the "torch." prefix
     modalities: frozenset[str]  # media kinds the model takes ("image", "audio"); empty for text models
-    # Parsed request -> EngineRequest for this engine (tokenizer, length rule, media, adapters).
-    input_processor: InputProcessor
+    # What the serving core builds this engine's input processor from (tokenizer, limits, media, adapters,
+    # sessions); the engine itself never imports input processing.
+    input_facts: InputFacts
 
     # Lifecycle.
     def start(self) -> None: ...

@@ -29,7 +29,7 @@ from mindie_service.engine.sequence import Sequence, SequenceGroup
 from mindie_service.engine.sessions import SessionStore
 from mindie_service.engine.step import ModelOutput, SchedulerOutput
 from mindie_service.engine.swap import HostBlockPool, host_pool_blocks
-from mindie_service.engine.types import PRIORITY_ONLINE, EngineRequest, EngineStats, FailedEvent, TokenEvent
+from mindie_service.engine.contract import PRIORITY_ONLINE, EngineRequest, EngineStats, FailedEvent, TokenEvent
 from mindie_service.errors import EngineDeadError, check
 from mindie_service.lora.manager import LoraManager
 from mindie_service.params.output_cap import output_cap

@@ -12,7 +12,6 @@ On the CPU each instance is an engine thread of the same process, with ``cores /
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
 import inspect
 import logging
@@ -24,9 +23,8 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Sequence
 
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.types import EngineRequest, EngineStats, TokenEvent
+from mindie_service.engine.contract import EngineRequest, EngineStats, TokenEvent
 from mindie_service.errors import ConflictError, MindieError
-from mindie_service.inputs.processor import InputProcessor
 from mindie_service.sampling_params import is_base_adapter
 
 if TYPE_CHECKING:
@@ -102,6 +100,22 @@ def build_instances(configs: Sequence[EngineConfig], build_one: Callable[[Engine
     return engines[0] if len(engines) == 1 else InstanceRouter(engines)
 
 
+@dataclass
+class _SessionRoutes:
+    """Which instance holds each session, and their kept sessions: what input processing reads (SessionTokens).
+    Apart from the router so that a processor built from the router's facts never keeps the router alive."""
+
+    stores: list[Any]
+    owner: OrderedDict[str, int] = dataclasses.field(default_factory=OrderedDict)
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    def tokens(self, session_id: str) -> tuple[int, ...] | None:
+        with self.lock:
+            i = self.owner.get(session_id)
+        store = self.stores[i] if i is not None else None
+        return store.tokens(session_id) if store is not None else None
+
+
 class InstanceRouter:
     """An ``EngineClient`` over N engines of the same model (engine/client.py)."""
 
@@ -113,14 +127,14 @@ class InstanceRouter:
         self.model_name, self.vocab_size, self.eos_token_ids = first.model_name, first.vocab_size, first.eos_token_ids
         self.device_type, self.device_reason, self.dtype = first.device_type, first.device_reason, first.dtype
         self.modalities = first.modalities
-        # The first instance's processor (same model, config and adapters on every instance), reading sessions
-        # through the router so a continuation finds its tokens on whichever instance holds them.
-        self.input_processor: InputProcessor = copy.copy(first.input_processor)
-        self._sessions = [e.input_processor.sessions for e in self.engines]
-        self.input_processor.sessions = self if any(s is not None for s in self._sessions) else None
+        # The first instance's input facts (same model, config and adapters on every instance), reading sessions
+        # through the router's table so a continuation finds its tokens on whichever instance holds them.
+        self._routes = _SessionRoutes([e.input_facts.sessions for e in self.engines])
+        self.input_facts = dataclasses.replace(
+            first.input_facts, sessions=self._routes if any(s is not None for s in self._routes.stores) else None)
         self._load = [_Load() for _ in self.engines]
-        self._lock = threading.Lock()  # tokens() runs in the tokenizer pool; the rest on the IO loop
-        self._owner: OrderedDict[str, int] = OrderedDict()  # session key -> instance, least recent first
+        self._lock = self._routes.lock  # tokens() runs in the tokenizer pool; the rest on the IO loop
+        self._owner = self._routes.owner  # session key -> instance, least recent first
         self._max_owners = _OWNER_SLACK * sum(max(1, getattr(getattr(e, "config", None), "max_sessions", 1024))
                                               for e in self.engines)
         self._requests: dict[str, int] = {}  # request id in flight -> instance
@@ -167,9 +181,7 @@ class InstanceRouter:
 
     def tokens(self, session_id: str) -> tuple[int, ...] | None:
         """The kept session's tokens, from the instance that holds it (the input processor asks)."""
-        i = self.owner_of(session_id)
-        store = self._sessions[i] if i is not None else None
-        return store.tokens(session_id) if store is not None else None
+        return self._routes.tokens(session_id)
 
     # ------------------------------------------------------------ routing
     def choose(self, request: EngineRequest) -> int:

@@ -13,7 +13,7 @@ import torch
 from mindie_service.engine.detokenizer import DetokState, TokenDecoder, flush, step as detok_step
 from mindie_service.engine.sequence import Sequence
 from mindie_service.engine.step import ScheduledChunk
-from mindie_service.engine.types import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, TokenEvent, TokenInfo
+from mindie_service.engine.contract import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, TokenEvent, TokenInfo
 
 
 @dataclass

@@ -38,7 +38,7 @@ from mindie_service.engine.sequence import Sequence, SequenceGroup, SeqStatus
 from mindie_service.engine.sessions import SessionStore
 from mindie_service.engine.step import ScheduledChunk, SchedulerOutput
 from mindie_service.engine.swap import HostBlockPool, swap_in, swap_out
-from mindie_service.engine.types import PRIORITY_ONLINE
+from mindie_service.engine.contract import PRIORITY_ONLINE
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class Scheduler:
         self._enqueue(seq)
 
     def _enqueue(self, seq: Sequence, front: bool = False, queue: deque[Sequence] | None = None) -> None:
-        """Online requests wait ahead of batch-job lines (engine.types.PRIORITY_*); within a priority first
+        """Online requests wait ahead of batch-job lines (engine.contract.PRIORITY_*); within a priority first
         come, first served, and a preempted request goes back to the front of its priority."""
         w = self.waiting if queue is None else queue
         if not front and (not w or w[-1].priority <= seq.priority):

@@ -26,7 +26,7 @@ class Sequence:
     seed: int
     cache_key: bytes = b""  # adapter identity + media hashes: folded into every prefix-cache block hash
     adapter_slot: int = 0  # LoRA pool slot (0 = base model)
-    priority: int = 0  # engine.types.PRIORITY_*: online first, batch-job lines after (and preempted first)
+    priority: int = 0  # engine.contract.PRIORITY_*: online first, batch-job lines after (and preempted first)
     mm_inputs: Any = None
     output_token_ids: list[int] = field(default_factory=list)
     status: SeqStatus = SeqStatus.WAITING

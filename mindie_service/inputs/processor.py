@@ -19,7 +19,7 @@ import logging
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any, Callable, Collection
 
-from mindie_service.engine.types import EngineRequest
+from mindie_service.engine.contract import EngineRequest, InputFacts
 from mindie_service.errors import ValidationError, check
 from mindie_service.inputs.chat import ChatRenderer, check_chat_chars
 from mindie_service.inputs.limits import InputLimits, fit_prompt
@@ -31,7 +31,6 @@ from mindie_service.sampling_params import SamplingParams
 from multimodal import MediaItem, MediaPolicy
 
 if TYPE_CHECKING:
-    from mindie_service.engine.core import LLMEngine
     from multimodal import DecodeOptions
 
 logger = logging.getLogger(__name__)
@@ -62,7 +61,7 @@ def _shortest_edge(enc: Any) -> int | None:
 
 
 class InputProcessor:
-    """Built once per engine (``for_engine``, or by hand for the StandardMock); stateless per request and
+    """Built once per engine (``from_facts``, or by hand in tests); stateless per request and
     safe to call from the tokenizer pool's threads."""
 
     def __init__(self, tokenize: Tokenize, limits: InputLimits, *,
@@ -76,27 +75,29 @@ class InputProcessor:
         self.mm_encoder = mm_encoder
         self.modalities = frozenset(mm_encoder.modalities) if mm_encoder is not None else frozenset()
         self.decode_options = decode_options  # None: the media layer's defaults
-        self.sessions: SessionLookup | None = None  # the engine's kept sessions (for_engine sets it)
-        self.text_bound: TextBound | None = None  # bounds tokenization of long texts (for_engine sets it)
+        self.sessions: SessionLookup | None = None  # the engine's kept sessions (from_facts sets it)
+        self.text_bound: TextBound | None = None  # bounds tokenization of long texts (from_facts sets it)
 
     @classmethod
-    def for_engine(cls, engine: "LLMEngine", tokenize: Tokenize | None = None,
-                   chat_tokenizer: Any = None) -> "InputProcessor":
-        """From the engine's facts: its config, KV pool, vocabulary, media encoder and adapters. ``tokenize``
-        and ``chat_tokenizer`` default to the engine's tokenizer (the async facade passes its own frontend
-        instance)."""
-        from multimodal import DecodeOptions  # the decoders load only with an engine, not with the protocol
+    def from_facts(cls, facts: InputFacts) -> "InputProcessor":
+        """Built by the serving core from what an engine client tells it (``EngineClient.input_facts``): its
+        tokenizer, limits, vocabulary, media encoder, adapters and kept sessions. The engine never builds it."""
+        limits = InputLimits.of(effective_max_input_len=facts.max_input_len, pool_tokens=facts.pool_tokens,
+                                truncation=facts.truncation, vocab_size=facts.vocab_size)
+        enc, decode = facts.mm_encoder, None
+        if enc is not None:
+            from multimodal import DecodeOptions  # the decoders load only with a media model, not with the protocol
 
-        cfg, enc = engine.cfg, engine.mm_encoder
-        limits = InputLimits.of(effective_max_input_len=cfg.effective_max_input_len, pool_tokens=engine.pool_tokens,
-                                truncation=cfg.truncation, vocab_size=engine.vocab_size)
-        decode = DecodeOptions(num_video_frames=min(cfg.video_frames, cfg.max_video_frames),
-                               audio_sampling_rate=(enc.sampling_rate if enc is not None else None) or 16000,
-                               resize_shortest_edge=_shortest_edge(enc))
-        proc = cls(tokenize or hf_tokenize(engine.tokenizer), limits, adapter_names=engine.lora.names,
-                   mm_encoder=enc, decode_options=decode, chat=ChatRenderer(chat_tokenizer or engine.tokenizer))
-        proc.sessions = engine.sessions
-        proc.text_bound = TextBound.of(engine.tokenizer, proc.tokenize)
+            decode = DecodeOptions(num_video_frames=facts.video_frames,
+                                   audio_sampling_rate=enc.sampling_rate or 16000,
+                                   resize_shortest_edge=_shortest_edge(enc))
+        chat = ChatRenderer(facts.tokenizer) if facts.chat_prefixes is None else \
+            ChatRenderer(facts.tokenizer, facts.chat_prefixes)
+        proc = cls(facts.tokenize, limits, adapter_names=facts.adapter_names, mm_encoder=enc,
+                   decode_options=decode, chat=chat)
+        proc.sessions = facts.sessions
+        if facts.tokenizer is not None:
+            proc.text_bound = TextBound.of(facts.tokenizer, proc.tokenize)
         return proc
 
     # ------------------------------------------------------------ stages

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, Union
 
+from mindie_service.engine.contract import SessionTokens
+
 
 @dataclass(frozen=True)
 class TextPrompt:
@@ -82,7 +84,5 @@ class MediaEncoder(Protocol):
     def check_prompt(self, ids: list[int], mm: Any) -> None: ...
 
 
-class SessionLookup(Protocol):
-    """The engine's kept sessions, as the input processor reads them (engine.sessions.SessionStore)."""
-
-    def tokens(self, session_id: str) -> tuple[int, ...] | None: ...  # None: no finished session by that key
+# The engine's kept sessions, as the input processor reads them: the engine contract's one definition.
+SessionLookup = SessionTokens

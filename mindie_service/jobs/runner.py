@@ -1,5 +1,6 @@
-"""Runs batch jobs on the IO loop: each line through the input processor (chat template, media guards),
-each generation through the engine at batch priority, each result committed (jobs.store).
+"""Runs batch jobs on the IO loop: each line through the serving core's input processing (chat template, media
+guards), each generation through the engine at batch priority, folded by the serving core's one fold, each
+result committed (jobs.store).
 
 At most ``max_running`` generations of all jobs are in the engine at once (ServerConfig.batchMaxRunning).
 A job resumes after a restart at the (line, generation) pairs not yet committed."""
@@ -8,15 +9,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from concurrent.futures import Executor
 from typing import Any, Callable
 
 from mindie_service.engine.client import EngineClient
-from mindie_service.engine.types import FINISH_LENGTH, PRIORITY_BATCH, EngineRequest
+from mindie_service.engine.contract import FINISH_LENGTH, PRIORITY_BATCH, EngineRequest
 from mindie_service.errors import MindieError, ValidationError
 from mindie_service.jobs.lines import parse_line, split_lines
 from mindie_service.jobs.store import JobRow, JobStore
 from mindie_service.sampling_params import SamplingParams
+from mindie_service.serving import Frontend, fold
 
 logger = logging.getLogger(__name__)
 
@@ -30,10 +31,9 @@ def job_params(job: JobRow) -> SamplingParams:
 
 
 class JobRunner:
-    def __init__(self, store: JobStore, engine_for: Callable[[str], tuple[EngineClient, str | None]], executor: Executor,
-                 media_policy: Any, max_running: int) -> None:
-        self.store, self.engine_for, self.executor = store, engine_for, executor
-        self.media_policy = media_policy
+    def __init__(self, store: JobStore, engine_for: Callable[[str], tuple[EngineClient, str | None]],
+                 frontend: Frontend, max_running: int) -> None:
+        self.store, self.engine_for, self.frontend = store, engine_for, frontend
         self.max_running = max(1, max_running)
         self._slots = asyncio.Semaphore(self.max_running)
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -91,7 +91,7 @@ class JobRunner:
             logger.info("batch job %s completed", job_id)
 
     async def _lines(self, job: JobRow, engine: EngineClient, adapter: str | None) -> None:
-        data = await asyncio.get_running_loop().run_in_executor(self.executor, self.store.input_file(job.job_id).read_bytes)
+        data = await self.frontend.run_blocking(self.store.input_file(job.job_id).read_bytes)
         done = self.store.done(job.job_id)
         params = dataclasses.replace(job_params(job), adapter_id=adapter)
         pending: set[asyncio.Task[None]] = set()
@@ -102,9 +102,8 @@ class JobRunner:
                 if ("error", line, BAD_LINE) in done or not todo:
                     continue
                 try:
-                    req = await engine.input_processor.process_async(
-                        parse_line(raw), params, request_id=f"{job.job_id}-{line}", truncate=None,
-                        executor=self.executor, media_policy=self.media_policy)
+                    req = await self.frontend.engine_request(engine, parse_line(raw), params,
+                                                             f"{job.job_id}-{line}")
                 except ValidationError as e:  # includes refused media: the line fails, the job goes on
                     self.store.commit(job.job_id, "error", line, BAD_LINE, {"line": line, "error": e.message},
                                       failed_line=True)
@@ -126,30 +125,18 @@ class JobRunner:
         try:
             rid = f"{job.job_id}-{line}-{gen}"
             ereq = dataclasses.replace(req, request_id=rid, priority=PRIORITY_BATCH)
-            text, lps, finish, n = [], [], None, 0
             try:
-                agen = engine.generate(ereq)
-                try:
-                    async for ev in agen:
-                        text.append(ev.text_delta)
-                        lps.append(ev.token.logprob)
-                        n += 1
-                        if ev.finish_reason is not None:
-                            finish = ev.finish_reason
-                            if ev.full_text is not None:
-                                text = [ev.full_text]
-                finally:
-                    await agen.aclose()
+                result = await fold(engine.generate(ereq))
             except MindieError as e:
                 self.store.commit(job.job_id, "error", line, gen, {"line": line, "generation": gen, "error": e.message})
                 return
-            prompt_n = len(req.prompt_token_ids)
+            prompt_n, n = len(req.prompt_token_ids), len(result.tokens)
             record: dict[str, Any] = {
-                "line": line, "generation": gen, "text": "".join(text),
-                "finish_reason": "length" if finish == FINISH_LENGTH else "stop",
+                "line": line, "generation": gen, "text": result.text,
+                "finish_reason": "length" if result.finish_reason == FINISH_LENGTH else "stop",
                 "usage": {"prompt_tokens": prompt_n, "completion_tokens": n, "total_tokens": prompt_n + n}}
             if job.options.get("logprobs"):
-                record["logprobs"] = [max(lp, -9999.0) if lp is not None else None for lp in lps]
+                record["logprobs"] = [max(t.logprob, -9999.0) if t.logprob is not None else None for t in result.tokens]
             self.store.commit(job.job_id, "success", line, gen, record, tokens=n)
         finally:
             self.running_generations -= 1

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from mindie_service.engine.types import TokenEvent, TokenInfo
+from mindie_service.engine.contract import TokenEvent, TokenInfo
 from mindie_service.errors import MindieError
 from mindie_service.protocol.request import GenerationRequest, GenerationResult, select_best
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from mindie_service.engine.types import FINISH_LENGTH, TokenEvent, TokenInfo
+from mindie_service.engine.contract import FINISH_LENGTH, TokenEvent, TokenInfo
 from mindie_service.errors import MindieError
 from mindie_service.protocol.encoders import Encoder, StreamState, sse
 from mindie_service.protocol.request import GenerationRequest, GenerationResult

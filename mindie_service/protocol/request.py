@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mindie_service.engine.types import TokenEvent, TokenInfo
+from mindie_service.engine.contract import TokenEvent, TokenInfo
 from mindie_service.inputs.types import PartsPrompt, TextPrompt
 from mindie_service.params.table import MAX_BEST_OF, MAX_STOP_STRINGS, MAX_TOP_LOGPROBS
 from mindie_service.sampling_params import SamplingParams

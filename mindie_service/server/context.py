@@ -1,7 +1,7 @@
-"""State the handlers share: settings, the engine (once loaded), limits, metrics, admission."""
+"""State the handlers share: settings, the engine (once loaded), limits, metrics, and the serving core
+(mindie_service.serving.Frontend: admission, thread pools, input processing, sessions) they call."""
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -13,13 +13,13 @@ from mindie_service.engine.client import EngineClient
 from mindie_service.engine.instances import InstanceStatus, instances_of
 from mindie_service.jobs.runner import JobRunner
 from mindie_service.jobs.store import JobStore
-from mindie_service.engine.types import EngineRequest, EngineStats
-from mindie_service.errors import TimeoutError_, UnhealthyError
-from mindie_service.inputs.types import Prompt
+from mindie_service.engine.contract import EngineStats
+from mindie_service.errors import UnhealthyError
 from mindie_service.protocol.encoders import MindieEncoder, TgiEncoder
-from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
-from mindie_service.sampling_params import SamplingParams
-from mindie_service.server.admission import AdmissionQueue
+from mindie_service.protocol.request import ProtocolLimits
+from mindie_service.serving import Frontend, Timeouts
+from mindie_service.serving.admission_queue import AdmissionQueue
+from mindie_service.serving.model_lookup import engine_for
 from mindie_service.server.metrics import ServiceMetrics
 from multimodal import MediaPolicy
 
@@ -38,9 +38,6 @@ class ServerContext:
         self._limits: ProtocolLimits | None = None
         self.ready = False
         self.draining = False
-        # MindIE's admission rule: maxLinkNum run, 2 x maxLinkNum wait (server/admission.py).
-        self.admission = AdmissionQueue(self.settings.max_link_num)
-        self.active_request_ids: set[str] = set()  # /api/* keys being generated (a second one is a 409)
         self.open_handlers = 0  # handlers begun and not finished (BaseHandler counts them)
         self.jobs: JobRunner | None = None  # batch jobs, once the default model is ready
         self.listeners: list[Any] = []  # the HTTP servers (main adds them): their open connections are counted
@@ -51,15 +48,11 @@ class ServerContext:
             max_items=self.settings.max_media_items, max_decoded_bytes=self.settings.max_decoded_media_bytes,
             max_aspect_ratio=self.settings.max_image_aspect_ratio,
             max_video_frames_decoded=self.settings.max_video_frames_decoded)
-        # tokenizerProcessNumber sizes a thread pool, not processes: tokenizers releases the GIL, so threads
-        # tokenize in parallel without pickling the tokenizer or the prompts. Body parsing runs there too.
-        self.tokenizer_workers = max(1, config.backend.tokenizer_process_number)
-        self.executor = ThreadPoolExecutor(max_workers=self.tokenizer_workers, thread_name_prefix="tokenize")
-        # Media fetching and decoding have a pool of their own, of the same size: a request's images never hold
-        # the tokenizer pool that a concurrent text request waits for (bytes bounded by maxDecodedMediaBytes).
-        self.media_executor = ThreadPoolExecutor(max_workers=self.tokenizer_workers, thread_name_prefix="media")
         self.metrics = ServiceMetrics(self.model_name, self.stats, config.backend.max_seq_len,
                                       instances=self.instances)
+        self.frontend = Frontend(Timeouts(token=self.settings.token_timeout, e2e=self.settings.e2e_timeout),
+                                 self.settings.max_link_num, config.backend.tokenizer_process_number,
+                                 self.media_policy, observer=self.metrics, gate=self._check_open)
         self.metrics.track_admission(lambda: self.admission.running, lambda: self.admission.waiting)
         self.mindie_encoder = MindieEncoder(full_text=self.settings.full_text_enabled,
                                             list_ids=self.settings.stream_token_id_format != "int")
@@ -71,11 +64,8 @@ class ServerContext:
     # -- batch jobs ------------------------------------------------------------------------------
     def start_jobs(self) -> None:
         """Open the job store (ServerConfig.batchJobsDir) and resume the jobs a restart interrupted."""
-        from mindie_service.server.handlers_jobs import engine_for
-
         running = self.settings.batch_max_running or max(1, self.engine_config.max_batch_size // 4)
-        self.jobs = JobRunner(JobStore(self.settings.batch_jobs_dir), lambda m: engine_for(self, m), self.executor,
-                              self.media_policy, running)
+        self.jobs = JobRunner(JobStore(self.settings.batch_jobs_dir), self.engine_for, self.frontend, running)
         self.jobs.resume_all()
 
     async def stop_jobs(self) -> None:
@@ -111,22 +101,9 @@ class ServerContext:
             raise UnhealthyError("the model is still loading")
         return self._limits
 
-    async def engine_request(self, req: GenerationRequest, request_id: str, *, engine: EngineClient | None = None,
-                             prompt: Prompt | None = None) -> EngineRequest:
-        """The engine's request for ``req`` (or its ``prompt``): media fetched and decoded, the prompt built,
-        tokenized and checked by ``engine``'s input processor (default: the default model's), in the tokenizer
-        pool (never on the IO loop)."""
-        return await (engine or self.loaded_engine).input_processor.process_async(
-            prompt if prompt is not None else req.prompt, req.params, request_id=request_id, truncate=req.truncate,
-            executor=self.executor, media_policy=self.media_policy, media_executor=self.media_executor)
-
-    async def engine_request_for(self, prompt: Prompt, params: SamplingParams, request_id: str, *,
-                                 engine: EngineClient, session_id: str | None = None) -> EngineRequest:
-        """The engine's request for a prompt the route built itself (the /api/* routes). ``session_id``: the
-        client's key; an engine that keeps sessions continues the one it names, if any."""
-        return await engine.input_processor.process_async(
-            prompt, params, request_id=request_id, truncate=None, executor=self.executor,
-            media_policy=self.media_policy, session_id=session_id, media_executor=self.media_executor)
+    def engine_for(self, model: str) -> tuple[EngineClient, str | None]:
+        """The running engine ``model`` names (a catalog model, or a LoRA adapter on one) and the adapter."""
+        return engine_for(self.catalog, model, self.model_name, lambda: self.loaded_engine)
 
     @property
     def open_connections(self) -> int:
@@ -143,10 +120,30 @@ class ServerContext:
         return self.ready and self.engine is not None and self.engine.healthy()
 
     async def run_blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run tokenization (and other CPU work) off the IO loop."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        """Run tokenization (and other CPU work) off the IO loop, in the serving core's tokenizer pool."""
+        return await self.frontend.run_blocking(fn, *args)
 
-    # -- admission -------------------------------------------------------------------------------
+    # -- the serving core's pools and admission, as the server and its tests see them ----------------------
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        return self.frontend.executor
+
+    @executor.setter
+    def executor(self, pool: ThreadPoolExecutor) -> None:
+        self.frontend.executor = pool
+
+    @property
+    def media_executor(self) -> ThreadPoolExecutor:
+        return self.frontend.media_executor
+
+    @property
+    def tokenizer_workers(self) -> int:
+        return self.frontend.workers
+
+    @property
+    def admission(self) -> AdmissionQueue:
+        return self.frontend.admission
+
     @property
     def in_flight(self) -> int:
         """Generation requests admitted (running in the engine or about to), counted in slots."""
@@ -157,28 +154,20 @@ class ServerContext:
         """Generation requests waiting in the admission queue, counted in slots."""
         return self.admission.waiting
 
-    async def admit(self, n: int = 1, timeout: float | None = None) -> None:
-        """Take ``n`` admission slots (an /api/generate-batch call counts one per prompt), waiting in the
-        queue for at most ``timeout`` seconds (what is left of e2eTimeout); 503 while loading/draining/
-        unhealthy, 429 when the queue is full, 504 when the wait outlasts the timeout. ``release(n)`` after."""
+    def _check_open(self) -> None:
+        """The serving core's gate: 503 while loading or draining."""
         if self.draining:
             raise UnhealthyError("the service is shutting down")
         if not self.ready:
             raise UnhealthyError("the model is still loading")
-        try:
-            await self.admission.acquire(n, timeout)
-        except TimeoutError:
-            raise TimeoutError_(f"the request waited {timeout:.3g} s in the admission queue without a free slot "
-                                f"(ServerConfig.e2eTimeout = {self.settings.e2e_timeout:g} s, maxLinkNum = "
-                                f"{self.settings.max_link_num})") from None
+
+    async def admit(self, n: int = 1, timeout: float | None = None) -> None:
+        """Take ``n`` admission slots (Frontend.admit); ``release(n)`` after."""
+        await self.frontend.admit(n, timeout)
 
     def release(self, n: int = 1) -> None:
-        self.admission.release(n)
+        self.frontend.release(n)
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until no generation request is admitted or queued; False if ``timeout`` passed first."""
-        try:
-            await asyncio.wait_for(self.admission.idle.wait(), timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
+        return await self.frontend.wait_idle(timeout)

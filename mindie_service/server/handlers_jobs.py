@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from mindie_service.engine.client import EngineClient
 from mindie_service.errors import ConflictError, NotFoundError, PayloadTooLargeError, UnhealthyError, check
 from mindie_service.jobs.input_file import MAX_INPUT_BYTES, JobInputLimits, read_job_input
 from mindie_service.jobs.lines import split_lines
@@ -24,27 +23,15 @@ from mindie_service.server.handlers_base import BaseHandler
 logger = logging.getLogger(__name__)
 
 
-def engine_for(ctx: ServerContext, model: str) -> tuple[EngineClient, str | None]:
-    """The running engine ``model`` names (a catalog model, or a LoRA adapter on one) and the adapter:
-    404 for a name the service does not know, 503 for a model that is not running."""
-    if ctx.catalog is None:
-        if model != ctx.model_name:
-            raise NotFoundError(f"Parameter model must name a served model ({ctx.model_name}), got {model!r}")
-        return ctx.loaded_engine, None
-    target = ctx.catalog.resolve(model)
-    ctx.catalog.release(target)  # a job is not a request a stop waits for: its lines fail and can be resubmitted
-    return target.engine, target.adapter_id
-
-
 def check_model(ctx: ServerContext, model: str) -> None:
     """404 unless ``model`` names a catalog model or a loaded adapter (it need not be running yet)."""
     if ctx.catalog is None:
-        engine_for(ctx, model)
+        ctx.engine_for(model)
         return
     try:
         ctx.catalog.get(model)
     except NotFoundError:
-        engine_for(ctx, model)  # an adapter name resolves through the running models
+        ctx.engine_for(model)  # an adapter name resolves through the running models
 
 
 def job_json(job: JobRow, store: Any, metadata: dict[str, Any] | None = None) -> dict[str, Any]:

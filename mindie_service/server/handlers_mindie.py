@@ -32,7 +32,7 @@ class TokenizerHandler(BaseHandler):
         engine = self.ctx.loaded_engine
         # A text longer than the model's whole context could ever take is refused before it is tokenized:
         # tokenizing a body-sized string costs seconds of CPU and gigabytes of memory for nothing.
-        bound, limit = engine.input_processor.text_bound, self.ctx.engine_config.max_seq_len
+        bound, limit = self.ctx.frontend.processor(engine).text_bound, self.ctx.engine_config.max_seq_len
         if bound is not None and len(text) > bound.refuse_over(limit):
             raise ValidationError(f"Parameter inputs must be at most {limit} tokens (maxSeqLen), got a text of "
                                   f"{len(text)} characters (more than {bound.refuse_over(limit)} characters cannot "

@@ -1,4 +1,4 @@
-"""POST /v1/completions and /v1/chat/completions on the one generation path (server/generation.py): the
+"""POST /v1/completions and /v1/chat/completions through the serving core (server/generation.py): the
 ``model`` field picks the catalog model (or adapter) and its engine; errors in OpenAI's shape."""
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ from typing import Any
 
 from mindie_service.catalog.catalog import Target
 from mindie_service.engine.client import EngineClient
-from mindie_service.engine.types import EngineRequest
 from mindie_service.errors import MindieError, UnhealthyError
 from mindie_service.protocol.encoders import Encoder
 from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
 from mindie_service.protocol.openai import Kind, OpenAIRequest, parse_openai, peek_model
 from mindie_service.protocol.openai_encoder import OpenAIEncoder, openai_error
 from mindie_service.server.generation import GenerationHandler
+from mindie_service.serving import Submission
 
 _ENCODER = OpenAIEncoder()
 
@@ -63,11 +63,13 @@ class _OpenAIHandler(GenerationHandler):
         assert self._engine is not None  # parse picked it
         return self._engine
 
-    async def engine_requests(self, req: GenerationRequest, engine: EngineClient) -> list[EngineRequest]:
+    def submission(self, req: GenerationRequest) -> Submission:
+        """One engine request per prompt (the completions route takes a list of prompts)."""
         assert isinstance(req, OpenAIRequest)
-        return [await self.ctx.engine_request(req, f"{self.request_id}-{k}" if len(req.prompts) > 1 else
-                                              self.request_id, engine=engine, prompt=p)
-                for k, p in enumerate(req.prompts)]
+        many = len(req.prompts) > 1
+        ids = [f"{self.request_id}-{k}" if many else self.request_id for k in range(len(req.prompts))]
+        return Submission(list(req.prompts), req.params, lambda: self.target(req), ids, truncate=req.truncate,
+                          best_of=req.best_of)
 
 
 class CompletionsHandler(_OpenAIHandler):

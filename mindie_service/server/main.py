@@ -27,7 +27,7 @@ from mindie_service.config import ServiceConfig, load_config
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.client import EngineClient
 from mindie_service.errors import ConfigError
-from mindie_service.inputs import TextPrompt
+from mindie_service.inputs import InputProcessor, TextPrompt
 from mindie_service.sampling_params import SamplingParams
 from mindie_service.server.app import make_app
 from mindie_service.server.auth import Auth
@@ -93,8 +93,8 @@ def _on_default(ctx: ServerContext, engine: EngineClient | None) -> None:
 
 async def warm_up(engine: EngineClient) -> None:
     """One greedy token through the input processor and the engine: /health turns green only after both answered."""
-    req = engine.input_processor.process(TextPrompt("Hello"), SamplingParams(max_tokens=1, temperature=0.0),
-                                         request_id="warmup")
+    req = InputProcessor.from_facts(engine.input_facts).process(
+        TextPrompt("Hello"), SamplingParams(max_tokens=1, temperature=0.0), request_id="warmup")
     agen = engine.generate(req)
     try:
         async for _ in agen:
@@ -202,8 +202,7 @@ async def _drain(ctx: ServerContext, servers: list[BoundedHTTPServer], engine: E
         await ctx.catalog.shutdown()
     if engine is not None:
         engine.shutdown()
-    ctx.executor.shutdown(wait=False, cancel_futures=True)
-    ctx.media_executor.shutdown(wait=False, cancel_futures=True)
+    ctx.frontend.shutdown()
 
 
 async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], wiring: ServeWiring, auth: Auth) -> int:

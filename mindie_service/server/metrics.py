@@ -1,6 +1,7 @@
 """Prometheus metrics under MindIE's names, in a per-app registry, each labelled ``model_name``.
 
-Request counters and latency histograms are updated by the generation path; the engine gauges
+Request counters and latency histograms are updated by the serving core, through its RequestObserver
+interface (mindie_service.serving.observer), which ServiceMetrics implements; the engine gauges
 (running / waiting / swapped, cache usage, prefix hit rate, preemptions) are read from
 ``engine.stats()`` at scrape time."""
 from __future__ import annotations
@@ -127,6 +128,10 @@ class ServiceMetrics:
         self.request_prompt_tokens = hist("request_prompt_tokens", "Prompt tokens per request.", tok)
         self.request_generation_tokens = hist("request_generation_tokens", "Generated tokens per request.", tok)
         r.register(_EngineCollector(model_name, stats, instances))
+
+    def observe_received(self, n: int = 1) -> None:
+        """``n`` generation requests arrived (serving.RequestObserver)."""
+        self.request_received.inc(n)
 
     def observe_sequence(self, *, prompt_tokens: int, generated: int, ttft: float | None, e2e: float) -> None:
         """One finished engine sequence (a best_of request reports each of its sequences; its

@@ -47,7 +47,7 @@ class GoneWhileQueuedInThePool(InProcessServer):
         engine = MockEngine(ctx.engine_config)
         self.gate = threading.Event()
         self.processed: list[str] = []
-        real = engine.input_processor.process
+        real = ctx.frontend.processor(engine).process
 
         def process(prompt, params, **kw):  # noqa: ANN001, ANN003
             text = getattr(prompt, "text", "")
@@ -56,7 +56,7 @@ class GoneWhileQueuedInThePool(InProcessServer):
                 self.gate.wait(20)
             return real(prompt, params, **kw)
 
-        engine.input_processor.process = process
+        ctx.frontend.processor(engine).process = process
         return engine
 
     def tearDown(self):

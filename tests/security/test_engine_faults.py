@@ -12,7 +12,7 @@ import torch
 from mindie_service import LLM, SamplingParams
 from mindie_service.engine.sampler import LOGPROB_FLOOR, NonFiniteRows, Sampler
 from mindie_service.engine.sequence import Sequence
-from mindie_service.engine.types import FailedEvent
+from mindie_service.engine.contract import FailedEvent
 from mindie_service.errors import ValidationError
 from mindie_service.protocol.encoders import sse
 from mindie_service.protocol.tgi import parse_tgi_request

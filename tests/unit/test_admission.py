@@ -1,4 +1,4 @@
-"""Issue 15, MindIE's admission rule (server/admission.py): maxLinkNum run, 2 x maxLinkNum wait first come
+"""Issue 15, MindIE's admission rule (serving/admission_queue.py): maxLinkNum run, 2 x maxLinkNum wait first come
 first served, the next is refused at once; waiters that time out or are cancelled leave the queue."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from mindie_service.errors import OverloadedError
-from mindie_service.server.admission import AdmissionQueue
+from mindie_service.serving.admission_queue import AdmissionQueue
 
 
 def run(coro):

@@ -10,11 +10,11 @@ import pytest
 from mindie_service.engine.async_engine import AsyncEngine
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.types import EngineRequest
+from mindie_service.engine.contract import EngineRequest
 from mindie_service.devkit import faults
 from mindie_service.errors import (ConfigError, EngineDeadError, GenerationError, IncompleteGenerationError,
                                    UnhealthyError, ValidationError)
-from mindie_service.inputs import TextPrompt
+from mindie_service.inputs import InputProcessor, TextPrompt
 from mindie_service.sampling_params import SamplingParams
 
 
@@ -29,7 +29,7 @@ def engine(tiny_model):
 
 def _req(eng: AsyncEngine, rid: str, n: int = 16, prompt: str = "River mountain city garden") -> EngineRequest:
     params = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
-    return eng.input_processor.process(TextPrompt(prompt), params, request_id=rid)
+    return InputProcessor.from_facts(eng.input_facts).process(TextPrompt(prompt), params, request_id=rid)
 
 
 async def _collect(eng: AsyncEngine, req: EngineRequest) -> list[int]:
@@ -109,13 +109,13 @@ def test_the_async_engine_is_an_engine_client_with_the_model_facts(engine):
     assert engine.vocab_size == engine.engine.vocab_size and engine.modalities == frozenset()
     assert engine.dtype == "float32" and engine.device_type == "cpu" and engine.device_reason
     assert engine.adapter_names() == [] and engine.list_adapters() == []
-    limits = engine.input_processor.limits
+    limits = InputProcessor.from_facts(engine.input_facts).limits
     assert limits.max_input_len == min(engine.config.effective_max_input_len, engine.engine.pool_tokens - 1)
 
 
 def test_processor_limit_follows_the_kv_pool(engine):
     """256 blocks of 4 tokens: a 2048-token maxInputTokenLen is bounded by the pool (1023 tokens)."""
-    assert engine.input_processor.limits.max_input_len == 1023
+    assert InputProcessor.from_facts(engine.input_facts).limits.max_input_len == 1023
     with pytest.raises(ValidationError, match="at most 1023 tokens"):
         _req(engine, "huge", prompt="river " * 1100)
 
@@ -130,7 +130,7 @@ def _fresh(tiny_model) -> AsyncEngine:
 
 def _sampled(eng: AsyncEngine, rid: str, prompt: str, seed: int, n: int = 16) -> EngineRequest:
     params = SamplingParams(max_tokens=n, temperature=0.9, top_k=20, seed=seed, ignore_eos=True)
-    return eng.input_processor.process(TextPrompt(prompt), params, request_id=rid)
+    return InputProcessor.from_facts(eng.input_facts).process(TextPrompt(prompt), params, request_id=rid)
 
 
 async def _partial(eng: AsyncEngine, req: EngineRequest, got: list[int]) -> list[int]:

@@ -12,7 +12,7 @@ from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SeqStatus
-from mindie_service.engine.types import FINISH_EOS, FINISH_LENGTH, TokenEvent, TokenInfo
+from mindie_service.engine.contract import FINISH_EOS, FINISH_LENGTH, TokenEvent, TokenInfo
 from mindie_service.sampling_params import SamplingParams
 
 BS, VOCAB, EOS = 4, 12, 0

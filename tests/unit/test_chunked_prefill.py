@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from mindie_service import LLM, SamplingParams
-from mindie_service.engine.types import EngineRequest
+from mindie_service.engine.contract import EngineRequest
 from tests.prompts import word_prompts
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)

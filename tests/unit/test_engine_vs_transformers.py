@@ -95,7 +95,7 @@ def test_matches_transformers_with_shared_prefixes(tiny_model, reference, cpu_pa
 def test_staggered_identical_requests_agree(tiny_model):
     llm = LLM(str(tiny_model), cache_block_size=16, num_kv_blocks=256)
     eng = llm.engine
-    from mindie_service.engine.types import EngineRequest
+    from mindie_service.engine.contract import EngineRequest
     prompt = llm.tokenizer("River mountain city garden teacher window").input_ids
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
     outs: dict[str, list[int]] = {}

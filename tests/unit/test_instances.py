@@ -12,9 +12,10 @@ from mindie_service.engine.client import EngineClient
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.instances import (InstanceRouter, build_instances, instances_of, split_threads,
                                              sum_stats)
-from mindie_service.engine.types import FINISH_LENGTH, EngineRequest, EngineStats, TokenEvent, TokenInfo
+from mindie_service.engine.contract import (FINISH_LENGTH, EngineRequest, EngineStats, InputFacts, TokenEvent,
+                                            TokenInfo)
 from mindie_service.errors import ConflictError, NotFoundError, ValidationError
-from mindie_service.inputs import InputLimits, InputProcessor, TextPrompt
+from mindie_service.inputs import InputProcessor, TextPrompt
 from mindie_service.sampling_params import SamplingParams
 
 
@@ -33,11 +34,10 @@ class FakeEngine:
         self.model_name, self.vocab_size, self.eos_token_ids = name, 300, frozenset({2})
         self.device_type, self.device_reason, self.dtype, self.modalities = "cpu", "test", "float32", frozenset()
         self.config = EngineConfig(model="x", max_sessions=8)
-        self.input_processor = InputProcessor(self.tokenize, InputLimits.of(
-            effective_max_input_len=100, pool_tokens=1000, truncation=False, vocab_size=300),
-            adapter_names=lambda: list(self.adapters))
         self.sessions = FakeSessions()
-        self.input_processor.sessions = self.sessions
+        self.input_facts = InputFacts(self.tokenize, vocab_size=300, max_input_len=100, pool_tokens=1000,
+                                      truncation=False, adapter_names=lambda: list(self.adapters),
+                                      sessions=self.sessions)
         self.adapters: dict[str, str] = {}
         self.fail_load = fail_load
         self.seen: list[EngineRequest] = []
@@ -103,8 +103,8 @@ class FakeEngine:
 
 def _req(router: InstanceRouter, rid: str, text: str = "hello", session: str | None = None,
          adapter: str | None = None) -> EngineRequest:
-    return router.input_processor.process(TextPrompt(text), SamplingParams(max_tokens=2, adapter_id=adapter),
-                                          request_id=rid, session_id=session)
+    return InputProcessor.from_facts(router.input_facts).process(
+        TextPrompt(text), SamplingParams(max_tokens=2, adapter_id=adapter), request_id=rid, session_id=session)
 
 
 class Driver:

@@ -5,7 +5,7 @@ import pytest
 
 from mindie_service import LLM, SamplingParams
 from mindie_service.engine.core import LLMEngine
-from mindie_service.engine.types import EngineRequest
+from mindie_service.engine.contract import EngineRequest
 from mindie_service.devkit.lora import build_demo_lora
 
 PROMPT = "Harbor lantern winter bridge orange violin forest letter museum thunder candle meadow pilot ocean"

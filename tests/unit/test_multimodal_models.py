@@ -15,7 +15,7 @@ from transformers import AutoProcessor
 
 from mindie_service import LLM, SamplingParams
 from mindie_service.inputs import PartsPrompt
-from mindie_service.engine.types import EngineRequest
+from mindie_service.engine.contract import EngineRequest
 from mindie_service.devkit.presets import build_demo_model
 from mindie_service.errors import ValidationError
 

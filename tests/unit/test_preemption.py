@@ -10,7 +10,7 @@ from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SeqStatus
 from mindie_service.engine.step import SchedulerOutput
-from mindie_service.engine.types import PRIORITY_BATCH
+from mindie_service.engine.contract import PRIORITY_BATCH
 from mindie_service.sampling_params import SamplingParams
 
 BS = 4

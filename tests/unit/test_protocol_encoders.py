@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from mindie_service.engine.types import TokenEvent, TokenInfo
+from mindie_service.engine.contract import TokenEvent, TokenInfo
 from mindie_service.protocol.encoders import MindieEncoder, StreamState, TgiEncoder
 from mindie_service.errors import GenerationError
 from mindie_service.inputs import TextPrompt

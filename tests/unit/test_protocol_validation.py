@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from mindie_service.engine.types import EngineRequest
+from mindie_service.engine.contract import EngineRequest
 from mindie_service.errors import BadRequestError, ValidationError
 from mindie_service.inputs import InputLimits, InputProcessor, PartsPrompt, TextPrompt
 from mindie_service.protocol.mindie import parse_generation

@@ -12,7 +12,7 @@ from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.scheduler import Scheduler, _prefilling
 from mindie_service.engine.sequence import Sequence, SeqStatus
 from mindie_service.engine.swap import HostBlockPool
-from mindie_service.engine.types import PRIORITY_BATCH, PRIORITY_ONLINE
+from mindie_service.engine.contract import PRIORITY_BATCH, PRIORITY_ONLINE
 from mindie_service.sampling_params import SamplingParams
 
 BS = 4

@@ -9,7 +9,7 @@ from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SeqStatus
 from mindie_service.engine.swap import HostBlockPool, host_pool_blocks
-from mindie_service.engine.types import EngineRequest
+from mindie_service.engine.contract import EngineRequest
 from mindie_service.llm import LLM
 from mindie_service.sampling_params import SamplingParams
 from tests.prompts import word_prompts

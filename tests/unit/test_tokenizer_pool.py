@@ -34,20 +34,20 @@ def context(tmp_path: Path, workers: int) -> ServerContext:
 
 def prepare(ctx: ServerContext, rid: str):
     assert ctx.engine is not None
-    return ctx.engine_request_for(TextPrompt(f"prompt {rid}"), SamplingParams(max_tokens=4), rid, engine=ctx.engine)
+    return ctx.frontend.engine_request(ctx.engine, TextPrompt(f"prompt {rid}"), SamplingParams(max_tokens=4), rid)
 
 
 def meeting_tokenizer(ctx: ServerContext, parties: int, timeout: float) -> None:
     """A slow tokenizer: each call waits until ``parties`` calls are inside it at once."""
     assert ctx.engine is not None
-    real = ctx.engine.input_processor.tokenize
+    real = ctx.frontend.processor(ctx.engine).tokenize
     barrier = threading.Barrier(parties, timeout=timeout)
 
     def tokenize(text: str) -> list[int]:
         barrier.wait()
         return real(text)
 
-    ctx.engine.input_processor.tokenize = tokenize
+    ctx.frontend.processor(ctx.engine).tokenize = tokenize
 
 
 def test_two_prompts_tokenize_at_the_same_time_with_two_workers(tmp_path):

@@ -1,10 +1,16 @@
-"""Plain values passed between the frontend and the engine."""
+"""The engine contract (torch-free): the plain values passed between the serving core and the engine --
+EngineRequest in, TokenEvent out, the finish reasons, priorities, stats, and the facts an engine client gives
+the input processor (InputFacts). SamplingParams is re-exported from mindie_service.sampling_params."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Collection, Protocol
 
 from mindie_service.sampling_params import SamplingParams
+
+__all__ = ["EngineRequest", "EngineStats", "FailedEvent", "FINISH_EOS", "FINISH_LENGTH", "FINISH_STOP",
+           "InputFacts", "PRIORITY_BATCH", "PRIORITY_ONLINE", "SamplingParams", "SessionTokens", "TokenEvent",
+           "TokenInfo"]
 
 FINISH_LENGTH = "length"
 FINISH_EOS = "eos_token"
@@ -86,3 +92,29 @@ class EngineStats:
     # Of running / waiting: batch-job lines (PRIORITY_BATCH), counted apart for /v1/status and the metrics.
     batch_running: int = 0
     batch_waiting: int = 0
+
+
+class SessionTokens(Protocol):
+    """An engine's kept sessions, as input processing reads them (engine.sessions.SessionStore)."""
+
+    def tokens(self, session_id: str) -> tuple[int, ...] | None: ...  # None: no finished session by that key
+
+
+@dataclass
+class InputFacts:
+    """What an engine client tells the serving core so it can build the engine's input processor
+    (inputs.builder.build_processor): tokenizer, length limits, vocabulary, adapters, media encoder, sessions.
+    The engine never builds the processor itself. ``chat_prefixes``: model.json prompt prefixes for a
+    checkpoint without a chat template (the catalog sets them before the engine serves)."""
+
+    tokenize: Callable[[str], list[int]]
+    vocab_size: int
+    max_input_len: int  # ModelDeployConfig's effective maxInputTokenLen
+    pool_tokens: int  # tokens the KV pool holds
+    truncation: bool
+    adapter_names: Callable[[], Collection[str]] = frozenset
+    tokenizer: Any = None  # the Hugging Face tokenizer (chat template, text bound); None: the StandardMock's bytes
+    mm_encoder: Any = None  # inputs.types.MediaEncoder of a multimodal checkpoint
+    video_frames: int = 8  # frames sampled per video
+    sessions: SessionTokens | None = None
+    chat_prefixes: Any = None

@@ -1,6 +1,6 @@
-"""MindIE's admission rule: ``maxLinkNum`` requests run (are admitted to the engine); up to
-``2 x maxLinkNum`` more wait here, first come first served, and are admitted as slots free; beyond that a
-request is refused at once (429 ``overloaded``).
+"""MindIE's admission rule, the serving core's gate in front of the engine: ``maxLinkNum`` requests run (are
+admitted to the engine); up to ``2 x maxLinkNum`` more wait here, first come first served, and are admitted
+as slots free; beyond that a request is refused at once (429 ``overloaded``).
 
 A request may take ``n`` slots at once (an /api/generate-batch call counts one per prompt). Fairness is
 strict: nobody passes the head of the queue, so a waiter for several slots is not starved by single ones

@@ -1,0 +1,147 @@
+"""One call's engine requests once admitted and prepared: n / best_of fan-out, each sample's events under
+tokenTimeout and e2eTimeout, the samples merged as they come, and the one fold of events into a result
+(``protocol.request.GenerationResult``).
+
+Closing any of these iterators (finished, failed, cancelled, abandoned) closes the engine's, which aborts the
+request and frees its KV blocks."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from contextlib import aclosing
+from typing import AsyncIterator
+
+from mindie_service.engine.client import EngineClient
+from mindie_service.engine.contract import EngineRequest, TokenEvent
+from mindie_service.errors import GenerationError, MindieError, TimeoutError_
+from mindie_service.protocol.request import GenerationResult
+from mindie_service.serving.observer import RequestObserver
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Timeouts:
+    """ServerConfig.tokenTimeout (between two tokens) and e2eTimeout (the whole call, queueing included)."""
+
+    token: float
+    e2e: float
+
+
+def fan_out(ereq: EngineRequest, index: int, best_of: int) -> EngineRequest:
+    """Sample ``index`` of a best_of (OpenAI: ``n``) request: its own request id and its own params (a given
+    seed moves by ``index`` so that the samples differ and each stays reproducible)."""
+    if best_of == 1:
+        return ereq
+    p = ereq.params
+    seed = None if p.seed is None else (p.seed + index) % (1 << 64)
+    return dataclasses.replace(ereq, request_id=f"{ereq.request_id}.{index}",
+                               params=dataclasses.replace(p, seed=seed))
+
+
+async def fold(events: AsyncIterator[TokenEvent]) -> GenerationResult:
+    """The one fold of a request's events into its result (closes ``events`` however it ends)."""
+    result = GenerationResult()
+    async with aclosing(events) as evs:
+        async for ev in evs:
+            result.add(ev)
+    return result
+
+
+class Run:
+    """The samples of one call on one engine (``Frontend.open`` yields it): ``events`` merges them,
+    ``results`` folds each into a GenerationResult, ``text`` folds one sample's text."""
+
+    def __init__(self, engine: EngineClient, requests: list[EngineRequest], best_of: int, t0: float,
+                 timeouts: Timeouts, observer: RequestObserver) -> None:
+        self.engine, self.requests, self.t0 = engine, requests, t0
+        self.samples = [fan_out(e, i, best_of) for e in requests for i in range(best_of)]
+        self.timeouts, self.observer = timeouts, observer
+
+    async def results(self) -> list[GenerationResult]:
+        """Every sample folded, in sample order (all run at once, so they share the engine's batches)."""
+        tasks = [asyncio.ensure_future(self.fold(s)) for s in self.samples]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    async def fold(self, sample: EngineRequest) -> GenerationResult:
+        return await fold(self.sample_events(sample))
+
+    async def events(self) -> AsyncIterator[tuple[int, TokenEvent]]:
+        """(sample index, event) of every sample, as they come; closing it aborts them all."""
+        if len(self.samples) == 1:
+            async with aclosing(self.sample_events(self.samples[0])) as events:
+                async for ev in events:
+                    yield 0, ev
+            return
+        queue: asyncio.Queue[tuple[int, TokenEvent | BaseException | None]] = asyncio.Queue()
+
+        async def pump(k: int, ereq: EngineRequest) -> None:
+            try:
+                async with aclosing(self.sample_events(ereq)) as events:
+                    async for ev in events:
+                        queue.put_nowait((k, ev))
+                queue.put_nowait((k, None))
+            except Exception as e:
+                queue.put_nowait((k, e))
+
+        tasks = [asyncio.ensure_future(pump(k, s)) for k, s in enumerate(self.samples)]
+        try:
+            left = len(tasks)
+            while left:
+                k, item = await queue.get()
+                if item is None:
+                    left -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield k, item
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def sample_events(self, ereq: EngineRequest) -> AsyncIterator[TokenEvent]:
+        """The engine's events for ``ereq``, under tokenTimeout and e2eTimeout; each sequence is observed once."""
+        to = self.timeouts
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() - (time.monotonic() - self.t0) + to.e2e
+        agen = self.engine.generate(ereq)
+        first: float | None = None
+        n, prompt_n = 0, len(ereq.prompt_token_ids)
+        try:
+            while True:
+                left = deadline - loop.time()
+                try:
+                    async with asyncio.timeout(max(0.0, min(to.token, left))):
+                        ev = await anext(agen)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    key, limit = ("e2eTimeout", to.e2e) if left <= to.token else ("tokenTimeout", to.token)
+                    raise TimeoutError_(f"generation timed out after {n} tokens "
+                                        f"(ServerConfig.{key} = {limit:g} s)") from None
+                except MindieError:
+                    raise
+                except Exception:  # the engine broke on this request: 424, the server goes on
+                    logger.exception("%s: engine error", ereq.request_id)  # the details stay in the log
+                    raise GenerationError(f"Request {ereq.request_id} failed during generation") from None
+                if first is None:
+                    first = time.monotonic()
+                    prompt_n = ev.num_prompt_tokens or prompt_n
+                n += 1
+                yield ev
+                if ev.finish_reason is not None:
+                    return
+        finally:
+            await agen.aclose()
+            self.observer.observe_sequence(prompt_tokens=prompt_n, generated=n,
+                                           ttft=None if first is None else first - self.t0,
+                                           e2e=time.monotonic() - self.t0)
