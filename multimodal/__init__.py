@@ -6,7 +6,7 @@
 Modules, one concern each: ``policy`` (limits), ``parts`` (the shape of ``inputs``), ``sources``
 (local path / data: URI / http(s) URL; the path and URL guards are ``mindie_service.netguard``'s, called with the
 policy's limits), ``netfetch`` (the guarded GET with the media's budget, sniff and spooling), ``sniff``
-(format from magic bytes), ``decode`` (Pillow, PyAV, soundfile with header checks first), ``loader``
+(format from magic bytes), ``decode`` (Pillow, PyAV, soundfile with header checks first), ``media_loader``
 (concurrent load).
 
 Names are resolved on first use (PEP 562), so validating a request (``parts``, ``policy``) never
@@ -24,13 +24,13 @@ from .sniff import MediaFormat, require_format, sniff
 
 if TYPE_CHECKING:
     from .decode import decode_audio, decode_image, decode_video, sample_indices
-    from .loader import DecodeOptions, LoadedPart, load_media
+    from .media_loader import DecodeOptions, LoadedPart, load_media
     from .sources import ByteBudget, fetch_media, refusal_reason
 
 # public name -> the heavy submodule that defines it (decoders, Tornado's HTTP client)
 _LAZY: dict[str, str] = {
     **dict.fromkeys(("decode_audio", "decode_image", "decode_video", "sample_indices"), "decode"),
-    **dict.fromkeys(("DecodeOptions", "LoadedPart", "load_media"), "loader"),
+    **dict.fromkeys(("DecodeOptions", "LoadedPart", "load_media"), "media_loader"),
     **dict.fromkeys(("ByteBudget", "fetch_media", "refusal_reason"), "sources"),
 }
 

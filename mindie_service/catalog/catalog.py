@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from mindie_service.catalog.memory import estimate
+from mindie_service.catalog.fit_estimate import estimate
 from mindie_service.catalog.model_json import ModelRecord, check_model_id, read_model_json
 from mindie_service.catalog.shared_files import first_user
 from mindie_service.engine.client import EngineClient

@@ -14,7 +14,7 @@ from mindie_service.devkit import synth
 from mindie_service.errors import MediaError
 from multimodal import MediaItem, MediaPolicy, load_media
 from multimodal.decode import decode_image, decode_video, sample_indices
-from multimodal.loader import DecodeOptions
+from multimodal.media_loader import DecodeOptions
 
 
 def _data_uri(data: bytes, mime: str) -> str:
@@ -150,7 +150,7 @@ def _fds_into(folder: Path) -> list[str]:
 @pytest.fixture()
 def spool_watch(monkeypatch, tmp_path):
     """Fresh spool counters, a spool folder of the test's own, and a spy on what the video decoder got."""
-    from multimodal import loader, spool
+    from multimodal import media_loader as loader, spool
     stats = spool.SpoolStats()
     monkeypatch.setattr(spool, "SPOOL_STATS", stats)
     folder = tmp_path / "spool"
@@ -244,7 +244,7 @@ def test_a_spooled_video_that_fails_to_decode_leaves_no_file(spool_watch):
 
 def test_a_request_cancelled_while_its_video_decodes_leaves_no_file(spool_watch, monkeypatch):
     import threading
-    from multimodal import loader
+    from multimodal import media_loader as loader
     entered, release = threading.Event(), threading.Event()
     spy = loader.decode_video
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mindie_service.catalog.download import checkpoint_root, extract
-from mindie_service.catalog.memory import estimate
+from mindie_service.catalog.fit_estimate import estimate
 from mindie_service.catalog.model_json import ModelRecord, check_model_id, read_model_json
 from mindie_service.errors import MediaError, ValidationError
 

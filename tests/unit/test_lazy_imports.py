@@ -32,7 +32,8 @@ def test_heavy_names_load_on_first_use_and_are_the_submodules_objects() -> None:
     import importlib
 
     import multimodal
-    from multimodal import decode, loader, parts
+    from multimodal import decode, parts
+    from multimodal import media_loader as loader
 
     sniff_module = importlib.import_module("multimodal.sniff")
 

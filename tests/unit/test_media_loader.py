@@ -1,4 +1,4 @@
-"""multimodal.loader: MindIE list-form inputs validated, media fetched concurrently and decoded
+"""multimodal.media_loader: MindIE list-form inputs validated, media fetched concurrently and decoded
 in the executor, each part hashed for prefix-cache keys."""
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from multimodal import (
     load_media,
     parse_parts,
 )
-from multimodal import loader
+from multimodal import media_loader as loader
 
 POLICY = MediaPolicy()
 
