@@ -26,6 +26,7 @@ from mindie_service.server.handlers_models import (DownloadModelHandler, Managem
                                                    ModelsHandler, ModelViewHandler, StartModelHandler,
                                                    StopModelHandler)
 from mindie_service.server.handlers_openai import ChatCompletionsHandler, CompletionsHandler
+from mindie_service.server.handlers_tokenize import DetokenizeHandler, TokenizeHandler, TokenizerInfoHandler
 from mindie_service.server.openapi import OpenApiHandler
 from mindie_service.server.handlers_rest import GenerateBatchHandler, GenerateOneHandler
 from mindie_service.server.handlers_tgi import (
@@ -66,6 +67,9 @@ PLANE_ROUTES: dict[str, Routes] = {
         (r"/batch_inference/job_results", JobResultsHandler),
         (r"/v1/completions", CompletionsHandler),
         (r"/v1/chat/completions", ChatCompletionsHandler),
+        (r"/tokenize", TokenizeHandler),
+        (r"/detokenize", DetokenizeHandler),
+        (r"/tokenizer_info", TokenizerInfoHandler),
         (r"/v1/models", ModelsHandler),
         (r"/v1/models/([^/]+)", ModelViewHandler),  # DELETE: 403 (management port)
         (r"/health", HealthHandler),
