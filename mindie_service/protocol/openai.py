@@ -63,9 +63,18 @@ class OpenAIRequest(GenerationRequest):
         return self.best_of
 
 
-def peek_model(body: dict[str, Any]) -> str:
-    """The ``model`` field (required): which catalog model or adapter serves the request."""
+# What huggingface_hub's InferenceClient(base_url=...).chat_completion sends as model: older versions "tgi",
+# recent ones (2.x) "dummy" (when model is unset or a URL), others none; TGI's Messages API ignores it.
+TGI_PLACEHOLDERS = frozenset({"tgi", "dummy"})
+
+
+def peek_model(body: dict[str, Any], default: str | None = None) -> str:
+    """The ``model`` field: which catalog model or adapter serves the request. With ``default`` (chat, as
+    TGI's Messages API does), an absent ``model`` or a TGI client's placeholder (``TGI_PLACEHOLDERS``) names
+    the default model."""
     v = body.get("model")
+    if default is not None and (v is None or v in TGI_PLACEHOLDERS):
+        return default
     check(isinstance(v, str) and 0 < len(v) <= 256, "model", "a non-empty string naming a model of /v1/models", v)
     return v
 

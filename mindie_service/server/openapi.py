@@ -62,8 +62,9 @@ SCHEMAS: dict[str, Any] = {
         "stream": {"type": "boolean"}, "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 5},
         "echo": {"type": "boolean"}, "stop": {"oneOf": [{"type": "string"}, {"type": "array"}]},
         "seed": {"type": "integer", "minimum": 0}, "user": {"type": "string"}}},
-    "ChatCompletionRequest": {"type": "object", "required": ["model", "messages"], "properties": {
-        "model": {"type": "string"}, "messages": {"type": "array", "minItems": 1, "items": {
+    "ChatCompletionRequest": {"type": "object", "required": ["messages"], "properties": {
+        "model": {"type": "string", "description": "absent, \"tgi\" or \"dummy\" (TGI clients): the default model"},
+        "messages": {"type": "array", "minItems": 1, "items": {
             "type": "object", "required": ["role", "content"], "properties": {
                 "role": {"enum": ["system", "developer", "user", "assistant"]},
                 "content": {"oneOf": [{"type": "string"}, {"type": "array"}]}}}},
