@@ -73,7 +73,7 @@ def peek_model(body: dict[str, Any], default: str | None = None) -> str:
     TGI's Messages API does), an absent ``model`` or a TGI client's placeholder (``TGI_PLACEHOLDERS``) names
     the default model."""
     v = body.get("model")
-    if default is not None and (v is None or v in TGI_PLACEHOLDERS):
+    if default is not None and (v is None or (isinstance(v, str) and v in TGI_PLACEHOLDERS)):
         return default
     check(isinstance(v, str) and 0 < len(v) <= 256, "model", "a non-empty string naming a model of /v1/models", v)
     return v

@@ -40,3 +40,9 @@ def test_completions_still_need_a_model(srv):
     r = srv.post("/v1/completions", {"prompt": "hi", "max_tokens": 2})
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
     assert srv.post("/v1/chat/completions", {"model": "nope", "messages": MSGS}).status_code == 404
+
+
+def test_a_model_that_is_not_a_string_is_still_a_400(srv):
+    for model in ({}, [], 3):
+        r = srv.post("/v1/chat/completions", {"model": model, "messages": MSGS})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
