@@ -5,48 +5,57 @@ import argparse
 import logging
 import sys
 
+# mindie_service.devkit.presets.PRESETS' names (importing it here would load torch for every command;
+# tests/unit/test_cli_help.py keeps the two equal)
+DEMO_PRESETS = ("tiny", "tiny-eos", "small", "tiny-vl", "tiny-audio")
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mindie-service", description="MindIE-style LLM inference service")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="start the HTTP(S) server")
-    s.add_argument("--config", default="conf/config.json")
+    s.add_argument("--config", default="conf/config.json", help="MindIE's config.json (default: conf/config.json)")
     s.add_argument("--prepare", action="store_true",
                    help="build the demo model and development certificates the config names if missing")
 
     w = sub.add_parser("worker", help="join a multi-node tensor-parallel instance as rank R (multiNodesInferEnabled)")
-    w.add_argument("--config", default="conf/config.json")
+    w.add_argument("--config", default="conf/config.json",
+                   help="the same config.json as the server's (default: conf/config.json)")
     w.add_argument("--rank", type=int, default=None, help="this process's rank (default: env RANK)")
     w.add_argument("--instance", type=int, default=0, help="the model instance (npuDeviceIds group) to join")
 
     d = sub.add_parser("demo-model", help="build a random-weight demo checkpoint with a locally trained tokenizer")
-    d.add_argument("--preset", default="tiny", help="a name in mindie_service.devkit.presets.PRESETS")
-    d.add_argument("--out", required=True)
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--preset", default="tiny", choices=DEMO_PRESETS,
+                   help="tiny (1.3M-parameter Llama), tiny-eos (tiny with a reachable EOS), small (32M Llama), "
+                        "tiny-vl (LLaVA), tiny-audio (Qwen2-Audio); random weights (default: tiny)")
+    d.add_argument("--out", required=True, help="the checkpoint folder to write")
+    d.add_argument("--seed", type=int, default=0, help="the weights' random seed (default: 0)")
     d.add_argument("--if-missing", action="store_true",
                    help="do nothing if OUT holds a checkpoint this devkit version built; rebuild a stale one")
 
     lo = sub.add_parser("demo-lora", help="build a random PEFT LoRA adapter for a base checkpoint")
-    lo.add_argument("--base", required=True)
-    lo.add_argument("--out", required=True)
-    lo.add_argument("--rank", type=int, default=8)
-    lo.add_argument("--seed", type=int, default=0)
+    lo.add_argument("--base", required=True, help="the base checkpoint folder the adapter is for")
+    lo.add_argument("--out", required=True, help="the adapter folder to write")
+    lo.add_argument("--rank", type=int, default=8, help="LoRA rank r (default: 8)")
+    lo.add_argument("--seed", type=int, default=0, help="the weights' random seed (default: 0)")
 
     c = sub.add_parser("gen-certs", help="write a development CA, server and client certificates")
-    c.add_argument("--out", default="security")
-    c.add_argument("--if-missing", action="store_true")
+    c.add_argument("--out", default="security",
+                   help="folder for ca/, certs/ and keys/ (the shipped config's layout; default: security)")
+    c.add_argument("--if-missing", action="store_true", help="keep certificates OUT already holds")
 
     q = sub.add_parser("quantize", help="write an msModelSlim-layout int8 checkpoint (w8a8: W8A8_DYNAMIC)")
     q.add_argument("--in", dest="src", required=True, help="float checkpoint folder")
     q.add_argument("--out", required=True, help="output folder")
-    q.add_argument("--scheme", choices=("w8a8", "w8a16"), default="w8a8")
+    q.add_argument("--scheme", choices=("w8a8", "w8a16"), default="w8a8",
+                   help="w8a8: int8 weights and activations; w8a16: int8 weights only (default: w8a8)")
 
     g = sub.add_parser("generate", help="offline generation for a quick look")
-    g.add_argument("--model", required=True)
-    g.add_argument("--max-tokens", type=int, default=32)
-    g.add_argument("prompts", nargs="+")
+    g.add_argument("--model", required=True, help="a checkpoint folder")
+    g.add_argument("--max-tokens", type=int, default=32, help="tokens per prompt, greedy (default: 32)")
+    g.add_argument("prompts", nargs="+", help="one or more prompts")
     return p
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from mindie_service.config import ServiceConfig
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.engine_config import EngineConfig
+from mindie_service.errors import ConfigError
+from mindie_service.server.auth import read_key_file
 from mindie_service.server.main import ServeWiring, build_model_engine
 
 logger = logging.getLogger(__name__)
@@ -54,8 +56,41 @@ def prepare_assets(cfg: ServiceConfig) -> None:
             generate_dev_certs(str(out), if_missing=True)
 
 
+def _tls_args(cfg: ServiceConfig) -> list[str]:
+    """curl's TLS options for the business port: the CA that signed the server's certificate (the dev CA of
+    gen-certs when the config follows its layout, else MindIE's one CA of ``tlsCaFile``, else a placeholder),
+    and a client certificate only when the server asks for one (a non-empty ``tlsCaFile``)."""
+    tls = cfg.server.tls
+    out = _dev_cert_dir(cfg)
+    dev_ca = out / "ca/ca.pem" if out is not None else None
+    if dev_ca is not None and dev_ca.is_file():
+        args = ["--cacert", str(dev_ca)]
+    else:
+        args = ["--cacert", tls.ca_files[0] if tls.ca_files else "SERVER_CA.pem"]
+    if not tls.ca_files:  # server-only TLS: no client certificate is asked
+        return args
+    client = out / "certs/client.pem" if out is not None else None
+    if client is not None and client.is_file():
+        return args + ["--cert", str(client), "--key", str(out / "keys/client.key.pem")]  # type: ignore[operator]
+    return args + ["--cert", "CLIENT_CERT.pem", "--key", "CLIENT_KEY.pem"]
+
+
+def _asks_business_key(cfg: ServiceConfig) -> bool:
+    """The business port asks for a key: businessApiKeys, or a business line in apiKeyFile."""
+    s = cfg.server
+    pairs = list(s.api_key_hashes)
+    if s.api_key_file is not None:
+        try:
+            pairs += read_key_file(s.api_key_file)
+        except ConfigError:
+            return True  # the server refused to start on it already; say a key may be needed
+    return any(plane == "business" for plane, _ in pairs)
+
+
 def curl_line(cfg: ServiceConfig) -> str:
-    """A curl command for the `/` route of the running server (with the dev client certificate when present)."""
+    """A curl command for the `/` route of the running server, right for its TLS setting (plain HTTP,
+    server-only TLS, mutual TLS with the dev client certificate) and, when the business port asks for API
+    keys, with the Authorization header to fill in."""
     s = cfg.server
     host = s.ip_address
     ip = ipaddress.ip_address(host)
@@ -64,19 +99,14 @@ def curl_line(cfg: ServiceConfig) -> str:
     if ":" in host:
         host = f"[{host}]"
     body = '{"inputs": "My name is Olivier and I", "parameters": {"max_new_tokens": 20}}'
-    parts = ["curl"]
-    if s.https_enabled:
-        if s.tls.ca_files:
-            parts += ["--cacert", s.tls.ca_files[0]]
-        out = _dev_cert_dir(cfg)
-        client_cert = out / "certs/client.pem" if out else None
-        if client_cert is not None and client_cert.is_file():
-            parts += ["--cert", str(client_cert), "--key", str(out / "keys/client.key.pem")]  # type: ignore[operator]
-        elif s.tls.ca_files:
-            parts += ["--cert", "CLIENT_CERT.pem", "--key", "CLIENT_KEY.pem"]
+    parts = ["curl", *(_tls_args(cfg) if s.https_enabled else [])]
     scheme = "https" if s.https_enabled else "http"
     parts += ["-H", "Content-Type: application/json", "-d", body, f"{scheme}://{host}:{s.port}/"]
-    return " ".join(shlex.quote(p) for p in parts)
+    line = " ".join(shlex.quote(p) for p in parts)
+    if _asks_business_key(cfg):  # the keys are kept hashed: the user sets the variable to one of theirs
+        line += (' -H "Authorization: Bearer $MINDIE_API_KEY"\n\n  (the business port asks for an API key: '
+                 'export MINDIE_API_KEY=<one of ServerConfig.businessApiKeys or apiKeyFile\'s keys>)')
+    return line
 
 
 def model_engine(ec: EngineConfig, mock: bool) -> EngineClient:

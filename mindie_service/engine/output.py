@@ -21,6 +21,7 @@ class _Tracked:
     detok: DetokState
     first_event_sent: bool = False
     prompt_lps: list[float | None] = field(default_factory=list)  # position i: logprob of prompt token i
+    prompt_tops: list[list[tuple[int, float]]] = field(default_factory=list)  # position i: its top alternatives
 
 
 class OutputProcessor:
@@ -39,13 +40,22 @@ class OutputProcessor:
         return request_id in self.tracked
 
     def prompt_chunk(self, seq: Sequence, chunk: ScheduledChunk, logits: torch.Tensor) -> None:
-        """Logprobs of the prompt tokens that ``chunk``'s rows predict (row p predicts token p + 1)."""
+        """Logprobs of the prompt tokens that ``chunk``'s rows predict (row p predicts token p + 1), and their
+        top ``params.logprobs`` alternatives (OpenAI's legacy ``echo`` + ``logprobs: N`` scores each prompt
+        token as it scores a generated one)."""
         t = self.tracked[seq.request_id]
         if chunk.start == 0:
-            t.prompt_lps = [None]
+            t.prompt_lps, t.prompt_tops = [None], [[]]
         nxt = torch.tensor(seq.prompt_token_ids[chunk.start + 1:chunk.start + 1 + logits.shape[0]],
                            device=logits.device)
-        t.prompt_lps += logits.log_softmax(-1).gather(1, nxt[:, None])[:, 0].tolist()
+        lps = logits.float().log_softmax(-1)
+        t.prompt_lps += lps.gather(1, nxt[:, None])[:, 0].tolist()
+        k = seq.params.logprobs or 0
+        if k > 0:
+            vals, ids = lps.topk(k, dim=-1)
+            t.prompt_tops += [list(zip(i, v)) for i, v in zip(ids.tolist(), vals.tolist())]
+        else:
+            t.prompt_tops += [[] for _ in range(logits.shape[0])]
 
     def token(self, seq: Sequence, tid: int, logprob: float | None, top: list[tuple[int, float]]) -> TokenEvent:
         """The event for ``tid``, sampled for ``seq`` (not yet appended to it); sets ``finish_reason``."""
@@ -65,7 +75,9 @@ class OutputProcessor:
             ev.num_prompt_tokens, ev.seed = seq.num_prompt_tokens, seq.seed
             if seq.params.prompt_logprobs:
                 lps = t.prompt_lps + [None] * (seq.num_prompt_tokens - len(t.prompt_lps))
-                ev.prompt_tokens = [self._info(i, lp) for i, lp in zip(seq.prompt_token_ids, lps)]
+                tops = t.prompt_tops + [[]] * (seq.num_prompt_tokens - len(t.prompt_tops))
+                ev.prompt_tokens = [self._info(i, lp, top)
+                                    for i, lp, top in zip(seq.prompt_token_ids, lps, tops)]
         if finish is not None:
             ev.text_delta += flush(self.decoder, t.detok)
             ev.full_text = t.detok.text

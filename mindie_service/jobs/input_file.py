@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 from urllib.parse import urlsplit
@@ -62,12 +63,21 @@ def _data_uri(ref: str, max_bytes: int) -> bytes:
     return data
 
 
+def _check_absolute(ref: str, files: PathLimits) -> None:
+    """A relative ``filepath`` is refused saying so and which folders an input file may be in (their config
+    keys: the folders themselves are not told to clients)."""
+    if ref and not os.path.isabs(ref) and "\x00" not in ref:
+        raise ValidationError(f"{LABEL}: a filepath must be absolute, naming a file inside {files.roots_hint} "
+                              f"(a relative path is not resolved), got {ref[:200]!r}")
+
+
 async def read_job_input(path: PathSpec, limits: JobInputLimits, run_blocking: RunBlocking) -> bytes:
     """The input file's bytes; file reads run through ``run_blocking`` (off the IO loop)."""
     if path.type == "raw_bytes":
         return decode_raw(path, limits.files.max_bytes)
     ref = path.value
     if path.type == "filepath":
+        _check_absolute(ref, limits.files)
         return await run_blocking(read_regular, lexical_path(ref, False, limits.files, LABEL), limits.files, LABEL)
     if ref.startswith("data:"):
         return _data_uri(ref, limits.url.max_bytes)

@@ -54,6 +54,7 @@ class OpenAIRequest(GenerationRequest):
     echo: bool = False
     logprobs: int | None = None  # top alternatives per token (0: the chosen token only); None: no logprobs
     include_usage: bool = False
+    score_only: bool = False  # max_tokens 0 with echo: the prompt's logprobs, no completion (the engine makes one)
     request_id: str = ""  # the response's id is derived from it
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -62,9 +63,18 @@ class OpenAIRequest(GenerationRequest):
         return self.best_of
 
 
-def peek_model(body: dict[str, Any]) -> str:
-    """The ``model`` field (required): which catalog model or adapter serves the request."""
+# What huggingface_hub's InferenceClient(base_url=...).chat_completion sends as model: older versions "tgi",
+# recent ones (2.x) "dummy" (when model is unset or a URL), others none; TGI's Messages API ignores it.
+TGI_PLACEHOLDERS = frozenset({"tgi", "dummy"})
+
+
+def peek_model(body: dict[str, Any], default: str | None = None) -> str:
+    """The ``model`` field: which catalog model or adapter serves the request. With ``default`` (chat, as
+    TGI's Messages API does), an absent ``model`` or a TGI client's placeholder (``TGI_PLACEHOLDERS``) names
+    the default model."""
     v = body.get("model")
+    if default is not None and (v is None or (isinstance(v, str) and v in TGI_PLACEHOLDERS)):
+        return default
     check(isinstance(v, str) and 0 < len(v) <= 256, "model", "a non-empty string naming a model of /v1/models", v)
     return v
 
@@ -210,6 +220,17 @@ def _kind_rules(body: dict[str, Any], kind: Kind, v: dict[str, Any], n: int) -> 
     _refuse(body, "parallel_tool_calls", None, "tool calls are not supported")
 
 
+def _score_only(body: dict[str, Any], kind: Kind) -> dict[str, Any]:
+    """OpenAI's legacy ``echo`` + ``max_tokens: 0`` scores the prompt: the body the rule table reads then asks
+    for one token (the engine always makes one; the encoder drops it) and says ``_score_only``."""
+    v = body.get("max_tokens")
+    if v != 0 or isinstance(v, bool):
+        return body
+    check(kind == "completion" and body.get("echo") is True, "max_tokens",
+          "at least 1 (0 only with echo: true on /v1/completions, which scores the prompt)", v)
+    return {**body, "max_tokens": 1, "_score_only": True}
+
+
 def _vllm(body: dict[str, Any], support: Support, defaults: RequestDefaults, vocab_size: int) -> dict[str, Any]:
     """vLLM's extra fields (openAiSupport "vllm"), top_k resolved against the model's default and vocabulary."""
     v = read_fields(body, VLLM) if support == "vllm" else {}
@@ -227,6 +248,7 @@ def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: 
                  request_id: str = "") -> OpenAIRequest:
     """Validate ``body``; raise ValidationError (the route answers 400) naming the parameter."""
     _check_fields(body, kind, support)
+    body = _score_only(body, kind)
     v = read_fields(body, _TABLES[kind])
     stream, n = v.get("stream", False), v.get("n", 1)
     include_usage = _stream_options(body, stream)
@@ -255,4 +277,4 @@ def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: 
     return OpenAIRequest(
         prompt=prompts[0], params=params, stream=stream, best_of=n, sampling=not greedy, kind=kind,
         model=model, prompts=prompts, echo=echo, logprobs=v.get("logprobs"), include_usage=include_usage,
-        request_id=request_id)
+        score_only=body.get("_score_only", False), request_id=request_id)

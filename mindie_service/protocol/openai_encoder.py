@@ -8,6 +8,7 @@ from typing import Any
 
 from mindie_service.engine.contract import FINISH_LENGTH, TokenEvent, TokenInfo
 from mindie_service.errors import MindieError
+from mindie_service.protocol.completion_scoring import choice_tokens, completion_count, completion_logprobs
 from mindie_service.protocol.encoders import Encoder, StreamState, sse
 from mindie_service.protocol.request import GenerationRequest, GenerationResult
 from mindie_service.protocol.openai import OpenAIRequest
@@ -61,21 +62,11 @@ class OpenAIEncoder(Encoder):
                                               for a in t.top[:k]]} for t in tokens], "refusal": None}
 
     @staticmethod
-    def _completion_logprobs(tokens: list[TokenInfo], k: int, offset: int) -> dict[str, Any]:
-        offsets, at = [], offset
-        for t in tokens:
-            offsets.append(at)
-            at += len(t.text)
-        return {"tokens": [t.text for t in tokens], "token_logprobs": [t.logprob for t in tokens],
-                "top_logprobs": [({a.text: a.logprob for a in t.top[:k]} if t.logprob is not None else None)
-                                 for t in tokens], "text_offset": offsets}
-
-    @staticmethod
     def usage(req: OpenAIRequest, results: list[GenerationResult]) -> dict[str, int]:
         """Prompt tokens counted once per prompt (not per choice), completion tokens over every choice."""
         n = req.n
         prompt = sum(results[i].num_prompt_tokens for i in range(0, len(results), n))
-        completion = sum(len(r.tokens) for r in results)
+        completion = sum(completion_count(r.tokens, req.score_only) for r in results)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def _echo(self, req: OpenAIRequest, k: int, r: GenerationResult) -> str:
@@ -94,12 +85,13 @@ class OpenAIEncoder(Encoder):
                                 "logprobs": (self._chat_logprobs(r.tokens, req.logprobs)
                                              if req.logprobs is not None else None), "finish_reason": fr})
                 continue
-            prefix = self._echo(req, k, r) if req.echo else ""
+            text = (self._echo(req, k, r) if req.echo else "") + ("" if req.score_only else r.text)
             lp = None
             if req.logprobs is not None:
-                toks = (r.prompt_tokens if req.echo else []) + r.tokens
-                lp = self._completion_logprobs(toks, req.logprobs, 0)
-            choices.append({"index": k, "text": prefix + r.text, "logprobs": lp, "finish_reason": fr})
+                toks = choice_tokens(r.prompt_tokens, r.tokens, echo=req.echo, score_only=req.score_only)
+                lp = completion_logprobs(toks, req.logprobs, text)
+            choices.append({"index": k, "text": text, "logprobs": lp,
+                            "finish_reason": "length" if req.score_only else fr})
         out["choices"] = choices
         out["usage"] = self.usage(req, results)
         return out
@@ -122,12 +114,14 @@ class OpenAIEncoder(Encoder):
                      state: StreamState) -> bytes:
         assert isinstance(req, OpenAIRequest)
         k = state.index
-        text = ev.text_delta
+        delta = "" if req.score_only else ev.text_delta
+        text = delta
         if req.kind == "completion" and req.echo and state.count == 0:
             text = self._echo(req, k, result) + text
         state.count += 1
-        state.text += ev.text_delta
-        fr = finish_reason(ev.finish_reason)
+        start = len(state.text)
+        state.text += text
+        fr = "length" if req.score_only and ev.finish_reason else finish_reason(ev.finish_reason)
         if req.kind == "chat":
             lp = self._chat_logprobs([ev.token], req.logprobs) if req.logprobs is not None else None
             choice: dict[str, Any] = {"index": k, "delta": {"content": text} if text or fr is None else {},
@@ -135,8 +129,9 @@ class OpenAIEncoder(Encoder):
         else:
             lp = None
             if req.logprobs is not None:
-                toks = (result.prompt_tokens if req.echo and state.count == 1 else []) + [ev.token]
-                lp = self._completion_logprobs(toks, req.logprobs, len(state.text) - len(ev.text_delta))
+                toks = choice_tokens(result.prompt_tokens if state.count == 1 else [], [ev.token], echo=req.echo,
+                                     score_only=req.score_only)
+                lp = completion_logprobs(toks, req.logprobs, text, start)
             choice = {"index": k, "text": text, "logprobs": lp, "finish_reason": fr}
         return self._chunk(req, [choice])
 

@@ -26,6 +26,7 @@ from mindie_service.server.handlers_models import (DownloadModelHandler, Managem
                                                    ModelsHandler, ModelViewHandler, StartModelHandler,
                                                    StopModelHandler)
 from mindie_service.server.handlers_openai import ChatCompletionsHandler, CompletionsHandler
+from mindie_service.server.handlers_tokenize import DetokenizeHandler, TokenizeHandler, TokenizerInfoHandler
 from mindie_service.server.openapi import OpenApiHandler
 from mindie_service.server.handlers_rest import GenerateBatchHandler, GenerateOneHandler
 from mindie_service.server.handlers_tgi import (
@@ -66,6 +67,9 @@ PLANE_ROUTES: dict[str, Routes] = {
         (r"/batch_inference/job_results", JobResultsHandler),
         (r"/v1/completions", CompletionsHandler),
         (r"/v1/chat/completions", ChatCompletionsHandler),
+        (r"/tokenize", TokenizeHandler),
+        (r"/detokenize", DetokenizeHandler),
+        (r"/tokenizer_info", TokenizerInfoHandler),
         (r"/v1/models", ModelsHandler),
         (r"/v1/models/([^/]+)", ModelViewHandler),  # DELETE: 403 (management port)
         (r"/health", HealthHandler),
@@ -99,13 +103,16 @@ def business_extras(admin_routes: bool) -> tuple[Routes, dict[type, dict[str, st
 
 def log_request(handler: tornado.web.RequestHandler) -> None:
     """Access log: errors of the server itself (5xx but 503) as warnings, the rest as info; 499 for a
-    request whose client closed the connection first."""
+    request whose client closed the connection first; an error answer ends with its reason
+    (``error_type: message``)."""
     status = handler.get_status()
     if getattr(handler, "aborted", False):
         status = 499  # nginx's "client closed request": the client left, nothing was answered
     log = access_log.warning if status >= 500 and status != 503 else access_log.info
     r = handler.request
-    log("%d %s %s (%s) %.2fms", status, r.method, r.path, r.remote_ip, 1000.0 * r.request_time())
+    reason = getattr(handler, "error_reason", None)
+    log("%d %s %s (%s) %.2fms%s", status, r.method, r.path, r.remote_ip, 1000.0 * r.request_time(),
+        f": {reason}" if reason and status >= 400 else "")
 
 
 def make_app(ctx: ServerContext, planes: tuple[str, ...] | list[str],

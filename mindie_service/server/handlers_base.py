@@ -51,6 +51,12 @@ def http_error_for(status: int, message: str) -> MindieError:
     return IncompleteGenerationError(message)
 
 
+def error_reason(err: MindieError, limit: int = 200) -> str:
+    """``error_type: message`` for the access log, cut at ``limit`` characters (a message may quote a value)."""
+    text = f"{err.error_type}: {err.message}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 @tornado.web.stream_request_body
 class BaseHandler(tornado.web.RequestHandler):
     """Streams the body in so that a body over ``maxRequestLength`` is counted and dropped, never kept."""
@@ -64,6 +70,7 @@ class BaseHandler(tornado.web.RequestHandler):
         self._too_large = False
         self._refusal: MindieError | None = None
         self.aborted = False  # the client closed the connection before the response was finished
+        self.error_reason: str | None = None  # the error answered, for the access log (server/app.log_request)
 
     async def _execute(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         # Counts handlers whose request is still being served (/v1/status "connections.handlers"): an
@@ -119,6 +126,7 @@ class BaseHandler(tornado.web.RequestHandler):
     def _answer_and_close(self, err: MindieError, log: bool = True) -> None:
         """Answer ``err`` now, with ``Connection: close``, and take the connection from Tornado: it is drained
         for up to bodyTimeoutSeconds before the close, so the client reads the answer instead of a reset."""
+        self.error_reason = error_reason(err)
         self.set_status(err.status)
         body = json.dumps(self.error_json(err), ensure_ascii=True).encode()
         status = self.get_status()  # an API family's error_json may map the status (OpenAI: 422 -> 400)
@@ -172,6 +180,7 @@ class BaseHandler(tornado.web.RequestHandler):
             err = IncompleteGenerationError("internal server error")
         else:
             err = http_error_for(status_code, self._reason)
+        self.error_reason = error_reason(err)
         if not self._body_read():  # refused before its body (Tornado's 405 for an unknown method)
             self._answer_and_close(err, log=False)
             return

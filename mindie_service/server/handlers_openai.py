@@ -38,7 +38,7 @@ class _OpenAIHandler(GenerationHandler):
         catalog = self.ctx.catalog
         if catalog is None:
             raise UnhealthyError("the model catalog is still loading")
-        model = peek_model(body)
+        model = peek_model(body, catalog.default_id if self.kind == "chat" else None)
         target = catalog.resolve(model)
         self._held, self._engine = target, target.engine
         limits = ProtocolLimits(vocab_size=target.engine.vocab_size, media_policy=self.ctx.media_policy)

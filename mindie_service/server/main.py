@@ -140,6 +140,18 @@ async def watch_engine(ctx: ServerContext, stop: asyncio.Event, interval_s: floa
 
 
 # -- serving ----------------------------------------------------------------------------------------
+_PORT_KEYS = {"business": "port", "management": "managementPort", "metrics": "metricsPort"}
+
+
+def listen_error(e: OSError, planes: tuple[str, ...], addr: str, port: int) -> OSError:
+    """``e`` naming what could not open: "[Errno 98] Address already in use: the business plane's port 1025 on
+    127.0.0.1 (ServerConfig.port)"."""
+    keys = " / ".join(f"ServerConfig.{_PORT_KEYS.get(p, p)}" for p in planes)
+    owner = "planes'" if len(planes) > 1 else "plane's"
+    what = f"the {' + '.join(planes)} {owner} port {port} on {addr} ({keys})"
+    return OSError(e.errno, f"{e.strerror or e}: {what}")
+
+
 def _listen(ctx: ServerContext, cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext],
             auth: Auth) -> list[BoundedHTTPServer]:
     """One listener per (address, port) of the config's planes; OSError if one cannot open (the others closed)."""
@@ -152,7 +164,10 @@ def _listen(ctx: ServerContext, cfg: ServiceConfig, contexts: dict[str, ssl.SSLC
                                     max_header_size=MAX_HEADER_BYTES, idle_connection_timeout=IDLE_CONNECTION_TIMEOUT_S,
                                     body_timeout=s.body_timeout, decompress_request=False,
                                     max_connections=s.max_connections)
-            srv.listen(port, address=addr)
+            try:
+                srv.listen(port, address=addr)
+            except OSError as e:
+                raise listen_error(e, planes, addr, port) from None
             ctx.listeners.append(srv)
             servers.append(srv)
             logger.info("listening on %s://%s:%d for %s", "https" if s.https_enabled else "http", addr, port,

@@ -10,6 +10,8 @@ from typing import Any
 import tornado.web
 
 from mindie_service.catalog.model_json import LIST_STATES, TRANSIENT_STATES
+from mindie_service.protocol.tokenization import OPENAPI_SCHEMAS as TOKENIZER_SCHEMAS
+from mindie_service.protocol.tokenization import OPENAPI_SHAPES as TOKENIZER_SHAPES
 from mindie_service.server.auth import OPEN_PATHS
 from mindie_service.server.handlers_base import BaseHandler
 
@@ -52,15 +54,17 @@ SCHEMAS: dict[str, Any] = {
     "DownloadModelResponse": {"type": "object", "required": ["message"], "properties": {"message": {"type": "string"}}},
     "CompletionRequest": {"type": "object", "required": ["model", "prompt"], "properties": {
         "model": {"type": "string"}, "prompt": {"oneOf": [{"type": "string"}, {"type": "array"}]},
-        "max_tokens": {"type": ["integer", "null"], "minimum": 1}, "temperature": {"type": "number", "minimum": 0,
-                                                                                    "maximum": 2},
+        "max_tokens": {"type": ["integer", "null"], "minimum": 0,
+                       "description": "0 only with echo: true (scores the prompt: its logprobs, no completion)"},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
         "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "n": {"type": "integer", "minimum": 1,
                                                                                 "maximum": 16},
         "stream": {"type": "boolean"}, "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 5},
         "echo": {"type": "boolean"}, "stop": {"oneOf": [{"type": "string"}, {"type": "array"}]},
         "seed": {"type": "integer", "minimum": 0}, "user": {"type": "string"}}},
-    "ChatCompletionRequest": {"type": "object", "required": ["model", "messages"], "properties": {
-        "model": {"type": "string"}, "messages": {"type": "array", "minItems": 1, "items": {
+    "ChatCompletionRequest": {"type": "object", "required": ["messages"], "properties": {
+        "model": {"type": "string", "description": "absent, \"tgi\" or \"dummy\" (TGI clients): the default model"},
+        "messages": {"type": "array", "minItems": 1, "items": {
             "type": "object", "required": ["role", "content"], "properties": {
                 "role": {"enum": ["system", "developer", "user", "assistant"]},
                 "content": {"oneOf": [{"type": "string"}, {"type": "array"}]}}}},
@@ -73,6 +77,7 @@ SCHEMAS: dict[str, Any] = {
         "created": {"type": "integer"}, "model": {"type": "string"}, "choices": {"type": "array"},
         "usage": {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"]}},
         "description": "Non-stream body; with stream: true, text/event-stream chunks ending with data: [DONE]."},
+    **TOKENIZER_SCHEMAS,
 }
 
 # path -> method -> (request schema, 200 schema); routes not listed take and give any JSON.
@@ -84,8 +89,9 @@ _SHAPES: dict[str, dict[str, tuple[str | None, str | None]]] = {
     "/v1/models/{id}/start": {"put": (None, "ModelStateResponse")},
     "/v1/models/{id}/stop": {"put": (None, "ModelStateResponse")},
     "/v1/models/download/{id}": {"get": (None, "DownloadModelResponse")},
+    **TOKENIZER_SHAPES,
 }
-OPENAI_ERRORS = ("/v1/completions", "/v1/chat/completions", "/v1/models")
+OPENAI_ERRORS = ("/v1/completions", "/v1/chat/completions", "/v1/models", *TOKENIZER_SHAPES)
 
 
 def openapi_path(pattern: str) -> str:

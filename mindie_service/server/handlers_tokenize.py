@@ -1,0 +1,87 @@
+"""vLLM's tokenizer routes on the business port: POST /tokenize, POST /detokenize, GET /tokenizer_info
+(shapes in protocol/tokenization.py). lm-eval's ``tokenizer_backend=remote`` finds them on its own
+(``check_remote_tokenizer_support``) and tokenizes with the served model's tokenizer. Errors in OpenAI's shape."""
+from __future__ import annotations
+
+from typing import Any
+
+from mindie_service.engine.client import EngineClient
+from mindie_service.errors import MindieError, UnhealthyError, ValidationError
+from mindie_service.protocol.openai_encoder import openai_error
+from mindie_service.protocol.tokenization import (TokenizeRequest, check_vocab, parse_detokenize, parse_tokenize,
+                                                  tokenize_response, tokenizer_info)
+from mindie_service.server.handlers_base import BaseHandler
+
+
+class _TokenizerRoute(BaseHandler):
+    def error_json(self, err: MindieError) -> Any:
+        status, body = openai_error(err)
+        self.set_status(status)
+        return body
+
+    def engine(self, model: str | None) -> EngineClient:
+        if not self.ctx.ready:
+            raise UnhealthyError("the model is still loading")
+        if model is None:
+            return self.ctx.loaded_engine
+        return self.ctx.engine_for(model)[0]
+
+    @staticmethod
+    def hf_tokenizer(engine: EngineClient) -> Any:
+        return engine.input_facts.tokenizer  # None: the StandardMock's bytes
+
+
+class TokenizeHandler(_TokenizerRoute):
+    """POST /tokenize (vLLM): {"prompt", "add_special_tokens"} or {"messages"} -> {"tokens", "count", "max_model_len"}."""
+
+    async def post(self) -> None:
+        req = parse_tokenize(self.json_body())
+        engine = self.engine(req.model)
+        limit = self.ctx.engine_config.max_seq_len
+        bound = self.ctx.frontend.processor(engine).text_bound
+        chars = len(req.prompt) if req.prompt is not None else sum(len(str(m.content)) for m in req.messages)
+        if bound is not None and chars > bound.refuse_over(limit):
+            raise ValidationError(f"Parameter prompt must be at most {limit} tokens (maxSeqLen), got a text of "
+                                  f"{chars} characters (more than {bound.refuse_over(limit)} characters cannot fit "
+                                  f"in {limit} tokens of this tokenizer)")
+        ids, strs = await self.ctx.run_blocking(self._tokenize, engine, req)
+        self.write_json(tokenize_response(ids, limit, strs))
+
+    def _tokenize(self, engine: EngineClient, req: TokenizeRequest) -> tuple[list[int], list[str] | None]:
+        tok = self.hf_tokenizer(engine)
+        text = req.prompt if req.prompt is not None else self._render(engine, tok, req)
+        if tok is None:
+            ids = list(engine.tokenize(text))
+            return ids, ([engine.detokenize([i]) for i in ids] if req.return_token_strs else None)
+        ids = list(tok(text, add_special_tokens=req.add_special_tokens).input_ids)
+        return ids, (list(tok.convert_ids_to_tokens(ids)) if req.return_token_strs else None)
+
+    def _render(self, engine: EngineClient, tok: Any, req: TokenizeRequest) -> str:
+        if tok is None or not getattr(tok, "chat_template", None):  # the processor's prefix form
+            return self.ctx.frontend.processor(engine).chat.render(req.messages)
+        try:
+            return str(tok.apply_chat_template([{"role": m.role, "content": m.content} for m in req.messages],
+                                               tokenize=False, add_generation_prompt=req.add_generation_prompt))
+        except Exception as e:  # a template that raises (roles must alternate...) is the caller's input
+            raise ValidationError(f"Parameter messages must fit the model's chat template: "
+                                  f"{type(e).__name__}: {e}") from None
+
+
+class DetokenizeHandler(_TokenizerRoute):
+    """POST /detokenize (vLLM): {"tokens": [ids]} -> {"prompt": text} (special tokens kept)."""
+
+    async def post(self) -> None:
+        model, ids = parse_detokenize(self.json_body())
+        engine = self.engine(model)
+        check_vocab(ids, engine.vocab_size)
+        text = await self.ctx.run_blocking(engine.detokenize, ids)
+        self.write_json({"prompt": text})
+
+
+class TokenizerInfoHandler(_TokenizerRoute):
+    """GET /tokenizer_info (vLLM): the default model's tokenizer configuration (special tokens, chat template)."""
+
+    def get(self) -> None:
+        engine = self.engine(self.get_query_argument("model", None))
+        self.write_json(tokenizer_info(self.hf_tokenizer(engine), self.ctx.engine_config.max_seq_len,
+                                       engine.vocab_size))
