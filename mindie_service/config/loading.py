@@ -21,6 +21,7 @@ from mindie_service.config.schema import load_schema
 from mindie_service.config.settings import (BackendSettings, LogSettings, ModelSettings, ScheduleSettings,
                                             ServerSettings, ServiceConfig, TlsSettings)
 from mindie_service.engine.engine_config import LoraModuleSpec
+from mindie_service.engine.kv_event_types import KVEventsConfig
 from mindie_service.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -172,7 +173,17 @@ def _backend(be: dict[str, Any], base: Path) -> BackendSettings:
         kernel_cache_dir=None if dep["kernelCacheDir"] is None else _resolve(base, dep["kernelCacheDir"]),
         models_dir=_resolve(base, dep["modelsDir"]), max_model_download_mb=int(dep["maxModelDownloadMb"]),
         multi_nodes_infer_enabled=bool(be.get("multiNodesInferEnabled", False)),
-        multi_nodes_infer_port=None if be.get("multiNodesInferPort") is None else int(be["multiNodesInferPort"]))
+        multi_nodes_infer_port=None if be.get("multiNodesInferPort") is None else int(be["multiNodesInferPort"]),
+        kv_events=_kv_events(be.get("kvEventsConfig") or {}))
+
+
+def _kv_events(ev: dict[str, Any]) -> KVEventsConfig | None:
+    """BackendConfig.kvEventsConfig (defaults filled from the schema); None when events are off."""
+    if not ev.get("enableKvCacheEvents"):
+        return None
+    return KVEventsConfig(enable_kv_cache_events=True, publisher=ev["publisher"], endpoint=ev["endpoint"],
+                          replay_endpoint=ev.get("replayEndpoint"), buffer_steps=int(ev["bufferSteps"]),
+                          hwm=int(ev["hwm"]), max_queue_size=int(ev["maxQueueSize"]), topic=ev["topic"])
 
 
 def _schedule(sch: dict[str, Any]) -> ScheduleSettings:

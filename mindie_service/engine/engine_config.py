@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from mindie_service.engine.kv_event_types import KVEventsConfig
 from mindie_service.errors import check
 
 
@@ -73,6 +74,8 @@ class EngineConfig:
     device_ids: tuple[int, ...] | None = None
     multi_node: bool = False
     dist_port: int | None = None
+    # KV-cache events in vLLM's wire format over ZMQ (engine.kv_events); None or not enabled = off.
+    kv_events: KVEventsConfig | None = None
 
     @property
     def rank_devices(self) -> tuple[int, ...]:
@@ -111,6 +114,8 @@ class EngineConfig:
             check(len(self.device_ids) == self.world_size and all(isinstance(i, int) and i >= 0 for i in self.device_ids),
                   "device_ids", f"{self.world_size} distinct device ids >= 0 (one per rank)", self.device_ids)
             check(len(set(self.device_ids)) == len(self.device_ids), "device_ids", "distinct ids", self.device_ids)
+        if self.kv_events is not None:
+            self.kv_events.validate()
         for p in cross_field_problems({f.name: getattr(self, f.name) for f in fields(self)}):
             check(False, p.field, p.rule(str), p.value)
 
