@@ -19,7 +19,9 @@ from mindie_service.inputs.types import Prompt
 from mindie_service.protocol.encoders import MindieEncoder, TgiEncoder
 from mindie_service.protocol.generation import GenerationRequest, ProtocolLimits
 from mindie_service.sampling_params import SamplingParams
+from mindie_service.engine.gateway_state import gateway_state
 from mindie_service.server.admission import AdmissionQueue
+from mindie_service.server.gateway_metrics import GatewayCollector
 from mindie_service.server.metrics import ServiceMetrics
 from multimodal import MediaPolicy
 
@@ -61,6 +63,9 @@ class ServerContext:
         self.metrics = ServiceMetrics(self.model_name, self.stats, config.backend.max_seq_len,
                                       instances=self.instances)
         self.metrics.track_admission(lambda: self.admission.running, lambda: self.admission.waiting)
+        self.metrics.registry.register(GatewayCollector(  # the gateway's names (vllm:*), per-server totals
+            self.model_name, lambda: gateway_state(self.engine) if self.engine is not None else None,
+            lambda: self.admission.waiting))
         self.mindie_encoder = MindieEncoder(full_text=self.settings.full_text_enabled,
                                             list_ids=self.settings.stream_token_id_format != "int")
         self.tgi_encoder = TgiEncoder()
