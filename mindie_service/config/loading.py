@@ -150,7 +150,8 @@ def _server(srv: dict[str, Any], base: Path) -> ServerSettings:
         max_video_frames_decoded=int(srv["maxVideoFramesDecoded"]),
         open_ai_support=srv.get("openAiSupport") or "openai", api_key_hashes=_key_hashes(srv),
         api_key_file=_resolve(base, srv["apiKeyFile"]) if srv.get("apiKeyFile") else None,
-        management_routes_on_business_port=bool(srv.get("managementRoutesOnBusinessPort")))
+        management_routes_on_business_port=bool(srv.get("managementRoutesOnBusinessPort")),
+        probe_port=None if srv.get("probePort") is None else int(srv["probePort"]))
 
 
 def _key_hashes(srv: dict[str, Any]) -> tuple[tuple[str, str], ...]:

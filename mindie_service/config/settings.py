@@ -60,6 +60,7 @@ class ServerSettings:
     api_key_hashes: tuple[tuple[str, str], ...] = ()
     api_key_file: str | None = None  # resolved; read by server.auth at start and on SIGHUP
     management_routes_on_business_port: bool = False  # only ever served with a management key
+    probe_port: int | None = None  # plain-HTTP health routes on management_ip_address (kubelet probes); None = off
 
     @property
     def max_connections(self) -> int:
@@ -78,6 +79,8 @@ class ServerSettings:
                             ("management", (self.management_ip_address, self.management_port)),
                             ("metrics", (self.management_ip_address, self.metrics_port))):
             out[addr] = out.get(addr, ()) + (plane,)
+        if self.probe_port is not None:  # a port of its own (config rule): never TLS, never keys
+            out[(self.management_ip_address, self.probe_port)] = ("probe",)
         return out
 
 

@@ -84,6 +84,12 @@ PLANE_ROUTES: dict[str, Routes] = {
     "metrics": [
         (r"/metrics", MetricsHandler),
     ],
+    # ServerConfig.probePort: plain HTTP, the health routes only (a kubelet probe presents no client certificate)
+    "probe": [
+        (r"/health", HealthHandler),
+        (r"/v2/health/live", LiveHandler),
+        (r"/v2/health/ready", ReadyHandler),
+    ],
 }
 
 

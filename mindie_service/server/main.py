@@ -155,7 +155,7 @@ def _listen(ctx: ServerContext, cfg: ServiceConfig, contexts: dict[str, ssl.SSLC
             srv.listen(port, address=addr)
             ctx.listeners.append(srv)
             servers.append(srv)
-            logger.info("listening on %s://%s:%d for %s", "https" if s.https_enabled else "http", addr, port,
+            logger.info("listening on %s://%s:%d for %s", "https" if contexts.get(planes[0]) else "http", addr, port,
                         ", ".join(planes))
     except OSError:
         for srv in servers:
