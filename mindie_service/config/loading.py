@@ -175,7 +175,7 @@ def _backend(be: dict[str, Any], base: Path) -> BackendSettings:
         models_dir=_resolve(base, dep["modelsDir"]), max_model_download_mb=int(dep["maxModelDownloadMb"]),
         multi_nodes_infer_enabled=bool(be.get("multiNodesInferEnabled", False)),
         multi_nodes_infer_port=None if be.get("multiNodesInferPort") is None else int(be["multiNodesInferPort"]),
-        kv_events=_kv_events(be.get("kvEventsConfig") or {}))
+        kv_events=_kv_events(be.get("kvEventsConfig") or {}), instance_routing=be["instanceRouting"])
 
 
 def _kv_events(ev: dict[str, Any]) -> KVEventsConfig | None:

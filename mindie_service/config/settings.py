@@ -126,6 +126,7 @@ class BackendSettings:
     models_dir: str = ""  # the model catalog's folder (resolved); "" = models/ beside the config
     max_model_download_mb: int = 65536  # GET /v1/models/download/{id}: bytes fetched and unpacked, at most
     kv_events: KVEventsConfig | None = None  # kvEventsConfig; per instance: KVEventsConfig.for_instance
+    instance_routing: str = "prefix"  # instanceRouting: "prefix" | "leastLoaded" (engine.prefix_routing)
 
 
 @dataclass(frozen=True)

@@ -79,8 +79,11 @@ def build_engine(cfg: ServiceConfig, wiring: ServeWiring) -> EngineClient:
     BackendConfig.modelInstanceNumber instances, behind one router when there are several."""
     from mindie_service.engine.instances import build_instances, instance_configs
 
+    from mindie_service.engine.prefix_routing import use_prefix_routing
+
     mock = cfg.models[0].mock
-    return build_instances(instance_configs(cfg, 0), lambda ec: wiring.model_engine(ec, mock))
+    return use_prefix_routing(build_instances(instance_configs(cfg, 0), lambda ec: wiring.model_engine(ec, mock)),
+                              cfg.backend.instance_routing)
 
 
 def _on_default(ctx: ServerContext, engine: EngineClient | None) -> None:
