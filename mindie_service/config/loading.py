@@ -187,7 +187,7 @@ def _kv_events(ev: dict[str, Any]) -> KVEventsConfig | None:
                           hwm=int(ev["hwm"]), max_queue_size=int(ev["maxQueueSize"]), topic=ev["topic"])
 
 
-def _schedule(sch: dict[str, Any]) -> ScheduleSettings:
+def _schedule(sch: dict[str, Any], base: Path) -> ScheduleSettings:
     return ScheduleSettings(
         cache_block_size=int(sch["cacheBlockSize"]), max_prefill_batch_size=int(sch["maxPrefillBatchSize"]),
         max_prefill_tokens=int(sch["maxPrefillTokens"]), prefill_time_ms_per_req=int(sch["prefillTimeMsPerReq"]),
@@ -199,7 +199,8 @@ def _schedule(sch: dict[str, Any]) -> ScheduleSettings:
         num_kv_blocks=None if sch["numKvBlocks"] is None else int(sch["numKvBlocks"]),
         enable_prefix_caching=sch["enablePrefixCaching"], max_sessions=int(sch["maxSessions"]),
         session_kv_share=float(sch["sessionKvShare"]), session_idle_seconds=float(sch["sessionIdleSeconds"]),
-        max_session_tokens=int(sch["maxSessionTokens"]))
+        max_session_tokens=int(sch["maxSessionTokens"]),
+        session_spill_dir=None if sch.get("sessionSpillDir") is None else _resolve(base, sch["sessionSpillDir"]))
 
 
 def _build(cfg_path: Path, d: dict[str, Any], raw: dict[str, Any]) -> ServiceConfig:
@@ -218,4 +219,4 @@ def _build(cfg_path: Path, d: dict[str, Any], raw: dict[str, Any]) -> ServiceCon
     log_settings = LogSettings(level=log["logLevel"], path=log_path,
                                file_size_mb=int(log["logFileSize"]), file_num=int(log["logFileNum"]))
     return ServiceConfig(path=cfg_path, server=_server(d[S], base), backend=_backend(be, base), models=models,
-                         schedule=_schedule(be["ScheduleConfig"]), lora_modules=loras, log=log_settings, raw=raw)
+                         schedule=_schedule(be["ScheduleConfig"], base), lora_modules=loras, log=log_settings, raw=raw)

@@ -149,6 +149,7 @@ class ScheduleSettings:
     session_kv_share: float = 0.25
     session_idle_seconds: float = 3600.0
     max_session_tokens: int = 4194304
+    session_spill_dir: str | None = None  # sessionSpillDir, resolved; None = off
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,9 @@ class ServiceConfig:
             cpu_kernels=b.cpu_kernels, kernel_cache_dir=b.kernel_cache_dir, max_sessions=s.max_sessions,
             session_kv_share=s.session_kv_share, session_idle_seconds=s.session_idle_seconds,
             max_session_tokens=s.max_session_tokens,
+            session_spill_dir=None if s.session_spill_dir is None else (
+                s.session_spill_dir if b.model_instance_number * len(self.models) == 1
+                else f"{s.session_spill_dir}/{m.name}-{instance}"),
             kv_events=None if b.kv_events is None else b.kv_events.for_instance(
                 model_index * b.model_instance_number + instance))
 

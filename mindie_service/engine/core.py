@@ -90,6 +90,12 @@ class LLMEngine:
         self.sampler = Sampler()
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids)
         self.beams = BeamSearch(self.scheduler, self.outputs, self.eos_token_ids, self.sessions)
+        self.spill = None  # ScheduleConfig.sessionSpillDir: kept sessions on disk (engine.session_spill)
+        if cfg.session_spill_dir and cfg.world_size == 1 and self.sessions.enabled:
+            from mindie_service.engine.session_spill import SessionSpill, spill_cap
+            self.spill = SessionSpill(self, cfg.session_spill_dir, spill_cap(self, cfg))
+            self.sessions.on_evict = self.spill.on_evict
+            self.spill.restore_all()
 
     @property
     def pool_tokens(self) -> int:
@@ -140,7 +146,7 @@ class LLMEngine:
         return True
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or (self.spill is not None and self.spill.pending())
 
     # ------------------------------------------------------------ LoRA adapters (thread-safe)
     def load_adapter(self, name: str, path: str) -> dict:
@@ -167,7 +173,10 @@ class LLMEngine:
         self.blocks.events = sink if cur is None else FanOutSink([cur, sink])
 
     def shutdown(self) -> None:
-        """Stop the KV-event publisher and the worker ranks of a tensor-parallel engine."""
+        """Spill the kept sessions (sessionSpillDir), stop the KV-event publisher and the worker ranks of a
+        tensor-parallel engine. Called once the engine thread has stopped."""
+        if self.spill is not None:
+            self.spill.spill_all()
         if self.kv_events is not None:
             self.kv_events.shutdown()
         if self.ranks is not None:
@@ -188,6 +197,8 @@ class LLMEngine:
 
     # ------------------------------------------------------------ the step
     def step(self) -> list[Event]:
+        if self.spill is not None and self.spill.pending():  # sessions imported from another replica
+            self.spill.apply_pending()
         events = self._step()
         if self.kv_events is not None:  # this step's prefix-cache changes: one batch, never waited for
             self.kv_events.end_step()

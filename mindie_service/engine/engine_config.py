@@ -66,6 +66,9 @@ class EngineConfig:
     session_kv_share: float = 0.25
     session_idle_seconds: float = 3600.0
     max_session_tokens: int = 4194304
+    # A folder where kept sessions are written on drain and eviction and read back at start (engine.session_spill);
+    # None = sessions live in memory only.
+    session_spill_dir: str | None = None
     # Tensor parallelism (engine.parallel): ranks of this instance (worldSize), one process each, and the
     # instance's npuDeviceIds group (logical device ids, one per rank; None = 0..world_size-1). On the
     # CPU the ids only count ranks. multi_node: ranks 1.. are not spawned but join through torch's env
