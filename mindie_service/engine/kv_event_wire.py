@@ -1,4 +1,5 @@
-"""vLLM's KV-event wire format (vllm/distributed/kv_events.py, as of vLLM main in late 2026).
+"""vLLM's KV-event wire format (vllm/distributed/kv_events.py as read at vLLM commit 0181ea3: the events are
+tagged maps since vLLM dropped msgspec's array_like encoding).
 
 msgspec structs encoded with ``msgspec.msgpack``: a ``KVEventBatch`` (``ts``, ``events``,
 ``data_parallel_rank``) of tagged events, each a map whose ``type`` names its class (``BlockStored``,

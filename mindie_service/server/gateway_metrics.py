@@ -8,9 +8,9 @@ own ``instance_*`` names):
   plus those waiting for admission (``maxLinkNum``) in front of the engine
 - ``vllm:num_requests_running``  requests in the engines' running batches
 - ``vllm:kv_cache_usage_perc`` and the older ``vllm:gpu_cache_usage_perc``: used / all KV blocks, 0..1
-- ``vllm:lora_requests_info``  value: the scrape's time; labels ``max_lora``, ``running_lora_adapters``,
+- ``vllm:lora_requests_info``  value: the scrape's time; labels ``model_name``, ``max_lora``, ``running_lora_adapters``,
   ``waiting_lora_adapters`` (comma-separated adapter names)
-- ``vllm:cache_config_info``  value 1; labels ``block_size``, ``num_gpu_blocks``, ``num_cpu_blocks``,
+- ``vllm:cache_config_info``  value 1; labels ``model_name``, ``block_size``, ``num_gpu_blocks``, ``num_cpu_blocks``,
   ``cache_dtype``, ``enable_prefix_caching``
 - ``kv_events_published_batches`` / ``kv_events_dropped_batches`` (ours): the KV-event publisher's counts"""
 from __future__ import annotations
@@ -48,14 +48,15 @@ class GatewayCollector(Collector):
             yield g
         lora = GaugeMetricFamily("vllm:lora_requests_info", "LoRA adapters of running and waiting requests; value: "
                                  "the time of this reading.",
-                                 labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"])
-        lora.add_metric([str(s.max_lora), ",".join(s.running_adapters), ",".join(s.waiting_adapters)], time.time())
+                                 labels=["model_name", "max_lora", "running_lora_adapters", "waiting_lora_adapters"])
+        lora.add_metric([self.model_name, str(s.max_lora), ",".join(s.running_adapters), ",".join(s.waiting_adapters)],
+                        time.time())
         yield lora
         info = GaugeMetricFamily("vllm:cache_config_info", "The KV cache's configuration (value 1).",
-                                 labels=["block_size", "num_gpu_blocks", "num_cpu_blocks", "cache_dtype",
+                                 labels=["model_name", "block_size", "num_gpu_blocks", "num_cpu_blocks", "cache_dtype",
                                          "enable_prefix_caching"])
-        info.add_metric([str(s.block_size), str(s.num_gpu_blocks), str(s.num_cpu_blocks), s.cache_dtype,
-                         str(s.enable_prefix_caching)], 1.0)
+        info.add_metric([self.model_name, str(s.block_size), str(s.num_gpu_blocks), str(s.num_cpu_blocks),
+                         s.cache_dtype, str(s.enable_prefix_caching)], 1.0)
         yield info
         for name, doc, value in (
             ("kv_events_published_batches", "KV-event batches sent (BackendConfig.kvEventsConfig).",

@@ -101,3 +101,11 @@ def test_a_session_moves_between_two_engines_token_identical(tiny_model, tmp_pat
     with pytest.raises(Exception, match="not a session file"):
         b.engine.spill.import_(b"garbage" * 20)
     assert isinstance(b.engine.spill, SessionSpill)
+
+
+def test_a_session_pushed_out_of_memory_is_written_first(tiny_model, tmp_path):
+    llm = _llm(tiny_model, tmp_path, max_sessions=1)
+    _run(llm, "a", 8, session="old")
+    assert not list(tmp_path.glob("*" + SUFFIX))
+    _run(llm, "b", 8, session="new", prompt="Another prompt about the harbor and its lantern")  # "old" is dropped
+    assert len(list(tmp_path.glob("*" + SUFFIX))) == 1 and llm.engine.spill.export("old") is not None
