@@ -7,6 +7,14 @@ inter-token latency p50/p99 (client side, from the SSE frames as they arrive).
 Against a running server:   tools/bench_serve.py --url http://127.0.0.1:1025 [--cacert CA --cert C --key K]
 Against one it starts:      tools/bench_serve.py --model models/small        (plain HTTP on free ports)
                             tools/bench_serve.py --config conf/config.json   (that config as is)
+
+Workloads: ``random`` (default) = distinct prompts of --prompt-words words; ``shared-prefix`` = each prompt is
+one of --system-prompts long system prompts (--system-words words each) followed by a short question, the
+system prompt drawn at random: many requests over a few long prefixes.
+
+Instance routing, prefix vs least loaded, in one run (--model only): --instances 2 --routing prefix,leastLoaded
+starts one server per routing (BackendConfig.instanceRouting; same config otherwise, --kv-blocks per
+instance), runs the same levels against each, and prints the ratios prefix / leastLoaded.
 """
 from __future__ import annotations
 
@@ -45,9 +53,15 @@ class Sample:
 
 
 
-def prompts(n: int, words: int, seed: int) -> list[str]:
+def prompts(n: int, words: int, seed: int, workload: str = "random", systems: int = 4,
+            system_words: int = 200) -> list[str]:
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(words)).capitalize() for _ in range(n)]
+    if workload == "random":
+        return [" ".join(rng.choice(WORDS) for _ in range(words)).capitalize() for _ in range(n)]
+    srng = random.Random(12345)  # the same system prompts at every level and for every server
+    heads = [f"System {k}: " + " ".join(srng.choice(WORDS) for _ in range(system_words)) for k in range(systems)]
+    return [rng.choice(heads) + " Question: " + " ".join(rng.choice(WORDS) for _ in range(words)) + "?"
+            for _ in range(n)]
 
 
 async def one_request(session: aiohttp.ClientSession, url: str, route: str, prompt: str, max_new: int) -> Sample:
@@ -84,8 +98,8 @@ async def one_request(session: aiohttp.ClientSession, url: str, route: str, prom
 
 
 async def run_level(url: str, route: str, concurrency: int, n_requests: int, max_new: int, words: int,
-                    ssl_ctx: ssl.SSLContext | None) -> dict:
-    todo = prompts(n_requests, words, seed=concurrency)
+                    ssl_ctx: ssl.SSLContext | None, workload: tuple[str, int, int] = ("random", 0, 0)) -> dict:
+    todo = prompts(n_requests, words, concurrency, *workload)
     queue: asyncio.Queue[str] = asyncio.Queue()
     for p in todo:
         queue.put_nowait(p)
@@ -113,7 +127,8 @@ async def run_level(url: str, route: str, concurrency: int, n_requests: int, max
 
 
 # -- starting a server -------------------------------------------------------------------------------
-def _model_config(model: str, max_batch: int, out: Path) -> Path:
+def _model_config(model: str, max_batch: int, out: Path, instances: int = 1, routing: str = "prefix",
+                  kv_blocks: int | None = None) -> Path:
     port, mport, xport = free_port(), free_port(), free_port()
     cfg = {"ServerConfig": {"ipAddress": "127.0.0.1", "managementIpAddress": "127.0.0.1", "port": port,
                             "managementPort": mport, "metricsPort": xport, "httpsEnabled": False, "maxLinkNum": 1000},
@@ -122,7 +137,9 @@ def _model_config(model: str, max_batch: int, out: Path) -> Path:
                "ModelConfig": [{"modelName": Path(model).name, "modelWeightPath": str(Path(model).absolute())}]},
                "ScheduleConfig": {"cacheBlockSize": 16, "maxBatchSize": max_batch,
                                   "maxPrefillBatchSize": min(16, max_batch), "maxIterTimes": 1024,
-                                  "maxPreemptCount": max_batch}}}
+                                  "maxPreemptCount": max_batch, "numKvBlocks": kv_blocks}}}
+    cfg["BackendConfig"].update(modelInstanceNumber=instances, npuDeviceIds=[[0]] * instances,
+                                instanceRouting=routing)
     out.write_text(json.dumps(cfg))
     return out
 
@@ -152,7 +169,57 @@ def start_server(config: Path, log: Path) -> tuple[subprocess.Popen, str]:
     sys.exit(f"server not ready; see {log}")
 
 
-def main() -> int:
+def _print_row(c: int, r: dict, as_json: bool, label: str) -> None:
+    if as_json:
+        print(json.dumps({"server": label, **r}), flush=True)
+        return
+    print(f"{label:>11} {c:>7} {r['requests']:>5} {r['failed']:>4} {r['req_s']:>7.2f} {r['tok_s']:>9.1f} "
+          f"{r['ttft_p50_ms']:>9.1f} {r['ttft_p99_ms']:>9.1f} {r['itl_p50_ms']:>8.1f} {r['itl_p99_ms']:>8.1f}",
+          flush=True)
+    if r["failed"]:
+        print(f"#   first error: {r['first_error']}")
+
+
+def _status(config: Path) -> dict:
+    import urllib.request
+
+    srv = json.loads(config.read_text()).get("ServerConfig", {})
+    url = f"http://{srv.get('managementIpAddress', '127.0.0.1')}:{srv.get('managementPort', 1026)}/v1/status"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def _run_target(args: argparse.Namespace, label: str, url: str | None, cfg: Path | None, tmp: Path,
+                ssl_ctx: ssl.SSLContext | None, levels: list[int]) -> list[dict]:
+    proc = None
+    if url is None:
+        assert cfg is not None
+        proc, url = start_server(cfg, tmp / f"server-{label}.log")
+        print(f"# {label}: started a server at {url} (log {tmp}/server-{label}.log)", flush=True)
+    out: list[dict] = []
+    try:
+        for c in levels:
+            n = args.requests or max(8, 2 * c)
+            r = asyncio.run(run_level(url, args.route, c, n, args.max_new_tokens, args.prompt_words, ssl_ctx,
+                                      (args.workload, args.system_prompts, args.system_words)))
+            _print_row(c, r, args.json, label)
+            out.append(r)
+        if cfg is not None:
+            st = _status(cfg)
+            routed = [i["requests"].get("routed") for i in st.get("instances", [])]
+            print(f"# {label}: prefix-cache hit rate {st['prefixCacheHitRate']:.2f}, requests per instance "
+                  f"{routed}", flush=True)
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return out
+
+
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--url", help="base URL of a running server (business port)")
@@ -162,50 +229,54 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=0, help="requests per level (default: max(8, 2 x concurrency))")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--prompt-words", type=int, default=32)
+    ap.add_argument("--workload", default="random", choices=["random", "shared-prefix"])
+    ap.add_argument("--system-prompts", type=int, default=4, help="shared-prefix: distinct system prompts")
+    ap.add_argument("--system-words", type=int, default=200, help="shared-prefix: words per system prompt")
+    ap.add_argument("--instances", type=int, default=1, help="--model: modelInstanceNumber")
+    ap.add_argument("--routing", default="prefix", help="--model: instanceRouting values, comma-separated; "
+                    "one server each, same workload, ratios printed")
+    ap.add_argument("--kv-blocks", type=int, default=None, help="--model: numKvBlocks of each instance")
     ap.add_argument("--route", default="/", choices=["/", "/generate_stream"])
     ap.add_argument("--cacert")
     ap.add_argument("--cert")
     ap.add_argument("--key")
     ap.add_argument("--json", action="store_true", help="print one JSON line per level")
-    args = ap.parse_args()
+    return ap.parse_args()
 
+
+def main() -> int:
+    args = _args()
     levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
-    proc = None
     tmp = tempfile.TemporaryDirectory(prefix="bench_serve_")
-    url = args.url
-    if url is None:
-        cfg = Path(args.config) if args.config else _model_config(args.model, max(levels), Path(tmp.name) / "config.json")
-        proc, url = start_server(cfg, Path(tmp.name) / "server.log")
-        print(f"# started a server at {url} (log {tmp.name}/server.log)", flush=True)
+    base = Path(tmp.name)
+    if args.url:
+        targets = [("url", args.url, None)]
+    elif args.config:
+        targets = [("config", None, Path(args.config))]
+    else:
+        targets = [(r, None, _model_config(args.model, max(levels), base / f"config-{r}.json", args.instances, r,
+                                           args.kv_blocks)) for r in args.routing.split(",") if r]
     ssl_ctx = None
-    if url.startswith("https"):
+    if args.url and args.url.startswith("https"):
         ssl_ctx = ssl.create_default_context(cafile=args.cacert)
         if args.cert:
             ssl_ctx.load_cert_chain(args.cert, args.key)
+    if not args.json:
+        print(f"# route {args.route}, workload {args.workload}, {args.prompt_words}-word prompts"
+              + (f" after one of {args.system_prompts} {args.system_words}-word system prompts"
+                 if args.workload == "shared-prefix" else "") + f", max_new_tokens {args.max_new_tokens}")
+        print(f"{'server':>11} {'clients':>7} {'reqs':>5} {'fail':>4} {'req/s':>7} {'out tok/s':>9} {'TTFT p50':>9} "
+              f"{'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}  (ms)")
     try:
-        if not args.json:
-            print(f"# route {args.route}, {args.prompt_words}-word prompts, max_new_tokens {args.max_new_tokens}")
-            print(f"{'clients':>7} {'reqs':>5} {'fail':>4} {'req/s':>7} {'out tok/s':>9} {'TTFT p50':>9} "
-                  f"{'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8}  (ms)")
-        for c in levels:
-            n = args.requests or max(8, 2 * c)
-            r = asyncio.run(run_level(url, args.route, c, n, args.max_new_tokens, args.prompt_words, ssl_ctx))
-            if args.json:
-                print(json.dumps(r), flush=True)
-            else:
-                print(f"{c:>7} {r['requests']:>5} {r['failed']:>4} {r['req_s']:>7.2f} {r['tok_s']:>9.1f} "
-                      f"{r['ttft_p50_ms']:>9.1f} {r['ttft_p99_ms']:>9.1f} {r['itl_p50_ms']:>8.1f} "
-                      f"{r['itl_p99_ms']:>8.1f}", flush=True)
-                if r["failed"]:
-                    print(f"#   first error: {r['first_error']}")
+        results = {label: _run_target(args, label, url, cfg, base, ssl_ctx, levels) for label, url, cfg in targets}
     finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
         tmp.cleanup()
+    if len(results) == 2:
+        (a, ra), (b, rb) = results.items()
+        for c, x, y in zip(levels, ra, rb):
+            print(f"# {a} / {b} at {c} clients: TTFT p50 {x['ttft_p50_ms'] / max(y['ttft_p50_ms'], 1e-9):.2f}x, "
+                  f"TTFT p99 {x['ttft_p99_ms'] / max(y['ttft_p99_ms'], 1e-9):.2f}x, "
+                  f"output tok/s {x['tok_s'] / max(y['tok_s'], 1e-9):.2f}x", flush=True)
     return 0
 
 

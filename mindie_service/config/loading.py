@@ -21,6 +21,7 @@ from mindie_service.config.schema import load_schema
 from mindie_service.config.settings import (BackendSettings, LogSettings, ModelSettings, ScheduleSettings,
                                             ServerSettings, ServiceConfig, TlsSettings)
 from mindie_service.engine.engine_config import LoraModuleSpec
+from mindie_service.engine.kv_event_types import KVEventsConfig
 from mindie_service.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -149,7 +150,8 @@ def _server(srv: dict[str, Any], base: Path) -> ServerSettings:
         max_video_frames_decoded=int(srv["maxVideoFramesDecoded"]),
         open_ai_support=srv.get("openAiSupport") or "openai", api_key_hashes=_key_hashes(srv),
         api_key_file=_resolve(base, srv["apiKeyFile"]) if srv.get("apiKeyFile") else None,
-        management_routes_on_business_port=bool(srv.get("managementRoutesOnBusinessPort")))
+        management_routes_on_business_port=bool(srv.get("managementRoutesOnBusinessPort")),
+        probe_port=None if srv.get("probePort") is None else int(srv["probePort"]))
 
 
 def _key_hashes(srv: dict[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -172,10 +174,20 @@ def _backend(be: dict[str, Any], base: Path) -> BackendSettings:
         kernel_cache_dir=None if dep["kernelCacheDir"] is None else _resolve(base, dep["kernelCacheDir"]),
         models_dir=_resolve(base, dep["modelsDir"]), max_model_download_mb=int(dep["maxModelDownloadMb"]),
         multi_nodes_infer_enabled=bool(be.get("multiNodesInferEnabled", False)),
-        multi_nodes_infer_port=None if be.get("multiNodesInferPort") is None else int(be["multiNodesInferPort"]))
+        multi_nodes_infer_port=None if be.get("multiNodesInferPort") is None else int(be["multiNodesInferPort"]),
+        kv_events=_kv_events(be.get("kvEventsConfig") or {}), instance_routing=be["instanceRouting"])
 
 
-def _schedule(sch: dict[str, Any]) -> ScheduleSettings:
+def _kv_events(ev: dict[str, Any]) -> KVEventsConfig | None:
+    """BackendConfig.kvEventsConfig (defaults filled from the schema); None when events are off."""
+    if not ev.get("enableKvCacheEvents"):
+        return None
+    return KVEventsConfig(enable_kv_cache_events=True, publisher=ev["publisher"], endpoint=ev["endpoint"],
+                          replay_endpoint=ev.get("replayEndpoint"), buffer_steps=int(ev["bufferSteps"]),
+                          hwm=int(ev["hwm"]), max_queue_size=int(ev["maxQueueSize"]), topic=ev["topic"])
+
+
+def _schedule(sch: dict[str, Any], base: Path) -> ScheduleSettings:
     return ScheduleSettings(
         cache_block_size=int(sch["cacheBlockSize"]), max_prefill_batch_size=int(sch["maxPrefillBatchSize"]),
         max_prefill_tokens=int(sch["maxPrefillTokens"]), prefill_time_ms_per_req=int(sch["prefillTimeMsPerReq"]),
@@ -187,7 +199,8 @@ def _schedule(sch: dict[str, Any]) -> ScheduleSettings:
         num_kv_blocks=None if sch["numKvBlocks"] is None else int(sch["numKvBlocks"]),
         enable_prefix_caching=sch["enablePrefixCaching"], max_sessions=int(sch["maxSessions"]),
         session_kv_share=float(sch["sessionKvShare"]), session_idle_seconds=float(sch["sessionIdleSeconds"]),
-        max_session_tokens=int(sch["maxSessionTokens"]))
+        max_session_tokens=int(sch["maxSessionTokens"]),
+        session_spill_dir=None if sch.get("sessionSpillDir") is None else _resolve(base, sch["sessionSpillDir"]))
 
 
 def _build(cfg_path: Path, d: dict[str, Any], raw: dict[str, Any]) -> ServiceConfig:
@@ -206,4 +219,4 @@ def _build(cfg_path: Path, d: dict[str, Any], raw: dict[str, Any]) -> ServiceCon
     log_settings = LogSettings(level=log["logLevel"], path=log_path,
                                file_size_mb=int(log["logFileSize"]), file_num=int(log["logFileNum"]))
     return ServiceConfig(path=cfg_path, server=_server(d[S], base), backend=_backend(be, base), models=models,
-                         schedule=_schedule(be["ScheduleConfig"]), lora_modules=loras, log=log_settings, raw=raw)
+                         schedule=_schedule(be["ScheduleConfig"], base), lora_modules=loras, log=log_settings, raw=raw)

@@ -95,6 +95,10 @@ def _address_problems(srv: dict[str, Any], bad: set[str], sources: Mapping[str, 
             if ips[key].is_unspecified and srv.get("allowAllZeroIpListening") is not True:
                 p.append(f"{label(path, sources)} must not be 0.0.0.0 or :: unless {S}.allowAllZeroIpListening "
                          f"is true, got {show(srv[key])}")
+    ports = {k: srv.get(k) for k in ("port", "managementPort", "metricsPort")}
+    if srv.get("probePort") is not None and srv["probePort"] in ports.values():
+        p.append(f"{S}.probePort must differ from {S}.port, managementPort and metricsPort (it serves plain HTTP), "
+                 f"got {show(srv['probePort'])}")
     if "ipAddress" not in ips:
         return p
     mip = ips.get("managementIpAddress", ips["ipAddress"]) if f"{S}.managementIpAddress" not in bad else None

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from mindie_service.engine.engine_config import EngineConfig, LoraModuleSpec
+from mindie_service.engine.kv_event_types import KVEventsConfig
 
 STANDARD_MOCK = "StandardMock"
 
@@ -59,6 +60,7 @@ class ServerSettings:
     api_key_hashes: tuple[tuple[str, str], ...] = ()
     api_key_file: str | None = None  # resolved; read by server.auth at start and on SIGHUP
     management_routes_on_business_port: bool = False  # only ever served with a management key
+    probe_port: int | None = None  # plain-HTTP health routes on management_ip_address (kubelet probes); None = off
 
     @property
     def max_connections(self) -> int:
@@ -77,6 +79,8 @@ class ServerSettings:
                             ("management", (self.management_ip_address, self.management_port)),
                             ("metrics", (self.management_ip_address, self.metrics_port))):
             out[addr] = out.get(addr, ()) + (plane,)
+        if self.probe_port is not None:  # a port of its own (config rule): never TLS, never keys
+            out[(self.management_ip_address, self.probe_port)] = ("probe",)
         return out
 
 
@@ -121,6 +125,8 @@ class BackendSettings:
     multi_nodes_infer_port: int | None = None  # the rendezvous port; None = a free local port
     models_dir: str = ""  # the model catalog's folder (resolved); "" = models/ beside the config
     max_model_download_mb: int = 65536  # GET /v1/models/download/{id}: bytes fetched and unpacked, at most
+    kv_events: KVEventsConfig | None = None  # kvEventsConfig; per instance: KVEventsConfig.for_instance
+    instance_routing: str = "prefix"  # instanceRouting: "prefix" | "leastLoaded" (engine.prefix_routing)
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,7 @@ class ScheduleSettings:
     session_kv_share: float = 0.25
     session_idle_seconds: float = 3600.0
     max_session_tokens: int = 4194304
+    session_spill_dir: str | None = None  # sessionSpillDir, resolved; None = off
 
 
 @dataclass(frozen=True)
@@ -196,7 +203,12 @@ class ServiceConfig:
             video_frames=b.video_frames, max_video_frames=b.max_video_frames, num_threads=b.num_threads,
             cpu_kernels=b.cpu_kernels, kernel_cache_dir=b.kernel_cache_dir, max_sessions=s.max_sessions,
             session_kv_share=s.session_kv_share, session_idle_seconds=s.session_idle_seconds,
-            max_session_tokens=s.max_session_tokens)
+            max_session_tokens=s.max_session_tokens,
+            session_spill_dir=None if s.session_spill_dir is None else (
+                s.session_spill_dir if b.model_instance_number * len(self.models) == 1
+                else f"{s.session_spill_dir}/{m.name}-{instance}"),
+            kv_events=None if b.kv_events is None else b.kv_events.for_instance(
+                model_index * b.model_instance_number + instance))
 
     def check_files(self) -> None:
         """Raise ConfigError naming every missing file the config points at: model checkpoints

@@ -17,7 +17,9 @@ from array import array
 from collections import OrderedDict
 from typing import Any
 
+from mindie_service.engine.kv_event_types import BlockEventSink
 from mindie_service.engine.sequence import Sequence
+from mindie_service.sampling_params import is_base_adapter
 
 
 class BlockManager:
@@ -34,6 +36,7 @@ class BlockManager:
         self._budget: dict[Any, int] = {}  # owner -> blocks it may hold in all
         self._members: dict[Any, list[Sequence]] = {}  # owner -> its sequences holding blocks
         self._promised: dict[Any, int] = {}  # owner -> blocks promised, not yet taken
+        self.events: BlockEventSink | None = None  # told of hashes entering / leaving the cache (kv_event_types)
 
     # ------------------------------------------------------------ queries
     @property
@@ -79,6 +82,8 @@ class BlockManager:
         old = self.block_hash[block]
         if old is not None and self.cached.get(old) == block:
             del self.cached[old]
+            if self.events is not None:
+                self.events.removed([old])
         self.block_hash[block] = None
         self.ref_counts[block] = 1
         return block
@@ -158,12 +163,29 @@ class BlockManager:
         if full <= seq.num_registered_blocks:
             return
         hashes = self._full_block_hashes(seq, full * self.block_size)
+        stored: list[int] = []
         for i in range(seq.num_registered_blocks, full):
             b, h = seq.block_table[i], hashes[i]
             if h not in self.cached:
                 self.cached[h] = b
                 self.block_hash[b] = h
+                stored.append(i)
         seq.num_registered_blocks = full
+        if self.events is not None and stored:
+            self._report_stored(seq, hashes, stored)
+
+    def _report_stored(self, seq: Sequence, hashes: list[bytes], stored: list[int]) -> None:
+        """One ``stored`` event per run of consecutive newly cached blocks of ``seq``."""
+        assert self.events is not None
+        bs, tokens = self.block_size, seq.token_ids()
+        lora = None if is_base_adapter(seq.params.adapter_id) else seq.params.adapter_id
+        start = 0
+        for k in range(1, len(stored) + 1):
+            if k < len(stored) and stored[k] == stored[k - 1] + 1:
+                continue
+            lo, hi = stored[start], stored[k - 1] + 1
+            self.events.stored(hashes[lo:hi], hashes[lo - 1] if lo else None, tokens[lo * bs:hi * bs], lora)
+            start = k
 
     def fork(self, parent: Sequence, child: Sequence) -> bool:
         """Copy-on-write for beams: ``child`` (the parent's tokens plus one) shares the parent's full blocks and

@@ -20,6 +20,7 @@ from mindie_service.engine.beam import BeamSearch, check_beam_request
 from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.engine_parts import load_parts
+from mindie_service.engine.kv_event_types import BlockEventSink, FanOutSink
 from mindie_service.engine.output import OutputProcessor
 from mindie_service.engine.parallel.launcher import ParallelRunner, RankGroup
 from mindie_service.engine.model_runner import ModelRunner, kv_bytes_per_block
@@ -68,6 +69,11 @@ class LLMEngine:
         self.tokenizer, self.eos_token_ids = parts.tokenizer, parts.eos_token_ids
         self.vocab_size = int(self.model.dims.vocab)
         self.blocks = BlockManager(parts.num_blocks, cfg.cache_block_size, cfg.enable_prefix_caching)
+        self.kv_events = None  # BackendConfig.kvEventsConfig: the prefix cache's changes over ZMQ (engine.kv_events)
+        if cfg.kv_events is not None and cfg.kv_events.active:
+            from mindie_service.engine.kv_events import KVEvents  # pyzmq only when switched on
+            self.kv_events = KVEvents(cfg.kv_events, cfg.cache_block_size)
+            self.add_block_sink(self.kv_events.recorder)
         self.lora = LoraManager(self.model, cfg.max_loras, cfg.max_lora_rank, self.device, self.dtype,
                                 [(m.name, m.path) for m in cfg.lora_modules], reserved=(cfg.model_name,))
         self.sessions = SessionStore(self.blocks, max_sessions=cfg.max_sessions, kv_share=cfg.session_kv_share,
@@ -85,6 +91,12 @@ class LLMEngine:
         self.sampler = Sampler()
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids)
         self.beams = BeamSearch(self.scheduler, self.outputs, self.eos_token_ids, self.sessions)
+        self.spill = None  # ScheduleConfig.sessionSpillDir: kept sessions on disk (engine.session_spill)
+        if cfg.session_spill_dir and cfg.world_size == 1 and self.sessions.enabled:
+            from mindie_service.engine.session_spill import SessionSpill, spill_cap
+            self.spill = SessionSpill(self, cfg.session_spill_dir, spill_cap(self, cfg))
+            self.sessions.on_evict = self.spill.on_evict
+            self.spill.restore_all()
 
     @property
     def pool_tokens(self) -> int:
@@ -135,7 +147,7 @@ class LLMEngine:
         return True
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or (self.spill is not None and self.spill.pending())
 
     # ------------------------------------------------------------ LoRA adapters (thread-safe)
     def load_adapter(self, name: str, path: str) -> dict:
@@ -156,8 +168,18 @@ class LLMEngine:
         if self.ranks is not None:
             self.ranks.check_alive()
 
+    def add_block_sink(self, sink: BlockEventSink) -> None:
+        """Tell ``sink`` of every block hash entering or leaving the prefix cache (engine thread, in the step)."""
+        cur = self.blocks.events
+        self.blocks.events = sink if cur is None else FanOutSink([cur, sink])
+
     def shutdown(self) -> None:
-        """Stop the worker ranks of a tensor-parallel engine (nothing to do for one rank)."""
+        """Spill the kept sessions (sessionSpillDir), stop the KV-event publisher and the worker ranks of a
+        tensor-parallel engine. Called once the engine thread has stopped."""
+        if self.spill is not None:
+            self.spill.spill_all()
+        if self.kv_events is not None:
+            self.kv_events.shutdown()
         if self.ranks is not None:
             self.ranks.close()
 
@@ -176,6 +198,14 @@ class LLMEngine:
 
     # ------------------------------------------------------------ the step
     def step(self) -> list[Event]:
+        if self.spill is not None and self.spill.pending():  # sessions imported from another replica
+            self.spill.apply_pending()
+        events = self._step()
+        if self.kv_events is not None:  # this step's prefix-cache changes: one batch, never waited for
+            self.kv_events.end_step()
+        return events
+
+    def _step(self) -> list[Event]:
         self.sessions.expire()
         out = self.scheduler.schedule()
         if out.empty:

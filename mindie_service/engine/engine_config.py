@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from mindie_service.engine.kv_event_types import KVEventsConfig
 from mindie_service.errors import check
 
 
@@ -65,6 +66,9 @@ class EngineConfig:
     session_kv_share: float = 0.25
     session_idle_seconds: float = 3600.0
     max_session_tokens: int = 4194304
+    # A folder where kept sessions are written on drain and eviction and read back at start (engine.session_spill);
+    # None = sessions live in memory only.
+    session_spill_dir: str | None = None
     # Tensor parallelism (engine.parallel): ranks of this instance (worldSize), one process each, and the
     # instance's npuDeviceIds group (logical device ids, one per rank; None = 0..world_size-1). On the
     # CPU the ids only count ranks. multi_node: ranks 1.. are not spawned but join through torch's env
@@ -73,6 +77,8 @@ class EngineConfig:
     device_ids: tuple[int, ...] | None = None
     multi_node: bool = False
     dist_port: int | None = None
+    # KV-cache events in vLLM's wire format over ZMQ (engine.kv_events); None or not enabled = off.
+    kv_events: KVEventsConfig | None = None
 
     @property
     def rank_devices(self) -> tuple[int, ...]:
@@ -111,6 +117,8 @@ class EngineConfig:
             check(len(self.device_ids) == self.world_size and all(isinstance(i, int) and i >= 0 for i in self.device_ids),
                   "device_ids", f"{self.world_size} distinct device ids >= 0 (one per rank)", self.device_ids)
             check(len(set(self.device_ids)) == len(self.device_ids), "device_ids", "distinct ids", self.device_ids)
+        if self.kv_events is not None:
+            self.kv_events.validate()
         for p in cross_field_problems({f.name: getattr(self, f.name) for f in fields(self)}):
             check(False, p.field, p.rule(str), p.value)
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Sequence
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.contract import EngineRequest, EngineStats, TokenEvent
+from mindie_service.engine.prefix_routing import PrefixRouter
 from mindie_service.errors import ConflictError, MindieError
 from mindie_service.sampling_params import is_base_adapter
 
@@ -140,6 +141,7 @@ class InstanceRouter:
         self._requests: dict[str, int] = {}  # request id in flight -> instance
         self._adapter_use: dict[str, int] = {}  # adapter name -> requests in flight using it
         self._turn = 0  # ties go to instances in turn
+        self.prefix: PrefixRouter | None = None  # BackendConfig.instanceRouting "prefix" (engine.prefix_routing)
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -195,6 +197,8 @@ class InstanceRouter:
             order = [(self._turn + k) % n for k in range(n)]
             healthy = [i for i in order if self.engines[i].healthy()] or order
             best = min(healthy, key=lambda i: (self._load[i].in_flight, self._load[i].pending_tokens))
+            if self.prefix is not None:  # the longest cached prefix, unless much more loaded
+                best = self.prefix.choose(request, healthy, [ld.in_flight for ld in self._load], best).instance
             self._turn = (best + 1) % n
             if sid is not None:  # a new generation under this key: its session will live where it runs
                 self._owner[sid] = best

@@ -54,6 +54,8 @@ class SessionStore:
         self.pinned = 0
         self.hits = 0
         self.evictions = 0  # sessions that lost their pins or were dropped to stay within the bounds
+        # Told of a session about to lose its pins or be dropped (engine.session_spill writes it to disk first).
+        self.on_evict: Callable[[str, Session], None] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -124,28 +126,48 @@ class SessionStore:
         """Drop sessions over the count and token bounds and release pins over the KV share, LRU first."""
         with self._lock:
             while len(self._sessions) > self.max_sessions or self._tokens > self.max_tokens:
-                _, s = self._sessions.popitem(last=False)
+                key, s = self._sessions.popitem(last=False)
                 self._tokens -= len(s.token_ids)
-                self._unpin(s)
-                self.evictions += 1
-            over = [s for s in self._sessions.values() if s.blocks]
+                self._evict(key, s)
+            over = [(k, s) for k, s in self._sessions.items() if s.blocks]
         while self.pinned > self.max_pinned and over:
-            self._unpin(over.pop(0))
-            self.evictions += 1
+            self._evict(*over.pop(0))
+
+    def _evict(self, key: str, s: Session) -> None:
+        if self.on_evict is not None:
+            self.on_evict(key, s)
+        self._unpin(s)
+        self.evictions += 1
 
     def release(self, blocks_wanted: int) -> bool:
         """Free pinned blocks, least recently used session first, until ``blocks_wanted`` blocks are free or
         none are pinned. True if any pin was released (the caller retries its allocation)."""
         released = False
         with self._lock:
-            holders = [s for s in self._sessions.values() if s.blocks]
-        for s in holders:
+            holders = [(k, s) for k, s in self._sessions.items() if s.blocks]
+        for key, s in holders:
             if self.blocks.num_free_blocks >= blocks_wanted:
                 break
-            self._unpin(s)
-            self.evictions += 1
+            self._evict(key, s)
             released = True
         return released
+
+    def items(self) -> list[tuple[str, Session]]:
+        """The kept sessions, least recently used first (a copy)."""
+        with self._lock:
+            return list(self._sessions.items())
+
+    def adopt(self, key: str, tokens: tuple[int, ...], pins: list[int]) -> None:
+        """Keep a session read back from disk or another replica: ``pins`` are blocks it already holds one
+        reference to each (engine thread)."""
+        with self._lock:
+            old = self._sessions.pop(key, None)
+            self._sessions[key] = Session(tokens, self.clock(), list(pins))
+            self._tokens += len(tokens) - (len(old.token_ids) if old else 0)
+        self.pinned += len(pins)
+        if old is not None:
+            self._unpin(old)
+        self._enforce()
 
     def expire(self) -> None:
         """Drop sessions idle for longer than ``idle_seconds``."""

@@ -11,6 +11,7 @@ from mindie_service.server.handlers_base import NotFoundHandler
 from mindie_service.server.handlers_jobs import (CancelJobHandler, JobResultsHandler, JobStatusHandler,
                                                  ListJobsHandler, SubmitJobHandler)
 from mindie_service.server.auth import ADMIN, Auth
+from mindie_service.server.handlers_sessions import SessionHandler
 from mindie_service.server.handlers_mgmt import (
     ConfigHandler,
     LiveHandler,
@@ -82,11 +83,18 @@ PLANE_ROUTES: dict[str, Routes] = {
         (r"/v2/health/ready", ReadyHandler),
         (r"/v1/config", ConfigHandler),
         (r"/v1/status", StatusHandler),
+        (r"/v1/sessions/([^/]+)", SessionHandler),  # GET export / PUT import (server/handlers_sessions.py)
         (r"/v1/models", ModelsHandler),
         *[(path, cls) for path, cls, _ in MANAGEMENT_ONLY],
     ],
     "metrics": [
         (r"/metrics", MetricsHandler),
+    ],
+    # ServerConfig.probePort: plain HTTP, the health routes only (a kubelet probe presents no client certificate)
+    "probe": [
+        (r"/health", HealthHandler),
+        (r"/v2/health/live", LiveHandler),
+        (r"/v2/health/ready", ReadyHandler),
     ],
 }
 

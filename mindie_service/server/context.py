@@ -20,6 +20,8 @@ from mindie_service.protocol.request import ProtocolLimits
 from mindie_service.serving import Frontend, Timeouts
 from mindie_service.serving.admission_queue import AdmissionQueue
 from mindie_service.serving.model_lookup import engine_for
+from mindie_service.engine.gateway_state import gateway_state
+from mindie_service.server.gateway_metrics import GatewayCollector
 from mindie_service.server.metrics import ServiceMetrics
 from multimodal import MediaPolicy
 
@@ -54,6 +56,9 @@ class ServerContext:
                                  self.settings.max_link_num, config.backend.tokenizer_process_number,
                                  self.media_policy, observer=self.metrics, gate=self._check_open)
         self.metrics.track_admission(lambda: self.admission.running, lambda: self.admission.waiting)
+        self.metrics.registry.register(GatewayCollector(  # the gateway's names (vllm:*), per-server totals
+            self.model_name, lambda: gateway_state(self.engine) if self.engine is not None else None,
+            lambda: self.admission.waiting))
         self.mindie_encoder = MindieEncoder(full_text=self.settings.full_text_enabled,
                                             list_ids=self.settings.stream_token_id_format != "int")
         self.tgi_encoder = TgiEncoder()

@@ -8,8 +8,10 @@ from urllib.parse import urlsplit
 
 from tornado.httputil import HTTPServerRequest
 
+from mindie_service.engine.gateway_state import gateway_state
 from mindie_service.engine.instances import InstanceStatus
 from mindie_service.errors import ForbiddenError, UnhealthyError
+from mindie_service.server.gateway_metrics import gateway_json
 from mindie_service.server.handlers_base import BaseHandler
 from mindie_service.server.metrics import CONTENT_TYPE
 
@@ -139,6 +141,7 @@ class StatusHandler(BaseHandler):
             "cacheUsage": st.cache_usage, "prefixCacheHitRate": st.prefix_cache_hit_rate,
             # BackendConfig.modelInstanceNumber: each instance (the figures above are their sums)
             "instances": [_instance_json(i) for i in self.ctx.instances() or ()],
+            **gateway_json(gateway_state(self.ctx.engine)),  # what /metrics' vllm:* families show
         })
 
 

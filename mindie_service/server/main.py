@@ -79,8 +79,11 @@ def build_engine(cfg: ServiceConfig, wiring: ServeWiring) -> EngineClient:
     BackendConfig.modelInstanceNumber instances, behind one router when there are several."""
     from mindie_service.engine.instances import build_instances, instance_configs
 
+    from mindie_service.engine.prefix_routing import use_prefix_routing
+
     mock = cfg.models[0].mock
-    return build_instances(instance_configs(cfg, 0), lambda ec: wiring.model_engine(ec, mock))
+    return use_prefix_routing(build_instances(instance_configs(cfg, 0), lambda ec: wiring.model_engine(ec, mock)),
+                              cfg.backend.instance_routing)
 
 
 def _on_default(ctx: ServerContext, engine: EngineClient | None) -> None:
@@ -170,7 +173,7 @@ def _listen(ctx: ServerContext, cfg: ServiceConfig, contexts: dict[str, ssl.SSLC
                 raise listen_error(e, planes, addr, port) from None
             ctx.listeners.append(srv)
             servers.append(srv)
-            logger.info("listening on %s://%s:%d for %s", "https" if s.https_enabled else "http", addr, port,
+            logger.info("listening on %s://%s:%d for %s", "https" if contexts.get(planes[0]) else "http", addr, port,
                         ", ".join(planes))
     except OSError:
         for srv in servers:
