@@ -1,0 +1,113 @@
+"""A GGUF file we cannot run is a clear load error naming the file and what is wrong: malformed, truncated,
+a tensor of an unknown type, an architecture we do not run. Small synthetic files (gguf.GGUFWriter)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mindie_service.errors import ValidationError
+from mindie_service.models.gguf_checkpoint import find_gguf, open_checkpoint, unpermute_qk
+from mindie_service.models.loader import load_model
+
+gguf = pytest.importorskip("gguf")
+
+HIDDEN, VOCAB, FFN = 8, 16, 16
+
+
+def write_tiny(path: Path, arch: str = "llama") -> Path:
+    """A one-layer model of ``arch`` with every tensor a Llama needs (F32), tied embeddings."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("tiny")
+    w.add_block_count(1)
+    w.add_context_length(64)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(FFN)
+    w.add_head_count(2)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(VOCAB)
+    rng = np.random.default_rng(0)
+    shapes = {"token_embd.weight": (VOCAB, HIDDEN), "output_norm.weight": (HIDDEN,),
+              "blk.0.attn_norm.weight": (HIDDEN,), "blk.0.ffn_norm.weight": (HIDDEN,),
+              "blk.0.attn_q.weight": (HIDDEN, HIDDEN), "blk.0.attn_k.weight": (HIDDEN, HIDDEN),
+              "blk.0.attn_v.weight": (HIDDEN, HIDDEN), "blk.0.attn_output.weight": (HIDDEN, HIDDEN),
+              "blk.0.ffn_gate.weight": (FFN, HIDDEN), "blk.0.ffn_up.weight": (FFN, HIDDEN),
+              "blk.0.ffn_down.weight": (HIDDEN, FFN)}
+    for name, shape in shapes.items():
+        w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _load(path: Path) -> None:
+    load_model(path, "float32", torch.device("cpu"), 64)
+
+
+def _error(path: Path) -> str:
+    with pytest.raises(ValidationError) as exc:
+        _load(path)
+    msg = str(exc.value)
+    assert str(path) in msg, msg
+    return msg.replace(str(path), "FILE")  # what is said about it (the test's folder name says much the same)
+
+
+def test_a_well_formed_tiny_gguf_loads_with_its_head_tied(tmp_path, monkeypatch):
+    monkeypatch.setattr("mindie_service.models.loader.pack_linears", lambda model, hint: 0)  # keep dense weights
+    loaded = load_model(write_tiny(tmp_path / "ok.gguf"), "float32", torch.device("cpu"), 64)
+    assert loaded.architecture == "LlamaForCausalLM"
+    assert loaded.weights_report == {"F32": "11 tensors: kept"}
+    m = loaded.model
+    assert m.lm_head.weight is m.embed_tokens.weight  # tied: one tensor, not a copy
+    per_layer = 2 * HIDDEN + 4 * HIDDEN * HIDDEN + 3 * HIDDEN * FFN
+    assert sum(p.numel() for p in m.parameters()) == VOCAB * HIDDEN + HIDDEN + per_layer
+
+
+def test_a_folder_holding_one_gguf_is_that_file(tmp_path):
+    f = write_tiny(tmp_path / "m.gguf")
+    assert find_gguf(tmp_path) == f and find_gguf(f) == f
+    write_tiny(tmp_path / "other.gguf")
+    with pytest.raises(ValidationError, match="holds 2"):
+        find_gguf(tmp_path)
+
+
+def test_malformed_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"this is not a gguf file at all" * 10)
+    assert "malformed" in _error(bad)
+
+
+def test_truncated_file_is_a_clear_error(tmp_path):
+    f = write_tiny(tmp_path / "cut.gguf")
+    data = f.read_bytes()
+    f.write_bytes(data[:len(data) - 100])
+    assert "truncated" in _error(f)
+
+
+def test_unknown_tensor_type_is_a_clear_error(tmp_path):
+    f = write_tiny(tmp_path / "odd.gguf")
+    field = gguf.GGUFReader(str(f)).tensors[0].field  # parts: name len, name, n_dims, dims, type, offset
+    type_at = field.offset + sum(p.nbytes for p in field.parts[:-2])
+    raw = bytearray(f.read_bytes())
+    raw[type_at:type_at + 4] = (250).to_bytes(4, "little")
+    f.write_bytes(bytes(raw))
+    assert "unknown type" in _error(f)
+
+
+def test_unsupported_architecture_is_refused_by_name(tmp_path):
+    msg = _error(write_tiny(tmp_path / "gpt2.gguf", arch="gpt2"))
+    assert "'gpt2'" in msg and "llama" in msg and "qwen2" in msg
+
+
+def test_unpermute_inverts_llama_cpp_permute():
+    w = torch.randn(12, 5)
+    n_head = 3
+    # convert_hf_to_gguf.py LlamaModel.permute
+    permuted = w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    assert torch.equal(unpermute_qk(permuted, n_head), w)
