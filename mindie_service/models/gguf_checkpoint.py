@@ -164,6 +164,8 @@ def _reader(path: Path) -> Any:
         msg = str(exc)
         if "GGMLQuantizationType" in msg:
             raise ValidationError(f"GGUF file {path} holds a tensor of an unknown type ({msg})") from exc
+        if "cannot reshape" in msg:  # the reader views each tensor's bytes: too few of them at the end
+            raise ValidationError(f"GGUF file {path} is truncated: its last tensor's data ends early ({msg})") from exc
         raise ValidationError(f"GGUF file {path} is malformed ({msg})") from exc
     except (IndexError, KeyError, OverflowError, MemoryError, OSError, TypeError) as exc:
         raise ValidationError(f"GGUF file {path} is malformed or truncated ({type(exc).__name__}: {exc})") from exc

@@ -169,6 +169,7 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     if shard is not None:
         shard_model(model, *shard)
     model.kv_cache_dtype = kv_cache_dtype
+    model.weights_report = report  # also on the model: what an engine holding only the model can show
     model.rope_cos, model.rope_sin = cos.to(device, torch_dtype), sin.to(device, torch_dtype)
     n_params = sum(t.numel() for t in model.parameters())
     pack_linears(model, batch_hint)  # after counting: packing frees the dense weights
