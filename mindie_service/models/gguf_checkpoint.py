@@ -222,6 +222,9 @@ def export_folder(path: str | Path, dst: str | Path) -> Path:
         d = json.loads(raw)
         d["torch_dtype"] = "float32"
         (out / "config.json").write_text(json.dumps(d, indent=2), encoding="utf-8")
-    load_tokenizer(file).save_pretrained(str(out))
+    if "tokenizer.ggml.model" in ckpt.reader.fields:
+        load_tokenizer(file).save_pretrained(str(out))
+    else:
+        logger.warning("%s holds no tokenizer (tokenizer.ggml.*): the folder %s has none either", file.name, out)
     logger.info("wrote %s as a Hugging Face folder %s", file.name, out)
     return out

@@ -1,5 +1,6 @@
-"""A GGUF file we cannot run is a clear load error naming the file and what is wrong: malformed, truncated,
-a tensor of an unknown type, an architecture we do not run. Small synthetic files (gguf.GGUFWriter)."""
+"""GGUF loading on small synthetic files (gguf.GGUFWriter): a file we cannot run is a clear load error naming the file and what is wrong: malformed, truncated,
+a tensor of an unknown type, an architecture we do not run; a tied head is one tensor; the quantize command
+takes a .gguf."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -103,6 +104,14 @@ def test_unknown_tensor_type_is_a_clear_error(tmp_path):
 def test_unsupported_architecture_is_refused_by_name(tmp_path):
     msg = _error(write_tiny(tmp_path / "gpt2.gguf", arch="gpt2"))
     assert "'gpt2'" in msg and "llama" in msg and "qwen2" in msg
+
+
+def test_quantize_command_takes_a_gguf(tmp_path):
+    from mindie_service.models.msmodelslim import write_quantized
+    out = write_quantized(write_tiny(tmp_path / "tiny.gguf"), tmp_path / "w8a16", "w8a16")
+    assert (out / "quant_model_description_w8a16.json").is_file()
+    loaded = load_model(out, "float32", torch.device("cpu"), 64)
+    assert type(loaded.model.layers[0].mlp.down_proj).__name__ == "QuantLinear"
 
 
 def test_unpermute_inverts_llama_cpp_permute():
