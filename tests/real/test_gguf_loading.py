@@ -1,6 +1,6 @@
-"""GGUF loading on small synthetic files (gguf.GGUFWriter): a file we cannot run is a clear load error naming the file and what is wrong: malformed, truncated,
-a tensor of an unknown type, an architecture we do not run; a tied head is one tensor; the quantize command
-takes a .gguf."""
+"""GGUF loading on small synthetic files (gguf.GGUFWriter): a file we cannot run is a clear load error
+naming the file and what is wrong (malformed, truncated, a tensor of an unknown type, an architecture we do
+not run); a tied head is one tensor; the quantize command takes a .gguf."""
 from __future__ import annotations
 
 from pathlib import Path
