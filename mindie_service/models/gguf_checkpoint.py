@@ -199,10 +199,11 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
     return AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
 
 
-def export_folder(path: str | Path, dst: str | Path) -> Path:
+def export_folder(path: str | Path, dst: str | Path, with_tokenizer: bool = True) -> Path:
     """Write a GGUF checkpoint as a Hugging Face folder (config.json, model.safetensors in fp32 with q/k rows
     in Hugging Face's order, the tokenizer and chat template): what ``mindie-service quantize`` reads, and a
-    folder transformers loads without ``gguf_file``. A tied head is written once, as the embeddings."""
+    folder transformers loads without ``gguf_file``. A tied head is written once, as the embeddings.
+    ``with_tokenizer=False`` leaves the tokenizer out (weights only, e.g. for a teacher-forced evaluation)."""
     from safetensors.torch import save_file
     file = find_gguf(path)
     if file is None:
@@ -222,9 +223,10 @@ def export_folder(path: str | Path, dst: str | Path) -> Path:
         d = json.loads(raw)
         d["torch_dtype"] = "float32"
         (out / "config.json").write_text(json.dumps(d, indent=2), encoding="utf-8")
-    if "tokenizer.ggml.model" in ckpt.reader.fields:
+    has_tokenizer = "tokenizer.ggml.model" in ckpt.reader.fields
+    if with_tokenizer and has_tokenizer:
         load_tokenizer(file).save_pretrained(str(out))
-    else:
+    elif with_tokenizer:
         logger.warning("%s holds no tokenizer (tokenizer.ggml.*): the folder %s has none either", file.name, out)
     logger.info("wrote %s as a Hugging Face folder %s", file.name, out)
     return out

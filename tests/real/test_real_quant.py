@@ -21,7 +21,7 @@ THRESHOLDS = {"w8a16": (0.95, 0.006, 0.09), "w8a8": (0.85, 0.05, 0.26), "int8-kv
 @pytest.fixture(scope="module")
 def smollm_folder(smollm_gguf, tmp_path_factory):
     """The .gguf written once as an fp32 Hugging Face folder (fast to load again for each scheme)."""
-    return export_folder(smollm_gguf, tmp_path_factory.mktemp("smollm2"))
+    return export_folder(smollm_gguf, tmp_path_factory.mktemp("smollm2"), with_tokenizer=False)
 
 
 def test_quantization_table_on_real_weights(smollm_gguf, smollm_folder, smollm_llm, real_text, caplog):
