@@ -4,6 +4,7 @@ not run); a tied head is one tensor; the quantize command takes a .gguf."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,8 +19,11 @@ gguf = pytest.importorskip("gguf")
 HIDDEN, VOCAB, FFN = 8, 16, 16
 
 
-def write_tiny(path: Path, arch: str = "llama") -> Path:
-    """A one-layer model of ``arch`` with every tensor a Llama needs (F32), tied embeddings."""
+def write_tiny(path: Path, arch: str = "llama", hidden: int = HIDDEN, ffn: int = FFN,
+               types: dict[str, Any] | None = None) -> Path:
+    """A one-layer model of ``arch`` with every tensor a Llama needs, tied embeddings; F32 unless ``types``
+    (tensor name -> gguf.GGMLQuantizationType) says otherwise."""
+    HIDDEN, FFN = hidden, ffn  # noqa: N806 (the shapes below read as the module's)
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name("tiny")
     w.add_block_count(1)
@@ -39,7 +43,12 @@ def write_tiny(path: Path, arch: str = "llama") -> Path:
               "blk.0.ffn_gate.weight": (FFN, HIDDEN), "blk.0.ffn_up.weight": (FFN, HIDDEN),
               "blk.0.ffn_down.weight": (HIDDEN, FFN)}
     for name, shape in shapes.items():
-        w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+        data = rng.standard_normal(shape).astype(np.float32)
+        qtype = (types or {}).get(name)
+        if qtype is None:
+            w.add_tensor(name, data)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -68,6 +77,38 @@ def test_a_well_formed_tiny_gguf_loads_with_its_head_tied(tmp_path, monkeypatch)
     assert m.lm_head.weight is m.embed_tokens.weight  # tied: one tensor, not a copy
     per_layer = 2 * HIDDEN + 4 * HIDDEN * HIDDEN + 3 * HIDDEN * FFN
     assert sum(p.numel() for p in m.parameters()) == VOCAB * HIDDEN + HIDDEN + per_layer
+
+
+def test_quantized_and_half_tensors_load_as_their_dequantized_values(tmp_path, monkeypatch):
+    monkeypatch.setattr("mindie_service.models.loader.pack_linears", lambda model, hint: 0)
+    T = gguf.GGMLQuantizationType
+    types = {"token_embd.weight": T.Q8_0, "blk.0.attn_v.weight": T.F16, "blk.0.ffn_up.weight": T.BF16,
+             "blk.0.ffn_down.weight": T.Q4_0, "blk.0.ffn_gate.weight": T.Q5_1, "blk.0.attn_output.weight": T.Q4_1}
+    f = write_tiny(tmp_path / "q.gguf", hidden=64, ffn=64, types=types)
+    loaded = load_model(f, "float32", torch.device("cpu"), 64)
+    assert loaded.weights_report == {
+        "BF16": "1 tensors: converted from BF16", "F16": "1 tensors: converted from F16",
+        "F32": "5 tensors: kept", "Q4_0": "1 tensors: dequantized from Q4_0 at load",
+        "Q4_1": "1 tensors: dequantized from Q4_1 at load", "Q5_1": "1 tensors: dequantized from Q5_1 at load",
+        "Q8_0": "1 tensors: dequantized from Q8_0 at load"}
+    reader = gguf.GGUFReader(str(f))
+    want = {t.name: torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+            for t in reader.tensors}
+    m = loaded.model
+    assert torch.equal(m.embed_tokens.weight, want["token_embd.weight"])
+    assert torch.equal(m.layers[0].mlp.down_proj.weight, want["blk.0.ffn_down.weight"])
+    assert torch.equal(m.layers[0].self_attn.o_proj.weight, want["blk.0.attn_output.weight"])
+    assert torch.equal(m.layers[0].self_attn.qkv_proj.weight[-64:], want["blk.0.attn_v.weight"])
+    assert torch.equal(m.layers[0].mlp.gate_up_proj.weight[:64], want["blk.0.ffn_gate.weight"])
+    assert torch.equal(m.layers[0].mlp.gate_up_proj.weight[64:], want["blk.0.ffn_up.weight"])
+
+
+def test_with_quantization_set_the_report_says_requantized(tmp_path):
+    f = write_tiny(tmp_path / "q8.gguf", hidden=64, ffn=64,
+                   types={"blk.0.ffn_down.weight": gguf.GGMLQuantizationType.Q8_0})
+    report = load_model(f, "float32", torch.device("cpu"), 64, quantization="w8a16").weights_report
+    assert "requantized to int8 per output channel for w8a16" in report["Q8_0"]
+    assert "per-32-value blocks" in report["Q8_0"]
 
 
 def test_a_folder_holding_one_gguf_is_that_file(tmp_path):
