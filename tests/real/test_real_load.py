@@ -11,9 +11,9 @@ from npu_ops.linear import FastLinear
 def test_every_real_linear_is_packed(smollm_llm):
     if cpu_kernels.switched_off():
         pytest.skip("CPU fast paths switched off")
-    mods = [m for m in smollm_llm.engine.model.modules() if isinstance(m, FastLinear)]
+    mods = {n: m for n, m in smollm_llm.engine.model.named_modules() if isinstance(m, FastLinear)}
     assert len(mods) == 30 * 4 + 1
-    assert [n for n, m in smollm_llm.engine.model.named_modules() if isinstance(m, FastLinear) and m.packed is None] == []
+    assert [n for n, m in mods.items() if m.packed is None] == []
 
 
 def test_the_load_reports_what_it_did_to_each_tensor_type(smollm_llm):
