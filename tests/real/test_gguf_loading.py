@@ -20,12 +20,12 @@ HIDDEN, VOCAB, FFN = 8, 16, 16
 
 
 def write_tiny(path: Path, arch: str = "llama", hidden: int = HIDDEN, ffn: int = FFN,
-               types: dict[str, Any] | None = None) -> Path:
+               types: dict[str, Any] | None = None, name: str = "tiny") -> Path:
     """A one-layer model of ``arch`` with every tensor a Llama needs, tied embeddings; F32 unless ``types``
     (tensor name -> gguf.GGMLQuantizationType) says otherwise."""
     HIDDEN, FFN = hidden, ffn  # noqa: N806 (the shapes below read as the module's)
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_name("tiny")
+    w.add_name(name)
     w.add_block_count(1)
     w.add_context_length(64)
     w.add_embedding_length(HIDDEN)
@@ -42,6 +42,8 @@ def write_tiny(path: Path, arch: str = "llama", hidden: int = HIDDEN, ffn: int =
               "blk.0.attn_v.weight": (HIDDEN, HIDDEN), "blk.0.attn_output.weight": (HIDDEN, HIDDEN),
               "blk.0.ffn_gate.weight": (FFN, HIDDEN), "blk.0.ffn_up.weight": (FFN, HIDDEN),
               "blk.0.ffn_down.weight": (HIDDEN, FFN)}
+    if arch == "qwen2":  # Qwen2 has q/k/v biases
+        shapes.update({"blk.0.attn_q.bias": (HIDDEN,), "blk.0.attn_k.bias": (HIDDEN,), "blk.0.attn_v.bias": (HIDDEN,)})
     for name, shape in shapes.items():
         data = rng.standard_normal(shape).astype(np.float32)
         qtype = (types or {}).get(name)
@@ -109,6 +111,24 @@ def test_with_quantization_set_the_report_says_requantized(tmp_path):
     report = load_model(f, "float32", torch.device("cpu"), 64, quantization="w8a16").weights_report
     assert "requantized to int8 per output channel for w8a16" in report["Q8_0"]
     assert "per-32-value blocks" in report["Q8_0"]
+
+
+@pytest.mark.parametrize("arch,name,want_arch", [("llama", "tiny", "LlamaForCausalLM"),
+                                                 ("llama", "tiny-mistral", "MistralForCausalLM"),
+                                                 ("qwen2", "tiny", "Qwen2ForCausalLM")])
+def test_tiny_gguf_logprobs_match_transformers_on_the_same_file(tmp_path, arch, name, want_arch):
+    """Each architecture's names, q/k row order (llama.cpp permutes Llama's, not Qwen2's) and biases: our
+    teacher-forced log-probs equal transformers' on the same synthetic file."""
+    from transformers import AutoModelForCausalLM
+    from mindie_service.models.quant_eval import teacher_forced_logprobs
+    f = write_tiny(tmp_path / f"{arch}.gguf", arch=arch, hidden=32, ffn=64, name=name)
+    assert open_checkpoint(f).architecture == want_arch  # llama.cpp writes Mistral as "llama"
+    tokens = [1, 5, 9, 2, 14, 3, 7, 7, 0, 11, 4, 15, 6, 8, 10, 12]
+    ours = teacher_forced_logprobs(f, tokens, seq_len=16, chunk=8)
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=f.name, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        want = torch.log_softmax(hf(torch.tensor([tokens])).logits[0, :-1].float(), -1)
+    assert (ours - want).abs().max().item() < 1e-4
 
 
 def test_a_folder_holding_one_gguf_is_that_file(tmp_path):
