@@ -11,10 +11,12 @@ llama.cpp's converter permutes q/k rows of Llama checkpoints for its rotary layo
 permuted back here, as transformers' GGUF loader does."""
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -196,7 +198,16 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
     file = find_gguf(path)
     if file is None:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-    return AutoTokenizer.from_pretrained(str(file.parent), gguf_file=file.name)
+    # Each caller gets its own instance (the engine thread and the frontend's pool each hold one), copied from
+    # one parse of the file: reading a GGUF's vocabulary takes seconds, a copy a tenth of one.
+    return copy.deepcopy(_gguf_tokenizer(str(file.resolve()), file.stat().st_mtime_ns))
+
+
+@lru_cache(maxsize=2)
+def _gguf_tokenizer(file: str, mtime_ns: int) -> Any:
+    from transformers import AutoTokenizer
+    p = Path(file)
+    return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
 
 
 def export_folder(path: str | Path, dst: str | Path, with_tokenizer: bool = True) -> Path:
