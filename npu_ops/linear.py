@@ -7,7 +7,11 @@ slow for the skinny matrices of decoding (a few to a few dozen rows). The projec
 oneDNN on prefill-sized batches. Where the CPU kernels cannot be built, oneDNN's packing (the
 machinery PyTorch's own CPU inductor uses: ``torch.ops.mkldnn._reorder_linear_weight`` /
 ``_linear_pointwise``) is next. Each packing is checked against ``F.linear`` when it is made and
-skipped, with the reason logged, where it disagrees or is unavailable."""
+skipped, with the reason logged, where it disagrees or is unavailable. "Disagrees" is judged as a
+GEMM's accuracy is stated: two fp32 dot products of length K may differ by up to about
+K * eps32 * sum_k |x_k| |w_k| (``fp32_gemm_tolerance``), a bound that grows with K and the operands'
+magnitudes, so a correct kernel passes on real weights and a wrong one (a term lost or misplaced)
+does not."""
 from __future__ import annotations
 
 import logging
@@ -58,7 +62,7 @@ class FastLinear(nn.Linear):
                 except RuntimeError as exc:  # an op missing from this build
                     logger.warning("%s packed linear unavailable (%s)", kind, exc)
                     continue
-                if torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+                if within_fp32_gemm_error(got, want, x, w, self.bias):
                     self.packed, self.packed_kind = packed, kind
                     break
                 logger.warning("%s packed linear disagrees with F.linear; not used", kind)
@@ -78,6 +82,27 @@ class FastLinear(nn.Linear):
         if x.dim() != 2:
             return self.forward(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], self.out_features)
         return _apply(self.packed_kind, x, self.packed, self.out_features, self.bias)
+
+
+def fp32_gemm_tolerance(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-element bound [M, N] on |a - b| for two fp32 evaluations of ``x @ w.T + bias``, each summing in its
+    own order: each is within K * u * sum_k |x_k w_k| of the exact value (u = eps32 / 2, Higham's
+    gamma_K to first order), so they are within K * eps32 * (|x| @ |w|^T + |bias|) of each other."""
+    mag = x.abs().float() @ w.abs().float().T
+    if bias is not None:
+        mag = mag + bias.abs().float()
+    return x.shape[-1] * torch.finfo(torch.float32).eps * mag + torch.finfo(torch.float32).tiny
+
+
+def within_fp32_gemm_error(got: torch.Tensor, want: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
+                           bias: torch.Tensor | None = None) -> bool:
+    """True where ``got`` and ``want`` (two computations of ``x @ w.T + bias``) agree within an fp32 GEMM's
+    error bound (``fp32_gemm_tolerance``) everywhere, and ``got`` is finite wherever ``want`` is."""
+    if got.shape != want.shape:
+        return False
+    diff = (got.float() - want.float()).abs()
+    ok = (diff <= fp32_gemm_tolerance(x, w, bias)) | (~torch.isfinite(want) & (got == want))
+    return bool(ok.all())
 
 
 def _pack(kind: str, w: torch.Tensor, batch_hint: int) -> torch.Tensor:

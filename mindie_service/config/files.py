@@ -45,6 +45,8 @@ def _tls_files(prefix: str, tls: TlsSettings) -> Iterator[tuple[str, str]]:
 
 
 def _checkpoint_problems(key: str, folder: str) -> list[str]:
+    if _is_gguf(folder):  # a GGUF file is checked when it is read (models/gguf_checkpoint.py)
+        return []
     cfg_file = os.path.join(folder, "config.json")
     if not os.path.isdir(folder):
         return [f"{key}: folder not found: {folder}"]
@@ -59,6 +61,14 @@ def _checkpoint_problems(key: str, folder: str) -> list[str]:
     missing = [k for k, alts in (("torch_dtype", ("torch_dtype", "dtype")), ("vocab_size", ("vocab_size",)))
                if not any(a in hf or a in text for a in alts)]
     return [f"{key}: {cfg_file} must hold {', '.join(missing)}"] if missing else []
+
+
+def _is_gguf(path: str) -> bool:
+    """A .gguf file, or a folder holding one and no config.json."""
+    if os.path.isfile(path):
+        return path.endswith(".gguf")
+    return (os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json"))
+            and any(n.endswith(".gguf") for n in os.listdir(path)))
 
 
 def _world_size_problems(key: str, folder: str, world_size: int) -> list[str]:

@@ -13,12 +13,11 @@ import threading
 from collections import deque
 from typing import Any, AsyncIterator
 
-from transformers import AutoTokenizer
-
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.core import Event, LLMEngine
 from mindie_service.engine.contract import EngineRequest, EngineStats, FailedEvent, InputFacts, TokenEvent
 from mindie_service.errors import GenerationError, IncompleteGenerationError, MindieError, UnhealthyError
+from mindie_service.models.gguf_checkpoint import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +31,7 @@ class AsyncEngine:
         self.engine = engine or LLMEngine(config)
         self.config = self.engine.cfg
         # The frontend tokenizes in the tokenizer pool; the engine thread decodes with its own instance.
-        self.tokenizer = AutoTokenizer.from_pretrained(self.config.model, trust_remote_code=self.config.trust_remote_code)
+        self.tokenizer = load_tokenizer(self.config.model, self.config.trust_remote_code)
         self.model_name = self.config.model_name or self.config.model.rstrip("/").rsplit("/", 1)[-1]
         self.vocab_size = self.engine.vocab_size
         self.eos_token_ids = self.engine.eos_token_ids

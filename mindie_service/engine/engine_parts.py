@@ -6,12 +6,11 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from transformers import AutoTokenizer
-
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.model_runner import kv_bytes_per_block
 from mindie_service.models.loader import LoadedModel, load_model
 from mindie_service.models.shard import Reduce
+from mindie_service.models.gguf_checkpoint import load_tokenizer
 from npu_ops import cpu_kernels, platform
 from npu_ops.device import DeviceInfo, select_device
 from npu_ops.distributed import on_device, threads_per_rank
@@ -41,7 +40,7 @@ def load_parts(cfg: EngineConfig, shard: tuple[int, int, Reduce] | None = None) 
                                    else cfg.num_threads)
     loaded = load_model(cfg.model, cfg.dtype, device, cfg.max_seq_len, min(cfg.max_batch_size, 128),
                         quantization=cfg.quantization, kv_cache_dtype=cfg.kv_cache_dtype, shard=shard)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)
+    tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
     num_blocks = cfg.num_kv_blocks or auto_num_blocks(cfg, loaded, device)
     logger.info("KV pool: %d blocks of %d tokens", num_blocks, cfg.cache_block_size)
     return EngineParts(info, loaded, tokenizer, eos_ids(loaded.hf_config, tokenizer), num_blocks)

@@ -4,16 +4,16 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import torch
 from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig
 
-from mindie_service.models import quantize
+from mindie_service.models import gguf_checkpoint, quantize
 from mindie_service.models.registry import family_for
 from mindie_service.models.shard import Reduce, shard_model
 from mindie_service.models.weights import tie_and_find_missing
@@ -34,6 +34,8 @@ class LoadedModel:
     dtype: torch.dtype
     # Media encoders of a multimodal checkpoint (models/media_encoders.py), None for text-only models.
     encoder: Any = None
+    # GGUF checkpoints: ggml tensor type -> what loading did to its tensors (the log and /info say it).
+    weights_report: dict[str, str] = field(default_factory=dict)
 
 
 def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
@@ -64,53 +66,85 @@ def _rope_tables(rotary_class: str, cfg: Any, max_pos: int) -> tuple[torch.Tenso
 
 
 def load_weights(model: nn.Module, path: Path, prefix_map: dict[str, str] | None = None) -> None:
-    """Copy every tensor of the checkpoint into the model, packing q/k/v and gate/up (30 lines, nano-vllm style)."""
-    params = dict(model.named_parameters())
-    packed: dict[str, tuple[str, int]] = getattr(model, "PACKED", {})
-    loaded: set[str] = set()
+    """Copy every tensor of a safetensors checkpoint folder into the model."""
+    copy_tensors(model, _safetensors(path), str(path), prefix_map)
+
+
+def _safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
     for file in sorted(path.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
-                target = name
-                for old, new in (prefix_map or {"model.": ""}).items():
-                    if target.startswith(old):
-                        target = new + target[len(old):]
-                        break
-                tensor = f.get_tensor(name)
-                sub = next((k for k in packed if f".{k}." in target), None)
-                if sub is not None:
-                    pname, shard = packed[sub]
-                    target = target.replace(f".{sub}.", f".{pname}.")
-                    if target not in params:
-                        continue
-                    sizes = model.shard_sizes(pname)  # type: ignore[operator]
-                    off = sum(sizes[:shard])
-                    params[target].data[off:off + sizes[shard]].copy_(tensor)
-                    loaded.add(f"{target}#{shard}")
-                elif target in params:
-                    check(params[target].shape == tensor.shape, "model",
-                          f"a tensor {target} of shape {tuple(params[target].shape)}", tuple(tensor.shape))
-                    params[target].data.copy_(tensor)
-                    loaded.add(target)
+                yield name, f.get_tensor(name)
+
+
+def copy_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], source: str,
+                 prefix_map: dict[str, str] | None = None) -> None:
+    """Copy (checkpoint name, tensor) pairs into the model, packing q/k/v and gate/up (nano-vllm style); a
+    tied LM head then shares the embeddings. Raises naming ``source`` when a weight is left unloaded."""
+    params = dict(model.named_parameters())
+    packed: dict[str, tuple[str, int]] = getattr(model, "PACKED", {})
+    loaded: set[str] = set()
+    for name, tensor in tensors:
+        target = name
+        for old, new in (prefix_map or {"model.": ""}).items():
+            if target.startswith(old):
+                target = new + target[len(old):]
+                break
+        sub = next((k for k in packed if f".{k}." in target), None)
+        if sub is not None:
+            pname, shard = packed[sub]
+            target = target.replace(f".{sub}.", f".{pname}.")
+            if target not in params:
+                continue
+            sizes = model.shard_sizes(pname)  # type: ignore[operator]
+            off = sum(sizes[:shard])
+            params[target].data[off:off + sizes[shard]].copy_(tensor)
+            loaded.add(f"{target}#{shard}")
+        elif target in params:
+            check(params[target].shape == tensor.shape, "model",
+                  f"a tensor {target} of shape {tuple(params[target].shape)}", tuple(tensor.shape))
+            params[target].data.copy_(tensor)
+            loaded.add(target)
     missing = tie_and_find_missing(model, params, loaded)
     if missing:
-        raise ValueError(f"Parameter model must hold every weight; checkpoint {path} lacks {missing[:5]}")
+        raise ValueError(f"Parameter model must hold every weight; checkpoint {source} lacks {missing[:5]}")
+
+
+@dataclass
+class _Checkpoint:
+    """What load_model needs of a checkpoint before it builds the model."""
+    hf_config: Any
+    architectures: list[str]
+    dtype: str  # the checkpoint's own dtype, for dtype "auto"
+    gguf: gguf_checkpoint.GgufCheckpoint | None = None
+
+
+def _open(p: Path) -> _Checkpoint:
+    file = gguf_checkpoint.find_gguf(p)
+    if file is not None:
+        g = gguf_checkpoint.open_checkpoint(file)
+        return _Checkpoint(g.hf_config, [g.architecture], "float32", g)
+    raw = read_checkpoint_config(p)
+    return _Checkpoint(AutoConfig.from_pretrained(str(p)), raw.get("architectures") or [],
+                       str(raw.get("torch_dtype") or raw.get("dtype") or "float32"))
 
 
 def load_model(path: str | Path, dtype: str, device: torch.device, max_positions: int,
                batch_hint: int = 32, quantization: str | None = None, kv_cache_dtype: str = "auto",
                shard: tuple[int, int, Reduce] | None = None) -> LoadedModel:
-    """``batch_hint``: the decode batch size CPU weight packing is tuned for (npu_ops.linear).
+    """``path``: a Hugging Face folder (config.json + *.safetensors, or msModelSlim's layout), a ``.gguf`` file
+    or a folder holding one (models/gguf_checkpoint.py).
+    ``batch_hint``: the decode batch size CPU weight packing is tuned for (npu_ops.linear).
     ``quantization`` (w8a16 | w8a8) quantizes the linears after loading (models/quantize.py), unless the
     checkpoint is already quantized by msModelSlim; ``kv_cache_dtype`` is kept on the model for the runner.
     ``shard`` (rank, world size, all-reduce): keep one tensor-parallel rank's shard (models/shard.py), after
     quantizing (scales shard with their weights) and before packing."""
     p = Path(path)
-    raw = read_checkpoint_config(p)
-    hf_cfg = AutoConfig.from_pretrained(str(p))
-    arch, family = family_for(raw.get("architectures"))
+    ckpt = _open(p)
+    hf_cfg = ckpt.hf_config
+    arch, family = family_for(ckpt.architectures)
     if dtype == "auto":
-        dtype = default_dtype(device, str(raw.get("torch_dtype") or raw.get("dtype") or "float32"))
+        dtype = default_dtype(device, ckpt.dtype)
     torch_dtype = DTYPES[dtype]
     text_cfg = getattr(hf_cfg, family.text_config) if family.text_config else hf_cfg
     max_pos = min(max_positions, getattr(text_cfg, "max_position_embeddings", max_positions) or max_positions)
@@ -119,15 +153,23 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
         model = family.build(text_cfg, cos, sin)
     model = model.to_empty(device=staging_device(device))
     model.rope_cos, model.rope_sin = cos, sin
-    prequantized = quantize.load_prequantized(model, p, dict(family.weight_prefixes))
-    if not prequantized:
-        load_weights(model, p, dict(family.weight_prefixes))
+    prequantized, report = False, {}
+    if ckpt.gguf is not None:
+        copy_tensors(model, ckpt.gguf.tensors(quantization), str(ckpt.gguf.path))
+        report = ckpt.gguf.report
+        for kind, what in report.items():
+            logger.info("%s: %s %s", ckpt.gguf.path.name, kind, what)
+    else:
+        prequantized = quantize.load_prequantized(model, p, dict(family.weight_prefixes))
+        if not prequantized:
+            load_weights(model, p, dict(family.weight_prefixes))
     model = model.to(device=device, dtype=torch_dtype).eval()
     if quantization and not prequantized:
         quantize.quantize_loaded(model, quantization)
     if shard is not None:
         shard_model(model, *shard)
     model.kv_cache_dtype = kv_cache_dtype
+    model.weights_report = report  # also on the model: what an engine holding only the model can show
     model.rope_cos, model.rope_sin = cos.to(device, torch_dtype), sin.to(device, torch_dtype)
     n_params = sum(t.numel() for t in model.parameters())
     pack_linears(model, batch_hint)  # after counting: packing frees the dense weights
@@ -137,4 +179,4 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     if family.encoder:
         mod_name, cls_name = family.encoder.split(":")
         encoder = getattr(importlib.import_module(mod_name), cls_name).load(p, hf_cfg, device, torch_dtype)
-    return LoadedModel(model, hf_cfg, arch, torch_dtype, encoder)
+    return LoadedModel(model, hf_cfg, arch, torch_dtype, encoder, report)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from mindie_service.models import gguf_checkpoint
 from mindie_service.models.weights import tie_and_find_missing
 from npu_ops import quant
 from npu_ops.quant import QuantLinear
@@ -174,12 +176,15 @@ def _is_quantizable(name: str, tensor: torch.Tensor) -> bool:
 def write_quantized(src: str | Path, dst: str | Path, scheme: str) -> Path:
     """Quantize a float checkpoint folder into msModelSlim's layout (``W8A8_DYNAMIC`` for w8a8, ``W8A16``
     for w8a16), one tensor at a time; tokenizer and config files are copied, config.json gains
-    ``quantize``. Returns the output folder."""
+    ``quantize``. ``src`` may be a .gguf file (or a folder holding one): it is dequantized to fp32 first. Returns the output folder."""
     if scheme not in SCHEME_TYPES:
         raise ValueError(f"scheme must be one of {sorted(SCHEME_TYPES)}, got {scheme!r}")
     src, dst = Path(src), Path(dst)
+    if gguf_checkpoint.find_gguf(src) is not None:  # a .gguf: its fp32 folder first, then as any folder
+        with tempfile.TemporaryDirectory(prefix="gguf-") as tmp:
+            return write_quantized(gguf_checkpoint.export_folder(src, tmp), dst, scheme)
     if not (src / "config.json").is_file() or not any(src.glob("*.safetensors")):
-        raise ValueError(f"--in must be a checkpoint folder with config.json and *.safetensors, got {str(src)!r}")
+        raise ValueError(f"--in must be a checkpoint folder with config.json and *.safetensors (or a .gguf file), got {str(src)!r}")
     if find_description(src) is not None:
         raise ValueError(f"{src} is already quantized (it holds a quant_model_description file)")
     dst.mkdir(parents=True, exist_ok=True)

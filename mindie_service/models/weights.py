@@ -5,10 +5,10 @@ from torch import nn
 
 
 def tie_and_find_missing(model: nn.Module, params: dict[str, nn.Parameter], loaded: set[str]) -> list[str]:
-    """After a checkpoint's tensors are copied in: a tied LM head takes the embeddings when the checkpoint
-    has none; returns the parameters still unloaded (a packed one counts when any of its shards, ``name#k``,
-    was loaded)."""
+    """After a checkpoint's tensors are copied in: a tied LM head shares the embeddings' tensor (one
+    parameter, not a copy) when the checkpoint has no head of its own; returns the parameters still unloaded
+    (a packed one counts when any of its shards, ``name#k``, was loaded)."""
     if "lm_head.weight" not in loaded and getattr(model.dims, "tie_embeddings", False):
-        params["lm_head.weight"].data.copy_(params["embed_tokens.weight"].data)
+        model.lm_head.weight = model.embed_tokens.weight  # type: ignore[union-attr]
         loaded.add("lm_head.weight")
     return [n for n in params if n not in loaded and not any(k.startswith(n + "#") for k in loaded)]

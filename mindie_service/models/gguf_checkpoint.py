@@ -1,0 +1,243 @@
+"""GGUF checkpoints (ggml's single-file format, the one Jan's catalog uses): found, checked, read.
+
+The file is read with the ``gguf`` package (ggml's own Python reader); its metadata becomes a
+transformers config through transformers' GGUF helpers (``AutoConfig.from_pretrained(folder,
+gguf_file=name)``), and so does its tokenizer and chat template (``tokenizer.ggml.*``,
+``tokenizer.chat_template``). Tensors are renamed to Hugging Face's names, so the safetensors
+loader's copy (models/loader.py: packing q/k/v and gate/up) takes them as they are. F32, F16 and
+BF16 tensors are kept (converted to the model's dtype like any checkpoint); every quantized type
+(Q8_0, Q4_x, Q5_x, the K-quants, ...) is dequantized at load with ``gguf.quants.dequantize``.
+llama.cpp's converter permutes q/k rows of Llama checkpoints for its rotary layout; they are
+permuted back here, as transformers' GGUF loader does."""
+from __future__ import annotations
+
+import copy
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from mindie_service.errors import ValidationError
+
+logger = logging.getLogger(__name__)
+
+# GGUF ``general.architecture`` -> (Hugging Face architecture, q/k rows permuted by llama.cpp's converter).
+# llama.cpp writes Mistral checkpoints as "llama"; transformers tells them apart by ``general.name``.
+ARCHITECTURES: dict[str, tuple[str, bool]] = {
+    "llama": ("LlamaForCausalLM", True),
+    "qwen2": ("Qwen2ForCausalLM", False),
+}
+_MISTRAL = ("MistralForCausalLM", True)
+PLAIN_TYPES = ("F32", "F16", "BF16")  # kept as they are (then cast to the model's dtype)
+
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+                "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                "ffn_down": "mlp.down_proj"}
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_IGNORED = ("rope_freqs.weight",)  # llama3 rope factors: the config's rope scaling is what our RoPE tables use
+
+
+def find_gguf(path: str | Path) -> Path | None:
+    """The GGUF file ``path`` names: the file itself (``*.gguf``), or the one ``.gguf`` in a folder that holds no
+    config.json (a Hugging Face folder is read as one). None for anything else."""
+    p = Path(path)
+    if p.is_file() and p.suffix == ".gguf":
+        return p
+    if not p.is_dir() or (p / "config.json").is_file():
+        return None
+    files = sorted(p.glob("*.gguf"))
+    if len(files) > 1:
+        raise ValidationError(f"Parameter model must name one .gguf file; folder {p} holds {len(files)}: "
+                              f"{[f.name for f in files]} (name the file itself)")
+    return files[0] if files else None
+
+
+@dataclass
+class GgufCheckpoint:
+    """One opened GGUF file: its reader, architecture and config; ``report`` says what loading did to each
+    tensor type (filled by ``tensors``)."""
+    path: Path
+    reader: Any  # gguf.GGUFReader
+    gguf_architecture: str
+    architecture: str  # the Hugging Face name our registry knows
+    permute_qk: bool
+    hf_config: Any = None
+    report: dict[str, str] = field(default_factory=dict)
+
+    def tensors(self, quantization: str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """(Hugging Face name, fp32 tensor) for every tensor of the file, dequantized where it is quantized."""
+        heads = self.hf_config.num_attention_heads
+        kv_heads = getattr(self.hf_config, "num_key_value_heads", None) or heads
+        kinds: Counter[str] = Counter()
+        for t in self.reader.tensors:
+            if t.name in _IGNORED:
+                logger.info("%s: tensor %s not used", self.path.name, t.name)
+                continue
+            name = hf_name(t.name)
+            if name is None:
+                raise ValidationError(f"GGUF file {self.path}: tensor {t.name!r} is not one of a "
+                                      f"{self.gguf_architecture} model's tensors")
+            kinds[t.tensor_type.name] += 1
+            w = self._dequantize(t)
+            if self.permute_qk and name.endswith(("q_proj.weight", "k_proj.weight")):
+                w = unpermute_qk(w, heads if "q_proj" in name else kv_heads)
+            yield name, w
+        self.report = {kind: f"{n} tensors: {action(kind, quantization)}" for kind, n in sorted(kinds.items())}
+
+    def _dequantize(self, t: Any) -> torch.Tensor:
+        from gguf.quants import dequantize
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # ggml lists dims fastest-first
+        try:
+            arr = dequantize(t.data, t.tensor_type)
+        except NotImplementedError as exc:
+            raise ValidationError(f"GGUF file {self.path}: tensor {t.name} has type {t.tensor_type.name}, which "
+                                  f"cannot be dequantized here ({exc})") from exc
+        except ValueError as exc:
+            raise ValidationError(f"GGUF file {self.path}: tensor {t.name} ({t.tensor_type.name}) is malformed "
+                                  f"({exc})") from exc
+        arr = np.asarray(arr, dtype=np.float32)
+        if arr.size != int(np.prod(shape)):
+            raise ValidationError(f"GGUF file {self.path}: tensor {t.name} holds {arr.size} values, its shape "
+                                  f"{shape} needs {int(np.prod(shape))} (a truncated file?)")
+        return torch.from_numpy(arr.reshape(shape).copy())
+
+
+def action(kind: str, quantization: str | None) -> str:
+    """What loading does to a tensor of ggml type ``kind`` (the log line and the loader's report)."""
+    done = "kept" if kind == "F32" else f"converted from {kind}" if kind in PLAIN_TYPES else \
+        f"dequantized from {kind} at load"
+    if not quantization:
+        return done
+    note = (" (the int8 kernels take one scale per output channel, not Q8_0's per-32-value blocks)"
+            if kind == "Q8_0" else "")
+    return f"{done}; linear weights then requantized to int8 per output channel for {quantization}{note}"
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.q_proj.weight``; None for a name we do not map."""
+    stem, _, kind = gguf_name.rpartition(".")
+    if stem in _GLOBAL_NAMES and kind in ("weight", "bias"):
+        return f"{_GLOBAL_NAMES[stem]}.{kind}"
+    m = _BLOCK_RE.match(gguf_name)
+    if m is None or m.group(2) not in _BLOCK_NAMES:
+        return None
+    return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+
+
+def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Undo llama.cpp's ``permute`` of q/k rows (convert_hf_to_gguf.py: LlamaModel.permute)."""
+    dim = w.shape[0] // n_head // 2
+    return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def open_checkpoint(path: Path) -> GgufCheckpoint:
+    """Open and check a GGUF file: readable, every tensor's data inside the file, an architecture we run.
+    Each failure is a ValidationError naming the file and what is wrong."""
+    reader = _reader(path)
+    for t in reader.tensors:
+        if t.data.nbytes < t.n_bytes:
+            raise ValidationError(f"GGUF file {path} is truncated: tensor {t.name} needs {t.n_bytes} bytes, "
+                                  f"the file holds {t.data.nbytes} of them")
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ValidationError(f"GGUF file {path}: architecture {arch!r} is not one this service runs "
+                              f"(supported: {sorted(ARCHITECTURES)})")
+    hf_arch, permute = ARCHITECTURES[arch]
+    if arch == "llama" and "mistral" in str(_field(reader, "general.name") or "").lower():
+        hf_arch, permute = _MISTRAL
+    ckpt = GgufCheckpoint(path, reader, arch, hf_arch, permute)
+    ckpt.hf_config = _hf_config(path)
+    return ckpt
+
+
+def _reader(path: Path) -> Any:
+    from gguf import GGUFReader
+    try:
+        return GGUFReader(str(path))
+    except ValueError as exc:
+        msg = str(exc)
+        if "GGMLQuantizationType" in msg:
+            raise ValidationError(f"GGUF file {path} holds a tensor of an unknown type ({msg})") from exc
+        if "cannot reshape" in msg:  # the reader views each tensor's bytes: too few of them at the end
+            raise ValidationError(f"GGUF file {path} is truncated: its last tensor's data ends early ({msg})") from exc
+        raise ValidationError(f"GGUF file {path} is malformed ({msg})") from exc
+    except (IndexError, KeyError, OverflowError, MemoryError, OSError, TypeError) as exc:
+        raise ValidationError(f"GGUF file {path} is malformed or truncated ({type(exc).__name__}: {exc})") from exc
+
+
+def _field(reader: Any, key: str) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    try:
+        return f.contents()
+    except (ValueError, IndexError) as exc:
+        raise ValidationError(f"GGUF file {reader.data.filename}: metadata {key} is malformed ({exc})") from exc
+
+
+def _hf_config(path: Path) -> Any:
+    from transformers import AutoConfig
+    try:
+        return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    except (ValueError, KeyError, OSError) as exc:
+        raise ValidationError(f"GGUF file {path}: its metadata does not make a model config ({exc})") from exc
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
+    """The checkpoint's tokenizer: from a GGUF file's ``tokenizer.ggml.*`` (and chat template) through
+    transformers, or ``AutoTokenizer.from_pretrained(path)`` for a Hugging Face folder."""
+    from transformers import AutoTokenizer
+    file = find_gguf(path)
+    if file is None:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    # Each caller gets its own instance (the engine thread and the frontend's pool each hold one), copied from
+    # one parse of the file: reading a GGUF's vocabulary takes seconds, a copy a tenth of one.
+    return copy.deepcopy(_gguf_tokenizer(str(file.resolve()), file.stat().st_mtime_ns))
+
+
+@lru_cache(maxsize=2)
+def _gguf_tokenizer(file: str, mtime_ns: int) -> Any:
+    from transformers import AutoTokenizer
+    p = Path(file)
+    return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+
+
+def export_folder(path: str | Path, dst: str | Path, with_tokenizer: bool = True) -> Path:
+    """Write a GGUF checkpoint as a Hugging Face folder (config.json, model.safetensors in fp32 with q/k rows
+    in Hugging Face's order, the tokenizer and chat template): what ``mindie-service quantize`` reads, and a
+    folder transformers loads without ``gguf_file``. A tied head is written once, as the embeddings.
+    ``with_tokenizer=False`` leaves the tokenizer out (weights only, e.g. for a teacher-forced evaluation)."""
+    from safetensors.torch import save_file
+    file = find_gguf(path)
+    if file is None:
+        raise ValidationError(f"Parameter model must be a .gguf file or a folder holding one, got {str(path)!r}")
+    ckpt = open_checkpoint(file)
+    out = Path(dst)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {name: t.contiguous() for name, t in ckpt.tensors()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    cfg = ckpt.hf_config
+    cfg.architectures = [ckpt.architecture]
+    cfg.torch_dtype = "float32"
+    cfg.save_pretrained(str(out))
+    raw = (out / "config.json").read_text(encoding="utf-8")
+    if '"torch_dtype"' not in raw and '"dtype"' not in raw:  # MindIE requires one of them
+        import json
+        d = json.loads(raw)
+        d["torch_dtype"] = "float32"
+        (out / "config.json").write_text(json.dumps(d, indent=2), encoding="utf-8")
+    has_tokenizer = "tokenizer.ggml.model" in ckpt.reader.fields
+    if with_tokenizer and has_tokenizer:
+        load_tokenizer(file).save_pretrained(str(out))
+    elif with_tokenizer:
+        logger.warning("%s holds no tokenizer (tokenizer.ggml.*): the folder %s has none either", file.name, out)
+    logger.info("wrote %s as a Hugging Face folder %s", file.name, out)
+    return out
