@@ -76,3 +76,25 @@ def test_the_readme_openai_snippet_answers_paris(shipped_server):
                        timeout=150)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "The capital of France is Paris.", r.stdout
+
+
+def test_prompt_scoring_matches_transformers(shipped_server, hf_smollm):
+    """OpenAI's legacy scoring form (echo, logprobs, max_tokens 0) on the real model: each prompt token's
+    log-prob equals transformers' on the same .gguf within 1e-4."""
+    import torch
+
+    _, srv = shipped_server
+    tok, model = hf_smollm
+    text = "The quick brown fox jumps over the lazy dog. The capital of France is Paris."
+    r = srv.post("/v1/completions", {"model": "SmolLM2-135M-Instruct", "prompt": text, "echo": True,
+                                     "logprobs": 1, "max_tokens": 0})
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    ids = tok(text, return_tensors="pt").input_ids
+    with torch.no_grad():
+        ref = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+    expected = [ref[i - 1, ids[0, i]].item() for i in range(1, ids.shape[1])]
+    assert lp["token_logprobs"][0] is None and len(lp["token_logprobs"]) == ids.shape[1]
+    got = lp["token_logprobs"][1:]
+    assert max(abs(a - b) for a, b in zip(got, expected)) < 1e-4
+    assert "".join(lp["tokens"]) == r.json()["choices"][0]["text"] == text
