@@ -84,7 +84,8 @@ def gguf_estimate_parts(file: Path, max_seq_len: int, float_bytes: int) -> tuple
         return f.contents() if f is not None else None
     arch = meta("general.architecture")
     weights = sum(int(t.n_elements) for t in reader.tensors if t.name != "rope_freqs.weight") * float_bytes
-    cfg = {"num_hidden_layers": meta(f"{arch}.block_count"), "num_attention_heads": meta(f"{arch}.attention.head_count"),
+    cfg = {"num_hidden_layers": meta(f"{arch}.block_count"),
+           "num_attention_heads": meta(f"{arch}.attention.head_count"),
            "num_key_value_heads": meta(f"{arch}.attention.head_count_kv"),
            "head_dim": meta(f"{arch}.attention.key_length"), "hidden_size": meta(f"{arch}.embedding_length")}
     return weights, kv_min_bytes({k: v for k, v in cfg.items() if v is not None}, max_seq_len, float_bytes)

@@ -38,7 +38,8 @@ def model_view(e: CatalogEntry, *, detail: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": e.id, "object": "model", "created": r.created, "owned_by": r.owned_by, "type": "model",
         "version": r.version, "name": r.name or e.id, "description": r.description,
-        "state": _DETAIL_STATE.get(e.state, e.state) if detail else _LIST_STATE.get(e.state), "format": r.format or detect(e.folder) or "",
+        "state": _DETAIL_STATE.get(e.state, e.state) if detail else _LIST_STATE.get(e.state),
+        "format": r.format or detect(e.folder) or "",
         "source_url": _source_url(e), "settings": {k: str(v) for k, v in r.settings.items()},
         "parameters": dict(r.parameters), "metadata": meta, "assets": [a.rsplit("/", 1)[-1] for a in r.assets],
         "parent": None, "root": e.id,
