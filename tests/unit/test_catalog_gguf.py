@@ -84,3 +84,26 @@ def test_a_downloaded_gguf_is_a_checkpoint_folder(tmp_path, tiny_gguf):
     assert checkpoint_root(nested) == nested / "inner"
     with pytest.raises(ValidationError, match="neither config.json"):
         checkpoint_root(_folder(tmp_path, "nothing"))
+
+
+def test_a_local_gguf_source_is_copied_within_the_cap(tmp_path, tiny_gguf):
+    """A local source (already checked to lie in the allowed folders) that is one .gguf file: copied into the
+    staging folder, or refused (413) when over the download cap; any other plain file is refused."""
+    import asyncio
+
+    from mindie_service.catalog.download import Progress, Source, fetch_into
+    from mindie_service.errors import MediaError
+
+    def fetch(src: Path, staging: Path, cap: int) -> None:
+        staging.mkdir()
+        asyncio.run(fetch_into("m", [], Source(path=src), staging, cap, None, Progress()))  # type: ignore[arg-type]
+
+    fetch(tiny_gguf, tmp_path / "a", 1 << 30)
+    assert [p.name for p in (tmp_path / "a").iterdir()] == ["tiny.gguf"] and checkpoint_root(tmp_path / "a")
+    with pytest.raises(MediaError, match="over the cap") as exc:
+        fetch(tiny_gguf, tmp_path / "b", 1000)
+    assert exc.value.status == 413
+    other = tmp_path / "notes.txt"
+    other.write_text("x")
+    with pytest.raises(ValidationError, match="a folder, a .tar/.tar.gz/.zip archive or a .gguf file"):
+        fetch(other, tmp_path / "c", 1 << 30)
