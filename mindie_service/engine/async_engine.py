@@ -41,6 +41,7 @@ class AsyncEngine:
         self.input_facts = input_facts(self.engine, tokenizer=self.tokenizer)
         enc = self.engine.mm_encoder
         self.modalities = frozenset(enc.modalities) if enc is not None else frozenset()
+        self.weights_report = dict(getattr(self.engine.model, "weights_report", None) or {})
         self._cond = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
         self._streams: dict[str, _Stream] = {}

@@ -42,7 +42,10 @@ SCHEMAS: dict[str, Any] = {
                                                         "source_url", "parameters", "metadata"], "properties": {
         "id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
         "owned_by": {"type": "string"}, "source_url": {"type": "string"}, "parameters": _OBJ, "metadata": _OBJ,
-        "engine_parameters": _OBJ,
+        "engine_parameters": _OBJ, "format": {"type": "string", "description": "safetensors, gguf or ggufv3"},
+        "weights_report": {"type": "object", "additionalProperties": {"type": "string"}, "description":
+                           "Extension, while the model runs: what loading did to each tensor kind (a GGUF's "
+                           "ggml types: kept, converted, dequantized at load)."},
         "state": {"enum": list(LIST_STATES + TRANSIENT_STATES),
                   "description": "Jan's four states; downloading, starting and stopping (while they last) are "
                                  "this service's extension."}, "load_error": _LOAD_ERROR}},
