@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from mindie_service.engine.spec_config import SpeculativeConfig, as_speculative_config
 from mindie_service.errors import check
 
 
@@ -73,6 +74,11 @@ class EngineConfig:
     device_ids: tuple[int, ...] | None = None
     multi_node: bool = False
     dist_port: int | None = None
+    # Speculative decoding (engine.speculative): None = off; vLLM's dict is accepted and converted.
+    speculative_config: SpeculativeConfig | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "speculative_config", as_speculative_config(self.speculative_config))
 
     @property
     def rank_devices(self) -> tuple[int, ...]:
@@ -111,6 +117,8 @@ class EngineConfig:
             check(len(self.device_ids) == self.world_size and all(isinstance(i, int) and i >= 0 for i in self.device_ids),
                   "device_ids", f"{self.world_size} distinct device ids >= 0 (one per rank)", self.device_ids)
             check(len(set(self.device_ids)) == len(self.device_ids), "device_ids", "distinct ids", self.device_ids)
+        if self.speculative_config is not None:
+            self.speculative_config.validate()
         for p in cross_field_problems({f.name: getattr(self, f.name) for f in fields(self)}):
             check(False, p.field, p.rule(str), p.value)
 
