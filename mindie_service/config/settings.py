@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from mindie_service.engine.engine_config import EngineConfig, LoraModuleSpec
+from mindie_service.engine.spec_config import SpeculativeConfig
 
 STANDARD_MOCK = "StandardMock"
 
@@ -88,6 +89,7 @@ class ModelSettings:
     trust_remote_code: bool
     quantization: str | None = None  # None | "w8a16" | "w8a8"
     kv_cache_dtype: str = "auto"  # "auto" | "int8"
+    speculative: SpeculativeConfig | None = None  # plugin_params (+ speculationGamma), draft path resolved
 
     @property
     def mock(self) -> bool:
@@ -192,7 +194,7 @@ class ServiceConfig:
             video_frames=b.video_frames, max_video_frames=b.max_video_frames, num_threads=b.num_threads,
             cpu_kernels=b.cpu_kernels, kernel_cache_dir=b.kernel_cache_dir, max_sessions=s.max_sessions,
             session_kv_share=s.session_kv_share, session_idle_seconds=s.session_idle_seconds,
-            max_session_tokens=s.max_session_tokens)
+            max_session_tokens=s.max_session_tokens, speculative_config=m.speculative)
 
     def check_files(self) -> None:
         """Raise ConfigError naming every missing file the config points at: model checkpoints

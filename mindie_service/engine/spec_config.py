@@ -37,21 +37,24 @@ class SpeculativeConfig:
     dynamic: bool = True  # k per sequence follows its acceptance, per step the measured step costs
     memory: bool = True  # n-gram: also look in the recent text of finished requests (MindIE's "memory")
 
-    def validate(self) -> None:
-        check(self.method in (NGRAM, DRAFT_MODEL), "speculative_config.method", f"one of {NGRAM}, {DRAFT_MODEL}",
-              self.method)
+    def validate(self, where: str = "speculative_config", names: Mapping[str, str] | None = None) -> None:
+        """ValidationError naming the key as the caller knows it: ``where`` + ``names[field]`` (or the field)."""
+        def key(f: str) -> str:
+            return f"{where}.{(names or {}).get(f, f)}"
+
+        check(self.method in (NGRAM, DRAFT_MODEL), key("method"), f"one of {NGRAM}, {DRAFT_MODEL}", self.method)
         k = self.num_speculative_tokens
-        check(isinstance(k, int) and 1 <= k <= MAX_SPECULATIVE_TOKENS, "speculative_config.num_speculative_tokens",
-              f"an integer in [1, {MAX_SPECULATIVE_TOKENS}]", k)
+        check(isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= MAX_SPECULATIVE_TOKENS,
+              key("num_speculative_tokens"), f"an integer in [1, {MAX_SPECULATIVE_TOKENS}]", k)
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
-        check(isinstance(lo, int) and lo >= 1, "speculative_config.prompt_lookup_min", "an integer >= 1", lo)
-        check(isinstance(hi, int) and hi >= lo, "speculative_config.prompt_lookup_max",
+        check(isinstance(lo, int) and lo >= 1, key("prompt_lookup_min"), "an integer >= 1", lo)
+        check(isinstance(hi, int) and isinstance(lo, int) and hi >= lo, key("prompt_lookup_max"),
               f"an integer >= prompt_lookup_min ({lo})", hi)
         if self.method == DRAFT_MODEL:
-            check(isinstance(self.model, str) and self.model != "", "speculative_config.model",
+            check(isinstance(self.model, str) and self.model != "", key("model"),
                   "the draft checkpoint's path (method draft_model)", self.model)
-        check(isinstance(self.dynamic, bool), "speculative_config.dynamic", "true or false", self.dynamic)
-        check(isinstance(self.memory, bool), "speculative_config.memory", "true or false", self.memory)
+        check(isinstance(self.dynamic, bool), key("dynamic"), "true or false", self.dynamic)
+        check(isinstance(self.memory, bool), key("memory"), "true or false", self.memory)
 
     @classmethod
     def from_vllm(cls, d: Mapping[str, Any]) -> "SpeculativeConfig":
@@ -75,18 +78,19 @@ class SpeculativeConfig:
         except ValueError as exc:
             raise ValidationError(f"{key} must be a JSON-encoded object, got {raw!r} ({exc})") from None
         check(isinstance(d, dict), key, "a JSON-encoded object", raw)
-        _refuse_unknown(key, d, _PLUGIN_KEYS)
         ptype = d.get("plugin_type")
         check(ptype in ("memory_decoding", DRAFT_MODEL), f"{key}.plugin_type",
               "memory_decoding or draft_model (lookahead, 'la', is not supported)", ptype)
+        _refuse_unknown(key, d, _PLUGIN_KEYS)
         k = d.get("decoding_length", MAX_SPECULATIVE_TOKENS)
-        if gamma is not None:
+        if gamma is not None and isinstance(k, int):
             check(isinstance(k, int) and gamma >= k, "speculationGamma", f">= {key}.decoding_length ({k})", gamma)
         cfg = cls(method=NGRAM if ptype == "memory_decoding" else DRAFT_MODEL, num_speculative_tokens=k,
                   prompt_lookup_max=d.get("prompt_lookup_max", 4), prompt_lookup_min=d.get("prompt_lookup_min", 1),
                   model=d.get("draft_model_path"), dynamic=d.get("dynamic_algo", False),
                   memory=d.get("memory", ptype == "memory_decoding"))
-        cfg.validate()
+        cfg.validate(key, {"num_speculative_tokens": "decoding_length", "model": "draft_model_path",
+                           "dynamic": "dynamic_algo"})
         return cfg
 
 
