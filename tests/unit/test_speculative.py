@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 from scipy.stats import chi2_contingency
 
 from mindie_service import LLM, SamplingParams
@@ -89,14 +90,16 @@ def test_eos_stop_and_cap_cut_accepted_runs(tiny_eos_model):
     assert llm.engine.stats().spec_num_accepted_tokens > 0
 
 
-@pytest.mark.parametrize("proposer", ["ngram", "draft_model"])
-def test_preemption_in_a_small_pool(tiny_model, tiny_draft, baseline, proposer):
+@pytest.mark.parametrize("proposer,swap", [("ngram", 0), ("ngram", 1), ("draft_model", 0)])
+def test_preemption_in_a_small_pool(tiny_model, tiny_draft, baseline, proposer, swap):
+    """Preempted rows are recomputed (swap 0) or swapped out to the host pool and back (swap 1 GB)."""
     spec = NGRAM_FIXED if proposer == "ngram" else _draft_cfg(tiny_draft)
-    llm = LLM(str(tiny_model), num_kv_blocks=24, cache_block_size=16, swap_space_gb=0, speculative_config=spec)
+    llm = LLM(str(tiny_model), num_kv_blocks=24, cache_block_size=16, swap_space_gb=swap, speculative_config=spec)
     for _ in range(2 if proposer == "ngram" else 1):
         _same(baseline[1], llm.generate(parity_prompts(), _params(), use_tqdm=False))
     st = llm.engine.stats()
     assert st.num_preemptions > 0 and st.spec_num_accepted_tokens > 0
+    assert (llm.engine.scheduler.num_swap_outs > 0) == (swap > 0)
 
 
 def test_lora_adapter_verifies_under_the_adapter(tiny_model, tmp_path_factory):
@@ -171,3 +174,31 @@ def test_rejected_drafts_never_enter_the_prefix_cache(tiny_model, tiny_draft):
     _same(cold.generate(follow, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=1),
                         use_tqdm=False), warm)
     llm.engine.spec = spec
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(flips=st.lists(st.booleans(), min_size=48, max_size=48), k=st.integers(1, 6))
+def test_any_pattern_of_accepted_and_rejected_drafts_is_exact(tiny_model, baseline, flips, k):
+    """An oracle proposer drafts the unspeculated continuation with tokens flipped where hypothesis says: every
+    pattern of accepted runs and rejections gives the unspeculated output."""
+    llm = _oracle_llm(str(tiny_model))
+    prompts, params = parity_prompts()[12:], _params()[12:]
+    ref = {tuple(r.prompt_token_ids): r.prompt_token_ids + r.outputs[0].token_ids for r in baseline[1][12:]}
+
+    def propose(tokens, index, kk, cache_key):
+        full = next(v for p, v in ref.items() if tokens[:len(p)] == list(p))
+        n = len(tokens)
+        return [t if not flips[(n + i) % len(flips)] else (t + 1) % 2048 for i, t in enumerate(full[n:n + k])]
+
+    llm.engine.spec.ngram.propose = propose
+    _same(baseline[1][12:], llm.generate(prompts, params, use_tqdm=False))
+
+
+_ORACLE: dict[str, LLM] = {}
+
+
+def _oracle_llm(model: str) -> LLM:
+    if model not in _ORACLE:
+        _ORACLE[model] = LLM(model, **POOL, speculative_config={**NGRAM_FIXED, "num_speculative_tokens": 6,
+                                                                 "memory": False})
+    return _ORACLE[model]
