@@ -76,13 +76,13 @@ class DraftModelProposer:
         if shadow is None:
             shadow = Sequence(seq.request_id, [], seq.params, 0, 0)
             self.shadows[seq.request_id] = shadow
-        old = shadow.prompt_token_ids
-        same = 0
-        for a, b in zip(old[:shadow.num_computed_tokens], tokens):
-            if a != b:
-                break
+        # The sequence's tokens only grow: those it had at the last sync still agree (num_cached_tokens holds
+        # their count); past them, the drafts the target accepted agree too, up to the first it rejected.
+        old, same = shadow.prompt_token_ids, min(shadow.num_cached_tokens, shadow.num_computed_tokens)
+        while same < shadow.num_computed_tokens and same < len(tokens) and old[same] == tokens[same]:
             same += 1
         shadow.prompt_token_ids = tokens
+        shadow.num_cached_tokens = len(tokens)
         shadow.num_computed_tokens = min(same, len(tokens) - 1)
         if not self.blocks.ensure_slots(shadow, len(tokens) + k - 1):
             self.forget(seq.request_id)
