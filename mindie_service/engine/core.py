@@ -256,7 +256,10 @@ class LLMEngine:
         result = self.runner.execute(out)
         chunks = out.sampled
         rows, drafts = verify_rows(chunks, [self.scheduler.seqs[c.request_id] for c in chunks])
-        return out, result, self.sampler.sample(result.logits, rows, drafts) if rows else SampleResult([], [], [])
+        if not rows:
+            return out, result, SampleResult([], [], [])
+        # drafts only for a step that verifies some: a plain step calls sample(logits, rows) as it always did
+        return out, result, self.sampler.sample(result.logits, rows, **({"drafts": drafts} if drafts else {}))
 
     def _execute(self, out: SchedulerOutput) -> tuple[list[_Outcome], list[Event]]:
         """Run the step; if it raises, run each request alone and fail only those that still raise."""
