@@ -7,6 +7,7 @@ from typing import Any
 
 from mindie_service.engine.engine_config import EngineConfig, LoraModuleSpec
 from mindie_service.engine.kv_event_types import KVEventsConfig
+from mindie_service.engine.spec_config import SpeculativeConfig
 
 STANDARD_MOCK = "StandardMock"
 
@@ -96,6 +97,7 @@ class ModelSettings:
     trust_remote_code: bool
     quantization: str | None = None  # None | "w8a16" | "w8a8"
     kv_cache_dtype: str = "auto"  # "auto" | "int8"
+    speculative: SpeculativeConfig | None = None  # plugin_params (+ speculationGamma), draft path resolved
 
     @property
     def mock(self) -> bool:
@@ -208,7 +210,8 @@ class ServiceConfig:
                 s.session_spill_dir if b.model_instance_number * len(self.models) == 1
                 else f"{s.session_spill_dir}/{m.name}-{instance}"),
             kv_events=None if b.kv_events is None else b.kv_events.for_instance(
-                model_index * b.model_instance_number + instance))
+                model_index * b.model_instance_number + instance),
+            speculative_config=m.speculative)
 
     def check_files(self) -> None:
         """Raise ConfigError naming every missing file the config points at: model checkpoints

@@ -120,7 +120,12 @@ class Sampler:
             x = x.masked_fill(drop, float("-inf"))
         return x.softmax(-1)
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence],
+               drafts: list[int | None] | None = None) -> SampleResult:
+        """One token per row. ``drafts`` (speculative decoding, engine.speculative): rows of one request
+        are consecutive verify positions; row r's token is checked against ``drafts[r]`` and once one
+        differs the request's later rows are not drawn (their generator is not advanced): every emitted
+        token costs the generator one draw, in order, as without speculation."""
         # A row with a NaN, a +inf, or nothing above -inf has no distribution to sample. One check of the
         # whole step first: the per-row checks run only when something is not finite (rare).
         bad = None if bool(logits.isfinite().all()) else _bad_rows(logits)
@@ -144,10 +149,16 @@ class Sampler:
             assert probs is not None
             snapshot = {seqs[r].request_id: g.get_state() for r in sample_rows
                         if (g := self._generators.get(seqs[r].request_id)) is not None}
+            stopped: set[str] = set()  # requests whose run ended at a rejected draft
             try:
                 for j, r in enumerate(sample_rows):
+                    rid = seqs[r].request_id
+                    if rid in stopped:
+                        continue
                     g = self._generator(seqs[r], x.device)
                     chosen[r] = torch.multinomial(probs[j], 1, generator=g)[0]
+                    if drafts is not None and drafts[r] is not None and int(chosen[r]) != drafts[r]:
+                        stopped.add(rid)
             except BaseException:
                 self._restore(snapshot, [seqs[r].request_id for r in sample_rows])
                 raise
