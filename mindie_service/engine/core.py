@@ -20,6 +20,7 @@ from mindie_service.engine.beam import BeamSearch, check_beam_request
 from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.engine_parts import load_parts
+from mindie_service.engine.grammar_step import GrammarFailed, GrammarStep, engine_hooks, fail_event
 from mindie_service.engine.output import OutputProcessor
 from mindie_service.engine.parallel.launcher import ParallelRunner, RankGroup
 from mindie_service.engine.model_runner import ModelRunner, kv_bytes_per_block
@@ -33,6 +34,7 @@ from mindie_service.engine.contract import PRIORITY_ONLINE, EngineRequest, Engin
 from mindie_service.errors import EngineDeadError, check
 from mindie_service.lora.manager import LoraManager
 from mindie_service.params.output_cap import output_cap
+from mindie_service.structured.compiler import build_compiler
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +87,8 @@ class LLMEngine:
         self.sampler = Sampler()
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids)
         self.beams = BeamSearch(self.scheduler, self.outputs, self.eos_token_ids, self.sessions)
+        self.grammar = GrammarStep(build_compiler(self.tokenizer, self.eos_token_ids, cfg.structured, self.vocab_size),
+                                   self.vocab_size, self.eos_token_ids, cfg.structured.forced_runs)
 
     @property
     def pool_tokens(self) -> int:
@@ -107,10 +111,11 @@ class LLMEngine:
         if p.num_beams > 1:
             check_beam_request(req, max(1, max_output), self.blocks.blocks_needed, self.blocks.num_blocks,
                                self.cfg.max_batch_size)
-        cache_key = self.lora.bind(rid, p.adapter_id) + cache_key  # last check: counts the request
         seq = Sequence(rid, ids, p, max(1, max_output), seed, cache_key=cache_key, mm_inputs=req.mm_inputs,
                        priority=req.priority,
                        session_id=req.session_id if self.sessions.enabled else None)
+        self.grammar.attach(seq)  # its matcher, from the compile cache (the input processor compiled it)
+        seq.cache_key = self.lora.bind(rid, p.adapter_id) + cache_key  # last check: counts the request
         if req.continued and req.session_id is not None:
             self.sessions.continued(req.session_id)
         self.outputs.add(seq)
@@ -208,6 +213,7 @@ class LLMEngine:
                     self.sampler.forget(chunk.request_id)
                 events.append(ev)
         self.scheduler.update(out, sampled, finished)
+        self.grammar.after_step(self.scheduler.seqs, sampled, *engine_hooks(self, events))
         for group, rows in beam_rows.items():
             if self.beams.searching(group):
                 events.extend(self.beams.advance(group, rows))
@@ -216,7 +222,10 @@ class LLMEngine:
     def _run(self, out: SchedulerOutput) -> _Outcome:
         result = self.runner.execute(out)
         seqs = [self.scheduler.seqs[c.request_id] for c in out.sampled]
-        return out, result, self.sampler.sample(result.logits, seqs) if seqs else SampleResult([], [], [])
+        if not seqs:
+            return out, result, SampleResult([], [], [])
+        logits = self.grammar.mask_logits(result.logits, seqs)  # structured output: before every penalty and warp
+        return out, result, self.sampler.sample(logits, seqs)
 
     def _execute(self, out: SchedulerOutput) -> tuple[list[_Outcome], list[Event]]:
         """Run the step; if it raises, run each request alone and fail only those that still raise."""
@@ -238,6 +247,9 @@ class LLMEngine:
                 outcomes.append(self._run(out.only(chunk)))
             except EngineDeadError:
                 raise
+            except GrammarFailed as e:
+                self.abort_request(rid)
+                failed.append(fail_event(cid, e.reasons.get(rid, str(e))))
             except NonFiniteRows:
                 logger.warning("request %s: non-finite logits, failing it", rid)
                 self.abort_request(rid)

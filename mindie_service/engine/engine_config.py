@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from mindie_service.errors import check
+from mindie_service.structured.backend import StructuredLimits
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,8 @@ class EngineConfig:
     device_ids: tuple[int, ...] | None = None
     multi_node: bool = False
     dist_port: int | None = None
+    # Structured output (ModelDeployConfig.structuredOutput): compile limits, the compile cache, forced runs.
+    structured: StructuredLimits = field(default_factory=StructuredLimits)
 
     @property
     def rank_devices(self) -> tuple[int, ...]:

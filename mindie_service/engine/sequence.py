@@ -42,6 +42,7 @@ class Sequence:
     aborted: bool = False
     session_id: str | None = None  # kept for continuation under this key when it finishes (engine.sessions)
     group: SequenceGroup | None = None  # the group this sequence is a member of (a beam); None: on its own
+    grammar: Any = None  # structured output: its engine.grammar_step.GrammarState (matcher, cached mask); None: free
 
     @property
     def num_tokens(self) -> int:
