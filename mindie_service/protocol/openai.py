@@ -20,7 +20,10 @@ from mindie_service.params.defaults import RequestDefaults
 from mindie_service.params.rule import Field, FieldTable, read_fields
 from mindie_service.params.table import BOOL, LOGIT_BIAS, OPENAI_CHAT, OPENAI_COMPLETION, VLLM
 from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
+from mindie_service.params.structured_field import read_structured
 from mindie_service.protocol.validation import get_str, get_str_list
+from mindie_service.structured.request_forms import GUIDED, one_of
+from mindie_service.structured.spec import StructuredSpec
 from mindie_service.sampling_params import INT32_MAX, MAX_LOGIT_BIAS, MAX_STOP_LEN, MAX_STOP_STRINGS, SamplingParams
 from multimodal import MediaItem, MediaPolicy
 
@@ -34,12 +37,13 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default on /v1/completions
 AUDIO_FORMATS = {"wav": "audio/wav", "mp3": "audio/mpeg", "flac": "audio/flac", "ogg": "audio/ogg"}
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
-           "frequency_penalty", "logit_bias", "stream", "stream_options", "user", "logprobs"}
+           "frequency_penalty", "logit_bias", "stream", "stream_options", "user", "logprobs", "response_format"}
 _FIELDS: dict[str, frozenset[str]] = {
     "completion": frozenset(_COMMON | {"prompt", "echo", "suffix", "best_of"}),
     "chat": frozenset(_COMMON | {"messages", "max_completion_tokens", "top_logprobs", "parallel_tool_calls"}),
 }
-VLLM_FIELDS = frozenset({"top_k", "repetition_penalty", "min_tokens", "ignore_eos"})
+VLLM_FIELDS = frozenset({"top_k", "repetition_penalty", "min_tokens", "ignore_eos", "structured_outputs",
+                         *GUIDED})
 _TABLES: dict[Kind, FieldTable] = {"completion": OPENAI_COMPLETION, "chat": OPENAI_CHAT}
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -222,6 +226,12 @@ def _vllm(body: dict[str, Any], support: Support, defaults: RequestDefaults, voc
             "ignore_eos": v.get("ignore_eos", False)}
 
 
+def _structured(body: dict[str, Any], support: Support) -> StructuredSpec | None:
+    """``response_format`` (OpenAI's, or TGI's chat form), or vLLM's ``structured_outputs`` / ``guided_*``."""
+    return one_of(("response_format", read_structured(body, "openai")),
+                  ("structured_outputs", read_structured(body, "vllm") if support == "vllm" else None))
+
+
 def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: ProtocolLimits, model: str,
                  defaults: RequestDefaults = RequestDefaults(), adapter_id: str | None = None,
                  request_id: str = "") -> OpenAIRequest:
@@ -251,7 +261,7 @@ def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: 
         repetition_penalty=x["repetition_penalty"], frequency_penalty=v.get("frequency_penalty", 0.0),
         presence_penalty=v.get("presence_penalty", 0.0), logit_bias=logit_bias, seed=v.get("seed"), stop=stop,
         ignore_eos=x["ignore_eos"], logprobs=v.get("logprobs") or None, prompt_logprobs=echo,
-        adapter_id=adapter_id)
+        adapter_id=adapter_id, structured_outputs=_structured(body, support))
     return OpenAIRequest(
         prompt=prompts[0], params=params, stream=stream, best_of=n, sampling=not greedy, kind=kind,
         model=model, prompts=prompts, echo=echo, logprobs=v.get("logprobs"), include_usage=include_usage,
