@@ -149,7 +149,7 @@ class InputProcessor:
             if self.mm_encoder is None:
                 keep = min(truncate or lim.max_input_len, lim.max_input_len) if lim.truncation else truncate
                 return self.chat.encode(prompt.messages, self.tokenize, bound=self.text_bound, keep=keep,
-                                        limit=lim.max_input_len), None, ()
+                                        limit=lim.max_input_len, tools=prompt.tools, fmt=prompt.tool_format), None, ()
             check_chat_chars(prompt.messages, self.text_bound, lim.max_input_len)  # a media prompt is never cut
             return self._media_ids(self.mm_encoder.prepare_chat(
                 [(m.role, m.content if isinstance(m.content, str) else

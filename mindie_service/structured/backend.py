@@ -32,6 +32,7 @@ class StructuredLimits:
     cache_size: int = 256  # compiled grammars kept (LRU)
     threads: int = 0  # mask-fill threads; 0: the library's default
     forced_runs: bool = True  # append grammar-forced tokens without sampling (one chunk next step)
+    tool_call_parser: str = ""  # the tool-call format (structured.tool_formats); "": found from the chat template
 
 
 @dataclass(frozen=True)
