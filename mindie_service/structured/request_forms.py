@@ -3,7 +3,8 @@ whether a schema or regex is valid is the compiler's to say (it compiles off the
 
 - OpenAI ``response_format``: ``{"type": "text"}``, ``{"type": "json_object"}``, ``{"type": "json_schema",
   "json_schema": {"name", "schema", "strict"?, "description"?}}``; TGI's chat form ``{"type": "json", "value":
-  <schema>}`` (huggingface_hub's client sends it) and ``{"type": "regex", "value": "..."}``.
+  <schema>}`` (huggingface_hub's client sends it) and ``{"type": "regex", "value": "..."}``. With ``strict``
+  true, objects that list their properties admit no others (OpenAI's strict mode).
 - TGI ``/generate*`` and MindIE ``/``: ``parameters.grammar`` ``{"type": "json" | "regex", "value": ...}``
   (TGI 1.4's shape; a JSON value may be a schema object or its JSON text).
 - vLLM ``structured_outputs`` (``openAiSupport: "vllm"``; ``spec.from_vllm``), and vLLM's older
@@ -15,7 +16,8 @@ import re
 from typing import Any
 
 from mindie_service.errors import ValidationError, check
-from mindie_service.structured.spec import ANY_JSON_OBJECT, StructuredSpec, choice_spec, from_vllm, json_spec, text_spec
+from mindie_service.structured.spec import (ANY_JSON_OBJECT, StructuredSpec, choice_spec, closed_objects, from_vllm,
+                                           json_spec, text_spec)
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for json_schema.name (and function names)
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
@@ -54,7 +56,8 @@ def response_format(v: Any, where: str = "response_format") -> StructuredSpec | 
               js.get("strict"))
         check(js.get("description") is None or isinstance(js.get("description"), str), f"{at}.description",
               "a string", js.get("description"))
-        return json_spec(js.get("schema", {}), f"{at}.schema")
+        schema = js.get("schema", {})
+        return json_spec(closed_objects(schema) if js.get("strict") else schema, f"{at}.schema")
     if kind in ("json", "regex"):  # TGI's chat route
         check(set(v) <= {"type", "value"}, where, '{"type", "value"}', sorted(v))
         check("value" in v, f"{where}.value", "present", None)

@@ -40,6 +40,20 @@ class StructuredSpec:
         return self.kind, self.source, self.whitespace_flexible
 
 
+def closed_objects(schema: Any) -> Any:
+    """``schema`` with every object that lists ``properties`` and says nothing of others closed to them
+    (``additionalProperties: false``): OpenAI's strict mode, and a tool call's arguments (the function's
+    parameters, no more). A schema that says otherwise keeps its word."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (v if k in ("const", "enum", "default", "examples") else closed_objects(v)) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
 def json_spec(schema: Any, where: str, *, whitespace_flexible: bool = False) -> StructuredSpec:
     """A JSON Schema (an object, or true: any JSON value) as a spec; its text compact, key order kept (the output follows the schema's property order)."""
     if schema is True:

@@ -7,7 +7,9 @@ call (``tool_choice`` required or a named function: always; ``auto``: lazily, on
     mistral      Mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
 
 A format is chosen from the model's chat template (``detect``), or named by the config key
-``ModelDeployConfig.structuredOutput.toolCallParser``. Plain data and text: no grammar library here."""
+``ModelDeployConfig.structuredOutput.toolCallParser``. A call's arguments hold the function's declared
+parameters only (objects listing properties admit no others unless they say so). Plain data and text: no
+grammar library here."""
 from __future__ import annotations
 
 import json
@@ -15,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from mindie_service.errors import ValidationError
+from mindie_service.structured.spec import closed_objects
+
+MAX_PARALLEL_CALLS = 16  # calls in one reply (parallel_tool_calls): a grammar that always ends
 
 
 @dataclass(frozen=True)
@@ -51,7 +56,8 @@ class ToolFormat:
     def _body(self, tools: Sequence[dict[str, Any]]) -> str:
         variants = [{"type": "object", "additionalProperties": False, "required": ["name", self.args_key],
                      "properties": {"name": {"const": t["function"]["name"]},
-                                    self.args_key: t["function"].get("parameters") or {"type": "object"}}}
+                                    self.args_key: closed_objects(t["function"].get("parameters")
+                                                                  or {"type": "object"})}}
                     for t in tools]
         schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
         schema["x-guidance"] = {"whitespace_flexible": False}
@@ -59,9 +65,9 @@ class ToolFormat:
 
     def _calls(self, parallel: bool) -> list[str]:
         """Rules ``calls`` (one group of calls, marker included) and ``call``."""
-        more = "*" if parallel else ""
+        more = "{0,%d}" % (MAX_PARALLEL_CALLS - 1) if parallel else ""
         if self.per_call_wrap:
-            return [f"calls: call{'+' if parallel else ''}",
+            return [f"calls: call{'{1,%d}' % MAX_PARALLEL_CALLS if parallel else ''}",
                     f"call: {json.dumps(self.open + chr(10))} body {json.dumps(chr(10) + self.close)}"]
         tail = f" {json.dumps(self.close)}" if self.close else ""
         # A bare-JSON family (llama3_json) needs no marker: its marker is a special token in the real tokenizer.
@@ -79,11 +85,11 @@ class ToolFormat:
         nl = chr(10)
         if self.per_call_wrap:
             rest = f"rest: {json.dumps(nl)} body {json.dumps(nl + self.close)}"
-            start = f"start: TEXT | (hd rest){'+' if parallel else ''}"
+            start = f"start: TEXT | (hd rest){'{1,%d}' % MAX_PARALLEL_CALLS if parallel else ''}"
         elif self.bare_json:  # text that does not start with "{", or the calls
             return nl.join(["start: TEXT | calls", "TEXT: /[^{](.|\\n)*/", *self._calls(parallel), body])
         else:
-            more = f" ({json.dumps(self.sep)} body)*" if self.sep and parallel else ""
+            more = f" ({json.dumps(self.sep)} body){{0,{MAX_PARALLEL_CALLS - 1}}}" if self.sep and parallel else ""
             rest = f"rest: {json.dumps(self.list_open)} body{more}" + (f" {json.dumps(self.close)}" if self.close else "")
             start = "start: TEXT | hd rest"
         return nl.join([start, "TEXT: /(.|\\n)*/", f"hd[lazy]: TEXT {json.dumps(self.open)}", rest, body])
