@@ -22,6 +22,7 @@ from mindie_service.config.settings import (BackendSettings, LogSettings, ModelS
                                             ServerSettings, ServiceConfig, TlsSettings)
 from mindie_service.engine.engine_config import LoraModuleSpec
 from mindie_service.errors import ConfigError
+from mindie_service.structured.backend import StructuredLimits
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +173,19 @@ def _backend(be: dict[str, Any], base: Path) -> BackendSettings:
         kernel_cache_dir=None if dep["kernelCacheDir"] is None else _resolve(base, dep["kernelCacheDir"]),
         models_dir=_resolve(base, dep["modelsDir"]), max_model_download_mb=int(dep["maxModelDownloadMb"]),
         multi_nodes_infer_enabled=bool(be.get("multiNodesInferEnabled", False)),
-        multi_nodes_infer_port=None if be.get("multiNodesInferPort") is None else int(be["multiNodesInferPort"]))
+        multi_nodes_infer_port=None if be.get("multiNodesInferPort") is None else int(be["multiNodesInferPort"]),
+        structured=structured_limits(dep.get("structuredOutput") or {}))
+
+
+_STRUCTURED_KEYS = {"maxLexerStates": "max_lexer_states", "initialLexerFuel": "initial_lexer_fuel",
+                    "stepLexerFuel": "step_lexer_fuel", "stepMaxItems": "step_max_items",
+                    "maxItemsInRow": "max_items_in_row", "maxGrammarSize": "max_grammar_size", "cacheSize": "cache_size",
+                    "threads": "threads", "forcedRuns": "forced_runs", "toolCallParser": "tool_call_parser"}
+
+
+def structured_limits(so: dict[str, Any]) -> StructuredLimits:
+    """ModelDeployConfig.structuredOutput (the schema checked its keys and ranges); absent keys keep the defaults."""
+    return StructuredLimits(**{_STRUCTURED_KEYS[k]: v for k, v in so.items() if k in _STRUCTURED_KEYS})
 
 
 def _schedule(sch: dict[str, Any]) -> ScheduleSettings:

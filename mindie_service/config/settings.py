@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from mindie_service.engine.engine_config import EngineConfig, LoraModuleSpec
+from mindie_service.structured.backend import StructuredLimits
 
 STANDARD_MOCK = "StandardMock"
 
@@ -121,6 +122,7 @@ class BackendSettings:
     multi_nodes_infer_port: int | None = None  # the rendezvous port; None = a free local port
     models_dir: str = ""  # the model catalog's folder (resolved); "" = models/ beside the config
     max_model_download_mb: int = 65536  # GET /v1/models/download/{id}: bytes fetched and unpacked, at most
+    structured: StructuredLimits = field(default_factory=StructuredLimits)  # ModelDeployConfig.structuredOutput
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,7 @@ class ServiceConfig:
             video_frames=b.video_frames, max_video_frames=b.max_video_frames, num_threads=b.num_threads,
             cpu_kernels=b.cpu_kernels, kernel_cache_dir=b.kernel_cache_dir, max_sessions=s.max_sessions,
             session_kv_share=s.session_kv_share, session_idle_seconds=s.session_idle_seconds,
-            max_session_tokens=s.max_session_tokens)
+            max_session_tokens=s.max_session_tokens, structured=b.structured)
 
     def check_files(self) -> None:
         """Raise ConfigError naming every missing file the config points at: model checkpoints
