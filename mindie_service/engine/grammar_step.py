@@ -31,7 +31,6 @@ from mindie_service.errors import ValidationError
 
 logger = logging.getLogger(__name__)
 MAX_FORCED_PER_STEP = 256  # forced tokens one request may take in one step (the rest follow next step)
-_SHIFTS = torch.arange(32, dtype=torch.int32)
 
 
 class GrammarFailed(RuntimeError):
@@ -59,13 +58,29 @@ class GrammarStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+_BYTE_BITS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool()  # byte -> its 8 bits, low first
+
+
 def allowed_bits(masks: torch.Tensor, vocab: int) -> torch.Tensor:
-    """int32 words [B, W] -> bool [B, vocab] (bits past the mask are False)."""
-    shifts = _SHIFTS.to(masks.device)
-    bits = ((masks.unsqueeze(-1) >> shifts) & 1).bool().reshape(masks.shape[0], -1)
+    """int32 words [B, W] -> bool [B, vocab] (bits past the mask are False): a table lookup per byte."""
+    table = _BYTE_BITS.to(masks.device)
+    bits = table[masks.contiguous().view(torch.uint8).long()].reshape(masks.shape[0], -1)
     if bits.shape[1] >= vocab:
         return bits[:, :vocab]
     return torch.cat([bits, bits.new_zeros(bits.shape[0], vocab - bits.shape[1])], 1)
+
+
+def single_tokens(masks: torch.Tensor) -> list[int | None]:
+    """Per row: the one allowed token when exactly one bit is set, else None (no unpacking: a row with one bit
+    has one non-zero word, a power of two)."""
+    nz = masks != 0
+    one_word = (nz.sum(-1) == 1).tolist()
+    where = nz.int().argmax(-1).tolist()
+    out: list[int | None] = []
+    for r, (single, w) in enumerate(zip(one_word, where)):
+        v = int(masks[r, w]) & 0xFFFFFFFF if single else 0
+        out.append(32 * w + v.bit_length() - 1 if v and v & (v - 1) == 0 else None)
+    return out
 
 
 class GrammarStep:
@@ -155,12 +170,9 @@ class GrammarStep:
             if not active:
                 return
             self._fill([s.grammar for s in active])
-            allowed = allowed_bits(torch.stack([s.grammar.mask for s in active]), self.vocab_size)
-            counts = allowed.sum(-1).tolist()
-            firsts = allowed.int().argmax(-1).tolist()
             nxt = []
-            for s, n, t in zip(active, counts, firsts):
-                if n == 1 and s.grammar.matcher.error() is None and force(s, t):
+            for s, t in zip(active, single_tokens(torch.stack([s.grammar.mask for s in active]))):
+                if t is not None and t < self.vocab_size and s.grammar.matcher.error() is None and force(s, t):
                     s.grammar.mask = None
                     if not s.grammar.matcher.consume(t):  # cannot happen: t was the one allowed token
                         logger.warning("request %s: forced token %d refused by its matcher", s.request_id, t)
