@@ -107,7 +107,7 @@ def forced(model: str, n: int, new: int) -> None:
         clock = StepClock(llm.engine)
         dt, tok, outs = run(llm, ps, [p] * n)
         res[on] = (dt, tok, clock.steps, [o.outputs[0].token_ids for o in outs], llm.engine.grammar.stats.forced_tokens)
-    (d0, t0, s0, o0, _), (d1, t1, s1, o1, f1) = res[False], res[True]
+    (d0, _, s0, o0, _), (d1, t1, s1, o1, f1) = res[False], res[True]
     print(f"[3] forced runs, {n} greedy streams of a 12-key schema: off {d0:.2f} s / {s0} steps, on {d1:.2f} s / "
           f"{s1} steps -> {d0 / d1:.2f}x faster; {f1} of {t1} tokens forced; outputs identical: {o0 == o1}")
 

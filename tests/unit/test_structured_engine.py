@@ -6,8 +6,8 @@ import json
 import jsonschema
 import pytest
 
-from mindie_service.engine.contract import EngineRequest, FailedEvent
-from mindie_service.errors import GenerationError, ValidationError
+from mindie_service.engine.contract import FailedEvent
+from mindie_service.errors import ValidationError
 from mindie_service.llm import LLM
 from mindie_service.sampling_params import SamplingParams
 from mindie_service.structured.backend import StructuredLimits
@@ -105,6 +105,12 @@ def test_bad_grammars_are_refused_with_the_reason_and_beams_by_name(llms):
         SamplingParams(num_beams=2, temperature=0.0, structured_outputs={"json": SCHEMA})
     with pytest.raises(ValidationError, match="exactly one"):
         SamplingParams(structured_outputs={"json": SCHEMA, "regex": "a"})
+
+    class StructuredOutputsParams:  # vLLM's dataclass shape: its attributes are read
+        json = None
+        regex = "[0-9]+"
+        choice = grammar = json_object = None
+    assert SamplingParams(structured_outputs=StructuredOutputsParams()).structured_outputs.kind == "regex"
 
 
 def _drain(eng) -> dict[str, list]:
