@@ -61,7 +61,7 @@ PROPS = st.dictionaries(st.sampled_from(["city", "n", "ok", "tag", "items"]), st
                                   "maxItems": 3}]), min_size=1, max_size=4)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(props=PROPS, seed=st.integers(0, 2**32), choice=st.sampled_from(["required", "auto", "f"]),
        fmt=st.sampled_from(sorted(FORMATS)), cuts=st.lists(st.integers(0, 400), max_size=20))
 def test_model_tool_calls_stream_as_they_answer_whole(llm, props, seed, choice, fmt, cuts):
