@@ -24,6 +24,7 @@ from mindie_service.engine.engine_config import LoraModuleSpec
 from mindie_service.engine.kv_event_types import KVEventsConfig
 from mindie_service.engine.spec_config import SpeculativeConfig
 from mindie_service.errors import ConfigError
+from mindie_service.structured.backend import StructuredLimits
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +177,19 @@ def _backend(be: dict[str, Any], base: Path) -> BackendSettings:
         models_dir=_resolve(base, dep["modelsDir"]), max_model_download_mb=int(dep["maxModelDownloadMb"]),
         multi_nodes_infer_enabled=bool(be.get("multiNodesInferEnabled", False)),
         multi_nodes_infer_port=None if be.get("multiNodesInferPort") is None else int(be["multiNodesInferPort"]),
-        kv_events=_kv_events(be.get("kvEventsConfig") or {}), instance_routing=be["instanceRouting"])
+        kv_events=_kv_events(be.get("kvEventsConfig") or {}), instance_routing=be["instanceRouting"],
+        structured=structured_limits(dep.get("structuredOutput") or {}))
+
+
+_STRUCTURED_KEYS = {"maxLexerStates": "max_lexer_states", "initialLexerFuel": "initial_lexer_fuel",
+                    "stepLexerFuel": "step_lexer_fuel", "stepMaxItems": "step_max_items",
+                    "maxItemsInRow": "max_items_in_row", "maxGrammarSize": "max_grammar_size", "cacheSize": "cache_size",
+                    "threads": "threads", "forcedRuns": "forced_runs", "toolCallParser": "tool_call_parser"}
+
+
+def structured_limits(so: dict[str, Any]) -> StructuredLimits:
+    """ModelDeployConfig.structuredOutput (the schema checked its keys and ranges); absent keys keep the defaults."""
+    return StructuredLimits(**{_STRUCTURED_KEYS[k]: v for k, v in so.items() if k in _STRUCTURED_KEYS})
 
 
 def _kv_events(ev: dict[str, Any]) -> KVEventsConfig | None:

@@ -124,3 +124,4 @@ class InputFacts:
     video_frames: int = 8  # frames sampled per video
     sessions: SessionTokens | None = None
     chat_prefixes: Any = None
+    grammars: Any = None  # structured.compiler.GrammarCompiler of the engine's tokenizer; None: no structured output

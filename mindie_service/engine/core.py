@@ -21,6 +21,7 @@ from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.engine_parts import load_parts
 from mindie_service.engine.kv_event_types import BlockEventSink, FanOutSink
+from mindie_service.engine.grammar_step import GrammarFailed, GrammarStep, engine_hooks, fail_event
 from mindie_service.engine.output import OutputProcessor
 from mindie_service.engine.parallel.launcher import ParallelRunner, RankGroup
 from mindie_service.engine.model_runner import ModelRunner, kv_bytes_per_block
@@ -35,6 +36,7 @@ from mindie_service.engine.contract import PRIORITY_ONLINE, EngineRequest, Engin
 from mindie_service.errors import EngineDeadError, check
 from mindie_service.lora.manager import LoraManager
 from mindie_service.params.output_cap import output_cap
+from mindie_service.structured.compiler import build_compiler
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +103,8 @@ class LLMEngine:
             self.spill = SessionSpill(self, cfg.session_spill_dir, spill_cap(self, cfg))
             self.sessions.on_evict = self.spill.on_evict
             self.spill.restore_all()
+        self.grammar = GrammarStep(build_compiler(self.tokenizer, self.eos_token_ids, cfg.structured, self.vocab_size),
+                                   self.vocab_size, self.eos_token_ids, cfg.structured.forced_runs)
 
     @property
     def pool_tokens(self) -> int:
@@ -123,10 +127,11 @@ class LLMEngine:
         if p.num_beams > 1:
             check_beam_request(req, max(1, max_output), self.blocks.blocks_needed, self.blocks.num_blocks,
                                self.cfg.max_batch_size)
-        cache_key = self.lora.bind(rid, p.adapter_id) + cache_key  # last check: counts the request
         seq = Sequence(rid, ids, p, max(1, max_output), seed, cache_key=cache_key, mm_inputs=req.mm_inputs,
                        priority=req.priority,
                        session_id=req.session_id if self.sessions.enabled else None)
+        self.grammar.attach(seq)  # its matcher, from the compile cache (the input processor compiled it)
+        seq.cache_key = self.lora.bind(rid, p.adapter_id) + cache_key  # last check: counts the request
         if req.continued and req.session_id is not None:
             self.sessions.continued(req.session_id)
         self.outputs.add(seq)
@@ -257,6 +262,7 @@ class LLMEngine:
             for rid in finished:
                 self.spec.finished(self._done[rid])
             self._done.clear()
+        self.grammar.after_step(self.scheduler.seqs, sampled, *engine_hooks(self, events))
         for group, rows in beam_rows.items():
             if self.beams.searching(group):
                 events.extend(self.beams.advance(group, rows))
@@ -289,8 +295,10 @@ class LLMEngine:
         rows, drafts = verify_rows(chunks, [self.scheduler.seqs[c.request_id] for c in chunks])
         if not rows:
             return out, result, SampleResult([], [], [])
+        # structured output: before every penalty and warp (constrained rows never carry drafts)
+        logits = self.grammar.mask_logits(result.logits, rows)
         # drafts only for a step that verifies some: a plain step calls sample(logits, rows) as it always did
-        return out, result, self.sampler.sample(result.logits, rows, **({"drafts": drafts} if drafts else {}))
+        return out, result, self.sampler.sample(logits, rows, **({"drafts": drafts} if drafts else {}))
 
     def _execute(self, out: SchedulerOutput) -> tuple[list[_Outcome], list[Event]]:
         """Run the step; if it raises, run each request alone and fail only those that still raise."""
@@ -312,6 +320,9 @@ class LLMEngine:
                 outcomes.append(self._run(out.only(chunk)))
             except EngineDeadError:
                 raise
+            except GrammarFailed as e:
+                self.abort_request(rid)
+                failed.append(fail_event(cid, e.reasons.get(rid, str(e))))
             except NonFiniteRows:
                 logger.warning("request %s: non-finite logits, failing it", rid)
                 self.abort_request(rid)

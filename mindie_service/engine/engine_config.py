@@ -13,6 +13,7 @@ from typing import Any
 from mindie_service.engine.kv_event_types import KVEventsConfig
 from mindie_service.engine.spec_config import SpeculativeConfig, as_speculative_config
 from mindie_service.errors import check
+from mindie_service.structured.backend import StructuredLimits
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ class EngineConfig:
     device_ids: tuple[int, ...] | None = None
     multi_node: bool = False
     dist_port: int | None = None
+    # Structured output (ModelDeployConfig.structuredOutput): compile limits, the compile cache, forced runs.
+    structured: StructuredLimits = field(default_factory=StructuredLimits)
     # KV-cache events in vLLM's wire format over ZMQ (engine.kv_events); None or not enabled = off.
     kv_events: KVEventsConfig | None = None
     # Speculative decoding (engine.speculative): None = off; vLLM's dict is accepted and converted.

@@ -46,6 +46,7 @@ class Sequence:
     # scheduler keeps as many as its budget and blocks allow), and the proposer's per-sequence state.
     draft_token_ids: list[int] = field(default_factory=list)
     spec: Any = None
+    grammar: Any = None  # structured output: its engine.grammar_step.GrammarState (matcher, cached mask); None: free
 
     @property
     def num_tokens(self) -> int:

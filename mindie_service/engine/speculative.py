@@ -142,8 +142,11 @@ class Speculator:
 
 
 def _eligible(seq: Sequence) -> bool:
-    """A row on its own (beams stay unspeculated), past its prompt, decoding its next token."""
-    return seq.group is None and bool(seq.output_token_ids) and not prefilling(seq)
+    """A row on its own (beams stay unspeculated), past its prompt, decoding its next token, and free of a
+    grammar (a constrained row's forced runs already feed several tokens per step; its drafts would need the
+    matcher's mask at every draft position, not wired yet)."""
+    return (seq.group is None and getattr(seq, "grammar", None) is None and bool(seq.output_token_ids)
+            and not prefilling(seq))
 
 
 def build_speculator(cfg: SpeculativeConfig | None, engine_cfg: Any, device: Any, num_blocks: int,
