@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 
 # What the ready banner asks: a real instruct model answers both with Paris.
 MINDIE_BODY = '{"inputs": "The capital of France is", "parameters": {"max_new_tokens": 8}}'
-CHAT_BODY = '{"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 30}'
+CHAT_BODY = ('{"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 30, '
+             '"temperature": 0}')
 
 
 def _dev_cert_dir(cfg: ServiceConfig) -> Path | None:

@@ -30,9 +30,11 @@ UNK_ID, BOS_ID, EOS_ID, PAD_ID = range(4)
 # Hermes / Qwen2.5 style: their schemas in a system turn, an assistant's calls as <tool_call> JSON, a tool's
 # answer as a <|tool|> turn in <tool_response>. bos comes from the template (HF convention:
 # apply_chat_template(tokenize=True) encodes with add_special_tokens=False); encode rendered text with
-# add_special_tokens=False to avoid a double bos.
+# add_special_tokens=False to avoid a double bos. Undefined names are tested with `is defined`: clients such as
+# lm-eval render the served template with jinja2's StrictUndefined.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% set tools = tools if tools is defined else none %}"
     "{% if tools %}<|system|>\n"
     "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -49,7 +51,7 @@ CHAT_TEMPLATE = (
     " | map(attribute='text') | join('\\n') %}{% endif %}"
     "{% if message['role'] == 'tool' %}<|tool|>\n<tool_response>\n{{ content }}\n</tool_response>{{ eos_token }}\n"
     "{% else %}<|{{ message['role'] }}|>\n{{ content }}"
-    "{% for call in message['tool_calls'] or [] %}{% set f = call['function'] if call['function'] is defined else call %}"
+    "{% for call in (message['tool_calls'] if message['tool_calls'] is defined else none) or [] %}{% set f = call['function'] if call['function'] is defined else call %}"
     "<tool_call>\n{\"name\": \"{{ f['name'] }}\", \"arguments\": "
     "{{ f['arguments'] if f['arguments'] is string else f['arguments'] | tojson }}}\n</tool_call>"
     "{% endfor %}{{ eos_token }}\n{% endif %}"
