@@ -98,3 +98,39 @@ def test_prompt_scoring_matches_transformers(shipped_server, hf_smollm):
     got = lp["token_logprobs"][1:]
     assert max(abs(a - b) for a, b in zip(got, expected)) < 1e-4
     assert "".join(lp["tokens"]) == r.json()["choices"][0]["text"] == text
+
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
+          "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0},
+                         "city": {"type": "string", "maxLength": 40}}}
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "required": ["city"], "additionalProperties": False,
+                   "properties": {"city": {"type": "string", "maxLength": 40},
+                                  "unit": {"enum": ["celsius", "fahrenheit"]}}}}}
+
+
+def test_structured_output_and_tools_on_the_real_model(shipped_server):
+    """The real instruct model under a JSON schema and a required tool call: every answer parses and
+    validates (greedy and sampled), through the shipped server's OpenAI route."""
+    import jsonschema
+
+    _, srv = shipped_server
+    ask = [{"role": "user", "content": "Describe a person who lives in Paris as JSON."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    for temperature, seed in ((0, None), (1.0, 7)):
+        r = srv.post("/v1/chat/completions", {"model": "SmolLM2-135M-Instruct", "messages": ask, "max_tokens": 120,
+                                              "temperature": temperature, "seed": seed, "response_format": fmt})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "stop", choice
+        jsonschema.validate(json.loads(choice["message"]["content"]), PERSON)
+    r = srv.post("/v1/chat/completions", {
+        "model": "SmolLM2-135M-Instruct", "max_tokens": 120, "temperature": 0, "tools": [WEATHER_TOOL],
+        "tool_choice": "required", "messages": [{"role": "user", "content": "What is the weather in Lyon?"}]})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    call = choice["message"]["tool_calls"][0]["function"]
+    assert call["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["arguments"]), WEATHER_TOOL["function"]["parameters"])
