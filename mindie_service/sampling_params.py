@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 from mindie_service.errors import check
 from mindie_service.params.adapter_name import BASE_ADAPTER, is_base_adapter, unknown_adapter_message
 from mindie_service.params.ranges import INT32_MAX, UINT64_MAX
-from mindie_service.structured.spec import StructuredSpec, from_vllm
+from mindie_service.structured.grammar_spec import StructuredSpec, from_vllm
 from mindie_service.params.table import (ENGINE, LOGIT_BIAS, MAX_BEAMS, MAX_LOGIT_BIAS, MAX_STOP_LEN,
                                          MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, TOKEN_ID)
 
@@ -44,7 +44,7 @@ class SamplingParams:
     length_penalty: float = 1.0  # final score = sum of logprobs / generated_length ** length_penalty
     early_stopping: bool | str = False  # True, False (HF's heuristic) or "never"
     # Structured output (vLLM's shape: an object or dict of json | regex | choice | grammar | json_object, or a
-    # structured.spec.StructuredSpec): the output matches it; None: unconstrained.
+    # structured.grammar_spec.StructuredSpec): the output matches it; None: unconstrained.
     structured_outputs: StructuredSpec | None = None
 
     def __post_init__(self) -> None:

@@ -5,7 +5,7 @@ from typing import Any, Mapping
 
 from mindie_service.params.table import STRUCTURED
 from mindie_service.structured import request_forms
-from mindie_service.structured.spec import StructuredSpec
+from mindie_service.structured.grammar_spec import StructuredSpec
 
 _FORMS = {"response_format": request_forms.response_format, "tgi_grammar": request_forms.tgi_grammar}
 

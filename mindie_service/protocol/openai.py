@@ -25,7 +25,7 @@ from mindie_service.protocol.validation import get_str, get_str_list
 from mindie_service.protocol.tool_calls import ToolsRequest, message_tool_fields, parse_tools
 from mindie_service.structured.request_forms import GUIDED, one_of
 from mindie_service.structured.tool_formats import ToolFormat, detect
-from mindie_service.structured.spec import StructuredSpec
+from mindie_service.structured.grammar_spec import StructuredSpec
 from mindie_service.sampling_params import INT32_MAX, MAX_LOGIT_BIAS, MAX_STOP_LEN, MAX_STOP_STRINGS, SamplingParams
 from multimodal import MediaItem, MediaPolicy
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from mindie_service.errors import ValidationError, check
 from mindie_service.structured.request_forms import NAME_RE
-from mindie_service.structured.spec import StructuredSpec
+from mindie_service.structured.grammar_spec import StructuredSpec
 from mindie_service.structured.tool_formats import ToolFormat
 
 MAX_TOOLS = 128

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from mindie_service.structured.spec import StructuredSpec
+from mindie_service.structured.grammar_spec import StructuredSpec
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from mindie_service.structured.backend import CompiledGrammar, GrammarBackend, Matcher, StructuredLimits
-from mindie_service.structured.spec import StructuredSpec
+from mindie_service.structured.grammar_spec import StructuredSpec
 
 logger = logging.getLogger(__name__)
 

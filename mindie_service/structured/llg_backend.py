@@ -16,7 +16,7 @@ from llguidance import LLExecutor, LLMatcher, LLParserLimits
 
 from mindie_service.errors import ValidationError
 from mindie_service.structured.backend import CompiledGrammar, Matcher, StructuredLimits
-from mindie_service.structured.spec import StructuredSpec
+from mindie_service.structured.grammar_spec import StructuredSpec
 
 logger = logging.getLogger(__name__)
 _SCHEMA_ERROR_MAX = 600  # characters of the library's reason quoted in a refusal

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from mindie_service.errors import ValidationError, check
-from mindie_service.structured.spec import (ANY_JSON_OBJECT, StructuredSpec, choice_spec, closed_objects, from_vllm,
+from mindie_service.structured.grammar_spec import (ANY_JSON_OBJECT, StructuredSpec, choice_spec, closed_objects, from_vllm,
                                            json_spec, text_spec)
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for json_schema.name (and function names)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from mindie_service.errors import ValidationError
-from mindie_service.structured.spec import closed_objects
+from mindie_service.structured.grammar_spec import closed_objects
 
 MAX_PARALLEL_CALLS = 16  # calls in one reply (parallel_tool_calls): a grammar that always ends
 
