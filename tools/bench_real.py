@@ -83,7 +83,7 @@ def workload(tok: object, n: int, seed: int) -> tuple[list[list[int]], list[int]
 
 
 def make_llm(model: str, q: str | None, batch: int, head: str = "float") -> LLM:
-    over = {"lm_head_quant": head} if head != "float" else {}
+    over = {"quantize_lm_head": True} if head == "int8" else {}
     return LLM(model, dtype="float32", max_batch_size=batch, cache_block_size=16, quantization=q,
                max_seq_len=512, **over)
 
