@@ -7,7 +7,7 @@ import sys
 
 # mindie_service.devkit.presets.PRESETS' names (importing it here would load torch for every command;
 # tests/unit/test_cli_help.py keeps the two equal)
-DEMO_PRESETS = ("tiny", "tiny-eos", "small", "tiny-vl", "tiny-audio")
+DEMO_PRESETS = ("tiny", "tiny-eos", "small", "tiny-draft", "small-draft", "tiny-vl", "tiny-audio")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,9 +27,11 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--instance", type=int, default=0, help="the model instance (npuDeviceIds group) to join")
 
     d = sub.add_parser("demo-model", help="build a random-weight demo checkpoint with a locally trained tokenizer")
-    d.add_argument("--preset", default="tiny", choices=DEMO_PRESETS,
+    d.add_argument("--preset", default="tiny", metavar="{" + ",".join(DEMO_PRESETS) + "}",
                    help="tiny (1.3M-parameter Llama), tiny-eos (tiny with a reachable EOS), small (32M Llama), "
-                        "tiny-vl (LLaVA), tiny-audio (Qwen2-Audio); random weights (default: tiny)")
+                        "tiny-draft / small-draft (the first layer of tiny / small: speculative-decoding drafts), "
+                        "tiny-vl (LLaVA), tiny-audio (Qwen2-Audio); random weights (default: tiny). An unknown "
+                        "name exits 2 with one line naming the presets")
     d.add_argument("--out", required=True, help="the checkpoint folder to write")
     d.add_argument("--seed", type=int, default=0, help="the weights' random seed (default: 0)")
     d.add_argument("--if-missing", action="store_true",

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 from mindie_service.errors import check
 from mindie_service.params.adapter_name import BASE_ADAPTER, is_base_adapter, unknown_adapter_message
 from mindie_service.params.ranges import INT32_MAX, UINT64_MAX
+from mindie_service.structured.spec import StructuredSpec, from_vllm
 from mindie_service.params.table import (ENGINE, LOGIT_BIAS, MAX_BEAMS, MAX_LOGIT_BIAS, MAX_STOP_LEN,
                                          MAX_STOP_STRINGS, MAX_TOP_LOGPROBS, TOKEN_ID)
 
@@ -42,6 +43,9 @@ class SamplingParams:
     num_beams: int = 1
     length_penalty: float = 1.0  # final score = sum of logprobs / generated_length ** length_penalty
     early_stopping: bool | str = False  # True, False (HF's heuristic) or "never"
+    # Structured output (vLLM's shape: an object or dict of json | regex | choice | grammar | json_object, or a
+    # structured.spec.StructuredSpec): the output matches it; None: unconstrained.
+    structured_outputs: StructuredSpec | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -50,6 +54,7 @@ class SamplingParams:
             self.stop = []
         else:
             self.stop = list(self.stop)
+        self.structured_outputs = from_vllm(self.structured_outputs)
         self.validate()
 
     @property
@@ -73,6 +78,11 @@ class SamplingParams:
         for s in self.stop:
             check(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LEN, "stop",
                   f"a list of non-empty strings of at most {MAX_STOP_LEN} characters", s)
+        if self.structured_outputs is not None:
+            check(self.num_beams == 1, "num_beams", "1 with structured output (beam search under a grammar is not "
+                  "supported)", self.num_beams)
+            check(not self.ignore_eos, "ignore_eos", "false with structured output (the grammar decides the end)",
+                  self.ignore_eos)
         if self.num_beams > 1:
             check(self.greedy, "num_beams", "1 when sampling (temperature > 0): beam sampling is not supported",
                   self.num_beams)

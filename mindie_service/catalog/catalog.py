@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+from mindie_service.catalog.checkpoint_kind import check_folder, declared_kind, detect
 from mindie_service.catalog.fit_estimate import estimate
 from mindie_service.catalog.model_json import ModelRecord, check_model_id, read_model_json
 from mindie_service.catalog.shared_files import first_user
@@ -59,6 +60,11 @@ class Target:
     defaults: RequestDefaults
 
 
+def _float_bytes(dtype: str) -> int:
+    """Bytes per weight value once loaded: 2 for a half dtype, else 4 (float32, and "auto" on the CPU)."""
+    return 2 if dtype in ("float16", "bfloat16") else 4
+
+
 class Catalog:
     def __init__(self, config: Any, models_dir: Path, build: Build | None,
                  on_default: Callable[[EngineClient | None], None] = lambda e: None,
@@ -94,7 +100,8 @@ class Catalog:
         return p
 
     def scan(self) -> None:
-        """Pick up folders added under modelsDir (a folder with config.json or a model.json)."""
+        """Pick up folders added under modelsDir (a folder with config.json, one with a .gguf file, or one with a
+        model.json)."""
         if not self.models_dir.is_dir():
             return
         for d in sorted(self.models_dir.iterdir()):
@@ -105,10 +112,11 @@ class Catalog:
             except ValidationError:
                 continue
             rec = read_model_json(d, d.name)
-            has_ckpt = (d / "config.json").is_file()
+            kind = detect(d)
+            has_ckpt = kind is not None
             if rec is None and not has_ckpt:
                 continue
-            rec = rec or ModelRecord(id=d.name, name=d.name)
+            rec = rec or ModelRecord(id=d.name, name=d.name, format=kind or "")
             rec.id = d.name
             self.entries[d.name] = CatalogEntry(d.name, d, rec, state="downloaded" if has_ckpt else "not_downloaded")
 
@@ -178,7 +186,11 @@ class Catalog:
         import torch
 
         world = self.config.models[e.config_index].world_size if e.config_index is not None else 1
-        est = estimate(e.folder, cfg.max_seq_len, world_size=world)
+        try:
+            est = estimate(e.folder, cfg.max_seq_len, world_size=world, float_bytes=_float_bytes(cfg.dtype))
+        except ValidationError as ex:  # an unreadable checkpoint: the load says so, as the model's load_error
+            logger.warning("model %s: no memory estimate (%s); starting it reports why", e.id, ex)
+            return
         free, _ = memory_info(torch.device("cpu"))
         n = len(self.instance_configs(e, cfg))  # each model instance holds its own weights and KV pool
         if est.total * n > free:
@@ -194,8 +206,10 @@ class Catalog:
             return e
         if e.state in ("stopping", "downloading", "not_downloaded"):
             raise ConflictError(f"model {model_id} cannot start while {e.state}")
-        if not (e.folder / "config.json").is_file() and not e.mock:
-            raise ConflictError(f"model {model_id} has no checkpoint (config.json) in its folder")
+        if not e.mock and detect(e.folder) is None:
+            raise ConflictError(f"model {model_id} has no checkpoint in its folder (config.json, or one .gguf file)")
+        if not e.mock:
+            check_folder(e.id, e.record.format, e.folder)  # model.json's format, several .gguf files: 422
         if self.build is None:
             raise ConflictError("models cannot be started in this process (no engine builder)")
         cfg = self.engine_config(e)
@@ -296,6 +310,7 @@ class Catalog:
         if not e.owned_folder:
             raise ConflictError(f"model {model_id} is a ModelConfig entry of config.json; its weights are not "
                                 "the catalog's to replace")
+        declared_kind(e.id, e.record.format)  # a format this service cannot run is refused before fetching
         src = await check_source(e.record.source_url, policy)
         before = e.state
         e.state, e.error, e.progress = "downloading", None, {"bytes_done": 0, "bytes_total": None}
@@ -314,7 +329,7 @@ class Catalog:
         try:
             tick = asyncio.ensure_future(self._show(e, prog))
             try:
-                await self._fetch(e, src, staging, cap, policy, prog)
+                await dl.fetch_into(e.id, e.record.assets, src, staging, cap, policy, prog)
             finally:
                 tick.cancel()
             root = dl.checkpoint_root(staging)
@@ -333,39 +348,6 @@ class Catalog:
             e.progress = {}
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-
-    async def _fetch(self, e: CatalogEntry, src: Any, staging: Path, cap: int, policy: Any, prog: Any) -> None:
-        from mindie_service.catalog import download as dl
-
-        loop = asyncio.get_running_loop()
-        ref = src.url or str(src.path)
-        is_archive = ref.lower().split("?", 1)[0].endswith(dl.ARCHIVES)
-        if src.path is not None and src.path.is_dir():
-            await loop.run_in_executor(None, lambda: shutil.copytree(src.path, staging / "ckpt", symlinks=False))
-            return
-        if src.path is not None:
-            if not is_archive:
-                raise ValidationError("source_url: a local source must be a folder or a .tar/.tar.gz/.zip archive")
-            await loop.run_in_executor(None, dl.extract, src.path, staging, cap)
-            return
-        if is_archive:
-            part = staging.parent / f".{e.id}.download"
-            try:
-                await dl.fetch_to_file(src, src.url, part, cap, policy, prog)
-                await loop.run_in_executor(None, dl.extract, part, staging, cap)
-            finally:
-                part.unlink(missing_ok=True)
-            return
-        if not e.record.assets:
-            raise ValidationError("source_url: an URL that is not an archive needs the files listed in assets")
-        base = src.url.rstrip("/")
-        for a in e.record.assets:
-            name = a.rsplit("/", 1)[-1]
-            if not name or name in (".", "..") or "\\" in name:
-                raise ValidationError(f"assets: {a!r} is not a file name")
-            url = a if a.startswith(("http://", "https://")) else f"{base}/{name}"
-            asrc = src if url.startswith(base) else await dl.check_source(url, policy)
-            await dl.fetch_to_file(asrc, url, staging / name, cap - prog.bytes_done, policy, prog)
 
     @staticmethod
     async def _show(e: CatalogEntry, prog: Any) -> None:

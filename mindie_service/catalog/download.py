@@ -1,5 +1,6 @@
-"""Fetching a model into the catalog: an http(s) URL of a .tar / .tar.gz / .zip of a checkpoint folder (or of
-each file in ``assets``), or a local path under the allowed folders.
+"""Fetching a model into the catalog: an http(s) URL of a .tar / .tar.gz / .zip of a checkpoint folder, of one
+``.gguf`` file (a GGUF model), or of each file in ``assets``; or a local path (a folder, an archive, a ``.gguf``
+file) under the allowed folders.
 
 The guard (``mindie_service.netguard``) applies, with the downloader's own limits (``download_limits``): one DNS resolution
 checked against private/loopback/metadata addresses and pinned for the connection, no redirects,
@@ -9,6 +10,7 @@ no absolute paths, no ``..``, no links or devices. Everything is written to a st
 model's and moved into place only when complete, so a failed download leaves no half model."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
@@ -18,8 +20,9 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Callable
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
+from mindie_service.catalog.checkpoint_kind import detect
 from mindie_service.errors import MediaError, ValidationError
 from mindie_service.netguard import CheckedURL, PathLimits, UrlLimits, check_url, lexical_path, pinned_get, real_path_inside
 from multimodal import MediaPolicy
@@ -27,6 +30,7 @@ from multimodal import MediaPolicy
 logger = logging.getLogger(__name__)
 
 ARCHIVES = (".tar", ".tar.gz", ".tgz", ".zip")
+GGUF_SUFFIX = ".gguf"
 CHUNK = 1 << 20
 READ_TIMEOUT_FACTOR = 20  # weights take longer than a media item: 20 x the media read timeout
 ROOTS_HINT = "ServerConfig.allowedLocalMediaPaths"
@@ -143,13 +147,76 @@ def extract(archive: Path, out: Path, cap: int) -> None:
 
 
 def checkpoint_root(folder: Path) -> Path:
-    """The folder holding config.json: the staging folder itself or its single top-level folder."""
-    if (folder / "config.json").is_file():
+    """The folder holding the checkpoint (config.json, or a .gguf file without one): the staging folder itself
+    or its single top-level folder."""
+    if detect(folder) is not None:
         return folder
     subs = [p for p in folder.iterdir() if p.is_dir()]
-    if len(subs) == 1 and (subs[0] / "config.json").is_file():
+    if len(subs) == 1 and detect(subs[0]) is not None:
         return subs[0]
-    raise ValidationError("the downloaded model holds no config.json (a Hugging Face checkpoint folder)")
+    raise ValidationError("the downloaded model holds no checkpoint: neither config.json (a Hugging Face "
+                          "checkpoint folder) nor a .gguf file")
+
+
+def _file_name(ref: str, field: str) -> str:
+    """The plain file name an URL (its path, decoded) or an asset ends with; ValidationError for anything else."""
+    path = unquote(urlsplit(ref).path) if ref.startswith(("http://", "https://")) else ref
+    name = path.rsplit("/", 1)[-1]
+    if not name or name in (".", "..") or "\\" in name or name.startswith(".") or "\0" in name:
+        raise ValidationError(f"{field}: {ref!r} does not end with a file name")
+    return name
+
+
+def _is(ref: str, suffixes: tuple[str, ...] | str) -> bool:
+    return urlsplit(ref).path.lower().endswith(suffixes) if "://" in ref else ref.lower().endswith(suffixes)
+
+
+async def fetch_into(model_id: str, assets: list[str], src: Source, staging: Path, cap: int, policy: MediaPolicy,
+                     prog: Progress) -> None:
+    """Fetch a checked source into ``staging`` (an empty folder): a folder or archive as its files, a ``.gguf``
+    as that one file, an URL of neither as each file of ``assets``. At most ``cap`` bytes in all."""
+    loop = asyncio.get_running_loop()
+    ref = src.url or str(src.path)
+    if src.path is not None:
+        await loop.run_in_executor(None, _copy_local, src.path, staging, cap)
+        return
+    assert src.url is not None
+    if _is(ref, ARCHIVES):
+        part = staging.parent / f".{model_id}.download"
+        try:
+            await fetch_to_file(src, src.url, part, cap, policy, prog)
+            await loop.run_in_executor(None, extract, part, staging, cap)
+        finally:
+            part.unlink(missing_ok=True)
+        return
+    if _is(ref, GGUF_SUFFIX):  # one GGUF file is the whole model
+        await fetch_to_file(src, src.url, staging / _file_name(src.url, "source_url"), cap, policy, prog)
+        return
+    if not assets:
+        raise ValidationError("source_url: an URL that is neither an archive nor a .gguf file needs the files "
+                              "listed in assets")
+    base = src.url.rstrip("/")
+    for a in assets:
+        name = _file_name(a, "assets")
+        url = a if a.startswith(("http://", "https://")) else f"{base}/{name}"
+        asrc = src if url.startswith(base + "/") else await check_source(url, policy, field="assets")
+        await fetch_to_file(asrc, url, staging / name, cap - prog.bytes_done, policy, prog, field="assets")
+
+
+def _copy_local(path: Path, staging: Path, cap: int) -> None:
+    """A local source (already checked to lie in the allowed folders): a folder copied (links not followed), an
+    archive extracted, a ``.gguf`` file copied."""
+    if path.is_dir():
+        shutil.copytree(path, staging / "ckpt", symlinks=False)
+    elif _is(path.name, ARCHIVES):
+        extract(path, staging, cap)
+    elif _is(path.name, GGUF_SUFFIX):
+        if path.stat().st_size > cap:
+            raise _refuse(f"the file holds {path.stat().st_size} bytes, over the cap of {cap}", 413)
+        shutil.copyfile(path, staging / path.name)
+    else:
+        raise ValidationError("source_url: a local source must be a folder, a .tar/.tar.gz/.zip archive or a "
+                              ".gguf file")
 
 
 def move_into_place(staged: Path, target: Path, keep: Callable[[Path], None]) -> None:

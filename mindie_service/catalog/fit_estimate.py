@@ -1,5 +1,7 @@
 """Will a model fit? Its weights (read from the safetensors headers, so quantized tensors count at their
-stored size) plus a minimum KV pool (one full-length sequence), against the memory left now."""
+stored size; a GGUF file's tensors at the size they take once loaded: every ggml type, quantized ones included,
+is dequantized at load to the configured dtype) plus a minimum KV pool (one full-length sequence), against the
+memory left now. Only headers are read, never the tensors."""
 from __future__ import annotations
 
 import json
@@ -7,6 +9,10 @@ import logging
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from mindie_service.catalog.checkpoint_kind import GGUF, detect, the_gguf
+from mindie_service.errors import ValidationError
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +66,39 @@ def kv_min_bytes(config: dict[str, object], max_seq_len: int, dtype_bytes: int) 
     return 2 * layers * kv_heads * head_dim * dtype_bytes * max_seq_len
 
 
+def _gguf_reader(file: Path) -> Any:
+    from gguf import GGUFReader  # noqa: PLC0415 (only for a GGUF model)
+    try:
+        return GGUFReader(str(file))
+    except Exception as exc:  # noqa: BLE001 - any parse failure is the file's
+        raise ValidationError(f"GGUF file {file} is malformed or truncated ({type(exc).__name__}: {exc})") from exc
+
+
+def gguf_estimate_parts(file: Path, max_seq_len: int, float_bytes: int) -> tuple[int, int]:
+    """(weights, minimum KV pool) bytes of a GGUF file, from its header: every tensor at ``float_bytes`` per
+    value (the loader dequantizes each ggml type to the model's dtype), the KV pool from its attention metadata."""
+    reader = _gguf_reader(file)
+
+    def meta(key: str) -> Any:
+        f = reader.fields.get(key)
+        return f.contents() if f is not None else None
+    arch = meta("general.architecture")
+    weights = sum(int(t.n_elements) for t in reader.tensors if t.name != "rope_freqs.weight") * float_bytes
+    cfg = {"num_hidden_layers": meta(f"{arch}.block_count"),
+           "num_attention_heads": meta(f"{arch}.attention.head_count"),
+           "num_key_value_heads": meta(f"{arch}.attention.head_count_kv"),
+           "head_dim": meta(f"{arch}.attention.key_length"), "hidden_size": meta(f"{arch}.embedding_length")}
+    return weights, kv_min_bytes({k: v for k, v in cfg.items() if v is not None}, max_seq_len, float_bytes)
+
+
 def estimate(folder: Path, max_seq_len: int, world_size: int = 1, float_bytes: int = 4) -> MemoryEstimate:
-    """Per device: weights are split over ``world_size`` devices (tensor parallel), as is the KV pool."""
-    cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    w = weights_bytes(folder, float_bytes)
-    kv = kv_min_bytes(cfg, max_seq_len, float_bytes)
+    """Per device: weights are split over ``world_size`` devices (tensor parallel), as is the KV pool.
+    ValidationError (naming the file) for a GGUF file whose header cannot be read."""
+    if detect(folder) == GGUF:
+        w, kv = gguf_estimate_parts(the_gguf(folder), max_seq_len, float_bytes)
+    else:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        w = weights_bytes(folder, float_bytes)
+        kv = kv_min_bytes(cfg, max_seq_len, float_bytes)
     ws = max(1, world_size)
     return MemoryEstimate(w // ws, kv // ws)

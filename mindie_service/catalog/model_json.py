@@ -42,7 +42,7 @@ class ModelRecord:
     owned_by: str = "mindie-service"
     created: int = field(default_factory=lambda: int(time.time()))
     description: str = ""
-    format: str = "safetensors"
+    format: str = ""  # "safetensors", "gguf" / "ggufv3" (catalog/checkpoint_kind.py); "": the folder's own kind
     source_url: str = ""  # never a server path: a local model reports "local:{id}"
     settings: dict[str, Any] = field(default_factory=dict)
     parameters: dict[str, str] = field(default_factory=dict)  # values are strings, as in the seed
@@ -60,7 +60,7 @@ class ModelRecord:
         params = get("parameters", dict, {})
         return cls(id=model_id, name=get("name", str, model_id), version=str(d.get("version", "1")),
                    owned_by=get("owned_by", str, "mindie-service"), created=int(get("created", int, int(time.time()))),
-                   description=get("description", str, ""), format=get("format", str, "safetensors"),
+                   description=get("description", str, ""), format=get("format", str, ""),
                    source_url=get("source_url", str, ""), settings=get("settings", dict, {}),
                    parameters={str(k): str(v) for k, v in params.items()}, metadata=get("metadata", dict, {}),
                    assets=[str(a) for a in get("assets", list, [])],

@@ -22,7 +22,9 @@ from mindie_service.config.settings import (BackendSettings, LogSettings, ModelS
                                             ServerSettings, ServiceConfig, TlsSettings)
 from mindie_service.engine.engine_config import LoraModuleSpec
 from mindie_service.engine.kv_event_types import KVEventsConfig
+from mindie_service.engine.spec_config import SpeculativeConfig
 from mindie_service.errors import ConfigError
+from mindie_service.structured.backend import StructuredLimits
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +177,19 @@ def _backend(be: dict[str, Any], base: Path) -> BackendSettings:
         models_dir=_resolve(base, dep["modelsDir"]), max_model_download_mb=int(dep["maxModelDownloadMb"]),
         multi_nodes_infer_enabled=bool(be.get("multiNodesInferEnabled", False)),
         multi_nodes_infer_port=None if be.get("multiNodesInferPort") is None else int(be["multiNodesInferPort"]),
-        kv_events=_kv_events(be.get("kvEventsConfig") or {}), instance_routing=be["instanceRouting"])
+        kv_events=_kv_events(be.get("kvEventsConfig") or {}), instance_routing=be["instanceRouting"],
+        structured=structured_limits(dep.get("structuredOutput") or {}))
+
+
+_STRUCTURED_KEYS = {"maxLexerStates": "max_lexer_states", "initialLexerFuel": "initial_lexer_fuel",
+                    "stepLexerFuel": "step_lexer_fuel", "stepMaxItems": "step_max_items",
+                    "maxItemsInRow": "max_items_in_row", "maxGrammarSize": "max_grammar_size", "cacheSize": "cache_size",
+                    "threads": "threads", "forcedRuns": "forced_runs", "toolCallParser": "tool_call_parser"}
+
+
+def structured_limits(so: dict[str, Any]) -> StructuredLimits:
+    """ModelDeployConfig.structuredOutput (the schema checked its keys and ranges); absent keys keep the defaults."""
+    return StructuredLimits(**{_STRUCTURED_KEYS[k]: v for k, v in so.items() if k in _STRUCTURED_KEYS})
 
 
 def _kv_events(ev: dict[str, Any]) -> KVEventsConfig | None:
@@ -203,6 +217,14 @@ def _schedule(sch: dict[str, Any], base: Path) -> ScheduleSettings:
         session_spill_dir=None if sch.get("sessionSpillDir") is None else _resolve(base, sch["sessionSpillDir"]))
 
 
+def _speculative(m: dict[str, Any], dep: dict[str, Any], base: Path) -> SpeculativeConfig | None:
+    """ModelConfig.plugin_params (checked by config.rules) -> the engine's speculative decoding settings."""
+    spec = SpeculativeConfig.from_plugin_params(m.get("plugin_params", ""), dep.get("speculationGamma"))
+    if spec is not None and spec.model is not None:
+        spec = dataclasses.replace(spec, model=_resolve(base, spec.model))
+    return spec
+
+
 def _build(cfg_path: Path, d: dict[str, Any], raw: dict[str, Any]) -> ServiceConfig:
     base = cfg_path.parent
     be, log = d["BackendConfig"], d["LogConfig"]
@@ -211,7 +233,7 @@ def _build(cfg_path: Path, d: dict[str, Any], raw: dict[str, Any]) -> ServiceCon
         instance_type=m["modelInstanceType"], name=m["modelName"], weight_path=_resolve(base, m["modelWeightPath"]),
         world_size=int(m["worldSize"]), cpu_mem_size_gb=int(m["cpuMemSize"]), npu_mem_size_gb=int(m["npuMemSize"]),
         backend_type=m["backendType"], trust_remote_code=m["trustRemoteCode"], quantization=m["quantization"],
-        kv_cache_dtype=m["kvCacheDtype"]) for m in dep["ModelConfig"])
+        kv_cache_dtype=m["kvCacheDtype"], speculative=_speculative(m, dep, base)) for m in dep["ModelConfig"])
     loras = tuple(LoraModuleSpec(name=lo["name"], path=_resolve(base, lo["path"]),
                                  base_model_name=lo.get("baseModelName") or models[0].name)
                   for lo in dep["LoraModules"])

@@ -14,6 +14,8 @@ from typing import Any
 from mindie_service.config.messages import D, S, SC, label, show
 from mindie_service.config.schema import load_schema
 from mindie_service.engine.engine_config import cross_field_problems
+from mindie_service.engine.spec_config import SpeculativeConfig
+from mindie_service.errors import ValidationError
 
 # EngineConfig field -> the config.json key it comes from.
 ENGINE_KEYS: dict[str, str] = {
@@ -138,6 +140,23 @@ def _model_problems(backend: dict[str, Any], dep: dict[str, Any], bad: set[str])
         p.append("BackendConfig.interNodeTLSEnabled must be false when BackendConfig.multiNodesInferEnabled is true "
                  "(torch.distributed's transports carry no TLS: keep rank traffic on a private network), got true")
     p += _lora_problems(dep, names, bad)
+    p += _plugin_problems(models, dep, bad)
+    return p
+
+
+def _plugin_problems(models: list[Any], dep: dict[str, Any], bad: set[str]) -> list[str]:
+    """ModelConfig[i].plugin_params: a JSON-encoded speculative decoding plugin, with speculationGamma."""
+    p: list[str] = []
+    gamma = dep.get("speculationGamma") if f"{D}.speculationGamma" not in bad else None
+    for i, m in enumerate(models):
+        key = f"{D}.ModelConfig[{i}].plugin_params"
+        if not isinstance(m, dict) or key in bad or not isinstance(m.get("plugin_params"), str):
+            continue
+        try:
+            SpeculativeConfig.from_plugin_params(m["plugin_params"], gamma, key=key)
+        except ValidationError as exc:
+            msg = str(exc).replace("Parameter speculationGamma", f"{D}.speculationGamma")
+            p.append(msg.replace("Parameter ", "", 1) if msg.startswith("Parameter ") else msg)
     return p
 
 

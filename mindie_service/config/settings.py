@@ -7,6 +7,8 @@ from typing import Any
 
 from mindie_service.engine.engine_config import EngineConfig, LoraModuleSpec
 from mindie_service.engine.kv_event_types import KVEventsConfig
+from mindie_service.engine.spec_config import SpeculativeConfig
+from mindie_service.structured.backend import StructuredLimits
 
 STANDARD_MOCK = "StandardMock"
 
@@ -96,6 +98,7 @@ class ModelSettings:
     trust_remote_code: bool
     quantization: str | None = None  # None | "w8a16" | "w8a8"
     kv_cache_dtype: str = "auto"  # "auto" | "int8"
+    speculative: SpeculativeConfig | None = None  # plugin_params (+ speculationGamma), draft path resolved
 
     @property
     def mock(self) -> bool:
@@ -127,6 +130,7 @@ class BackendSettings:
     max_model_download_mb: int = 65536  # GET /v1/models/download/{id}: bytes fetched and unpacked, at most
     kv_events: KVEventsConfig | None = None  # kvEventsConfig; per instance: KVEventsConfig.for_instance
     instance_routing: str = "prefix"  # instanceRouting: "prefix" | "leastLoaded" (engine.prefix_routing)
+    structured: StructuredLimits = field(default_factory=StructuredLimits)  # ModelDeployConfig.structuredOutput
 
 
 @dataclass(frozen=True)
@@ -208,7 +212,8 @@ class ServiceConfig:
                 s.session_spill_dir if b.model_instance_number * len(self.models) == 1
                 else f"{s.session_spill_dir}/{m.name}-{instance}"),
             kv_events=None if b.kv_events is None else b.kv_events.for_instance(
-                model_index * b.model_instance_number + instance))
+                model_index * b.model_instance_number + instance),
+            speculative_config=m.speculative, structured=b.structured)
 
     def check_files(self) -> None:
         """Raise ConfigError naming every missing file the config points at: model checkpoints

@@ -39,6 +39,7 @@ class MockEngine:
         self.eos_token_ids = frozenset({2})
         self.device_type, self.device_reason, self.dtype = "cpu", "StandardMock: no model", "float32"
         self.modalities: frozenset[str] = frozenset()
+        self.weights_report: dict[str, str] = {}
         self.input_facts = InputFacts(tokenize=tokenize, vocab_size=self.vocab_size,
                                       max_input_len=config.effective_max_input_len,
                                       pool_tokens=TOTAL_BLOCKS * config.cache_block_size,

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 from pathlib import Path
 
@@ -49,6 +49,26 @@ def _write_tiny_eos(seed: int, d: Path) -> None:
     (d / "model.safetensors").chmod(0o644)
 
 
+# *-draft: the first DRAFT_LAYERS layers of the preset of the same seed (same embeddings, final norm, lm_head
+# and tokenizer): a draft model for speculative decoding tests that shares its target's tokenizer and agrees
+# with it often enough to be accepted. Bump FORMAT when changing DRAFT_LAYERS or _write_draft.
+DRAFT_LAYERS = 1
+
+
+def _write_draft(shape: TextShape, seed: int, d: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    text_model.write_text_checkpoint(shape, seed, d)
+    weights = load_file(str(d / "model.safetensors"))
+    keep = {k: v for k, v in weights.items()
+            if not k.startswith("model.layers.") or int(k.split(".")[2]) < DRAFT_LAYERS}
+    save_file(keep, str(d / "model.safetensors"), metadata={"format": "pt"})
+    (d / "model.safetensors").chmod(0o644)
+    cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    cfg["num_hidden_layers"] = DRAFT_LAYERS
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+
+
 @dataclass(frozen=True)
 class Preset:
     """One buildable demo model. ``write(seed, folder)`` fills an empty folder, config.json last."""
@@ -64,6 +84,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("tiny", "text", partial(text_model.write_text_checkpoint, TINY), "1.3M-parameter Llama (GQA)", TINY),
     Preset("tiny-eos", "text", _write_tiny_eos, "tiny with a reachable EOS (for EOS tests)", TINY),
     Preset("small", "text", partial(text_model.write_text_checkpoint, SMALL), "32M-parameter Llama (GQA)", SMALL),
+    Preset("tiny-draft", "text", partial(_write_draft, TINY), "tiny's first layer: a draft model for tiny",
+           replace(TINY, num_hidden_layers=DRAFT_LAYERS)),
+    Preset("small-draft", "text", partial(_write_draft, SMALL), "small's first layer: a draft model for small",
+           replace(SMALL, num_hidden_layers=DRAFT_LAYERS)),
     Preset("tiny-vl", "multimodal", mm_model.write_vl, "LLaVA: CLIP vision tower + tiny Llama"),
     Preset("tiny-audio", "multimodal", mm_model.write_audio, "Qwen2-Audio: audio encoder + tiny Qwen2"),
 )}

@@ -26,17 +26,36 @@ logger = logging.getLogger(__name__)
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3, in this order
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = range(4)
 
-# Role-tagged turns, each closed by eos so a model that learned the format stops by itself.
-# bos comes from the template (HF convention: apply_chat_template(tokenize=True) encodes with
-# add_special_tokens=False); encode rendered text with add_special_tokens=False to avoid a double bos.
+# Role-tagged turns, each closed by eos so a model that learned the format stops by itself. Tools render
+# Hermes / Qwen2.5 style: their schemas in a system turn, an assistant's calls as <tool_call> JSON, a tool's
+# answer as a <|tool|> turn in <tool_response>. bos comes from the template (HF convention:
+# apply_chat_template(tokenize=True) encodes with add_special_tokens=False); encode rendered text with
+# add_special_tokens=False to avoid a double bos. Undefined names are tested with `is defined`: clients such as
+# lm-eval render the served template with jinja2's StrictUndefined.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% set tools = tools if tools is defined else none %}"
+    "{% if tools %}<|system|>\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call>{{ eos_token }}\n{% endif %}"
     "{% for message in messages %}"
+    "{% if not (tools and loop.first and message['role'] == 'system') %}"
     "{% if message['content'] is string %}{% set content = message['content'] %}"
+    "{% elif message['content'] is none %}{% set content = '' %}"
     "{% else %}{% set content = message['content'] | selectattr('type', 'equalto', 'text')"
     " | map(attribute='text') | join('\\n') %}{% endif %}"
-    "<|{{ message['role'] }}|>\n{{ content }}{{ eos_token }}\n"
-    "{% endfor %}"
+    "{% if message['role'] == 'tool' %}<|tool|>\n<tool_response>\n{{ content }}\n</tool_response>{{ eos_token }}\n"
+    "{% else %}<|{{ message['role'] }}|>\n{{ content }}"
+    "{% for call in (message['tool_calls'] if message['tool_calls'] is defined else none) or [] %}{% set f = call['function'] if call['function'] is defined else call %}"
+    "<tool_call>\n{\"name\": \"{{ f['name'] }}\", \"arguments\": "
+    "{{ f['arguments'] if f['arguments'] is string else f['arguments'] | tojson }}}\n</tool_call>"
+    "{% endfor %}{{ eos_token }}\n{% endif %}"
+    "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 

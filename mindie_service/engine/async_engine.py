@@ -41,6 +41,7 @@ class AsyncEngine:
         self.input_facts = input_facts(self.engine, tokenizer=self.tokenizer)
         enc = self.engine.mm_encoder
         self.modalities = frozenset(enc.modalities) if enc is not None else frozenset()
+        self.weights_report = dict(getattr(self.engine.model, "weights_report", None) or {})
         self._cond = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
         self._streams: dict[str, _Stream] = {}
@@ -210,7 +211,7 @@ def input_facts(engine: LLMEngine, tokenize: Any = None, tokenizer: Any = None) 
                       max_input_len=cfg.effective_max_input_len, pool_tokens=engine.pool_tokens,
                       truncation=cfg.truncation, adapter_names=engine.lora.names, tokenizer=tok,
                       mm_encoder=engine.mm_encoder, video_frames=min(cfg.video_frames, cfg.max_video_frames),
-                      sessions=engine.sessions)
+                      sessions=engine.sessions, grammars=engine.grammar.compiler)
 
 
 def _tokenize(tokenizer: Any, text: str) -> list[int]:

@@ -155,6 +155,46 @@ class BlockManager:
             seq.block_table.append(self._take_free())
             self._refresh(owner(seq))
 
+    def extra_slots(self, seq: Sequence, n: int) -> int:
+        """Slots for up to ``n`` draft tokens after the next one (engine.speculative), best effort and never
+        at anyone's expense: only blocks nobody was promised (or ``seq``'s owner's own promise). Returns
+        how many it got; ``trim`` gives back what the verify did not keep."""
+        got = 0
+        while got < n:
+            need = seq.num_tokens + got + 1  # positions 0 .. num_tokens + got written this step
+            if len(seq.block_table) * self.block_size < need:
+                if not self.free or self._available_to(seq) <= 0:
+                    break
+                seq.block_table.append(self._take_free())
+            got += 1
+        if got:
+            self._refresh(owner(seq))
+        return got
+
+    def ensure_slots(self, seq: Sequence, num_tokens: int) -> bool:
+        """Grow ``seq``'s block table to hold ``num_tokens`` positions (the draft model's own pool, which
+        keeps no prefix cache); False when the pool runs dry (what was taken stays)."""
+        while len(seq.block_table) * self.block_size < num_tokens:
+            if not self.free or self._available_to(seq) <= 0:
+                return False
+            seq.block_table.append(self._take_free())
+        return True
+
+    def trim(self, seq: Sequence) -> None:
+        """Free the tail blocks past the one holding ``seq``'s next position (rejected drafts' slots). Their
+        K/V was never registered (register_computed stops at num_computed_tokens), so no block holding a
+        rejected token can enter the prefix cache; a freed block keeps no hash."""
+        keep = max(self.blocks_needed(seq.num_tokens), seq.num_registered_blocks)
+        if len(seq.block_table) <= keep:
+            return
+        for b in reversed(seq.block_table[keep:]):
+            self.ref_counts[b] -= 1
+            if self.ref_counts[b] == 0:
+                self.free[b] = None
+                self.free.move_to_end(b, last=False)  # holds nothing reusable: handed out first
+        del seq.block_table[keep:]
+        self._refresh(owner(seq))
+
     def register_computed(self, seq: Sequence) -> None:
         """Enter the sequence's newly completed blocks (K/V computed) into the prefix cache."""
         if not self.enable_prefix_caching:

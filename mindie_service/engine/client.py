@@ -20,6 +20,9 @@ class EngineClient(Protocol):
     device_reason: str  # why that device (shown in /info)
     dtype: str  # e.g. "float32", without the "torch." prefix
     modalities: frozenset[str]  # media kinds the model takes ("image", "audio"); empty for text models
+    # What loading did to each tensor kind of the checkpoint (a GGUF's ggml type -> "11 tensors: kept", ...;
+    # models/loader.LoadedModel.weights_report); empty when loading changed nothing worth saying.
+    weights_report: dict[str, str]
     # What the serving core builds this engine's input processor from (tokenizer, limits, media, adapters,
     # sessions); the engine itself never imports input processing.
     input_facts: InputFacts

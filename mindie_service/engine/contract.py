@@ -92,6 +92,12 @@ class EngineStats:
     # Of running / waiting: batch-job lines (PRIORITY_BATCH), counted apart for /v1/status and the metrics.
     batch_running: int = 0
     batch_waiting: int = 0
+    # Speculative decoding (engine.speculative), totals since start: verify rows that carried drafts, the
+    # draft tokens they carried, those accepted; and the tokens a verify row yields on average (1 + accepted).
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_mean_accepted_length: float = 0.0
 
 
 class SessionTokens(Protocol):
@@ -118,3 +124,4 @@ class InputFacts:
     video_frames: int = 8  # frames sampled per video
     sessions: SessionTokens | None = None
     chat_prefixes: Any = None
+    grammars: Any = None  # structured.compiler.GrammarCompiler of the engine's tokenizer; None: no structured output

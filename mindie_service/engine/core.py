@@ -21,6 +21,7 @@ from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.engine_parts import load_parts
 from mindie_service.engine.kv_event_types import BlockEventSink, FanOutSink
+from mindie_service.engine.grammar_step import GrammarFailed, GrammarStep, engine_hooks, fail_event
 from mindie_service.engine.output import OutputProcessor
 from mindie_service.engine.parallel.launcher import ParallelRunner, RankGroup
 from mindie_service.engine.model_runner import ModelRunner, kv_bytes_per_block
@@ -28,12 +29,14 @@ from mindie_service.engine.sampler import NonFiniteRows, SampleResult, Sampler
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SequenceGroup
 from mindie_service.engine.sessions import SessionStore
+from mindie_service.engine.speculative import build_speculator, verify_rows
 from mindie_service.engine.step import ModelOutput, SchedulerOutput
 from mindie_service.engine.swap import HostBlockPool, host_pool_blocks
 from mindie_service.engine.contract import PRIORITY_ONLINE, EngineRequest, EngineStats, FailedEvent, TokenEvent
 from mindie_service.errors import EngineDeadError, check
 from mindie_service.lora.manager import LoraManager
 from mindie_service.params.output_cap import output_cap
+from mindie_service.structured.compiler import build_compiler
 
 logger = logging.getLogger(__name__)
 
@@ -91,12 +94,17 @@ class LLMEngine:
         self.sampler = Sampler()
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids)
         self.beams = BeamSearch(self.scheduler, self.outputs, self.eos_token_ids, self.sessions)
+        self.spec = build_speculator(cfg.speculative_config, cfg, self.device, parts.num_blocks, self.vocab_size,
+                                     self.tokenizer)
+        self._done: dict[str, Sequence] = {}  # requests finished this step (the speculator learns their text)
         self.spill = None  # ScheduleConfig.sessionSpillDir: kept sessions on disk (engine.session_spill)
         if cfg.session_spill_dir and cfg.world_size == 1 and self.sessions.enabled:
             from mindie_service.engine.session_spill import SessionSpill, spill_cap
             self.spill = SessionSpill(self, cfg.session_spill_dir, spill_cap(self, cfg))
             self.sessions.on_evict = self.spill.on_evict
             self.spill.restore_all()
+        self.grammar = GrammarStep(build_compiler(self.tokenizer, self.eos_token_ids, cfg.structured, self.vocab_size),
+                                   self.vocab_size, self.eos_token_ids, cfg.structured.forced_runs)
 
     @property
     def pool_tokens(self) -> int:
@@ -119,10 +127,11 @@ class LLMEngine:
         if p.num_beams > 1:
             check_beam_request(req, max(1, max_output), self.blocks.blocks_needed, self.blocks.num_blocks,
                                self.cfg.max_batch_size)
-        cache_key = self.lora.bind(rid, p.adapter_id) + cache_key  # last check: counts the request
         seq = Sequence(rid, ids, p, max(1, max_output), seed, cache_key=cache_key, mm_inputs=req.mm_inputs,
                        priority=req.priority,
                        session_id=req.session_id if self.sessions.enabled else None)
+        self.grammar.attach(seq)  # its matcher, from the compile cache (the input processor compiled it)
+        seq.cache_key = self.lora.bind(rid, p.adapter_id) + cache_key  # last check: counts the request
         if req.continued and req.session_id is not None:
             self.sessions.continued(req.session_id)
         self.outputs.add(seq)
@@ -144,6 +153,8 @@ class LLMEngine:
         self.scheduler.finish(seq)
         self.sampler.forget(request_id)
         self.outputs.drop(request_id)
+        if self.spec is not None:
+            self.spec.finished(seq)
         return True
 
     def has_work(self) -> bool:
@@ -194,7 +205,15 @@ class LLMEngine:
                            num_preemptions=s.num_preemptions, sessions_held=ss.held, session_hits=ss.hits,
                            session_evictions=ss.evictions, session_pinned_blocks=ss.pinned_blocks,
                            batch_running=sum(1 for q in s.running if q.priority != PRIORITY_ONLINE),
-                           batch_waiting=sum(1 for q in s.waiting if q.priority != PRIORITY_ONLINE))
+                           batch_waiting=sum(1 for q in s.waiting if q.priority != PRIORITY_ONLINE),
+                           **self._spec_stats())
+
+    def _spec_stats(self) -> dict[str, Any]:
+        if self.spec is None:
+            return {}
+        c = self.spec.counters
+        return {"spec_num_drafts": c.num_drafts, "spec_num_draft_tokens": c.num_draft_tokens,
+                "spec_num_accepted_tokens": c.num_accepted_tokens, "spec_mean_accepted_length": c.mean_accepted_length}
 
     # ------------------------------------------------------------ the step
     def step(self) -> list[Event]:
@@ -207,6 +226,8 @@ class LLMEngine:
 
     def _step(self) -> list[Event]:
         self.sessions.expire()
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running)
         out = self.scheduler.schedule()
         if out.empty:
             if out.has_swaps:  # no forward this step, but the decided copies must run before the next
@@ -214,8 +235,11 @@ class LLMEngine:
             if out.hold_s > 0:  # new prompts wait for company (maxQueueDelayMicroseconds); look again soon
                 time.sleep(min(out.hold_s, QUEUE_DELAY_TICK_S))
             return []
+        t0 = time.perf_counter()
         outcomes, events = self._execute(out)
-        sampled: dict[str, int] = {}
+        if self.spec is not None:
+            self.spec.observe_step(out.num_tokens, time.perf_counter() - t0)
+        sampled: dict[str, list[int]] = {}
         finished: dict[str, str] = {}
         beam_rows: dict[SequenceGroup, dict[Sequence, Any]] = {}
         for sub, result, sample in outcomes:
@@ -223,30 +247,58 @@ class LLMEngine:
                 logits = result.prompt_logits.get(chunk.request_id)
                 if logits is not None:
                     self.outputs.prompt_chunk(self.scheduler.seqs[chunk.request_id], chunk, logits)
-            for row, chunk in enumerate(sub.sampled):
+            row = 0
+            for chunk in sub.sampled:
+                row, first = row + 1 + chunk.num_draft, row
                 seq = self.scheduler.seqs.get(chunk.request_id)
                 if seq is None:  # a beam whose search failed during the step
                     continue
                 if seq.group is not None:  # beams are ranked together, after the update
-                    beam_rows.setdefault(seq.group, {})[seq] = result.logits[row]
+                    beam_rows.setdefault(seq.group, {})[seq] = result.logits[first]
                     continue
-                tid = sample.token_ids[row]
-                ev = self.outputs.token(seq, tid, sample.logprobs[row], sample.top[row])
-                sampled[chunk.request_id] = tid
-                if ev.finish_reason is not None:
-                    finished[chunk.request_id] = ev.finish_reason
-                    self.sampler.forget(chunk.request_id)
-                events.append(ev)
+                events.extend(self._emit(seq, chunk, sample, first, sampled, finished))
         self.scheduler.update(out, sampled, finished)
+        if self.spec is not None:
+            for rid in finished:
+                self.spec.finished(self._done[rid])
+            self._done.clear()
+        self.grammar.after_step(self.scheduler.seqs, sampled, *engine_hooks(self, events))
         for group, rows in beam_rows.items():
             if self.beams.searching(group):
                 events.extend(self.beams.advance(group, rows))
         return events
 
+    def _emit(self, seq: Sequence, chunk: Any, sample: SampleResult, first: int, sampled: dict[str, list[int]],
+              finished: dict[str, str]) -> list[TokenEvent]:
+        """The events of one sampling chunk: one token, or a verify chunk's accepted run (engine.speculative),
+        cut at the token that finishes the request."""
+        tokens = sample.token_ids[first:first + 1 + chunk.num_draft]
+        run = self.spec.accept(seq, chunk, tokens) if chunk.num_draft else tokens
+        kept: list[int] = []
+        events: list[TokenEvent] = []
+        for i, tid in enumerate(run):
+            ev = self.outputs.token(seq, tid, sample.logprobs[first + i], sample.top[first + i], pending=i)
+            kept.append(tid)
+            events.append(ev)
+            if ev.finish_reason is not None:
+                finished[chunk.request_id] = ev.finish_reason
+                self.sampler.forget(chunk.request_id)
+                if self.spec is not None:
+                    self._done[chunk.request_id] = seq
+                break
+        sampled[chunk.request_id] = kept
+        return events
+
     def _run(self, out: SchedulerOutput) -> _Outcome:
         result = self.runner.execute(out)
-        seqs = [self.scheduler.seqs[c.request_id] for c in out.sampled]
-        return out, result, self.sampler.sample(result.logits, seqs) if seqs else SampleResult([], [], [])
+        chunks = out.sampled
+        rows, drafts = verify_rows(chunks, [self.scheduler.seqs[c.request_id] for c in chunks])
+        if not rows:
+            return out, result, SampleResult([], [], [])
+        # structured output: before every penalty and warp (constrained rows never carry drafts)
+        logits = self.grammar.mask_logits(result.logits, rows)
+        # drafts only for a step that verifies some: a plain step calls sample(logits, rows) as it always did
+        return out, result, self.sampler.sample(logits, rows, **({"drafts": drafts} if drafts else {}))
 
     def _execute(self, out: SchedulerOutput) -> tuple[list[_Outcome], list[Event]]:
         """Run the step; if it raises, run each request alone and fail only those that still raise."""
@@ -268,6 +320,9 @@ class LLMEngine:
                 outcomes.append(self._run(out.only(chunk)))
             except EngineDeadError:
                 raise
+            except GrammarFailed as e:
+                self.abort_request(rid)
+                failed.append(fail_event(cid, e.reasons.get(rid, str(e))))
             except NonFiniteRows:
                 logger.warning("request %s: non-finite logits, failing it", rid)
                 self.abort_request(rid)

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from mindie_service.engine.kv_event_types import KVEventsConfig
+from mindie_service.engine.spec_config import SpeculativeConfig, as_speculative_config
 from mindie_service.errors import check
+from mindie_service.structured.backend import StructuredLimits
 
 
 @dataclass(frozen=True)
@@ -80,8 +82,15 @@ class EngineConfig:
     device_ids: tuple[int, ...] | None = None
     multi_node: bool = False
     dist_port: int | None = None
+    # Structured output (ModelDeployConfig.structuredOutput): compile limits, the compile cache, forced runs.
+    structured: StructuredLimits = field(default_factory=StructuredLimits)
     # KV-cache events in vLLM's wire format over ZMQ (engine.kv_events); None or not enabled = off.
     kv_events: KVEventsConfig | None = None
+    # Speculative decoding (engine.speculative): None = off; vLLM's dict is accepted and converted.
+    speculative_config: SpeculativeConfig | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "speculative_config", as_speculative_config(self.speculative_config))
 
     @property
     def rank_devices(self) -> tuple[int, ...]:
@@ -122,6 +131,8 @@ class EngineConfig:
             check(len(set(self.device_ids)) == len(self.device_ids), "device_ids", "distinct ids", self.device_ids)
         if self.kv_events is not None:
             self.kv_events.validate()
+        if self.speculative_config is not None:
+            self.speculative_config.validate()
         for p in cross_field_problems({f.name: getattr(self, f.name) for f in fields(self)}):
             check(False, p.field, p.rule(str), p.value)
 

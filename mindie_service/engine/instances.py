@@ -128,6 +128,7 @@ class InstanceRouter:
         self.model_name, self.vocab_size, self.eos_token_ids = first.model_name, first.vocab_size, first.eos_token_ids
         self.device_type, self.device_reason, self.dtype = first.device_type, first.device_reason, first.dtype
         self.modalities = first.modalities
+        self.weights_report = dict(getattr(first, "weights_report", None) or {})
         # The first instance's input facts (same model, config and adapters on every instance), reading sessions
         # through the router's table so a continuation finds its tokens on whichever instance holds them.
         self._routes = _SessionRoutes([e.input_facts.sessions for e in self.engines])

@@ -2,7 +2,8 @@
 
 The runner never decides scheduling and never touches a sequence: it reads the step's plain
 ScheduledChunks (tokens, positions, block tables) and returns the logits of the last row of every
-chunk that samples (and of every prompt row of chunks that asked for prompt logprobs)."""
+chunk that samples (the last 1 + num_draft rows of a chunk verifying draft tokens: engine.speculative),
+and of every prompt row of chunks that asked for prompt logprobs."""
 from __future__ import annotations
 
 import itertools
@@ -169,8 +170,9 @@ class ModelRunner:
             if c.prompt_logprobs:  # every row that predicts a prompt token (the sampling row does not)
                 rows = c.num_tokens - 1 if c.sample else c.num_tokens
                 prompt_logits[c.request_id] = self.model.compute_logits(hidden[start:start + rows])
-        # Last row of each chunk that samples.
-        ends = [e - 1 for c, e in zip(chunks, itertools.accumulate(counts)) if c.sample]
+        # Last row of each chunk that samples; a chunk verifying drafts: its last 1 + num_draft rows.
+        ends = [r for c, e in zip(chunks, itertools.accumulate(counts)) if c.sample
+                for r in range(e - 1 - c.num_draft, e)]
         if not ends:
             return None
         return self.model.compute_logits(hidden[torch.tensor(ends, device=dev)])

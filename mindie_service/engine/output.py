@@ -57,11 +57,13 @@ class OutputProcessor:
         else:
             t.prompt_tops += [[] for _ in range(logits.shape[0])]
 
-    def token(self, seq: Sequence, tid: int, logprob: float | None, top: list[tuple[int, float]]) -> TokenEvent:
-        """The event for ``tid``, sampled for ``seq`` (not yet appended to it); sets ``finish_reason``."""
+    def token(self, seq: Sequence, tid: int, logprob: float | None, top: list[tuple[int, float]],
+              pending: int = 0) -> TokenEvent:
+        """The event for ``tid``, sampled for ``seq`` after ``pending`` tokens of the same step (an accepted
+        speculative run) that are not yet appended to it either; sets ``finish_reason``."""
         t = self.tracked[seq.request_id]
         delta = detok_step(self.decoder, t.detok, tid)
-        n_out = len(seq.output_token_ids) + 1
+        n_out = len(seq.output_token_ids) + 1 + pending
         finish = None
         if tid in self.eos_token_ids and not seq.params.ignore_eos:
             finish = FINISH_EOS

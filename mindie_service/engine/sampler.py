@@ -136,8 +136,13 @@ class Sampler:
         lp = (logits.gather(1, chosen[:, None])[:, 0] - logits.logsumexp(-1)).clamp(min=LOGPROB_FLOOR)
         return SampleResult(chosen.tolist(), lp.tolist(), [[] for _ in seqs])
 
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
-        fast = self._greedy_only(logits, seqs)
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence],
+               drafts: list[int | None] | None = None) -> SampleResult:
+        """One token per row. ``drafts`` (speculative decoding, engine.speculative): rows of one request
+        are consecutive verify positions; row r's token is checked against ``drafts[r]`` and once one
+        differs the request's later rows are not drawn (their generator is not advanced): every emitted
+        token costs the generator one draw, in order, as without speculation."""
+        fast = self._greedy_only(logits, seqs)  # greedy rows ignore drafts: their token is the argmax
         if fast is not None:
             return fast
         # A row with a NaN, a +inf, or nothing above -inf has no distribution to sample. One check of the
@@ -163,10 +168,16 @@ class Sampler:
             assert probs is not None
             snapshot = {seqs[r].request_id: g.get_state() for r in sample_rows
                         if (g := self._generators.get(seqs[r].request_id)) is not None}
+            stopped: set[str] = set()  # requests whose run ended at a rejected draft
             try:
                 for j, r in enumerate(sample_rows):
+                    rid = seqs[r].request_id
+                    if rid in stopped:
+                        continue
                     g = self._generator(seqs[r], x.device)
                     chosen[r] = torch.multinomial(probs[j], 1, generator=g)[0]
+                    if drafts is not None and drafts[r] is not None and int(chosen[r]) != drafts[r]:
+                        stopped.add(rid)
             except BaseException:
                 self._restore(snapshot, [seqs[r].request_id for r in sample_rows])
                 raise

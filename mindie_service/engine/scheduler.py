@@ -36,7 +36,8 @@ from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.sequence import Sequence, SequenceGroup, SeqStatus
 from mindie_service.engine.sessions import SessionStore
-from mindie_service.engine.step import ScheduledChunk, SchedulerOutput
+from mindie_service.engine.step_chunks import chunk as _chunk, prefilling as _prefilling, spec_chunk as _spec_chunk  # noqa: E501
+from mindie_service.engine.step import SchedulerOutput
 from mindie_service.engine.swap import HostBlockPool, swap_in, swap_out
 from mindie_service.engine.contract import PRIORITY_ONLINE
 
@@ -115,6 +116,7 @@ class Scheduler:
             out.preempted.append(self.restart_group(seq.group).request_id)
             return
         self.running.remove(seq)
+        seq.draft_token_ids.clear()
         swapped = self._swap_out(seq, out)
         if self.adapters is not None:
             self.adapters.release(seq.request_id, done=False)
@@ -189,6 +191,7 @@ class Scheduler:
                 if seq.status is SeqStatus.RUNNING:
                     stalled.append(seq)
                 continue  # stalled, or preempted itself (a beam group's beams may still follow it)
+            budget -= self._keep_drafts(seq, budget)
             decodes.append(seq)
         # A beam group preempted above may have had beams already picked: they are gone.
         decodes = [s for s in decodes if s.status is SeqStatus.RUNNING]
@@ -204,8 +207,11 @@ class Scheduler:
         if self.adapters is not None:  # one LoRA segment per adapter (stable: order kept within each)
             decodes.sort(key=_adapter_slot)
             prefills.sort(key=lambda p: p[0].adapter_slot)
-        out.chunks = [_chunk(s, 1) for s in decodes] + [_chunk(s, n) for s, n in prefills]
-        out.num_decodes = len(decodes)
+        plain = [s for s in decodes if not s.draft_token_ids]
+        spec = [s for s in decodes if s.draft_token_ids]  # verify rows: several tokens, after the plain decodes
+        out.chunks = ([_chunk(s, 1) for s in plain] + [_spec_chunk(s) for s in spec]
+                      + [_chunk(s, n) for s, n in prefills])
+        out.num_decodes = len(plain)
         return out
 
     # ------------------------------------------------------------ groups (a beam search's beams, engine.beam)
@@ -281,6 +287,15 @@ class Scheduler:
         self.blocks.append_slot(seq)
         return True
 
+    def _keep_drafts(self, seq: Sequence, budget: int) -> int:
+        """Keep as many of ``seq``'s draft tokens (engine.speculative) as the step's token budget, its output
+        cap (room for the token after them) and unpromised free blocks allow (drafts never preempt)."""
+        drafts = seq.draft_token_ids
+        room = min(len(drafts), max(0, budget), seq.max_output - len(seq.output_token_ids) - 1)
+        kept = self.blocks.extra_slots(seq, room) if room > 0 else 0
+        del drafts[kept:]
+        return kept
+
     def _next_to_admit(self) -> Sequence | None:
         """The swapped head before the waiting head of the same or a lower priority (vLLM's order)."""
         if self.swapped and (not self.waiting or self.swapped[0].priority <= self.waiting[0].priority):
@@ -353,41 +368,28 @@ class Scheduler:
         return (self.sessions is not None and self.sessions.release(wanted)
                 and self.blocks.allocate(seq, use_prefix_cache=use_cache, reserve=reserve))
 
-    def update(self, out: SchedulerOutput, sampled: Mapping[str, int], finished: Mapping[str, str]) -> None:
+    def update(self, out: SchedulerOutput, sampled: Mapping[str, int | list[int]],
+               finished: Mapping[str, str]) -> None:
         """Apply a step: each chunk's K/V is now computed (its full blocks enter the prefix cache), each
-        sampled token is appended, and the requests in ``finished`` (request id -> reason) end.
+        sampled token (or accepted run of a verify chunk) is appended, and the requests in ``finished``
+        (request id -> reason) end.
         Chunks of requests aborted or failed during the step are skipped."""
         for c in out.chunks:
             seq = self.seqs.get(c.request_id)
             if seq is None or seq.status is not SeqStatus.RUNNING:
                 continue
-            seq.num_computed_tokens = c.end
+            got = sampled.get(c.request_id)
+            run = [] if got is None else [got] if isinstance(got, int) else list(got)
+            # A verify chunk's accepted drafts stay computed (run = accepted + 1): rejected slots are trimmed.
+            seq.num_computed_tokens = c.start + len(run) if c.num_draft else c.end
+            seq.draft_token_ids.clear()
             self.blocks.register_computed(seq)
-            tid = sampled.get(c.request_id)
-            if tid is not None:
-                seq.output_token_ids.append(tid)
+            seq.output_token_ids.extend(run)
+            if c.num_draft:
+                self.blocks.trim(seq)
             reason = finished.get(c.request_id)
             if reason is not None:
                 self.finish(seq, reason)
-
-
-def _prefilling(seq: Sequence) -> bool:
-    """More than the last token left to compute, or a prompt token (media placeholders, prompt logprobs)."""
-    done = seq.num_computed_tokens
-    return done < seq.num_tokens - 1 or done < seq.num_prompt_tokens
-
-
-def _chunk(seq: Sequence, n: int) -> ScheduledChunk:
-    start = seq.num_computed_tokens
-    end = start + n
-    tokens = (seq.token_at(start),) if n == 1 else tuple(seq.token_ids()[start:end])
-    in_prompt = start < seq.num_prompt_tokens
-    mm = seq.mm_inputs is not None and in_prompt
-    return ScheduledChunk(
-        request_id=seq.request_id, start=start, token_ids=tokens, block_table=tuple(seq.block_table),
-        sample=end == seq.num_tokens, adapter_slot=seq.adapter_slot,
-        prompt_logprobs=seq.params.prompt_logprobs and in_prompt and not seq.output_token_ids,
-        mm_inputs=seq.mm_inputs if mm else None, prompt_token_ids=tuple(seq.prompt_token_ids) if mm else None)
 
 
 def _priority(seq: Sequence) -> int:

@@ -42,6 +42,11 @@ class Sequence:
     aborted: bool = False
     session_id: str | None = None  # kept for continuation under this key when it finishes (engine.sessions)
     group: SequenceGroup | None = None  # the group this sequence is a member of (a beam); None: on its own
+    # Speculative decoding (engine.speculative): this step's draft tokens, proposed before scheduling (the
+    # scheduler keeps as many as its budget and blocks allow), and the proposer's per-sequence state.
+    draft_token_ids: list[int] = field(default_factory=list)
+    spec: Any = None
+    grammar: Any = None  # structured output: its engine.grammar_step.GrammarState (matcher, cached mask); None: free
 
     @property
     def num_tokens(self) -> int:

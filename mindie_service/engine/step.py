@@ -30,6 +30,9 @@ class ScheduledChunk:
     prompt_logprobs: bool = False  # return the logits of every prompt row of this chunk
     mm_inputs: Any = None  # the model's media inputs (placeholders are in the prompt ids)
     prompt_token_ids: tuple[int, ...] | None = None  # set with mm_inputs: where the placeholders are
+    # Speculative decoding: the last ``num_draft`` tokens are drafts to verify; a sampling chunk then has
+    # 1 + num_draft logits rows (its last rows), one per draft position plus the one after the last.
+    num_draft: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -74,7 +77,7 @@ class SchedulerOutput:
 
     @property
     def sampled(self) -> list[ScheduledChunk]:
-        """The rows of ModelOutput.logits, in order."""
+        """The chunks with rows in ModelOutput.logits, in order (1 + num_draft rows each)."""
         return [c for c in self.chunks if c.sample]
 
     @property
@@ -89,7 +92,7 @@ class SchedulerOutput:
 
 @dataclass
 class ModelOutput:
-    """What the runner returns: ``logits`` [len(out.sampled), vocab] (a torch tensor), and for
+    """What the runner returns: ``logits`` [sum of 1 + num_draft over out.sampled, vocab] (a torch tensor), and for
     chunks that asked, ``prompt_logits[request_id]`` [rows, vocab]: the logits at positions
     ``start ..`` of every chunk row that predicts a prompt token."""
 

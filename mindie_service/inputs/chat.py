@@ -6,6 +6,7 @@ checkpoints render through their processor (``MediaEncoder.prepare_chat``), not 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -13,6 +14,7 @@ from typing import Any, Callable, Sequence
 from mindie_service.errors import ValidationError
 from mindie_service.inputs.text_bound import TextBound, tokenize_bounded
 from mindie_service.inputs.types import ChatMessage
+from mindie_service.structured.tool_formats import detect, renders_tools
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,43 @@ def check_chat_chars(messages: Sequence[ChatMessage], bound: TextBound | None, l
                               f"characters cannot fit in {limit} tokens of this tokenizer)")
 
 
+def _args_value(arguments: str) -> Any:
+    """A call's arguments as templates take them (an object); text that is not JSON stays text."""
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+def chat_dicts(messages: Sequence[ChatMessage], tools: Sequence[Any], fmt: Any, native: bool) -> list[dict[str, Any]]:
+    """Messages as a chat template takes them. ``native``: the template renders tools, calls and tool results
+    itself; else calls are written in ``fmt``'s words, tool results become user turns in <tool_response>, and the
+    tools go into the system message."""
+    fmt = fmt or detect(None)
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        content = text_content(m, i)
+        d: dict[str, Any] = {"role": m.role, "content": content}
+        if native:
+            if m.tool_calls:
+                d["tool_calls"] = [{"id": cid, "type": "function", "function": {"name": n, "arguments": _args_value(a)}}
+                                   for cid, n, a in m.tool_calls]
+            if m.tool_call_id is not None:
+                d["tool_call_id"] = m.tool_call_id
+        elif m.role == "tool":
+            d = {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+        elif m.tool_calls:
+            d["content"] = content + fmt.call_text([(n, a) for _, n, a in m.tool_calls])
+        out.append(d)
+    if tools and not native:
+        sys = fmt.system_prompt(tools)
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": out[0]["content"] + "\n\n" + sys}
+        else:
+            out.insert(0, {"role": "system", "content": sys})
+    return out
+
+
 class ChatRenderer:
     """Renders messages for one text model. ``tokenizer``: a Hugging Face tokenizer (its ``chat_template``, if
     any, is used and the rendered text is encoded without adding special tokens: the template writes them);
@@ -84,14 +123,18 @@ class ChatRenderer:
         self.prefixes = prefixes
         self.has_template = bool(getattr(tokenizer, "chat_template", None))
 
-    def render(self, messages: Sequence[ChatMessage]) -> str:
-        """The prompt text, ending with the assistant's generation prompt."""
+    def render(self, messages: Sequence[ChatMessage], tools: Sequence[Any] = (), fmt: Any = None) -> str:
+        """The prompt text, ending with the assistant's generation prompt. ``tools`` (OpenAI's function tools) are
+        rendered by the chat template where it renders them, else put in the system message in ``fmt``'s
+        documented words (structured.tool_formats)."""
         if not messages:
             raise ValidationError("Parameter messages must be a non-empty list, got []")
-        plain = [{"role": m.role, "content": text_content(m, i)} for i, m in enumerate(messages)]
+        native = self.has_template and renders_tools(self.tokenizer.chat_template)
+        plain = chat_dicts(messages, tools, fmt, native)
         if self.has_template:
             try:
-                return str(self.tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True))
+                return str(self.tokenizer.apply_chat_template(plain, tools=list(tools) if native and tools else None,
+                                                              tokenize=False, add_generation_prompt=True))
             except ValidationError:
                 raise
             except Exception as e:  # a template that raises (e.g. roles must alternate) is the caller's input
@@ -101,13 +144,14 @@ class ChatRenderer:
         return "".join(out) + self.prefixes.assistant
 
     def encode(self, messages: Sequence[ChatMessage], tokenize: Callable[[str], list[int]], *,
-               bound: TextBound | None = None, keep: int | None = None, limit: int | None = None) -> list[int]:
+               bound: TextBound | None = None, keep: int | None = None, limit: int | None = None,
+               tools: Sequence[Any] = (), fmt: Any = None) -> list[int]:
         """The prompt's ids. Given the length rule (``limit``; ``keep``: the trailing tokens a cut keeps, None
         when an over-long prompt is refused), as the text path does: messages that cannot fit are refused
         before rendering, and a prompt that will be cut has only its tail tokenized."""
         if bound is not None and limit is not None and keep is None:
             check_chat_chars(messages, bound, limit)
-        text = self.render(messages)
+        text = self.render(messages, tools, fmt)
         if self.has_template:  # the template writes the special tokens: none are added, none to strip
             def encode(t: str) -> list[int]:
                 return list(self.tokenizer(t, add_special_tokens=False).input_ids)

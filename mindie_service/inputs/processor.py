@@ -77,6 +77,7 @@ class InputProcessor:
         self.decode_options = decode_options  # None: the media layer's defaults
         self.sessions: SessionLookup | None = None  # the engine's kept sessions (from_facts sets it)
         self.text_bound: TextBound | None = None  # bounds tokenization of long texts (from_facts sets it)
+        self.grammars: Any = None  # the engine's structured.compiler.GrammarCompiler (from_facts sets it)
 
     @classmethod
     def from_facts(cls, facts: InputFacts) -> "InputProcessor":
@@ -96,6 +97,7 @@ class InputProcessor:
         proc = cls(facts.tokenize, limits, adapter_names=facts.adapter_names, mm_encoder=enc,
                    decode_options=decode, chat=chat)
         proc.sessions = facts.sessions
+        proc.grammars = facts.grammars
         if facts.tokenizer is not None:
             proc.text_bound = TextBound.of(facts.tokenizer, proc.tokenize)
         return proc
@@ -147,7 +149,7 @@ class InputProcessor:
             if self.mm_encoder is None:
                 keep = min(truncate or lim.max_input_len, lim.max_input_len) if lim.truncation else truncate
                 return self.chat.encode(prompt.messages, self.tokenize, bound=self.text_bound, keep=keep,
-                                        limit=lim.max_input_len), None, ()
+                                        limit=lim.max_input_len, tools=prompt.tools, fmt=prompt.tool_format), None, ()
             check_chat_chars(prompt.messages, self.text_bound, lim.max_input_len)  # a media prompt is never cut
             return self._media_ids(self.mm_encoder.prepare_chat(
                 [(m.role, m.content if isinstance(m.content, str) else
@@ -176,6 +178,11 @@ class InputProcessor:
         ``session_id`` (the /api/* routes' request_id): when the engine keeps a finished session under it, the
         prompt is ignored and the session's tokens (prompt + all it generated) are the prompt (continuation)."""
         params = self.validate(prompt, params, truncate)
+        spec = params.structured_outputs
+        if spec is not None:  # compiled here, off the IO loop: a bad grammar is refused with its reason
+            check(self.grammars is not None, spec.where, "absent (this model has no tokenizer for structured "
+                  "output)", spec.kind)
+            self.grammars.compile(spec)
         kept = self.sessions.tokens(session_id) if self.sessions is not None and session_id is not None else None
         if kept is not None:
             raw, mm_inputs, mm_hashes = list(kept), None, ()

@@ -42,8 +42,10 @@ class ChatMessage:
     """One chat turn. ``content`` is a string, or parts in order: text strings and media references
     (``multimodal.MediaItem``) or loaded media (``multimodal.LoadedPart``) for multimodal models."""
 
-    role: str  # system | user | assistant
+    role: str  # system | user | assistant | tool
     content: str | tuple[Any, ...]
+    tool_calls: tuple[tuple[str, str, str], ...] = ()  # an assistant's calls: (id, name, arguments JSON text)
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ class ChatPrompt:
     ``inputs.chat``, ending with the assistant's generation prompt."""
 
     messages: tuple[ChatMessage, ...]
+    tools: tuple[Any, ...] = ()  # OpenAI-shaped function tools the model may call (none: none rendered)
+    tool_format: Any = None  # structured.tool_formats.ToolFormat of those calls (with tools)
 
     @property
     def text(self) -> str:  # what return_full_text / echo would prepend: chat never echoes

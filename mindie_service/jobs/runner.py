@@ -16,6 +16,7 @@ from mindie_service.engine.contract import FINISH_LENGTH, PRIORITY_BATCH, Engine
 from mindie_service.errors import MindieError, ValidationError
 from mindie_service.jobs.lines import parse_line, split_lines
 from mindie_service.jobs.store import JobRow, JobStore
+from mindie_service.params.structured_field import read_structured
 from mindie_service.sampling_params import SamplingParams
 from mindie_service.serving import Frontend, fold
 
@@ -27,7 +28,8 @@ BAD_LINE = -1  # the generation number of a line's error record (the line never 
 def job_params(job: JobRow) -> SamplingParams:
     o = job.options
     return SamplingParams(max_tokens=int(o["max_tokens"]), temperature=float(o["temperature"]),
-                          top_p=float(o["top_p"]) if o["temperature"] > 0 else 1.0)
+                          top_p=float(o["top_p"]) if o["temperature"] > 0 else 1.0,
+                          structured_outputs=read_structured(o, "job", "options."))
 
 
 class JobRunner:

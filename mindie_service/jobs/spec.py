@@ -9,7 +9,8 @@ from typing import Any, Mapping
 from mindie_service.errors import ValidationError, check
 from mindie_service.params.output_cap import output_cap
 from mindie_service.params.rule import read_fields
-from mindie_service.params.table import JOB, JOB_OPTIONS
+from mindie_service.params.structured_field import read_structured
+from mindie_service.params.table import JOB, JOB_OPTIONS, STRUCTURED
 
 PATH_TYPES = ("filepath", "uri", "raw_bytes")
 DEFAULT_MAX_TOKENS = 256
@@ -32,10 +33,12 @@ class JobOptions:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
     logprobs: bool = False
+    response_format: dict[str, Any] | None = None  # OpenAI's, applied to every line (structured.request_forms)
 
     def to_json(self) -> dict[str, Any]:
-        return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                "logprobs": self.logprobs}
+        out = {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+               "logprobs": self.logprobs}
+        return out if self.response_format is None else {**out, "response_format": self.response_format}
 
 
 @dataclass(frozen=True)
@@ -64,12 +67,15 @@ def parse_job_request(body: Mapping[str, Any], max_tokens_cap: int) -> JobReques
     path = parse_path(body.get("prompt_file_path"), "prompt_file_path")
     raw_opts = body.get("options") or {}
     check(isinstance(raw_opts, dict), "options", "an object", raw_opts)
-    unknown = sorted(set(raw_opts) - set(JOB_OPTIONS))
-    check(not unknown, "options", f"an object of {', '.join(sorted(JOB_OPTIONS))}", unknown)
+    allowed = set(JOB_OPTIONS) | {STRUCTURED["job"][0]}
+    unknown = sorted(set(raw_opts) - allowed)
+    check(not unknown, "options", f"an object of {', '.join(sorted(allowed))}", unknown)
+    read_structured(raw_opts, "job", "options.")  # its shape; each line's compile names a bad schema
     o = read_fields(raw_opts, JOB_OPTIONS, "options.")
     n = read_fields(body, JOB).get("num_generations", 1)
     opts = JobOptions(output_cap(o.get("max_tokens", DEFAULT_MAX_TOKENS), 0, max_iter_times=max_tokens_cap),
-                      o.get("temperature", 0.0), o.get("top_p", 1.0), o.get("logprobs", False))
+                      o.get("temperature", 0.0), o.get("top_p", 1.0), o.get("logprobs", False),
+                      raw_opts.get("response_format"))
     return JobRequest(model, path, opts, n)
 
 

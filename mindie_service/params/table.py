@@ -119,3 +119,12 @@ JOB_OPTIONS = _table(
     logprobs=BOOL,
 )
 JOB = _table(num_generations=Rule("int", closed(1, MAX_GENERATIONS)))
+
+# Structured output (mindie_service.structured.request_forms): the field each dialect spells it with, and its form.
+STRUCTURED = MappingProxyType({
+    "openai": ("response_format", "response_format"),  # also TGI's chat form {"type": "json", "value": schema}
+    "vllm": ("structured_outputs", "vllm"),  # openAiSupport "vllm"; also guided_json / _regex / _choice / _grammar
+    "tgi": ("grammar", "tgi_grammar"),  # parameters.grammar (TGI 1.4's shape; an extension of the 1.1 document)
+    "mindie": ("grammar", "tgi_grammar"),
+    "job": ("response_format", "response_format"),  # a batch job's options, applied to every line
+})

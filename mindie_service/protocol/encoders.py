@@ -48,6 +48,7 @@ class StreamState:
     text: str = ""
     count: int = 0
     index: int = 0  # which sample (OpenAI: which choice) this stream carries
+    tool_parser: Any = None  # OpenAI chat with tools: the choice's protocol.tool_parser.ToolCallParser
 
 
 class Encoder:

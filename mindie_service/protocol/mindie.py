@@ -12,6 +12,7 @@ from mindie_service.inputs.types import PartsPrompt, TextPrompt
 from mindie_service.params.adapter_name import check_adapter_id
 from mindie_service.params.ranges import Range, closed
 from mindie_service.params.rule import Field, FieldTable, Rule, read_fields
+from mindie_service.params.structured_field import read_structured
 from mindie_service.params.table import MAX_BEST_OF, MAX_TOP_LOGPROBS, MINDIE, TGI
 from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
 from mindie_service.protocol.validation import get_str, get_str_list, require_object
@@ -65,9 +66,6 @@ def _check_joins(v: dict[str, Any], p: dict[str, Any], stream: bool, sampling: b
     check(not (stream and v.get("decoder_input_details")), "decoder_input_details", "false when stream is true", True)
     # MindIE documents watermark as unsupported; TGI's green-list watermark is not implemented either.
     check(not v.get("watermark"), "watermark", "false (watermarking is not supported)", True)
-    if p.get("grammar") is not None:
-        raise ValidationError(f"Parameter grammar must be null (grammar-constrained decoding is not supported), "
-                              f"got {p['grammar']!r}")
     best_of = v.get("best_of", 1)
     if best_of > 1:
         check(not stream, "best_of", "1 when stream is true", best_of)
@@ -99,7 +97,7 @@ def parse_generation(body: dict[str, Any], *, dialect: Dialect, stream: bool,
         frequency_penalty=v.get("frequency_penalty", 0.0),
         seed=v.get("seed"), stop=stop, logprobs=v.get("logprobs") or None,
         prompt_logprobs=decoder_input_details or (dialect == "mindie" and details),
-        adapter_id=adapter,
+        adapter_id=adapter, structured_outputs=read_structured(p, dialect),
     )
     return GenerationRequest(
         prompt=prompt, params=params, truncate=v.get("truncate"), stream=stream,

@@ -20,7 +20,12 @@ from mindie_service.params.defaults import RequestDefaults
 from mindie_service.params.rule import Field, FieldTable, read_fields
 from mindie_service.params.table import BOOL, LOGIT_BIAS, OPENAI_CHAT, OPENAI_COMPLETION, VLLM
 from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
+from mindie_service.params.structured_field import read_structured
 from mindie_service.protocol.validation import get_str, get_str_list
+from mindie_service.protocol.tool_calls import ToolsRequest, message_tool_fields, parse_tools
+from mindie_service.structured.request_forms import GUIDED, one_of
+from mindie_service.structured.tool_formats import ToolFormat, detect
+from mindie_service.structured.spec import StructuredSpec
 from mindie_service.sampling_params import INT32_MAX, MAX_LOGIT_BIAS, MAX_STOP_LEN, MAX_STOP_STRINGS, SamplingParams
 from multimodal import MediaItem, MediaPolicy
 
@@ -34,14 +39,16 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default on /v1/completions
 AUDIO_FORMATS = {"wav": "audio/wav", "mp3": "audio/mpeg", "flac": "audio/flac", "ogg": "audio/ogg"}
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
-           "frequency_penalty", "logit_bias", "stream", "stream_options", "user", "logprobs"}
+           "frequency_penalty", "logit_bias", "stream", "stream_options", "user", "logprobs", "response_format"}
 _FIELDS: dict[str, frozenset[str]] = {
     "completion": frozenset(_COMMON | {"prompt", "echo", "suffix", "best_of"}),
-    "chat": frozenset(_COMMON | {"messages", "max_completion_tokens", "top_logprobs", "parallel_tool_calls"}),
+    "chat": frozenset(_COMMON | {"messages", "max_completion_tokens", "top_logprobs", "parallel_tool_calls", "tools",
+                                 "tool_choice"}),
 }
-VLLM_FIELDS = frozenset({"top_k", "repetition_penalty", "min_tokens", "ignore_eos"})
+VLLM_FIELDS = frozenset({"top_k", "repetition_penalty", "min_tokens", "ignore_eos", "structured_outputs",
+                         *GUIDED})
 _TABLES: dict[Kind, FieldTable] = {"completion": OPENAI_COMPLETION, "chat": OPENAI_CHAT}
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,7 @@ class OpenAIRequest(GenerationRequest):
     include_usage: bool = False
     score_only: bool = False  # max_tokens 0 with echo: the prompt's logprobs, no completion (the engine makes one)
     request_id: str = ""  # the response's id is derived from it
+    tools: ToolsRequest | None = None  # chat's tools, tool_choice, parallel_tool_calls (protocol.tool_calls)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -157,13 +165,16 @@ def _messages(body: dict[str, Any], policy: MediaPolicy) -> ChatPrompt:
         where = f"messages[{i}]"
         check(isinstance(m, dict), where, "an object {role, content}", m)
         role = m.get("role")
-        check(isinstance(role, str) and role in ROLES, f"{where}.role", "one of system, developer, user, assistant",
-              role)
-        extra = sorted(set(m) - {"role", "content", "name"})
-        check(not extra, where, "an object with role, content and name only (tool calls are not supported)", extra)
+        check(isinstance(role, str) and role in ROLES, f"{where}.role",
+              "one of system, developer, user, assistant, tool", role)
+        extra = sorted(set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"})
+        check(not extra, where, "an object of role, content, name, tool_calls, tool_call_id", extra)
+        calls, call_id = message_tool_fields(m, where, role)
         c = m.get("content")
+        if c is None and calls:
+            c = ""
         if isinstance(c, str):
-            out.append(ChatMessage(ROLES[role], c))
+            out.append(ChatMessage(ROLES[role], c, calls, call_id))
             continue
         check(isinstance(c, list) and len(c) > 0, f"{where}.content", "a string or a non-empty list of parts", c)
         parts: list[Any] = []
@@ -181,6 +192,13 @@ def _messages(body: dict[str, Any], policy: MediaPolicy) -> ChatPrompt:
         out.append(ChatMessage(ROLES[role], tuple(parts)))
     return ChatPrompt(tuple(out))
 
+
+
+def _with_tools(prompt: ChatPrompt, tools: ToolsRequest | None) -> ChatPrompt:
+    """The chat prompt with the tools the model may call (tool_choice none: none shown)."""
+    if tools is None or not tools.active:
+        return ChatPrompt(prompt.messages, (), tools.fmt if tools is not None else None)
+    return ChatPrompt(prompt.messages, tools.tools, tools.fmt)
 
 
 def _logit_bias(v: Any, vocab_size: int) -> dict[int, float]:
@@ -217,7 +235,6 @@ def _kind_rules(body: dict[str, Any], kind: Kind, v: dict[str, Any], n: int) -> 
     check(v.get("logprobs") is None or v.get("want_logprobs"), "top_logprobs", "absent unless logprobs is true",
           v.get("logprobs"))
     v["logprobs"] = (v.get("logprobs") or 0) if v.get("want_logprobs") else None
-    _refuse(body, "parallel_tool_calls", None, "tool calls are not supported")
 
 
 def _score_only(body: dict[str, Any], kind: Kind) -> dict[str, Any]:
@@ -243,17 +260,27 @@ def _vllm(body: dict[str, Any], support: Support, defaults: RequestDefaults, voc
             "ignore_eos": v.get("ignore_eos", False)}
 
 
+def _structured(body: dict[str, Any], support: Support, tools: ToolsRequest | None) -> StructuredSpec | None:
+    """``response_format`` (OpenAI's, or TGI's chat form), vLLM's ``structured_outputs`` / ``guided_*``, or the
+    grammar of the tools the model may call."""
+    return one_of(("tools", tools.spec() if tools is not None else None),
+                  ("response_format", read_structured(body, "openai")),
+                  ("structured_outputs", read_structured(body, "vllm") if support == "vllm" else None))
+
+
 def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: ProtocolLimits, model: str,
                  defaults: RequestDefaults = RequestDefaults(), adapter_id: str | None = None,
-                 request_id: str = "") -> OpenAIRequest:
-    """Validate ``body``; raise ValidationError (the route answers 400) naming the parameter."""
+                 request_id: str = "", tool_format: ToolFormat | None = None) -> OpenAIRequest:
+    """Validate ``body``; raise ValidationError (the route answers 400) naming the parameter. ``tool_format``:
+    the model's tool-call format (structured.tool_formats; default: found from no template, hermes)."""
     _check_fields(body, kind, support)
     body = _score_only(body, kind)
+    tools = parse_tools(body, tool_format or detect(None)) if kind == "chat" else None
     v = read_fields(body, _TABLES[kind])
     stream, n = v.get("stream", False), v.get("n", 1)
     include_usage = _stream_options(body, stream)
     prompts = (_completion_prompts(body, limits.vocab_size) if kind == "completion"
-               else (_messages(body, limits.media_policy or MediaPolicy()),))
+               else (_with_tools(_messages(body, limits.media_policy or MediaPolicy()), tools),))
     check(len(prompts) * n <= MAX_CHOICES, "n", f"at most {MAX_CHOICES} choices in all (prompts x n)",
           f"{len(prompts)} x {n}")
     # Without max_tokens: the model's default, else OpenAI's 16 on completions; chat leaves it to the output cap.
@@ -273,8 +300,8 @@ def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: 
         repetition_penalty=x["repetition_penalty"], frequency_penalty=v.get("frequency_penalty", 0.0),
         presence_penalty=v.get("presence_penalty", 0.0), logit_bias=logit_bias, seed=v.get("seed"), stop=stop,
         ignore_eos=x["ignore_eos"], logprobs=v.get("logprobs") or None, prompt_logprobs=echo,
-        adapter_id=adapter_id)
+        adapter_id=adapter_id, structured_outputs=_structured(body, support, tools))
     return OpenAIRequest(
         prompt=prompts[0], params=params, stream=stream, best_of=n, sampling=not greedy, kind=kind,
         model=model, prompts=prompts, echo=echo, logprobs=v.get("logprobs"), include_usage=include_usage,
-        score_only=body.get("_score_only", False), request_id=request_id)
+        score_only=body.get("_score_only", False), request_id=request_id, tools=tools)

@@ -11,6 +11,7 @@ from mindie_service.errors import MindieError
 from mindie_service.protocol.completion_scoring import choice_tokens, completion_count, completion_logprobs
 from mindie_service.protocol.encoders import Encoder, StreamState, sse
 from mindie_service.protocol.request import GenerationRequest, GenerationResult
+from mindie_service.protocol import tool_response
 from mindie_service.protocol.openai import OpenAIRequest
 
 DONE = b"data: [DONE]\n\n"
@@ -81,7 +82,8 @@ class OpenAIEncoder(Encoder):
         for k, r in enumerate(results):
             fr = finish_reason(r.finish_reason)
             if req.kind == "chat":
-                choices.append({"index": k, "message": {"role": "assistant", "content": r.text},
+                msg, fr = tool_response.message(req.tools, req.request_id, k, r.text, fr)
+                choices.append({"index": k, "message": msg,
                                 "logprobs": (self._chat_logprobs(r.tokens, req.logprobs)
                                              if req.logprobs is not None else None), "finish_reason": fr})
                 continue
@@ -126,6 +128,10 @@ class OpenAIEncoder(Encoder):
             lp = self._chat_logprobs([ev.token], req.logprobs) if req.logprobs is not None else None
             choice: dict[str, Any] = {"index": k, "delta": {"content": text} if text or fr is None else {},
                                       "logprobs": lp, "finish_reason": fr}
+            if req.tools is not None and req.tools.active:  # tool calls: content and calls from one parser
+                state.tool_parser = state.tool_parser or tool_response.parser_for(req.tools, req.request_id, k)
+                choice["delta"], choice["finish_reason"] = tool_response.stream_delta(
+                    req.tools, state.tool_parser, text, fr)
         else:
             lp = None
             if req.logprobs is not None:

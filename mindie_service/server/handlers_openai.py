@@ -12,9 +12,17 @@ from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
 from mindie_service.protocol.openai import Kind, OpenAIRequest, parse_openai, peek_model
 from mindie_service.protocol.openai_encoder import OpenAIEncoder, openai_error
 from mindie_service.server.generation import GenerationHandler
+from mindie_service.structured.tool_formats import ToolFormat, detect
 from mindie_service.serving import Submission
 
 _ENCODER = OpenAIEncoder()
+
+
+def tool_format(engine: EngineClient, ctx: Any) -> ToolFormat:
+    """The model's tool-call format: the config's toolCallParser, else the one its chat template writes."""
+    tok = getattr(getattr(engine, "input_facts", None), "tokenizer", None)
+    cfg = getattr(ctx, "engine_config", None)
+    return detect(getattr(tok, "chat_template", None), getattr(getattr(cfg, "structured", None), "tool_call_parser", ""))
 
 
 class _OpenAIHandler(GenerationHandler):
@@ -44,7 +52,7 @@ class _OpenAIHandler(GenerationHandler):
         limits = ProtocolLimits(vocab_size=target.engine.vocab_size, media_policy=self.ctx.media_policy)
         return parse_openai(body, self.kind, support=self.ctx.settings.open_ai_support, limits=limits,
                             model=model, defaults=target.defaults, adapter_id=target.adapter_id,
-                            request_id=self.request_id)
+                            request_id=self.request_id, tool_format=tool_format(target.engine, self.ctx))
 
     def on_finish(self) -> None:
         self._release()

@@ -67,5 +67,6 @@ class InfoHandler(BaseHandler):
             extra={"model_device_reason": eng.device_reason,
                    "max_new_tokens_cap": ec.max_iter_times, "max_batch_size": ec.max_batch_size,
                    "max_top_n_tokens": limits.max_top_n_tokens, "modalities": sorted(eng.modalities),
-                   "adapters": sorted(eng.adapter_names())},
+                   "adapters": sorted(eng.adapter_names()),
+                   "weights_report": dict(getattr(eng, "weights_report", None) or {})},
         ))

@@ -12,6 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from mindie_service.server.spec_metrics import spec_families
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -70,6 +72,7 @@ class _EngineCollector(Collector):
             c = CounterMetricFamily(name, doc, labels=["model_name"])
             c.add_metric(label, float(getattr(s, attr, 0)))
             yield c
+        yield from spec_families(label, s)
         yield from self._per_instance()
 
     def _per_instance(self) -> Iterator[Metric]:

@@ -21,6 +21,16 @@ _ANY: dict[str, Any] = {}
 _LOAD_ERROR = {"type": "string", "description": "Extension: present when the model's last start failed (its "
                "state is then Jan's stopped, or null in a list); the reason. It can be started again."}
 
+_GRAMMAR = {"type": ["object", "null"], "required": ["type", "value"], "x-extension": True,
+            "properties": {"type": {"enum": ["json", "regex"]}, "value": {}},
+            "description": "Extension of the TGI 1.1 document (TGI 1.4's shape): the output matches a JSON Schema "
+                           "(value: the schema, or its JSON text) or a regular expression. Compact JSON."}
+_RESPONSE_FORMAT = {"type": "object", "required": ["type"], "properties": {
+    "type": {"enum": ["text", "json_object", "json_schema", "json", "regex"]}, "json_schema": _OBJ, "value": {}},
+    "description": "OpenAI's response_format (text, json_object, json_schema {name, schema, strict}); TGI's chat "
+                   "form {type: json, value: schema} too. Compact JSON; a cap hit first may cut it (finish length)."}
+_TOOLS = {"type": "array", "items": {"type": "object", "required": ["type", "function"]}}
+
 SCHEMAS: dict[str, Any] = {
     "Error": {"type": "object", "required": ["error"], "properties": {
         "error": {"type": "string"}, "error_type": {"type": "string"}},
@@ -42,7 +52,10 @@ SCHEMAS: dict[str, Any] = {
                                                         "source_url", "parameters", "metadata"], "properties": {
         "id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
         "owned_by": {"type": "string"}, "source_url": {"type": "string"}, "parameters": _OBJ, "metadata": _OBJ,
-        "engine_parameters": _OBJ,
+        "engine_parameters": _OBJ, "format": {"type": "string", "description": "safetensors, gguf or ggufv3"},
+        "weights_report": {"type": "object", "additionalProperties": {"type": "string"}, "description":
+                           "Extension, while the model runs: what loading did to each tensor kind (a GGUF's "
+                           "ggml types: kept, converted, dequantized at load)."},
         "state": {"enum": list(LIST_STATES + TRANSIENT_STATES),
                   "description": "Jan's four states; downloading, starting and stopping (while they last) are "
                                  "this service's extension."}, "load_error": _LOAD_ERROR}},
@@ -61,7 +74,7 @@ SCHEMAS: dict[str, Any] = {
                                                                                 "maximum": 16},
         "stream": {"type": "boolean"}, "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 5},
         "echo": {"type": "boolean"}, "stop": {"oneOf": [{"type": "string"}, {"type": "array"}]},
-        "seed": {"type": "integer", "minimum": 0}, "user": {"type": "string"}}},
+        "seed": {"type": "integer", "minimum": 0}, "user": {"type": "string"}, "response_format": _RESPONSE_FORMAT}},
     "ChatCompletionRequest": {"type": "object", "required": ["messages"], "properties": {
         "model": {"type": "string", "description": "absent, \"tgi\" or \"dummy\" (TGI clients): the default model"},
         "messages": {"type": "array", "minItems": 1, "items": {
@@ -71,7 +84,14 @@ SCHEMAS: dict[str, Any] = {
         "max_tokens": {"type": ["integer", "null"], "minimum": 1},
         "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
         "temperature": {"type": "number", "minimum": 0, "maximum": 2}, "stream": {"type": "boolean"},
-        "logprobs": {"type": "boolean"}, "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20}}},
+        "logprobs": {"type": "boolean"}, "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+        "response_format": _RESPONSE_FORMAT, "tools": _TOOLS,
+        "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, _OBJ]},
+        "parallel_tool_calls": {"type": "boolean"}}},
+    "GenerateRequest": {"type": "object", "required": ["inputs"], "properties": {
+        "inputs": {"oneOf": [{"type": "string"}, {"type": "array"}]},
+        "parameters": {"type": "object", "properties": {"grammar": _GRAMMAR}}},
+        "description": "MindIE POST / and TGI /generate, /generate_stream: {inputs, parameters}."},
     "Completion": {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
         "id": {"type": "string"}, "object": {"enum": ["text_completion", "chat.completion"]},
         "created": {"type": "integer"}, "model": {"type": "string"}, "choices": {"type": "array"},
@@ -83,6 +103,9 @@ SCHEMAS: dict[str, Any] = {
 # path -> method -> (request schema, 200 schema); routes not listed take and give any JSON.
 _SHAPES: dict[str, dict[str, tuple[str | None, str | None]]] = {
     "/v1/completions": {"post": ("CompletionRequest", "Completion")},
+    "/": {"post": ("GenerateRequest", None)},
+    "/generate": {"post": ("GenerateRequest", None)},
+    "/generate_stream": {"post": ("GenerateRequest", None)},
     "/v1/chat/completions": {"post": ("ChatCompletionRequest", "Completion")},
     "/v1/models": {"get": (None, "ListModelsResponse")},
     "/v1/models/{id}": {"get": (None, "GetModelResponse"), "delete": (None, "DeleteModelResponse")},

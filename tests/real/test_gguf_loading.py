@@ -120,7 +120,7 @@ def test_tiny_gguf_logprobs_match_transformers_on_the_same_file(tmp_path, arch, 
     """Each architecture's names, q/k row order (llama.cpp permutes Llama's, not Qwen2's) and biases: our
     teacher-forced log-probs equal transformers' on the same synthetic file."""
     from transformers import AutoModelForCausalLM
-    from mindie_service.models.quant_eval import teacher_forced_logprobs
+    from mindie_service.devkit.quant_eval import teacher_forced_logprobs
     f = write_tiny(tmp_path / f"{arch}.gguf", arch=arch, hidden=32, ffn=64, name=name)
     assert open_checkpoint(f).architecture == want_arch  # llama.cpp writes Mistral as "llama"
     tokens = [1, 5, 9, 2, 14, 3, 7, 7, 0, 11, 4, 15, 6, 8, 10, 12]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mindie_service.models.gguf_checkpoint import export_folder
-from mindie_service.models.quant_eval import compare, teacher_forced_logprobs
+from mindie_service.devkit.quant_eval import compare, teacher_forced_logprobs
 
 SEQ_LEN, CHUNK = 256, 64
 # scheme -> (min top-1 agreement, max mean KL, max mean |log-prob change|). Measured: w8a16 0.980 / 0.0028 /

@@ -5,7 +5,7 @@ import argparse
 
 import pytest
 
-from mindie_service.cli import DEMO_PRESETS, _parser
+from mindie_service.cli import DEMO_PRESETS, _parser, main
 from mindie_service.devkit.presets import PRESETS
 
 
@@ -30,12 +30,12 @@ def test_every_option_and_command_has_a_help_text():
     assert not missing, missing
 
 
-def test_preset_lists_the_presets(capsys):
+def test_preset_lists_the_presets(capsys, tmp_path):
     assert sorted(DEMO_PRESETS) == sorted(PRESETS)
     with pytest.raises(SystemExit):
         _parser().parse_args(["demo-model", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert all(name in out for name in PRESETS)
-    with pytest.raises(SystemExit):
-        _parser().parse_args(["demo-model", "--preset", "huge", "--out", "x"])
-    assert "invalid choice: 'huge'" in capsys.readouterr().err
+    assert main(["demo-model", "--preset", "huge", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown demo preset 'huge'" in err and all(name in err for name in PRESETS)

@@ -89,7 +89,7 @@ def test_shipped_config_loads_with_cpu_values() -> None:
     cfg = load_config(SHIPPED, env={})
     assert cfg.path == SHIPPED
     m = cfg.models[0]
-    assert (m.name, m.weight_path, m.mock) == ("mindie-demo-small", str(REPO / "models" / "small"), False)
+    assert (m.name, m.weight_path, m.mock) == ("SmolLM2-135M-Instruct", str(REPO / "models" / "SmolLM2-135M-Instruct"), False)
     s = cfg.server
     assert (s.ip_address, s.port, s.management_ip_address, s.management_port, s.metrics_port) == (
         "127.0.0.1", 1025, "127.0.0.1", 1026, 1027)
@@ -148,7 +148,7 @@ BAD: list[tuple[str, Callable[[dict[str, Any]], None], list[str]]] = [
     ("duplicate LoRA names", lambda d: deploy(d).update(LoraModules=[{"name": "a", "path": "x"},
                                                                      {"name": "a", "path": "y"}]),
      [f"{D}.LoraModules[1].name", "unique", '"a"']),
-    ("LoRA named like the model", lambda d: deploy(d).update(LoraModules=[{"name": "mindie-demo-small", "path": "x"}]),
+    ("LoRA named like the model", lambda d: deploy(d).update(LoraModules=[{"name": "SmolLM2-135M-Instruct", "path": "x"}]),
      [f"{D}.LoraModules[0].name"]),
     ("unknown LoRA base", lambda d: deploy(d).update(LoraModules=[{"name": "a", "path": "x", "baseModelName": "b"}]),
      [f"{D}.LoraModules[0].baseModelName", '"b"']),
@@ -310,8 +310,8 @@ def test_check_files_names_every_missing_file(tmp_path: Path) -> None:
     text = str(exc.value)
     for key in ("modelWeightPath", f"{S}.tlsCaFile", f"{S}.tlsCert", f"{S}.tlsPk"):
         assert key in text
-    (tmp_path / "models" / "small").mkdir(parents=True)
-    (tmp_path / "models" / "small" / "config.json").write_text(json.dumps({"torch_dtype": "float32",
+    (tmp_path / "models" / "SmolLM2-135M-Instruct").mkdir(parents=True)
+    (tmp_path / "models" / "SmolLM2-135M-Instruct" / "config.json").write_text(json.dumps({"torch_dtype": "float32",
                                                                              "vocab_size": 10}))
     for rel in ("security/ca/ca.pem", "security/certs/server.pem", "security/keys/server.key.pem"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -354,15 +354,15 @@ def test_engine_config_mapping(tmp_path: Path) -> None:
                                   {"name": "a2", "path": "/ad/a2", "baseModelName": "other"}]
     cfg = load(tmp_path, doc)
     e = cfg.engine_config()
-    assert (e.model, e.model_name, e.trust_remote_code) == (str(tmp_path / "models" / "small"),
-                                                            "mindie-demo-small", True)
+    assert (e.model, e.model_name, e.trust_remote_code) == (str(tmp_path / "models" / "SmolLM2-135M-Instruct"),
+                                                            "SmolLM2-135M-Instruct", True)
     assert (e.max_seq_len, e.max_input_token_len, e.truncation, e.cache_block_size) == (2560, 2048, True, 16)
     assert (e.max_batch_size, e.max_prefill_batch_size, e.max_prefill_tokens, e.max_iter_times) == (64, 16, 8192, 512)
     assert (e.max_preempt_count, e.max_queue_delay_microseconds, e.num_kv_blocks) == (3, 700, 500)
     assert (e.kv_cache_memory_gb, e.enable_prefix_caching, e.num_threads) == (2.0, False, 2)
     assert (e.max_loras, e.max_lora_rank, e.video_frames, e.max_video_frames) == (4, 64, 8, 32)
     assert (e.cpu_kernels, e.kernel_cache_dir) == (False, str(tmp_path / "cache" / "kernels"))
-    assert e.lora_modules == (LoraModuleSpec("a1", "/ad/a1", "mindie-demo-small"),)
+    assert e.lora_modules == (LoraModuleSpec("a1", "/ad/a1", "SmolLM2-135M-Instruct"),)
     e.validate()
     e2 = cfg.engine_config(1)
     assert (e2.model, e2.model_name, e2.kv_cache_memory_gb) == ("/w/other", "other", 7.0)

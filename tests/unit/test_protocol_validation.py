@@ -106,7 +106,7 @@ def test_defaults_are_greedy_with_twenty_tokens(limits, proc):
     ("adapter_id", "my-lora", "Parameter adapter_id must name a loaded LoRA adapter"),
     ("best_of", 0, "Parameter best_of must be in (0, 4], got 0"),
     ("top_n_tokens", 21, "Parameter top_n_tokens must be in [0, 20], got 21"),
-    ("grammar", {"type": "regex", "value": "a+"}, "Parameter grammar must be null"),
+    ("grammar", {"type": "xml", "value": "a+"}, "Parameter grammar.type must be json or regex"),
     ("frequency_penalty", 3.0, "Parameter frequency_penalty must be in [-2.0, 2.0], got 3.0"),
 ])
 def test_out_of_range_parameters_name_parameter_rule_and_value(limits, proc, name, value, message):

@@ -1,0 +1,127 @@
+"""When speculation pays, and how far (engine.speculative). Plain Python.
+
+A step that computes T tokens costs about ``a + b*T`` seconds: ``a`` is reading the weights (one pass
+whatever the batch), ``b`` the work per token. Both are fitted from the engine's measured step times
+(least squares, old steps forgotten geometrically), never a constant. A plain decode step of B rows
+makes B tokens in ``t(B)``; the i-th draft token of a row adds ``b`` (plus, for a draft model, its share
+of one measured draft forward) and brings, in expectation, ``r**i`` tokens, ``r`` being the row's measured
+acceptance rate per draft token. It pays while ``r**i > c``, ``c = (b + draft_cost) * B / t(B)``: one rule
+gives both the per-sequence depth (down to 0: a row whose drafts keep failing stops drafting, and probes
+with one draft now and then to notice when they would succeed again) and the per-step cut-off (with a
+large batch ``c`` nears 1 and nothing is drafted). Until the fit has seen steps of different sizes the
+rule trusts a prior that lets speculation start, so it can be measured."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PRIOR_COST = 0.05  # c before the step-time fit is usable: speculate, and measure
+PRIOR_RATE, PRIOR_WEIGHT = 0.5, 2.0  # a new row's acceptance rate: a prior worth two draft tokens
+DECAY = 0.9  # per verify: the weight old acceptance observations keep
+FORGET = 0.98  # per step: the weight old step-time observations keep
+PROBE_EVERY = 16  # steps a row drafting nothing waits before one probing draft
+MIN_SPREAD = 4.0  # tokens: the fit is used once the steps' sizes vary at least this much
+
+
+@dataclass
+class SeqSpec:
+    """One sequence's speculation state: its acceptance record and its proposer's state."""
+
+    accepted: float = 0.0
+    tried: float = 0.0
+    idle_steps: int = 0
+    index: Any = None  # the n-gram proposer's NgramIndex
+    shadow: Any = None  # the draft model's copy of the sequence (its own blocks)
+
+    @property
+    def rate(self) -> float:
+        return (self.accepted + PRIOR_RATE * PRIOR_WEIGHT) / (self.tried + PRIOR_WEIGHT)
+
+    def record(self, proposed: int, accepted: int) -> None:
+        """A verify of ``proposed`` drafts kept ``accepted``: that many successes, then one failure if short."""
+        self.accepted = self.accepted * DECAY + accepted
+        self.tried = self.tried * DECAY + accepted + (1 if accepted < proposed else 0)
+
+
+@dataclass
+class StepCostModel:
+    """Weighted least squares of step seconds on step tokens."""
+
+    n: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+    draft_s: float = 0.0  # a draft forward's seconds per row (EMA; 0 for the n-gram proposer)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        f = FORGET
+        self.n, self.sx, self.sy = self.n * f + 1, self.sx * f + tokens, self.sy * f + seconds
+        self.sxx, self.sxy = self.sxx * f + tokens * tokens, self.sxy * f + tokens * seconds
+
+    def observe_draft(self, rows: int, seconds: float) -> None:
+        if rows > 0:
+            per_row = seconds / rows
+            self.draft_s = per_row if self.draft_s == 0.0 else 0.8 * self.draft_s + 0.2 * per_row
+
+    def fit(self) -> tuple[float, float] | None:
+        """(a, b), or None while the observed step sizes hardly vary."""
+        if self.n < 3:
+            return None
+        var = self.sxx / self.n - (self.sx / self.n) ** 2
+        if var < MIN_SPREAD ** 2:
+            return None
+        b = max(0.0, (self.sxy / self.n - self.sx * self.sy / self.n ** 2) / var)
+        a = max(1e-6, self.sy / self.n - b * self.sx / self.n)
+        return a, b
+
+    def cost(self, rows: int) -> float:
+        """``c`` for a step of ``rows`` decoding rows (see the module docstring)."""
+        ab = self.fit()
+        if ab is None:
+            return PRIOR_COST
+        a, b = ab
+        return (b + self.draft_s) * rows / (a + b * rows)
+
+
+def depth(state: SeqSpec, k_max: int, c: float, dynamic: bool) -> int:
+    """How many drafts this row proposes this step."""
+    if not dynamic:
+        return k_max
+    if c >= 1.0:
+        return 0
+    r, k = state.rate, 0
+    while k < k_max and r ** (k + 1) > c:
+        k += 1
+    if k == 0:
+        state.idle_steps += 1
+        if state.idle_steps >= PROBE_EVERY:  # one draft now and then, so the rate can recover
+            state.idle_steps = 0
+            return 1
+        return 0
+    state.idle_steps = 0
+    return k
+
+
+@dataclass
+class SpecCounters:
+    """Totals since start (metrics: vllm:spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens)."""
+
+    num_drafts: int = 0  # verify rows that carried drafts
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def record(self, proposed: int, accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += proposed
+        self.num_accepted_tokens += accepted
+        while len(self.accepted_per_position) < proposed:
+            self.accepted_per_position.append(0)
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens a verify row yields on average: its accepted drafts plus the target's own token."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0

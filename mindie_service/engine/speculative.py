@@ -1,0 +1,167 @@
+"""Speculative decoding: propose, verify in the step's one forward, accept exactly, roll back.
+
+    spec.propose(running)          before scheduling: each decoding row's drafts (seq.draft_token_ids)
+    scheduler.schedule()           keeps what its token budget, the output cap and free blocks allow; a row
+                                   with drafts is one chunk (last token + drafts)
+    runner.execute(out)            logits at every position of that chunk (1 + num_draft rows)
+    sampler.sample(rows, drafts)   every row drawn as without speculation, in order, stopping a run at
+                                   its first draw that differs from the draft it checks
+    spec.accept(chunk, tokens)     the accepted run: the drafts the target agreed with, plus its own token
+    scheduler.update(...)          run appended, rejected slots trimmed (never registered in the prefix cache)
+
+Exactness. Both proposers' drafts are one-hot (the n-gram's continuation, the draft model's argmax). For a
+one-hot draft ``d`` rejection sampling (Leviathan et al., 2023) accepts with probability ``p(d)`` and on
+rejection draws from ``p`` without ``d``; drawing ``x ~ p`` and accepting iff ``x == d`` is that very
+rule (``x`` is then the correction token). Each position is drawn from the target's processed
+distribution (penalties over the accepted tokens before it, temperature, top-k/p, typical) with the
+request's own generator, one draw per emitted token, in order: greedy output is token-identical to
+decoding without speculation and a seeded request draws what it would have drawn without it.
+Logprobs are the target's, row by row. EOS, a stop string or the output cap inside a run cut it there
+(the output processor sees the run's tokens one at a time)."""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from mindie_service.engine.sequence import Sequence
+from mindie_service.engine.spec_config import DRAFT_MODEL, SpeculativeConfig
+from mindie_service.engine.spec_ngram import NgramIndex, NgramProposer
+from mindie_service.engine.spec_policy import SeqSpec, SpecCounters, StepCostModel, depth
+from mindie_service.engine.step import ScheduledChunk
+from mindie_service.engine.step_chunks import prefilling
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class DraftRow:
+    """The sampler's view of a verify row past the first: the sequence with the drafts before this row taken
+    as its output (penalties see them; the generator is the request's own)."""
+
+    request_id: str
+    params: Any
+    seed: int
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+
+def verify_rows(chunks: list[ScheduledChunk], seqs: list[Sequence]) -> tuple[list[Any], list[int | None] | None]:
+    """The sampler's rows of a step (one per logits row) and, when any chunk verifies drafts, the draft
+    each row's draw is checked against (None: the row ends its run)."""
+    if not any(c.num_draft for c in chunks):
+        return list(seqs), None
+    rows: list[Any] = []
+    drafts: list[int | None] = []
+    for c, seq in zip(chunks, seqs):
+        rows.append(seq)
+        if not c.num_draft:
+            drafts.append(None)
+            continue
+        d = list(c.token_ids[1:])
+        drafts.append(d[0])
+        for j in range(1, len(d) + 1):
+            rows.append(DraftRow(seq.request_id, seq.params, seq.seed, seq.prompt_token_ids,
+                                 seq.output_token_ids + d[:j]))
+            drafts.append(d[j] if j < len(d) else None)
+    return rows, drafts
+
+
+def accepted_run(chunk: ScheduledChunk, tokens: list[int]) -> list[int]:
+    """The target's tokens of a verify chunk's rows -> the run it emits: while a row's token equals the next
+    draft that draft is accepted and the following row's token counts too."""
+    run = [tokens[0]]
+    for j in range(1, 1 + chunk.num_draft):
+        if tokens[j - 1] != chunk.token_ids[j]:
+            break
+        run.append(tokens[j])
+    return run
+
+
+class Speculator:
+    def __init__(self, cfg: SpeculativeConfig, draft: Any = None) -> None:
+        self.cfg = cfg
+        self.ngram = NgramProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.memory)
+        self.draft = draft  # a DraftModelProposer (engine.spec_draft) for method draft_model
+        self.costs = StepCostModel()
+        self.counters = SpecCounters()
+        self.last_cost = 0.0
+
+    def propose(self, running: list[Sequence]) -> None:
+        """Set each decoding row's drafts for this step (empty for rows that do not speculate)."""
+        rows = [s for s in running if _eligible(s)]
+        for s in running:
+            s.draft_token_ids = []
+        if not rows:
+            return
+        c = self.costs.cost(len(rows))
+        self.last_cost = c
+        wants: list[tuple[Sequence, int]] = []
+        for s in rows:
+            if s.spec is None:
+                s.spec = SeqSpec()
+            k = min(depth(s.spec, self.cfg.num_speculative_tokens, c, self.cfg.dynamic),
+                    s.max_output - len(s.output_token_ids) - 1)
+            if k > 0:
+                wants.append((s, k))
+        if not wants:
+            return
+        if self.cfg.method == DRAFT_MODEL:
+            got = self.draft.propose(wants, {s.request_id for s in running})
+            self.costs.observe_draft(len(wants), self.draft.last_seconds / max(1, max(k for _, k in wants)))
+            for s, _ in wants:
+                s.draft_token_ids = got.get(s.request_id, [])
+            return
+        for s, k in wants:
+            if s.spec.index is None:
+                s.spec.index = NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
+            s.draft_token_ids = self.ngram.propose(s.token_ids(), s.spec.index, k, s.cache_key)
+
+    def accept(self, seq: Sequence, chunk: ScheduledChunk, tokens: list[int]) -> list[int]:
+        """The run a verify chunk emits (``tokens``: the target's token at each of its rows); records it."""
+        run = accepted_run(chunk, tokens)
+        self.counters.record(chunk.num_draft, len(run) - 1)
+        if seq.spec is not None:
+            seq.spec.record(chunk.num_draft, len(run) - 1)
+        return run
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        self.costs.observe(num_tokens, seconds)
+
+    def finished(self, seq: Sequence) -> None:
+        """A request ended (or was aborted): its text becomes n-gram memory, its draft shadow goes."""
+        if seq.finish_reason is not None and self.cfg.method != DRAFT_MODEL:
+            self.ngram.remember(seq.token_ids(), seq.cache_key)
+        if self.draft is not None:
+            self.draft.forget(seq.request_id)
+        seq.spec = None
+
+
+def _eligible(seq: Sequence) -> bool:
+    """A row on its own (beams stay unspeculated), past its prompt, decoding its next token, and free of a
+    grammar (a constrained row's forced runs already feed several tokens per step; its drafts would need the
+    matcher's mask at every draft position, not wired yet)."""
+    return (seq.group is None and getattr(seq, "grammar", None) is None and bool(seq.output_token_ids)
+            and not prefilling(seq))
+
+
+def build_speculator(cfg: SpeculativeConfig | None, engine_cfg: Any, device: Any, num_blocks: int,
+                     vocab: int, tokenizer: Any) -> Speculator | None:
+    """The engine's speculator (None when speculation is off); loads the draft model for draft_model."""
+    if cfg is None:
+        return None
+    draft = None
+    if cfg.method == DRAFT_MODEL:
+        from mindie_service.engine.spec_draft import DraftModelProposer
+
+        t0 = time.perf_counter()
+        draft = DraftModelProposer(cfg.model, engine_cfg.dtype, device, engine_cfg.max_seq_len,
+                                   min(engine_cfg.max_batch_size, 128), num_blocks, engine_cfg.cache_block_size,
+                                   vocab, tokenizer)
+        logger.info("draft model loaded in %.1fs", time.perf_counter() - t0)
+    logger.info("speculative decoding: %s", replace(cfg))
+    return Speculator(cfg, draft)

@@ -1,0 +1,128 @@
+"""Tool-call formats, one per model family (vLLM's ``--tool-call-parser`` names): how a model is told about
+its tools when its chat template does not render them, how it writes a call, and the grammars that enforce a
+call (``tool_choice`` required or a named function: always; ``auto``: lazily, once the call marker appears).
+
+    hermes       Hermes / Qwen2.5: <tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>, one per call
+    llama3_json  Llama 3.1-3.3 JSON: <|python_tag|>? {"name": ..., "parameters": {...}}; calls joined by "; "
+    mistral      Mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]
+
+A format is chosen from the model's chat template (``detect``), or named by the config key
+``ModelDeployConfig.structuredOutput.toolCallParser``. A call's arguments hold the function's declared
+parameters only (objects listing properties admit no others unless they say so). Plain data and text: no
+grammar library here."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from mindie_service.errors import ValidationError
+from mindie_service.structured.spec import closed_objects
+
+MAX_PARALLEL_CALLS = 16  # calls in one reply (parallel_tool_calls): a grammar that always ends
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    open: str  # the call marker: where the calls begin
+    args_key: str  # "arguments" or "parameters"
+    list_open: str = ""  # after the marker, before the first call ("[" for mistral)
+    sep: str = ""  # between calls of one group ("," mistral, "; " llama3_json)
+    close: str = ""  # after each call (hermes) or after the group (mistral); "" : the text ends there
+    per_call_wrap: bool = False  # marker and close around every call (hermes), else around the group
+    bare_json: bool = False  # a reply that starts with "{" is a call even without the marker (llama3_json)
+
+    # -- rendering ---------------------------------------------------------------------------------
+    def call_text(self, calls: Sequence[tuple[str, str]]) -> str:
+        """The text of ``calls`` ((name, arguments JSON text)) as the model writes them."""
+        bodies = ['{"name":%s,"%s":%s}' % (json.dumps(n, ensure_ascii=False), self.args_key, a or "{}")
+                  for n, a in calls]
+        if self.per_call_wrap:
+            return "".join(f"{self.open}\n{b}\n{self.close}" for b in bodies)
+        return f"{self.open}{self.list_open}{self.sep.join(bodies)}{self.close}"
+
+    def system_prompt(self, tools: Sequence[dict[str, Any]]) -> str:
+        """The tools' schemas and the call format, in the family's documented words (for a chat template
+        that does not render tools itself)."""
+        listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        example = self.call_text([("<function-name>", "<args-json-object>")])
+        return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{listing}\n"
+                f"</tools>\n\nFor each function call, return a json object with function name and {self.args_key} "
+                f"like this:\n{example}")
+
+    # -- grammars (llguidance's Lark dialect, %json for the bodies) -----------------------------------
+    def _body(self, tools: Sequence[dict[str, Any]]) -> str:
+        variants = [{"type": "object", "additionalProperties": False, "required": ["name", self.args_key],
+                     "properties": {"name": {"const": t["function"]["name"]},
+                                    self.args_key: closed_objects(t["function"].get("parameters")
+                                                                  or {"type": "object"})}}
+                    for t in tools]
+        schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
+        schema["x-guidance"] = {"whitespace_flexible": False}
+        return "body: %json " + json.dumps(schema, ensure_ascii=False)
+
+    def _calls(self, parallel: bool) -> list[str]:
+        """Rules ``calls`` (one group of calls, marker included) and ``call``."""
+        more = "{0,%d}" % (MAX_PARALLEL_CALLS - 1) if parallel else ""
+        if self.per_call_wrap:
+            return [f"calls: call{'{1,%d}' % MAX_PARALLEL_CALLS if parallel else ''}",
+                    f"call: {json.dumps(self.open + chr(10))} body {json.dumps(chr(10) + self.close)}"]
+        tail = f" {json.dumps(self.close)}" if self.close else ""
+        # A bare-JSON family (llama3_json) needs no marker: its marker is a special token in the real tokenizer.
+        lead = json.dumps((self.open if not self.bare_json else "") + self.list_open)
+        return [f"calls: {lead} body ({json.dumps(self.sep)} body){more}{tail}" if self.sep else
+                f"calls: {lead} body{tail}"]
+
+    def grammar(self, tools: Sequence[dict[str, Any]], *, required: bool, parallel: bool) -> str:
+        """A call is required (tool_choice required, or ``tools`` holding only the named function), or the model
+        may answer in text (auto): then the grammar is lazy, free text until the call marker appears, and the
+        call(s) end the reply."""
+        body = self._body(tools)
+        if required:
+            return "\n".join(["start: calls", *self._calls(parallel), body])
+        nl = chr(10)
+        if self.per_call_wrap:
+            rest = f"rest: {json.dumps(nl)} body {json.dumps(nl + self.close)}"
+            start = f"start: TEXT | (hd rest){'{1,%d}' % MAX_PARALLEL_CALLS if parallel else ''}"
+        elif self.bare_json:  # text that does not start with "{", or the calls
+            return nl.join(["start: TEXT | calls", "TEXT: /[^{](.|\\n)*/", *self._calls(parallel), body])
+        else:
+            more = f" ({json.dumps(self.sep)} body){{0,{MAX_PARALLEL_CALLS - 1}}}" if self.sep and parallel else ""
+            rest = f"rest: {json.dumps(self.list_open)} body{more}" + (f" {json.dumps(self.close)}" if self.close else "")
+            start = "start: TEXT | hd rest"
+        return nl.join([start, "TEXT: /(.|\\n)*/", f"hd[lazy]: TEXT {json.dumps(self.open)}", rest, body])
+
+
+FORMATS: dict[str, ToolFormat] = {f.name: f for f in (
+    ToolFormat("hermes", "<tool_call>", "arguments", close="</tool_call>", per_call_wrap=True),
+    ToolFormat("llama3_json", "<|python_tag|>", "parameters", sep="; ", bare_json=True),
+    ToolFormat("mistral", "[TOOL_CALLS]", "arguments", list_open="[", sep=",", close="]"),
+)}
+ALIASES = {"qwen": "hermes", "qwen2_5": "hermes", "llama3": "llama3_json", "llama": "llama3_json"}
+
+
+def get_format(name: str) -> ToolFormat:
+    f = FORMATS.get(ALIASES.get(name, name))
+    if f is None:
+        raise ValidationError(f"toolCallParser must be one of {', '.join(sorted(FORMATS))}, got {name!r}")
+    return f
+
+
+def detect(chat_template: str | None, explicit: str | None = None) -> ToolFormat:
+    """The format a config names, else the one the chat template writes, else hermes (whose system-message
+    form is then used to tell the model about its tools)."""
+    if explicit:
+        return get_format(explicit)
+    t = chat_template or ""
+    if "[TOOL_CALLS]" in t:
+        return FORMATS["mistral"]
+    if "<|python_tag|>" in t or "ipython" in t:
+        return FORMATS["llama3_json"]
+    return FORMATS["hermes"]
+
+
+def renders_tools(chat_template: str | None) -> bool:
+    """Whether a chat template renders ``tools`` itself (else they go into the system message)."""
+    return bool(chat_template) and "tools" in str(chat_template)
