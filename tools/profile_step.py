@@ -34,7 +34,7 @@ from bench_real import make_llm, shipped_gguf, workload  # noqa: E402
 
 KERNELS = ("linear_f32", "linear_w8a16_f32", "linear_w8a8_i8", "quantize_rows_i8", "rms_norm_f32", "silu_mul_f32",
            "rotary_f32", "paged_attention_rows_f32", "paged_attention_rows_i8", "lm_head_argmax_f32",
-           "linear_w8a8_head")
+           "linear_w8a8_f32")
 OPS = [(llama_mod, "rms_norm"), (llama_mod, "rotary"), (llama_mod, "silu_mul"), (llama_mod, "write_kv"),
        (llama_mod, "paged_attention")]
 
