@@ -22,6 +22,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.quantize_rows_i8.argtypes = [_P, _I64, _I64, _P, _P, ctypes.c_int]
     lib.linear_w8a8_i8.argtypes = [_P, _P, _I64, _I64, _P, _P, _I64, _P, _P, ctypes.c_int]
     lib.gemm_i8_i32.argtypes = [_P, _I64, _I64, _P, _I64, _P]
+    lib.linear_w8a8_f32.argtypes = [_P, _I64, _I64, _P, _P, _I64, _P, _P, ctypes.c_int]
+    lib.linear_w8a8_f32.restype = ctypes.c_int
     for name in ("pack_w8a16", "pack_w8a8", "linear_w8a16_f32", "quantize_rows_i8", "linear_w8a8_i8", "gemm_i8_i32"):
         getattr(lib, name).restype = None
     return lib
@@ -77,7 +79,7 @@ def linear(x: torch.Tensor, packed: torch.Tensor, scheme: str, w_scale: torch.Te
     if scheme == "w8a16":
         lib.linear_w8a16_f32(x.data_ptr(), m, k, packed.data_ptr(), w_scale.data_ptr(), n, b, y.data_ptr(), threads)
         return y
-    xq, xs = quantize_rows(x)
-    lib.linear_w8a8_i8(xq.data_ptr(), xs.data_ptr(), m, k, packed.data_ptr(), w_scale.data_ptr(), n, b,
-                       y.data_ptr(), threads)
+    # quantize_rows_i8 + linear_w8a8_i8 in one call (csrc/gemm_int8.c)
+    if lib.linear_w8a8_f32(x.data_ptr(), m, k, packed.data_ptr(), w_scale.data_ptr(), n, b, y.data_ptr(), threads):
+        raise MemoryError("linear_w8a8_f32: no scratch for the quantized rows")
     return y

@@ -60,6 +60,9 @@ class EngineConfig:
     # Weight quantization at load (npu_ops.quant): None = as loaded, "w8a16" or "w8a8". A checkpoint already
     # quantized by msModelSlim (quant_model_description*.json) loads as it is.
     quantization: str | None = None
+    # The output projection quantized too (same scheme, per output channel; issue 27): a quarter of its
+    # bytes per decoded token, at a measured cost in top-1 agreement (tools/bench_real.py --int8-head).
+    quantize_lm_head: bool = False
     kv_cache_dtype: str = "auto"  # "auto" = the model dtype; "int8" = int8 K/V with per-token, per-head scales
     # Sessions (continue a finished generation by its request_id; engine.sessions): how many are kept, the
     # share of the KV pool their pinned blocks may hold, the idle time after which one is dropped, and

@@ -39,7 +39,8 @@ def load_parts(cfg: EngineConfig, shard: tuple[int, int, Reduce] | None = None) 
     platform.apply_thread_settings(threads_per_rank(cfg.world_size, cfg.num_threads) if cfg.world_size > 1
                                    else cfg.num_threads)
     loaded = load_model(cfg.model, cfg.dtype, device, cfg.max_seq_len, min(cfg.max_batch_size, 128),
-                        quantization=cfg.quantization, kv_cache_dtype=cfg.kv_cache_dtype, shard=shard)
+                        quantization=cfg.quantization,
+                        quantize_lm_head=cfg.quantize_lm_head, kv_cache_dtype=cfg.kv_cache_dtype, shard=shard)
     tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
     num_blocks = cfg.num_kv_blocks or auto_num_blocks(cfg, loaded, device)
     logger.info("KV pool: %d blocks of %d tokens", num_blocks, cfg.cache_block_size)

@@ -120,12 +120,31 @@ class Sampler:
             x = x.masked_fill(drop, float("-inf"))
         return x.softmax(-1)
 
+    @staticmethod
+    def _greedy_only(logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult | None:
+        """Every row greedy with no penalty, bias or top-n logprobs, and every logit finite (the usual batch):
+        the argmax and the chosen token's log-probability (logit - logsumexp), without the full log-softmax
+        and float64 copy of the vocabulary. None where the general path must run."""
+        for s in seqs:
+            p = s.params
+            if (not p.greedy or p.logprobs or p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
+                    or p.presence_penalty != 0.0 or p.logit_bias):
+                return None
+        if not bool(logits.isfinite().all()):
+            return None  # the general path names the bad rows
+        chosen = logits.argmax(-1)
+        lp = (logits.gather(1, chosen[:, None])[:, 0] - logits.logsumexp(-1)).clamp(min=LOGPROB_FLOOR)
+        return SampleResult(chosen.tolist(), lp.tolist(), [[] for _ in seqs])
+
     def sample(self, logits: torch.Tensor, seqs: list[Sequence],
                drafts: list[int | None] | None = None) -> SampleResult:
         """One token per row. ``drafts`` (speculative decoding, engine.speculative): rows of one request
         are consecutive verify positions; row r's token is checked against ``drafts[r]`` and once one
         differs the request's later rows are not drawn (their generator is not advanced): every emitted
         token costs the generator one draw, in order, as without speculation."""
+        fast = self._greedy_only(logits, seqs)  # greedy rows ignore drafts: their token is the argmax
+        if fast is not None:
+            return fast
         # A row with a NaN, a +inf, or nothing above -inf has no distribution to sample. One check of the
         # whole step first: the per-row checks run only when something is not finite (rare).
         bad = None if bool(logits.isfinite().all()) else _bad_rows(logits)

