@@ -113,9 +113,20 @@ class RankGroup:
             try:
                 self.dist.send(msg)
             except Exception as exc:  # noqa: BLE001 - a closed socket: a worker is gone
-                self._mark_dead(f"sending the step to the workers failed ({exc})")
+                # The socket can close before the dead worker is reaped: wait briefly to name the rank.
+                self._mark_dead(self._exited_rank(wait_s=2.0)
+                                or f"sending the step to the tensor-parallel ranks failed ({exc})")
                 raise EngineDeadError(self.dead or "") from exc
             self._last_send = time.monotonic()
+
+    def _exited_rank(self, wait_s: float) -> str | None:
+        """Why the engine is dead when a worker process has exited (waiting up to ``wait_s`` for one)."""
+        deadline = time.monotonic() + wait_s
+        for rank, p in enumerate(self.procs, start=1):
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.exitcode is not None:
+                return f"tensor-parallel rank {rank} (pid {p.pid}) exited with code {p.exitcode}"
+        return None
 
     def check_alive(self) -> None:
         if self.dead is None:
