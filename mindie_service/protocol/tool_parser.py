@@ -104,7 +104,9 @@ class ToolCallParser:
             k += 1
         return k if k < len(self.buf) else None
 
-    def _start(self, out: list[str], deltas: list[ToolCallDelta], final: bool) -> bool:
+    def _call_or(self, otherwise: str, final: bool) -> bool:
+        """After whitespace: a ``{`` opens a call; anything else (or the end of the text) moves to ``otherwise``
+        (the end of the text waiting for more unless ``final``, when it ends as content)."""
         k = self._skip_ws()
         if k is None:
             if final:
@@ -114,8 +116,11 @@ class ToolCallParser:
         if self.buf[k] == "{":
             self.pos, self.state, self._cur = k, "in_call", _Call(k)
         else:
-            self.state = "content"
+            self.state = otherwise
         return True
+
+    def _start(self, out: list[str], deltas: list[ToolCallDelta], final: bool) -> bool:
+        return self._call_or("content", final)
 
     def _content(self, out: list[str], deltas: list[ToolCallDelta], final: bool) -> bool:
         mark = self.fmt.open
@@ -151,17 +156,7 @@ class ToolCallParser:
         return got
 
     def _call_ws(self, out: list[str], deltas: list[ToolCallDelta], final: bool) -> bool:
-        k = self._skip_ws()
-        if k is None:
-            if final:
-                self.state = "content"
-                return True
-            return False
-        if self.buf[k] == "{":
-            self.pos, self.state, self._cur = k, "in_call", _Call(k)
-        else:
-            self.state = "after"
-        return True
+        return self._call_or("after", final)
 
     def _id(self, index: int) -> str:
         return f"{self.id_prefix}{index}"
