@@ -237,15 +237,15 @@ def _kind_rules(body: dict[str, Any], kind: Kind, v: dict[str, Any], n: int) -> 
     v["logprobs"] = (v.get("logprobs") or 0) if v.get("want_logprobs") else None
 
 
-def _score_only(body: dict[str, Any], kind: Kind) -> dict[str, Any]:
+def _score_only(body: dict[str, Any], kind: Kind) -> tuple[dict[str, Any], bool]:
     """OpenAI's legacy ``echo`` + ``max_tokens: 0`` scores the prompt: the body the rule table reads then asks
-    for one token (the engine always makes one; the encoder drops it) and says ``_score_only``."""
+    for one token (the engine always makes one; the encoder drops it), and the flag says so."""
     v = body.get("max_tokens")
     if v != 0 or isinstance(v, bool):
-        return body
+        return body, False
     check(kind == "completion" and body.get("echo") is True, "max_tokens",
           "at least 1 (0 only with echo: true on /v1/completions, which scores the prompt)", v)
-    return {**body, "max_tokens": 1, "_score_only": True}
+    return {**body, "max_tokens": 1}, True
 
 
 def _vllm(body: dict[str, Any], support: Support, defaults: RequestDefaults, vocab_size: int) -> dict[str, Any]:
@@ -274,7 +274,7 @@ def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: 
     """Validate ``body``; raise ValidationError (the route answers 400) naming the parameter. ``tool_format``:
     the model's tool-call format (structured.tool_formats; default: found from no template, hermes)."""
     _check_fields(body, kind, support)
-    body = _score_only(body, kind)
+    body, score_only = _score_only(body, kind)
     tools = parse_tools(body, tool_format or detect(None)) if kind == "chat" else None
     v = read_fields(body, _TABLES[kind])
     stream, n = v.get("stream", False), v.get("n", 1)
@@ -304,4 +304,4 @@ def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: 
     return OpenAIRequest(
         prompt=prompts[0], params=params, stream=stream, best_of=n, sampling=not greedy, kind=kind,
         model=model, prompts=prompts, echo=echo, logprobs=v.get("logprobs"), include_usage=include_usage,
-        score_only=body.get("_score_only", False), request_id=request_id, tools=tools)
+        score_only=score_only, request_id=request_id, tools=tools)
