@@ -149,13 +149,8 @@ class ServerProcess:
     def stop(self, timeout: float = 30.0) -> int | None:
         if self.proc is None or self.proc.poll() is not None:
             return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-            return None
+            return stop_process(self.proc, timeout)
         finally:
             self._log.close()
 
@@ -239,3 +234,16 @@ def alt_server(request: pytest.FixtureRequest, tiny_model: Path) -> ServerProces
                            schedule={"maxIterTimes": 4000, "numKvBlocks": 600, "maxPrefillTokens": 4096})
         return ServerProcess(cfg, tmp / "server.log")
     return shared_server("alt", request, make)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 30.0) -> int | None:
+    """SIGTERM (the server drains), then kill after ``timeout`` s; the exit code, or None when it was killed."""
+    if proc.poll() is not None:
+        return proc.returncode
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+        return None

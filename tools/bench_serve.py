@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import random
-import signal
 import ssl
 import subprocess
 import sys
@@ -37,7 +36,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.server_utils import free_port, percentile  # noqa: E402
+from tests.server_utils import free_port, percentile, stop_process  # noqa: E402
 
 WORDS = ("river mountain city garden teacher window morning silver quiet market engine story harbor lantern "
          "winter bridge orange violin forest letter museum thunder candle meadow pilot ocean castle rabbit").split()
@@ -211,11 +210,7 @@ def _run_target(args: argparse.Namespace, label: str, url: str | None, cfg: Path
                   f"{routed}", flush=True)
     finally:
         if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_process(proc, 60)
     return out
 
 

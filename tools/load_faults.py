@@ -27,7 +27,6 @@ import json
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.prompts import WORDS  # noqa: E402
-from tests.server_utils import free_port, percentile  # noqa: E402
+from tests.server_utils import free_port, percentile, stop_process  # noqa: E402
 
 PROBES = ["The lantern by the harbor window", "River mountain city garden", "Quiet market morning in winter",
           "A pilot over the ocean castle"]
@@ -345,11 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if r["ok"] else 1
     finally:
         if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_process(proc, 60)
         tmp.cleanup()
 
 
