@@ -18,10 +18,11 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from mindie_service.engine.gateway_state import GatewayState
+from mindie_service.server.metric_family import model_families
 
 
 class GatewayCollector(Collector):
@@ -36,16 +37,13 @@ class GatewayCollector(Collector):
         if s is None:
             return
         label = [self.model_name]
-        for name, doc, value in (
+        yield from model_families("gauge", label, (
             ("vllm:num_requests_waiting", "Requests queued (engine waiting + preempted + admission queue).",
              s.waiting + self.queued()),
             ("vllm:num_requests_running", "Requests in the running batches.", s.running),
             ("vllm:kv_cache_usage_perc", "KV-cache usage, 0..1 (1 = every block in use).", s.kv_cache_usage),
             ("vllm:gpu_cache_usage_perc", "KV-cache usage, 0..1 (the older name).", s.kv_cache_usage),
-        ):
-            g = GaugeMetricFamily(name, doc, labels=["model_name"])
-            g.add_metric(label, float(value))
-            yield g
+        ))
         lora = GaugeMetricFamily("vllm:lora_requests_info", "LoRA adapters of running and waiting requests; value: "
                                  "the time of this reading.",
                                  labels=["model_name", "max_lora", "running_lora_adapters", "waiting_lora_adapters"])
@@ -58,15 +56,12 @@ class GatewayCollector(Collector):
         info.add_metric([self.model_name, str(s.block_size), str(s.num_gpu_blocks), str(s.num_cpu_blocks),
                          s.cache_dtype, str(s.enable_prefix_caching)], 1.0)
         yield info
-        for name, doc, value in (
+        yield from model_families("counter", label, (
             ("kv_events_published_batches", "KV-event batches sent (BackendConfig.kvEventsConfig).",
              s.kv_events_published),
             ("kv_events_dropped_batches", "KV-event batches dropped because the publisher's queue was full.",
              s.kv_events_dropped),
-        ):
-            c = CounterMetricFamily(name, doc, labels=["model_name"])
-            c.add_metric(label, float(value))
-            yield c
+        ))
 
 
 def gateway_json(g: GatewayState) -> dict[str, Any]:

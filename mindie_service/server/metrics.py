@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from mindie_service.server.metric_family import model_families, model_family
 from mindie_service.server.spec_metrics import spec_families
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -46,7 +47,7 @@ class _EngineCollector(Collector):
         if s is None:  # engine still loading
             return
         label = [self.model_name]
-        for name, doc, value in (
+        yield from model_families("gauge", label, (
             ("num_requests_running", "Requests running on the device (in the decode/prefill batch).", s.running),
             ("num_requests_waiting", "Requests waiting to be scheduled.", s.waiting),
             ("num_requests_swapped", "Requests preempted and waiting to resume.", s.swapped),
@@ -54,24 +55,15 @@ class _EngineCollector(Collector):
             ("num_batch_requests_waiting", "Of the waiting requests, batch-job lines.", s.batch_waiting),
             ("npu_cache_usage_perc", "KV cache usage (1 = 100%).", s.cache_usage),
             ("npu_prefix_cache_hit_rate", "Prefix cache hit rate (0..1).", s.prefix_cache_hit_rate),
-        ):
-            g = GaugeMetricFamily(name, doc, labels=["model_name"])
-            g.add_metric(label, float(value))
-            yield g
-        c = CounterMetricFamily("num_preemptions", "Preemptions since start.", labels=["model_name"])
-        c.add_metric(label, float(s.num_preemptions))
-        yield c
+        ))
+        yield model_family("counter", "num_preemptions", "Preemptions since start.", label, s.num_preemptions)
         # Kept sessions of the /api/* routes (continuation by request_id).
-        g = GaugeMetricFamily("num_sessions_held", "Finished generations kept for continuation.",
-                              labels=["model_name"])
-        g.add_metric(label, float(getattr(s, "sessions_held", 0)))
-        yield g
-        for name, doc, attr in (("session_hits", "Continuations that found their session.", "session_hits"),
-                                ("session_evictions", "Sessions that lost their pinned KV blocks or were dropped "
-                                 "to stay within their bounds.", "session_evictions")):
-            c = CounterMetricFamily(name, doc, labels=["model_name"])
-            c.add_metric(label, float(getattr(s, attr, 0)))
-            yield c
+        yield model_family("gauge", "num_sessions_held", "Finished generations kept for continuation.", label,
+                           getattr(s, "sessions_held", 0))
+        yield from model_families("counter", label, (
+            ("session_hits", "Continuations that found their session.", getattr(s, "session_hits", 0)),
+            ("session_evictions", "Sessions that lost their pinned KV blocks or were dropped to stay within "
+             "their bounds.", getattr(s, "session_evictions", 0))))
         yield from spec_families(label, s)
         yield from self._per_instance()
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
+
+from mindie_service.server.metric_family import model_family
 
 _COUNTERS = (
     ("spec_decode_num_drafts", "spec_num_drafts", "Verify rows that carried draft tokens."),
@@ -21,11 +23,7 @@ def spec_families(label: list[str], stats: Any) -> Iterator[Metric]:
     for name, attr, doc in _COUNTERS:
         value = float(getattr(stats, attr))
         for full in (f"vllm:{name}", name):
-            c = CounterMetricFamily(full, doc, labels=["model_name"])
-            c.add_metric(label, value)
-            yield c
-    g = GaugeMetricFamily("spec_decode_mean_accepted_length",
-                          "Tokens a verify row yields on average (1 + its accepted drafts); 0 before any.",
-                          labels=["model_name"])
-    g.add_metric(label, float(stats.spec_mean_accepted_length))
-    yield g
+            yield model_family("counter", full, doc, label, value)
+    yield model_family("gauge", "spec_decode_mean_accepted_length",
+                       "Tokens a verify row yields on average (1 + its accepted drafts); 0 before any.", label,
+                       stats.spec_mean_accepted_length)
