@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mindie_service.catalog.checkpoint_kind import GGUF, detect, the_gguf
-from mindie_service.errors import ValidationError
+from mindie_service.models.gguf_reader import read_gguf
 
 logger = logging.getLogger(__name__)
 
@@ -66,18 +66,10 @@ def kv_min_bytes(config: dict[str, object], max_seq_len: int, dtype_bytes: int) 
     return 2 * layers * kv_heads * head_dim * dtype_bytes * max_seq_len
 
 
-def _gguf_reader(file: Path) -> Any:
-    from gguf import GGUFReader  # noqa: PLC0415 (only for a GGUF model)
-    try:
-        return GGUFReader(str(file))
-    except Exception as exc:  # noqa: BLE001 - any parse failure is the file's
-        raise ValidationError(f"GGUF file {file} is malformed or truncated ({type(exc).__name__}: {exc})") from exc
-
-
 def gguf_estimate_parts(file: Path, max_seq_len: int, float_bytes: int) -> tuple[int, int]:
     """(weights, minimum KV pool) bytes of a GGUF file, from its header: every tensor at ``float_bytes`` per
     value (the loader dequantizes each ggml type to the model's dtype), the KV pool from its attention metadata."""
-    reader = _gguf_reader(file)
+    reader = read_gguf(file)  # the load that follows reuses this parse
 
     def meta(key: str) -> Any:
         f = reader.fields.get(key)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from mindie_service.errors import ValidationError
+from mindie_service.models.gguf_reader import read_gguf, shared_reader
 
 logger = logging.getLogger(__name__)
 
@@ -141,7 +142,7 @@ def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
 def open_checkpoint(path: Path) -> GgufCheckpoint:
     """Open and check a GGUF file: readable, every tensor's data inside the file, an architecture we run.
     Each failure is a ValidationError naming the file and what is wrong."""
-    reader = _reader(path)
+    reader = read_gguf(path)
     for t in reader.tensors:
         if t.data.nbytes < t.n_bytes:
             raise ValidationError(f"GGUF file {path} is truncated: tensor {t.name} needs {t.n_bytes} bytes, "
@@ -158,21 +159,6 @@ def open_checkpoint(path: Path) -> GgufCheckpoint:
     return ckpt
 
 
-def _reader(path: Path) -> Any:
-    from gguf import GGUFReader
-    try:
-        return GGUFReader(str(path))
-    except ValueError as exc:
-        msg = str(exc)
-        if "GGMLQuantizationType" in msg:
-            raise ValidationError(f"GGUF file {path} holds a tensor of an unknown type ({msg})") from exc
-        if "cannot reshape" in msg:  # the reader views each tensor's bytes: too few of them at the end
-            raise ValidationError(f"GGUF file {path} is truncated: its last tensor's data ends early ({msg})") from exc
-        raise ValidationError(f"GGUF file {path} is malformed ({msg})") from exc
-    except (IndexError, KeyError, OverflowError, MemoryError, OSError, TypeError) as exc:
-        raise ValidationError(f"GGUF file {path} is malformed or truncated ({type(exc).__name__}: {exc})") from exc
-
-
 def _field(reader: Any, key: str) -> Any:
     f = reader.fields.get(key)
     if f is None:
@@ -186,7 +172,8 @@ def _field(reader: Any, key: str) -> Any:
 def _hf_config(path: Path) -> Any:
     from transformers import AutoConfig
     try:
-        return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        with shared_reader(path):
+            return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     except (ValueError, KeyError, OSError) as exc:
         raise ValidationError(f"GGUF file {path}: its metadata does not make a model config ({exc})") from exc
 
@@ -207,7 +194,8 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
 def _gguf_tokenizer(file: str, mtime_ns: int) -> Any:
     from transformers import AutoTokenizer
     p = Path(file)
-    return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    with shared_reader(p):
+        return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
 
 
 def export_folder(path: str | Path, dst: str | Path, with_tokenizer: bool = True) -> Path:

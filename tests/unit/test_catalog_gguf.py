@@ -71,7 +71,7 @@ def test_the_estimate_counts_gguf_tensors_dequantized(tmp_path, tiny_model, tiny
     assert estimate(b, 512, float_bytes=2).weights == want.weights // 2
     assert estimate(a / "m.gguf", 512) == want  # a ModelConfig may name the file itself
     (b / "m.gguf").write_bytes(b"GGUF" + b"\0" * 7)
-    with pytest.raises(ValidationError, match="m.gguf is malformed or truncated"):
+    with pytest.raises(ValidationError, match="m.gguf is malformed"):
         estimate(b, 512)
 
 
@@ -107,3 +107,23 @@ def test_a_local_gguf_source_is_copied_within_the_cap(tmp_path, tiny_gguf):
     other.write_text("x")
     with pytest.raises(ValidationError, match="a folder, a .tar/.tar.gz/.zip archive or a .gguf file"):
         fetch(other, tmp_path / "c", 1 << 30)
+
+
+def test_a_gguf_is_parsed_once_for_weights_config_and_tokenizer(tmp_path, tiny_gguf, monkeypatch):
+    """Our reader, transformers' config helper and its tokenizer helper share one parse of the file."""
+    from mindie_service.models import gguf_checkpoint
+
+    constructed = []
+    real_cls, real_init = gguf.GGUFReader, gguf.GGUFReader.__init__
+
+    def counting_init(self, *args, **kwargs):
+        constructed.append(args)
+        real_init(self, *args, **kwargs)
+    monkeypatch.setattr(real_cls, "__init__", counting_init)
+    f = tmp_path / "m.gguf"
+    shutil.copy(tiny_gguf, f)
+    ckpt = gguf_checkpoint.open_checkpoint(f)
+    tok = gguf_checkpoint.load_tokenizer(tmp_path)
+    assert ckpt.hf_config.num_hidden_layers > 0 and tok("hello").input_ids
+    assert len(constructed) == 1
+    assert gguf.GGUFReader is real_cls  # the patch is gone once the helpers return
