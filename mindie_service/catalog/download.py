@@ -178,7 +178,7 @@ async def fetch_into(model_id: str, assets: list[str], src: Source, staging: Pat
     loop = asyncio.get_running_loop()
     ref = src.url or str(src.path)
     if src.path is not None:
-        await loop.run_in_executor(None, _copy_local, src.path, staging, cap)
+        await loop.run_in_executor(None, _copy_local, src.path, staging, cap, policy)
         return
     assert src.url is not None
     if _is(ref, ARCHIVES):
@@ -203,10 +203,12 @@ async def fetch_into(model_id: str, assets: list[str], src: Source, staging: Pat
         await fetch_to_file(asrc, url, staging / name, cap - prog.bytes_done, policy, prog, field="assets")
 
 
-def _copy_local(path: Path, staging: Path, cap: int) -> None:
-    """A local source (already checked to lie in the allowed folders): a folder copied (links not followed), an
-    archive extracted, a ``.gguf`` file copied."""
+def _copy_local(path: Path, staging: Path, cap: int, policy: MediaPolicy) -> None:
+    """A local source (already checked to lie in the allowed folders): a folder copied (its links followed only
+    where they resolve inside the allowed folders, as a Hugging Face cache snapshot's do), an archive
+    extracted, a ``.gguf`` file copied."""
     if path.is_dir():
+        _check_folder(path, cap, source_path_limits(policy))
         shutil.copytree(path, staging / "ckpt", symlinks=False)
     elif _is(path.name, ARCHIVES):
         extract(path, staging, cap)
@@ -217,6 +219,25 @@ def _copy_local(path: Path, staging: Path, cap: int) -> None:
     else:
         raise ValidationError("source_url: a local source must be a folder, a .tar/.tar.gz/.zip archive or a "
                               ".gguf file")
+
+
+def _check_folder(folder: Path, cap: int, limits: PathLimits) -> None:
+    """Every entry of ``folder``, links resolved, lies in the allowed folders, is a folder or a regular file, and
+    the files hold at most ``cap`` bytes in all; a linked folder seen twice (a cycle) is refused."""
+    total, seen = 0, set()
+    for top, dirs, files in os.walk(folder, followlinks=True):
+        real = real_path_inside(top, limits, f"source_url entry {top}")
+        if real in seen:
+            raise ValidationError(f"source_url: the folder {top} links back into itself")
+        seen.add(real)
+        for name in files:
+            entry = os.path.join(top, name)
+            st = os.stat(real_path_inside(entry, limits, f"source_url entry {entry}"))
+            if not stat.S_ISREG(st.st_mode):
+                raise ValidationError(f"source_url: {entry} is neither a folder nor a regular file")
+            total += st.st_size
+        if total > cap:
+            raise _refuse(f"the folder holds more than {total} bytes, over the cap of {cap}", 413)
 
 
 def move_into_place(staged: Path, target: Path, keep: Callable[[Path], None]) -> None:
