@@ -35,6 +35,15 @@ def detect(folder: Path) -> str | None:
     return GGUF if gguf_files(folder) else None
 
 
+def expected_kind(source_url: str, assets: list[str]) -> str | None:
+    """What a model not yet downloaded will be, from what it downloads: a ``.gguf`` source or asset is ``gguf``,
+    a ``.safetensors`` asset ``safetensors``; None when its names do not say (an archive)."""
+    names = [n.split("?", 1)[0].lower() for n in (source_url, *assets)]
+    if any(n.endswith(".gguf") for n in names):
+        return GGUF
+    return SAFETENSORS if any(n.endswith(".safetensors") for n in names) else None
+
+
 def the_gguf(folder: Path) -> Path:
     """The one ``.gguf`` file of a GGUF folder; ValidationError naming the files when there are several."""
     files = gguf_files(folder)

@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from mindie_service.catalog.catalog import Catalog, CatalogEntry
-from mindie_service.catalog.checkpoint_kind import detect
+from mindie_service.catalog.checkpoint_kind import detect, expected_kind
 from mindie_service.errors import ForbiddenError, MindieError, UnhealthyError
 from mindie_service.protocol.openai_encoder import openai_error
 from mindie_service.server.handlers_base import BaseHandler
@@ -39,7 +39,7 @@ def model_view(e: CatalogEntry, *, detail: bool) -> dict[str, Any]:
         "id": e.id, "object": "model", "created": r.created, "owned_by": r.owned_by, "type": "model",
         "version": r.version, "name": r.name or e.id, "description": r.description,
         "state": _DETAIL_STATE.get(e.state, e.state) if detail else _LIST_STATE.get(e.state),
-        "format": r.format or detect(e.folder) or "",
+        "format": r.format or detect(e.folder) or expected_kind(r.source_url, r.assets) or "",
         "source_url": _source_url(e), "settings": {k: str(v) for k, v in r.settings.items()},
         "parameters": dict(r.parameters), "metadata": meta, "assets": [a.rsplit("/", 1)[-1] for a in r.assets],
         "parent": None, "root": e.id,

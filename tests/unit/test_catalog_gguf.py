@@ -127,3 +127,21 @@ def test_a_gguf_is_parsed_once_for_weights_config_and_tokenizer(tmp_path, tiny_g
     assert ckpt.hf_config.num_hidden_layers > 0 and tok("hello").input_ids
     assert len(constructed) == 1
     assert gguf.GGUFReader is real_cls  # the patch is gone once the helpers return
+
+
+def test_a_model_not_yet_downloaded_shows_the_format_its_source_names(tmp_path):
+    from mindie_service.catalog.checkpoint_kind import expected_kind
+    from mindie_service.catalog.model_json import ModelRecord
+    from mindie_service.server.handlers_models import model_view
+
+    assert expected_kind("https://h/x/model.Q4_K_M.gguf?download=1", []) == "gguf"
+    assert expected_kind("https://h/x", ["config.json", "model.safetensors"]) == "safetensors"
+    assert expected_kind("https://h/x.tar.gz", []) is None
+
+    def view(record):
+        entry = SimpleNamespace(id="m", record=record, progress=None, error=None, state="not_downloaded",
+                                folder=tmp_path / "absent", engine=None)
+        return model_view(entry, detail=False)["format"]
+    assert view(ModelRecord(id="m", source_url="https://h/a/b.gguf")) == "gguf"
+    assert view(ModelRecord(id="m", source_url="https://h/a", assets=["model.safetensors"])) == "safetensors"
+    assert view(ModelRecord(id="m", source_url="https://h/a", format="ggufv3")) == "ggufv3"
