@@ -3,7 +3,8 @@
 A session (engine.sessions) is its token ids plus pins on its full KV blocks. Spilling writes both to one
 file (engine.session_file: versioned, checksummed, tied to the model's identity): on drain (the engine's
 shutdown, after its thread stopped), when the store is about to take a session's pins or drop it
-(``SessionStore.on_evict``, on the engine thread: a synchronous write), and on demand (``spill``).
+(``SessionStore.on_evict``: the engine thread copies the K/V, engine.spill_writer writes the file off it),
+and on demand (``spill``).
 At start every file in the folder is read back: its blocks are written into free KV blocks, entered into
 the prefix cache under the base model's hash chain and pinned, so a continuation recomputes at most the last
 partly filled block; the file is then removed (the session is in memory again; the next drain writes it
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ import torch
 
 from mindie_service.engine.session_file import ModelIdentity, SessionFile, decode, encode
 from mindie_service.engine.sessions import Session, SessionStore
+from mindie_service.engine.spill_writer import SpillWriter, write_atomic
 from mindie_service.errors import ValidationError
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class SessionSpill:
         self._pending: list[tuple[SessionFile, threading.Event]] = []
         self._lock = threading.Lock()
         self.spilled = self.restored = self.refused = 0
+        self.writer = SpillWriter()
 
     @property
     def store(self) -> SessionStore:
@@ -109,26 +111,25 @@ class SessionSpill:
         raw = kv.contiguous().view(torch.uint8).numpy().tobytes()
         return encode(key, tuple(s.token_ids), self.identity, str(kv.dtype), tuple(kv.shape), raw)
 
-    def spill(self, key: str, s: Session) -> bool:
+    def spill(self, key: str, s: Session, background: bool = False) -> bool:
         data = self.snapshot(key, s)
         if len(data) > self.max_bytes:
             logger.warning("session not spilled: %d bytes over the cap of %d", len(data), self.max_bytes)
             return False
         path = self.folder / file_name(key)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if background:
+            self.writer.submit(path, data)
+        else:
+            write_atomic(path, data)
         self.spilled += 1
         return True
 
     def on_evict(self, key: str, s: Session) -> None:
-        if s.blocks:
-            self.spill(key, s)
+        if s.blocks:  # the K/V is copied now (its blocks go next); the file is written off the engine thread
+            self.spill(key, s, background=True)
 
     def spill_all(self) -> int:
+        self.writer.flush()
         n = sum(1 for key, s in self.store.items() if self.spill(key, s))
         logger.info("spilled %d session(s) to %s", n, self.folder)
         return n
@@ -138,6 +139,9 @@ class SessionSpill:
             if k == key:
                 return self.snapshot(key, s)
         path = self.folder / file_name(key)
+        queued = self.writer.pending(path)
+        if queued is not None:
+            return queued
         return path.read_bytes() if path.is_file() else None
 
     # ------------------------------------------------------------ reading (engine thread)

@@ -108,4 +108,27 @@ def test_a_session_pushed_out_of_memory_is_written_first(tiny_model, tmp_path):
     _run(llm, "a", 8, session="old")
     assert not list(tmp_path.glob("*" + SUFFIX))
     _run(llm, "b", 8, session="new", prompt="Another prompt about the harbor and its lantern")  # "old" is dropped
+    llm.engine.spill.writer.flush()
     assert len(list(tmp_path.glob("*" + SUFFIX))) == 1 and llm.engine.spill.export("old") is not None
+
+
+def test_an_evicted_session_is_written_off_the_engine_thread(tiny_model, tmp_path, monkeypatch):
+    """The engine thread copies the K/V and goes on; a slow disk holds only the writer thread, and until the file
+    is written the session's bytes are exported from memory."""
+    import threading
+
+    from mindie_service.engine import spill_writer
+
+    gate, real = threading.Event(), spill_writer.write_atomic
+    monkeypatch.setattr(spill_writer, "write_atomic", lambda path, data: (gate.wait(30), real(path, data)))
+    llm = _llm(tiny_model, tmp_path, max_sessions=1)
+    _run(llm, "a", 8, session="old")
+    _run(llm, "b", 8, session="new", prompt="Another prompt about the harbor and its lantern")  # "old" is dropped
+    spill = llm.engine.spill
+    assert not list(tmp_path.glob("*" + SUFFIX))  # the step returned while the write waits
+    queued = spill.export("old")
+    assert queued is not None
+    gate.set()
+    spill.writer.flush()
+    (path,) = tmp_path.glob("*" + SUFFIX)
+    assert path.read_bytes() == queued and spill.writer.pending(path) is None
