@@ -1,6 +1,7 @@
 """Speculative decoding under tensor parallelism (worldSize 2, gloo on the CPU): the draft model runs on rank 0
 (unsharded, its own pool), the verify forward is the normal sharded one, and greedy output is token-identical to
-the same two ranks without speculation, on both proposers, over the 16-prompt parity set (logprobs equal too)."""
+the same two ranks without speculation, on both proposers, over the 16-prompt parity set (logprobs equal too);
+a sampled draft model's seeded requests draw the same tokens on every pass."""
 from __future__ import annotations
 
 import pytest
@@ -50,6 +51,12 @@ def test_speculation_on_two_ranks_is_token_identical(tiny_model, unspeculated, p
             assert draft.runner.model.dims.heads == 4 and llm.engine.model.dims.heads == 2  # tiny: 4 heads, sharded
         got = _greedy(llm)
         st = llm.engine.stats()
+        if proposer == "draft_model":  # sampled drafts, rejection-sampled on rank 0: deterministic per seed
+            sampled = [SamplingParams(max_tokens=12, temperature=1.0, top_k=20, seed=s, ignore_eos=True)
+                       for s in range(8)]
+            runs = [[o.outputs[0].token_ids for o in llm.generate(REPEAT * 4, sampled, use_tqdm=False)]
+                    for _ in range(2)]
+            assert runs[0] == runs[1] and llm.engine.stats().spec_num_accepted_tokens > st.spec_num_accepted_tokens
     finally:
         llm.shutdown()
     assert st.spec_num_draft_tokens > st.spec_num_accepted_tokens > 0
