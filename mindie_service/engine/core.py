@@ -29,6 +29,7 @@ from mindie_service.engine.sampler import NonFiniteRows, SampleResult, Sampler
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SequenceGroup
 from mindie_service.engine.sessions import SessionStore
+from mindie_service.engine.spec_accept import row_dists
 from mindie_service.engine.speculative import build_speculator, verify_rows
 from mindie_service.engine.step import ModelOutput, SchedulerOutput
 from mindie_service.engine.swap import HostBlockPool, host_pool_blocks
@@ -298,7 +299,9 @@ class LLMEngine:
         # structured output: before every penalty and warp (constrained rows never carry drafts)
         logits = self.grammar.mask_logits(result.logits, rows)
         # drafts only for a step that verifies some: a plain step calls sample(logits, rows) as it always did
-        return out, result, self.sampler.sample(logits, rows, **({"drafts": drafts} if drafts else {}))
+        qs = row_dists(chunks, self.spec.draft) if drafts and self.spec is not None else None  # a sampled draft's q
+        return out, result, self.sampler.sample(logits, rows, **({"drafts": drafts} if drafts else {}),
+                                                **({"draft_probs": qs} if qs else {}))
 
     def _execute(self, out: SchedulerOutput) -> tuple[list[_Outcome], list[Event]]:
         """Run the step; if it raises, run each request alone and fail only those that still raise."""

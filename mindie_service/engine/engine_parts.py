@@ -8,6 +8,7 @@ from typing import Any
 
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.model_runner import kv_bytes_per_block
+from mindie_service.engine.spec_config import DRAFT_MODEL
 from mindie_service.models.loader import LoadedModel, load_model
 from mindie_service.models.shard import Reduce
 from mindie_service.models.gguf_checkpoint import load_tokenizer
@@ -59,8 +60,24 @@ def eos_ids(hf_config: Any, tokenizer: Any) -> frozenset[int]:
 
 
 def auto_num_blocks(cfg: EngineConfig, loaded: LoadedModel, device: Any) -> int:
-    """Blocks for maxBatchSize full-length sequences, within the device's KV budget (npu_ops.platform)."""
+    """Blocks for maxBatchSize full-length sequences, within the device's KV budget (npu_ops.platform). A
+    draft model (speculative decoding) keeps a pool of as many blocks: its share comes out of the same budget."""
     per_block = kv_bytes_per_block(loaded.model, cfg.cache_block_size, loaded.dtype, cfg.kv_cache_dtype)
+    draft = _draft_block_bytes(cfg, device)
     need = cfg.max_batch_size * cfg.max_seq_len // cfg.cache_block_size + 1
     budget = platform.kv_cache_budget(device, cfg.kv_cache_memory_gb)
-    return max(2, min(need, budget // per_block))
+    n = max(2, min(need, budget // (per_block + draft)))
+    if draft:
+        logger.info("KV budget %.1f MiB: target pool %d blocks (%.1f MiB) + draft model's pool %d blocks (%.1f MiB)",
+                    budget / 2**20, n, n * per_block / 2**20, n, n * draft / 2**20)
+    return n
+
+
+def _draft_block_bytes(cfg: EngineConfig, device: Any) -> int:
+    """Bytes of one block of the speculative draft model's KV pool; 0 without a draft model."""
+    spec = cfg.speculative_config
+    if spec is None or spec.method != DRAFT_MODEL or not spec.model:
+        return 0
+    from mindie_service.engine.spec_draft import kv_bytes_per_draft_block  # the draft's config only when used
+
+    return kv_bytes_per_draft_block(spec.model, cfg.dtype, device, cfg.cache_block_size)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from mindie_service.engine.sequence import Sequence
+from mindie_service.engine.spec_accept import verify_draft
 
 
 LOGPROB_FLOOR = -9999.0
@@ -136,12 +137,33 @@ class Sampler:
         lp = (logits.gather(1, chosen[:, None])[:, 0] - logits.logsumexp(-1)).clamp(min=LOGPROB_FLOOR)
         return SampleResult(chosen.tolist(), lp.tolist(), [[] for _ in seqs])
 
+    def _draw(self, probs: torch.Tensor, seqs: list[Sequence], sample_rows: list[int], chosen: torch.Tensor,
+              drafts: list[int | None] | None, draft_probs: list[torch.Tensor | None] | None) -> None:
+        """Each sampling row's draw into ``chosen``, in order; a request's rows stop after a rejected draft."""
+        stopped: set[str] = set()  # requests whose run ended at a rejected draft
+        for j, r in enumerate(sample_rows):
+            rid = seqs[r].request_id
+            if rid in stopped:
+                continue
+            g = self._generator(seqs[r], probs.device)
+            d = drafts[r] if drafts is not None else None
+            q = draft_probs[r] if draft_probs is not None and d is not None else None
+            if q is not None and d is not None:
+                chosen[r] = verify_draft(probs[j], q.to(probs.device, probs.dtype), d, g)
+            else:
+                chosen[r] = torch.multinomial(probs[j], 1, generator=g)[0]
+            if d is not None and int(chosen[r]) != d:
+                stopped.add(rid)
+
     def sample(self, logits: torch.Tensor, seqs: list[Sequence],
-               drafts: list[int | None] | None = None) -> SampleResult:
+               drafts: list[int | None] | None = None,
+               draft_probs: list[torch.Tensor | None] | None = None) -> SampleResult:
         """One token per row. ``drafts`` (speculative decoding, engine.speculative): rows of one request
         are consecutive verify positions; row r's token is checked against ``drafts[r]`` and once one
         differs the request's later rows are not drawn (their generator is not advanced): every emitted
-        token costs the generator one draw, in order, as without speculation."""
+        token costs the generator one draw, in order, as without speculation. ``draft_probs[r]``: the
+        distribution a sampled draft model drew ``drafts[r]`` from; that row rejection-samples against it
+        (engine.spec_accept: an accept draw, then a residual draw on rejection)."""
         fast = self._greedy_only(logits, seqs)  # greedy rows ignore drafts: their token is the argmax
         if fast is not None:
             return fast
@@ -168,16 +190,8 @@ class Sampler:
             assert probs is not None
             snapshot = {seqs[r].request_id: g.get_state() for r in sample_rows
                         if (g := self._generators.get(seqs[r].request_id)) is not None}
-            stopped: set[str] = set()  # requests whose run ended at a rejected draft
             try:
-                for j, r in enumerate(sample_rows):
-                    rid = seqs[r].request_id
-                    if rid in stopped:
-                        continue
-                    g = self._generator(seqs[r], x.device)
-                    chosen[r] = torch.multinomial(probs[j], 1, generator=g)[0]
-                    if drafts is not None and drafts[r] is not None and int(chosen[r]) != drafts[r]:
-                        stopped.add(rid)
+                self._draw(probs, seqs, sample_rows, chosen, drafts, draft_probs)
             except BaseException:
                 self._restore(snapshot, [seqs[r].request_id for r in sample_rows])
                 raise

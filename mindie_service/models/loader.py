@@ -119,6 +119,13 @@ class _Checkpoint:
     gguf: gguf_checkpoint.GgufCheckpoint | None = None
 
 
+def checkpoint_config(path: str | Path) -> tuple[Any, str]:
+    """A checkpoint's (text) model config and its own dtype, without loading its weights (a Hugging Face
+    folder or a GGUF file)."""
+    ckpt = _open(Path(path))
+    return getattr(ckpt.hf_config, "text_config", None) or ckpt.hf_config, ckpt.dtype
+
+
 def _open(p: Path) -> _Checkpoint:
     file = gguf_checkpoint.find_gguf(p)
     if file is not None:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mindie_service import LLM
+from mindie_service import LLM, SamplingParams
 from mindie_service.config import load_config
 from mindie_service.engine.engine_parts import auto_num_blocks
 from npu_ops import platform
@@ -61,3 +61,25 @@ def test_a_real_engine_gets_the_blocks_its_budget_buys(tiny_model):
     fixed = LLM(str(tiny_model), cache_block_size=16, kv_cache_memory_gb=1 / 1024, num_kv_blocks=40,
                 max_seq_len=512)
     assert fixed.engine.stats().total_blocks == 40  # numKvBlocks wins over the budget
+
+
+def test_the_draft_models_pool_comes_out_of_the_budget(tiny_model, caplog):
+    """Speculation with a draft model (tiny-draft: 1 layer, 2 KV heads of 32, fp32: 8 KiB per 16-token block)
+    beside the tiny target (32 KiB per block): 1/1024 GiB buys 1 MiB // 40 KiB = 25 blocks for each pool, and
+    the two pools allocated together stay within the budget; both are logged."""
+    from mindie_service.devkit.presets import build_demo_model
+    from tests.conftest import ROOT
+
+    draft = build_demo_model("tiny-draft", ROOT / "models" / "tiny-draft", if_missing=True)
+    spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 3}
+    with caplog.at_level("INFO"):
+        llm = LLM(str(tiny_model), cache_block_size=16, kv_cache_memory_gb=1 / 1024, max_seq_len=512,
+                  speculative_config=spec)
+    target, proposer = llm.engine.runner, llm.engine.spec.draft
+    assert llm.engine.stats().total_blocks == 25 and proposer.blocks.num_blocks == 25
+    assert target.kv_pool.nbytes + proposer.runner.kv_pool.nbytes <= GIB // 1024
+    assert proposer.runner.kv_pool.nbytes == 25 * proposer.block_bytes == 25 * 8 * 1024
+    assert any("draft model's pool 25 blocks" in r.getMessage() for r in caplog.records)
+    out = llm.generate(["river mountain city"], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
+                       use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 8
