@@ -113,3 +113,47 @@ def test_drafts_the_grammar_forbids_are_cut_and_the_rest_verified(tiny_model, ba
     _valid(res)
     assert llm.engine.spec.grammar_cut > 0  # '{' inside an object or a string's end is refused by the grammar
     _speculated(llm)
+
+
+def test_verify_row_masks_are_the_states_after_the_drafts_and_the_matcher_is_left_as_it_came(tiny_model):
+    """GrammarStep's verify-row masks (one native call for the batch) equal consuming the drafts one by one and
+    filling each state's mask; one draft and several; the matcher's state is unchanged afterwards."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from mindie_service.engine.grammar_step import GrammarState, GrammarStep
+    from mindie_service.engine.speculative import DraftRow
+    from mindie_service.structured.compiler import build_compiler
+    from mindie_service.structured.grammar_spec import json_spec
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    comp = build_compiler(tok, [tok.eos_token_id], StructuredLimits())
+    step = GrammarStep(comp, comp.vocab_size, frozenset([tok.eos_token_id]), True)
+    text = tok.encode('{"name":"Ada","age":36,"tags":["red"],"ok":true}', add_special_tokens=False)
+    seqs, want, matchers = [], [], []
+    for start, k in ((0, 5), (3, 1), (6, 4)):
+        m = comp.matcher(json_spec(SCHEMA, "x"))
+        for t in text[:start]:
+            assert m.consume(t)
+        parent = type("Seq", (), {"grammar": GrammarState(m, True), "output_token_ids": text[:start]})()
+        drafts = text[start:start + k]
+        for j in range(1, k + 1):
+            seqs.append(DraftRow("r", None, 0, [], text[:start] + drafts[:j], parent, j))
+            assert m.consume(drafts[j - 1])
+            buf = torch.zeros(1, step.words, dtype=torch.int32)
+            comp.fill_masks([(m, 0)], buf)
+            want.append(buf[0])
+        assert m.rollback(k)
+        matchers.append((m, start))
+
+    def states() -> list:
+        buf = torch.zeros(len(matchers), step.words, dtype=torch.int32)
+        comp.fill_masks([(m, i) for i, (m, _) in enumerate(matchers)], buf)
+        return [buf, [m.validate(text[start:]) for m, start in matchers]]
+
+    before = states()
+    got = step._draft_masks(list(enumerate(seqs)))
+    assert all(torch.equal(got[r], want[r]) for r in range(len(seqs)))
+    assert step.stats.draft_masks == len(seqs) == 10
+    after = states()
+    assert torch.equal(after[0], before[0]) and after[1] == before[1] == [len(text) - st for st in (0, 3, 6)]
