@@ -23,7 +23,9 @@ Structured output. A constrained row speculates too: its drafts are cut at the f
 not allow (``Matcher.validate``, no state change), and each verify row is masked with the grammar's state
 after the drafts before it (engine.grammar_step: the matcher advanced through them and rolled back, one
 native call for the batch), so every draw is the one unspeculated constrained decoding makes there; the
-accepted run is then consumed as the step's tokens (rejected drafts never reach the matcher)."""
+accepted run is then consumed as the step's tokens (rejected drafts never reach the matcher). Where the grammar
+forces the next bytes, their tokens are the row's drafts (no proposer asked): with forced runs off (a request
+with logprobs) that is how its forced text still moves several tokens a step, logprobs exact."""
 from __future__ import annotations
 
 import logging
@@ -99,6 +101,7 @@ class Speculator:
         self.counters = SpecCounters()
         self.last_cost = 0.0
         self.grammar_cut = 0  # draft tokens cut before verifying because the row's grammar forbids them
+        self.forced_drafts = 0  # draft tokens taken from the grammar's forced bytes
 
     def propose(self, running: list[Sequence]) -> None:
         """Set each decoding row's drafts for this step (empty for rows that do not speculate)."""
@@ -117,6 +120,7 @@ class Speculator:
                     s.max_output - len(s.output_token_ids) - 1)
             if k > 0:
                 wants.append((s, k))
+        wants = [(s, k) for s, k in wants if not self._grammar_drafts(s, k)]
         if not wants:
             return
         if self.cfg.method == DRAFT_MODEL:
@@ -129,6 +133,19 @@ class Speculator:
             if s.spec.index is None:
                 s.spec.index = NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
             s.draft_token_ids = self._allowed(s, self.ngram.propose(s.token_ids(), s.spec.index, k, s.cache_key))
+
+    def _grammar_drafts(self, seq: Sequence, k: int) -> bool:
+        """A constrained row whose grammar forces bytes next drafts their tokens (nearly always accepted: free
+        drafts; with forced runs off, as for a request asking for logprobs, the only way its forced text goes
+        faster than a token a step). True when it did (the proposer is then not asked)."""
+        if seq.grammar is None:
+            return False
+        drafts = self._allowed(seq, seq.grammar.matcher.forced_tokens()[:k])
+        if not drafts:
+            return False
+        seq.draft_token_ids = drafts
+        self.forced_drafts += len(drafts)
+        return True
 
     def _allowed(self, seq: Sequence, drafts: list[int]) -> list[int]:
         """``drafts`` cut at the first token ``seq``'s grammar does not allow after the ones before it."""

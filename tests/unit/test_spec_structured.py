@@ -43,6 +43,16 @@ def _out(res) -> list[tuple]:
     return [(r.outputs[0].token_ids, r.outputs[0].text, r.outputs[0].finish_reason) for r in res]
 
 
+def _logprobs(res) -> list:
+    return [[{t: round(v, 3) for t, v in p.items()} for p in r.outputs[0].logprobs or []] for r in res]
+
+
+def _same_logprobs(a, b) -> None:
+    for x, y in zip(a, b):
+        assert [p.keys() for p in x] == [p.keys() for p in y]
+        assert all(abs(p[t] - q[t]) < 2e-3 for p, q in zip(x, y) for t in p)
+
+
 def _valid(res) -> None:
     for i, r in enumerate(res):
         o = r.outputs[0]
@@ -52,8 +62,9 @@ def _valid(res) -> None:
 
 @pytest.fixture(scope="module")
 def baseline(tiny_model):
-    return {f: _out(LLM(str(tiny_model), **POOL, structured=StructuredLimits(forced_runs=f))
-                    .generate(parity_prompts(), _params(), use_tqdm=False)) for f in (True, False)}
+    res = {f: LLM(str(tiny_model), **POOL, structured=StructuredLimits(forced_runs=f))
+           .generate(parity_prompts(), _params(), use_tqdm=False) for f in (True, False)}
+    return {f: _out(r) for f, r in res.items()} | {"logprobs": _logprobs(res[True])}
 
 
 def _speculated(llm: LLM) -> None:
@@ -68,8 +79,10 @@ def test_greedy_ngram_constrained_is_token_identical(tiny_model, baseline, force
     for _ in range(2):  # the second pass drafts from the first's text (memory)
         res = llm.generate(parity_prompts(), _params(), use_tqdm=False)
         assert _out(res) == baseline[forced]
+        _same_logprobs(_logprobs(res), baseline["logprobs"])
         _valid(res)
     _speculated(llm)
+    assert llm.engine.spec.forced_drafts > 0  # the grammar's forced bytes were drafted (rows with logprobs)
 
 
 def test_greedy_draft_model_constrained_is_token_identical(tiny_model, tiny_draft, baseline):
