@@ -296,7 +296,7 @@ class LLMEngine:
         rows, drafts = verify_rows(chunks, [self.scheduler.seqs[c.request_id] for c in chunks])
         if not rows:
             return out, result, SampleResult([], [], [])
-        # structured output: before every penalty and warp (constrained rows never carry drafts)
+        # structured output: before every penalty and warp (a verify row masked by its grammar after the drafts)
         logits = self.grammar.mask_logits(result.logits, rows)
         # drafts only for a step that verifies some: a plain step calls sample(logits, rows) as it always did
         qs = row_dists(chunks, self.spec.draft) if drafts and self.spec is not None else None  # a sampled draft's q

@@ -18,6 +18,7 @@ A matcher that allows nothing (or failed) raises ``GrammarFailed`` for its rows 
 engine's per-request isolation fails that request alone."""
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ class GrammarStats:
     fill_s: float = 0.0  # seconds filling masks (the batched native fill)
     apply_s: float = 0.0  # seconds in mask_logits (fill + apply)
     masked_rows: int = 0
+    draft_masks: int = 0  # masks filled for verify rows past the first (speculative decoding)
     forced_tokens: int = 0
     failed: int = 0
     extra: dict[str, float] = field(default_factory=dict)
@@ -120,16 +122,23 @@ class GrammarStep:
 
     def mask_logits(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """``logits`` with the disallowed tokens of the constrained rows at -inf (itself when none is constrained)."""
-        rows = [r for r, s in enumerate(seqs) if getattr(s, "grammar", None) is not None]  # a draft row has none
+        rows = [r for r, s in enumerate(seqs) if _grammar(s) is not None]
         if not rows:
             return logits
         t0 = time.perf_counter()
-        states = [seqs[r].grammar for r in rows]
+        states = [seqs[r].grammar for r in rows if not _is_draft(seqs[r])]
         self._fill(states)
-        allowed = allowed_bits(torch.stack([s.mask for s in states]).to(logits.device), logits.shape[1])
+        drafted = self._draft_masks([(r, seqs[r]) for r in rows if _is_draft(seqs[r])])
+        _forced_rows_draw_nothing(seqs, drafted)
+        masks = [drafted[r] if r in drafted else seqs[r].grammar.mask for r in rows]
+        allowed = allowed_bits(torch.stack(masks).to(logits.device), logits.shape[1])
         reasons = {}
-        for j, (r, s) in enumerate(zip(rows, states)):
-            err = s.matcher.error()
+        for j, r in enumerate(rows):
+            if r in drafted:  # a draft position: nothing allowed only past the grammar's end (never reached)
+                if not bool(allowed[j].any()):
+                    allowed[j] = True
+                continue
+            err = seqs[r].grammar.matcher.error()
             if err is not None or not bool(allowed[j].any()):
                 reasons[seqs[r].request_id] = err or "the grammar allows no next token"
         if reasons:
@@ -145,6 +154,45 @@ class GrammarStep:
         self.stats.apply_s += time.perf_counter() - t0
         return out
 
+    def _draft_masks(self, rows: list[tuple[int, Any]]) -> dict[int, torch.Tensor]:
+        """Masks of verify rows past the first (engine.speculative.DraftRow): the row ``depth`` drafts in gets
+        its parent's grammar state after those drafts. Per parent: its matcher takes the first draft, one
+        native call (the batch's parents at once) fills the states after each further draft, then the
+        matcher is rolled back: it leaves as it came (the accepted run is consumed after the step)."""
+        if not rows:
+            return {}
+        t0 = time.perf_counter()
+        groups: dict[int, list[tuple[int, Any]]] = {}
+        for r, d in rows:
+            groups.setdefault(id(d.parent), []).append((r, d))
+        buf = torch.zeros(len(rows), self.words, dtype=torch.int32)
+        batch, single, where, advanced, base = [], [], {}, [], 0
+        for items in groups.values():
+            items.sort(key=lambda x: x[1].depth)
+            parent, last = items[0][1].parent, items[-1][1]
+            drafts = last.output_token_ids[len(last.output_token_ids) - last.depth:]
+            m = parent.grammar.matcher
+            if m.validate(drafts[:1]) == 1 and m.consume(drafts[0]):  # cut at propose: always allowed here
+                advanced.append(m)
+                if len(drafts) > 1:
+                    batch.append((m, base, drafts[1:]))
+                else:  # one draft: the state after it is the matcher's own now
+                    single.append((m, base))
+            for i, (r, _) in enumerate(items):  # the row after draft i + 1
+                where[r] = base + i
+            base += len(items)
+        try:
+            if batch:
+                self.compiler.fill_draft_masks(batch, buf)
+            if single:
+                self.compiler.fill_masks(single, buf)
+        finally:
+            for m in advanced:
+                m.rollback(1)
+        self.stats.draft_masks += len(rows)
+        self.stats.fill_s += time.perf_counter() - t0
+        return {r: buf[i] for r, i in where.items()}
+
     # ------------------------------------------------------------ after the step
     def after_step(self, seqs: dict[str, Sequence], sampled: dict[str, Any], force: Callable[[Sequence, int], bool],
                    fail: Callable[[Sequence, str], None]) -> None:
@@ -156,7 +204,7 @@ class GrammarStep:
             if seq is None or seq.grammar is None or seq.status is not SeqStatus.RUNNING:
                 continue
             seq.grammar.mask = None
-            # the step's run of tokens (one for a constrained row: it never carries drafts)
+            # the step's run of tokens: one, or a verify row's accepted drafts and the target's token
             bad = next((t for t in (got if isinstance(got, list) else [got]) if not seq.grammar.matcher.consume(t)),
                        None)
             if bad is not None:
@@ -183,6 +231,30 @@ class GrammarStep:
                     self.stats.forced_tokens += 1
                     nxt.append(s)
             active = nxt
+
+
+def _grammar(row: Any) -> GrammarState | None:
+    """The grammar masking a sampler row: a sequence's own, or for a draft row its parent's."""
+    parent = getattr(row, "parent", None)
+    return getattr(parent if parent is not None else row, "grammar", None)
+
+
+def _is_draft(row: Any) -> bool:
+    return getattr(row, "parent", None) is not None
+
+
+def _forced_rows_draw_nothing(seqs: list[Any], drafted: dict[int, torch.Tensor]) -> None:
+    """A sampled row with forced runs does not draw where its grammar forces the token (the forced path appends
+    it without a draw): a verify row at such a state takes its one allowed token greedily, so the request's
+    generator draws what it would without speculation."""
+    rows = [r for r in drafted if seqs[r].parent.grammar.forced and not seqs[r].params.greedy]
+    if not rows:
+        return
+    for r, t in zip(rows, single_tokens(torch.stack([drafted[r] for r in rows]))):
+        if t is not None:
+            params = copy.copy(seqs[r].params)
+            params.temperature = 0.0
+            seqs[r].params = params
 
 
 def fail_event(request_id: str, why: str) -> FailedEvent:

@@ -17,7 +17,15 @@ distribution (penalties over the accepted tokens before it, temperature, top-k/p
 request's own generator, one draw per emitted token, in order: greedy output is token-identical to
 decoding without speculation and a seeded request draws what it would have drawn without it.
 Logprobs are the target's, row by row. EOS, a stop string or the output cap inside a run cut it there
-(the output processor sees the run's tokens one at a time)."""
+(the output processor sees the run's tokens one at a time).
+
+Structured output. A constrained row speculates too: its drafts are cut at the first token its grammar does
+not allow (``Matcher.validate``, no state change), and each verify row is masked with the grammar's state
+after the drafts before it (engine.grammar_step: the matcher advanced through them and rolled back, one
+native call for the batch), so every draw is the one unspeculated constrained decoding makes there; the
+accepted run is then consumed as the step's tokens (rejected drafts never reach the matcher). Where the grammar
+forces the next bytes, their tokens are the row's drafts (no proposer asked): with forced runs off (a request
+with logprobs) that is how its forced text still moves several tokens a step, logprobs exact."""
 from __future__ import annotations
 
 import logging
@@ -45,6 +53,8 @@ class DraftRow:
     seed: int
     prompt_token_ids: list[int]
     output_token_ids: list[int]
+    parent: Any = None  # the Sequence whose drafts this row checks (its grammar masks this row)
+    depth: int = 0  # the drafts before this row: output_token_ids ends with that many of them
 
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
@@ -66,7 +76,7 @@ def verify_rows(chunks: list[ScheduledChunk], seqs: list[Sequence]) -> tuple[lis
         drafts.append(d[0])
         for j in range(1, len(d) + 1):
             rows.append(DraftRow(seq.request_id, seq.params, seq.seed, seq.prompt_token_ids,
-                                 seq.output_token_ids + d[:j]))
+                                 seq.output_token_ids + d[:j], seq, j))
             drafts.append(d[j] if j < len(d) else None)
     return rows, drafts
 
@@ -90,6 +100,8 @@ class Speculator:
         self.costs = StepCostModel()
         self.counters = SpecCounters()
         self.last_cost = 0.0
+        self.grammar_cut = 0  # draft tokens cut before verifying because the row's grammar forbids them
+        self.forced_drafts = 0  # draft tokens taken from the grammar's forced bytes
 
     def propose(self, running: list[Sequence]) -> None:
         """Set each decoding row's drafts for this step (empty for rows that do not speculate)."""
@@ -108,18 +120,40 @@ class Speculator:
                     s.max_output - len(s.output_token_ids) - 1)
             if k > 0:
                 wants.append((s, k))
+        wants = [(s, k) for s, k in wants if not self._grammar_drafts(s, k)]
         if not wants:
             return
         if self.cfg.method == DRAFT_MODEL:
             got = self.draft.propose(wants, {s.request_id for s in running})
             self.costs.observe_draft(len(wants), self.draft.last_seconds / max(1, max(k for _, k in wants)))
             for s, _ in wants:
-                s.draft_token_ids = got.get(s.request_id, [])
+                s.draft_token_ids = self._allowed(s, got.get(s.request_id, []))
             return
         for s, k in wants:
             if s.spec.index is None:
                 s.spec.index = NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
-            s.draft_token_ids = self.ngram.propose(s.token_ids(), s.spec.index, k, s.cache_key)
+            s.draft_token_ids = self._allowed(s, self.ngram.propose(s.token_ids(), s.spec.index, k, s.cache_key))
+
+    def _grammar_drafts(self, seq: Sequence, k: int) -> bool:
+        """A constrained row whose grammar forces bytes next drafts their tokens (nearly always accepted: free
+        drafts; with forced runs off, as for a request asking for logprobs, the only way its forced text goes
+        faster than a token a step). True when it did (the proposer is then not asked)."""
+        if seq.grammar is None:
+            return False
+        drafts = self._allowed(seq, seq.grammar.matcher.forced_tokens()[:k])
+        if not drafts:
+            return False
+        seq.draft_token_ids = drafts
+        self.forced_drafts += len(drafts)
+        return True
+
+    def _allowed(self, seq: Sequence, drafts: list[int]) -> list[int]:
+        """``drafts`` cut at the first token ``seq``'s grammar does not allow after the ones before it."""
+        if seq.grammar is None or not drafts:
+            return drafts
+        n = seq.grammar.matcher.validate(drafts)
+        self.grammar_cut += len(drafts) - n
+        return drafts[:n]
 
     def accept(self, seq: Sequence, chunk: ScheduledChunk, tokens: list[int]) -> list[int]:
         """The run a verify chunk emits (``tokens``: the target's token at each of its rows); records it."""
@@ -142,11 +176,9 @@ class Speculator:
 
 
 def _eligible(seq: Sequence) -> bool:
-    """A row on its own (beams stay unspeculated), past its prompt, decoding its next token, and free of a
-    grammar (a constrained row's forced runs already feed several tokens per step; its drafts would need the
-    matcher's mask at every draft position, not wired yet)."""
-    return (seq.group is None and getattr(seq, "grammar", None) is None and bool(seq.output_token_ids)
-            and not prefilling(seq))
+    """A row on its own (beams stay unspeculated), past its prompt and decoding its next token (a constrained
+    row's forced run is first computed as a chunk of its own: the row drafts again the step after)."""
+    return seq.group is None and bool(seq.output_token_ids) and not prefilling(seq)
 
 
 def build_speculator(cfg: SpeculativeConfig | None, engine_cfg: Any, device: Any, num_blocks: int,

@@ -4,6 +4,10 @@
     m = backend.new_matcher(compiled)      a fresh matcher at the grammar's start
     backend.fill_masks([(m, row)], masks)  allowed-token bitmasks of many matchers at once (int32 words, bit i of
                                            word w: token 32 w + i), in native code, off the GIL
+    backend.fill_draft_masks([(m, row, drafts)], masks)
+                                           speculative decoding: row gets m's mask, row + i + 1 the mask after
+                                           drafts[:i + 1] (m advanced through them and rolled back, natively)
+    m.validate(tokens)                     how many of ``tokens``, in order, the grammar allows (no state change)
     m.consume(t) / m.rollback(n)           advance / go back
     m.is_done() / m.is_accepting()         only EOS left / the grammar may end here
     m.forced_tokens()                      the canonical tokens of the bytes the grammar forces next
@@ -49,6 +53,8 @@ class Matcher(Protocol):
 
     def rollback(self, num_tokens: int) -> bool: ...
 
+    def validate(self, tokens: list[int]) -> int: ...
+
     def is_done(self) -> bool: ...
 
     def is_accepting(self) -> bool: ...
@@ -67,3 +73,5 @@ class GrammarBackend(Protocol):
     def new_matcher(self, compiled: CompiledGrammar) -> Matcher: ...
 
     def fill_masks(self, rows: Sequence[tuple[Matcher, int]], masks: Any) -> None: ...
+
+    def fill_draft_masks(self, rows: Sequence[tuple[Matcher, int, list[int]]], masks: Any) -> None: ...

@@ -65,6 +65,9 @@ class GrammarCompiler:
     def fill_masks(self, rows: Sequence[tuple[Matcher, int]], masks: Any) -> None:
         self.backend.fill_masks(rows, masks)
 
+    def fill_draft_masks(self, rows: Sequence[tuple[Matcher, int, list[int]]], masks: Any) -> None:
+        self.backend.fill_draft_masks(rows, masks)
+
 
 def build_compiler(hf_tokenizer: Any, eos_token_ids: Sequence[int], limits: StructuredLimits,
                    vocab_size: int | None = None) -> GrammarCompiler | None:

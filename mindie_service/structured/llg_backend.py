@@ -37,6 +37,9 @@ class LlgMatcher:
     def rollback(self, num_tokens: int) -> bool:
         return bool(self.m.rollback(num_tokens))
 
+    def validate(self, tokens: list[int]) -> int:
+        return int(self.m.validate_tokens(tokens))
+
     def is_done(self) -> bool:
         return bool(self.m.is_stopped())
 
@@ -116,6 +119,14 @@ class LlgBackend:
         assert masks.is_contiguous() and masks.dtype.itemsize == 4
         pairs = [(m.m, i) for m, i in rows]  # type: ignore[attr-defined]
         self._executor.unsafe_compute_mask_ptr(pairs, masks.data_ptr(), masks.shape[1] * 4, masks.shape[0])
+
+    def fill_draft_masks(self, rows: Sequence[tuple[Matcher, int, list[int]]], masks: Any) -> None:
+        """Row ``i`` gets its matcher's mask and rows ``i + 1 ..`` the masks after each of its draft tokens (the
+        drafts must be ones the grammar allows: past a refused one the rows are left as they are)."""
+        assert masks.is_contiguous() and masks.dtype.itemsize == 4
+        trips = [(m.m, i, list(d)) for m, i, d in rows]  # type: ignore[attr-defined]
+        self._executor.unsafe_compute_mask_ptr_with_draft_token(trips, masks.data_ptr(), masks.shape[1] * 4,
+                                                                masks.shape[0])
 
 
 def _short(msg: str) -> str:
