@@ -9,13 +9,16 @@
     spec.accept(chunk, tokens)     the accepted run: the drafts the target agreed with, plus its own token
     scheduler.update(...)          run appended, rejected slots trimmed (never registered in the prefix cache)
 
-Exactness. Both proposers' drafts are one-hot (the n-gram's continuation, the draft model's argmax). For a
+Exactness. N-gram drafts, and a greedy request's draft-model drafts (its argmax), are one-hot. For a
 one-hot draft ``d`` rejection sampling (Leviathan et al., 2023) accepts with probability ``p(d)`` and on
 rejection draws from ``p`` without ``d``; drawing ``x ~ p`` and accepting iff ``x == d`` is that very
 rule (``x`` is then the correction token). Each position is drawn from the target's processed
 distribution (penalties over the accepted tokens before it, temperature, top-k/p, typical) with the
 request's own generator, one draw per emitted token, in order: greedy output is token-identical to
-decoding without speculation and a seeded request draws what it would have drawn without it.
+decoding without speculation and a seeded n-gram request draws what it would have drawn without it.
+A sampled request's draft-model drafts are drawn from the draft's own distribution ``q`` and accepted with
+probability ``min(1, p/q)``, a rejection drawing from ``max(0, p - q)`` (engine.spec_accept): the output
+distribution is exactly the target's, and a seed repeats the same tokens (not the unspeculated ones).
 Logprobs are the target's, row by row. EOS, a stop string or the output cap inside a run cut it there
 (the output processor sees the run's tokens one at a time).
 
