@@ -201,6 +201,10 @@ def _kv_events(ev: dict[str, Any]) -> KVEventsConfig | None:
                           hwm=int(ev["hwm"]), max_queue_size=int(ev["maxQueueSize"]), topic=ev["topic"])
 
 
+def _opt_int(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
 def _schedule(sch: dict[str, Any], base: Path) -> ScheduleSettings:
     return ScheduleSettings(
         cache_block_size=int(sch["cacheBlockSize"]), max_prefill_batch_size=int(sch["maxPrefillBatchSize"]),
@@ -211,6 +215,8 @@ def _schedule(sch: dict[str, Any], base: Path) -> ScheduleSettings:
         support_select_batch=sch["supportSelectBatch"],
         max_queue_delay_microseconds=int(sch["maxQueueDelayMicroseconds"]),
         num_kv_blocks=None if sch["numKvBlocks"] is None else int(sch["numKvBlocks"]),
+        batch_prefill_tokens=_opt_int(sch["batchPrefillTokens"]),
+        batch_tokens_beside_online=_opt_int(sch["batchTokensBesideOnline"]),
         enable_prefix_caching=sch["enablePrefixCaching"], max_sessions=int(sch["maxSessions"]),
         session_kv_share=float(sch["sessionKvShare"]), session_idle_seconds=float(sch["sessionIdleSeconds"]),
         max_session_tokens=int(sch["maxSessionTokens"]),

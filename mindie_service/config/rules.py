@@ -24,7 +24,8 @@ ENGINE_KEYS: dict[str, str] = {
     "cache_block_size": f"{SC}.cacheBlockSize", "max_prefill_batch_size": f"{SC}.maxPrefillBatchSize",
     "max_prefill_tokens": f"{SC}.maxPrefillTokens", "max_batch_size": f"{SC}.maxBatchSize",
     "max_iter_times": f"{SC}.maxIterTimes", "max_preempt_count": f"{SC}.maxPreemptCount",
-    "num_kv_blocks": f"{SC}.numKvBlocks",
+    "num_kv_blocks": f"{SC}.numKvBlocks", "batch_prefill_tokens": f"{SC}.batchPrefillTokens",
+    "batch_tokens_beside_online": f"{SC}.batchTokensBesideOnline",
 }
 
 

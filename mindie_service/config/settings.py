@@ -148,6 +148,8 @@ class ScheduleSettings:
     support_select_batch: bool
     max_queue_delay_microseconds: int
     num_kv_blocks: int | None
+    batch_prefill_tokens: int | None  # None = maxPrefillTokens
+    batch_tokens_beside_online: int | None  # None = no bound
     enable_prefix_caching: bool
     max_sessions: int = 1024
     session_kv_share: float = 0.25
@@ -200,6 +202,7 @@ class ServiceConfig:
             max_prefill_tokens=s.max_prefill_tokens, max_batch_size=s.max_batch_size,
             max_iter_times=s.max_iter_times, max_preempt_count=s.max_preempt_count,
             max_queue_delay_microseconds=s.max_queue_delay_microseconds, num_kv_blocks=s.num_kv_blocks,
+            batch_prefill_tokens=s.batch_prefill_tokens, batch_tokens_beside_online=s.batch_tokens_beside_online,
             kv_cache_memory_gb=float(m.npu_mem_size_gb), swap_space_gb=float(m.cpu_mem_size_gb),
             enable_prefix_caching=s.enable_prefix_caching,
             max_loras=b.max_loras, max_lora_rank=b.max_lora_rank,

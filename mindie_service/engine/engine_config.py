@@ -44,6 +44,11 @@ class EngineConfig:
     max_preempt_count: int = 0
     # With nothing running, how long new prompts wait for others to join their prefill batch; 0 = not at all.
     max_queue_delay_microseconds: int = 5000
+    # Batch-job lines below online traffic (engine.batch_bound): their prompt tokens in any one step (None =
+    # max_prefill_tokens), and their tokens in all in a step while an online request waits or prefills
+    # (None = no bound).
+    batch_prefill_tokens: int | None = 64
+    batch_tokens_beside_online: int | None = 8
     num_kv_blocks: int | None = None  # fixes the KV pool size; None = size it from memory
     kv_cache_memory_gb: float = -1.0  # npuMemSize / cpuMemSize: -1 = size automatically
     swap_space_gb: float = 5.0  # cpuMemSize: host pool for preempted requests' K/V (engine.swap); 0 = recompute
@@ -113,6 +118,9 @@ class EngineConfig:
               "max_queue_delay_microseconds", "an integer >= 0", self.max_queue_delay_microseconds)
         check(isinstance(self.swap_space_gb, (int, float)) and self.swap_space_gb >= 0, "swap_space_gb",
               "a number >= 0 (GB)", self.swap_space_gb)
+        for name in ("batch_prefill_tokens", "batch_tokens_beside_online"):
+            v = getattr(self, name)
+            check(v is None or (isinstance(v, int) and v >= 1), name, "an integer >= 1 or None", v)
         if self.num_kv_blocks is not None:
             check(isinstance(self.num_kv_blocks, int) and self.num_kv_blocks >= 1, "num_kv_blocks",
                   "an integer >= 1", self.num_kv_blocks)

@@ -29,12 +29,14 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
+from operator import attrgetter
 from typing import Protocol
 
 from mindie_service.engine.admit_rules import queue_delay, reservation_blocks
+from mindie_service.engine.batch_bound import BatchAllowance, online_pressed, step_allowance
 from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.sequence import Sequence, SequenceGroup, SeqStatus
+from mindie_service.engine.sequence import Sequence, SequenceGroup, SeqStatus, batch_rows
 from mindie_service.engine.sessions import SessionStore
 from mindie_service.engine.step_chunks import chunk as _chunk, prefilling as _prefilling, spec_chunk as _spec_chunk  # noqa: E501
 from mindie_service.engine.step import SchedulerOutput
@@ -64,6 +66,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.seqs: dict[str, Sequence] = {}
         self.num_preemptions = 0
+        self.batch_turns = 0  # turns batch lines took beside a waiting online request (engine.batch_bound)
         self.num_swap_outs = 0  # sequences (not blocks) moved to the host pool, and back
         self.num_swap_ins = 0
 
@@ -168,8 +171,11 @@ class Scheduler:
         budget = self.cfg.max_prefill_tokens
         # Online requests first, batch-job lines last (stable: oldest first within each), so that the pool's
         # last blocks go to online traffic and preemption takes the newest batch line first.
-        self.running.sort(key=_priority)
+        self.running.sort(key=attrgetter("priority"))
         yielded = self._make_room_for_online(out)
+        allow = step_allowance(self.cfg, self.running, online_pressed(self.running, self._next_to_admit()),
+                               self.batch_turns)
+        self.batch_turns += len(allow.decodes)
         # Running requests, oldest first: decodes need a slot for their next token (preempt from the
         # newest end when the pool is dry, at most maxPreemptCount); unfinished prompts take their next
         # piece of the budget.
@@ -179,19 +185,15 @@ class Scheduler:
             if seq.status is not SeqStatus.RUNNING:
                 continue  # preempted this step with its beam group
             if _prefilling(seq):  # its blocks were allocated at admission (a forked beam's at the fork)
-                if seq.group is not None:  # a beam recomputes its partly filled block whole: beams stay in step
-                    prefills.append((seq, seq.num_tokens - seq.num_computed_tokens))
-                    continue
-                n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-                if n > 0 and len(prefills) < self.cfg.max_prefill_batch_size:
-                    prefills.append((seq, n))
-                    budget -= n
+                budget -= self._prefill_piece(seq, budget, allow, prefills)
+                continue
+            if not allow.runs(seq):  # a batch line skips this step: an online request waits (engine.batch_bound)
                 continue
             if not self._make_slot(seq, out, cap - (len(out.preempted) - yielded)):
                 if seq.status is SeqStatus.RUNNING:
                     stalled.append(seq)
                 continue  # stalled, or preempted itself (a beam group's beams may still follow it)
-            budget -= self._keep_drafts(seq, budget)
+            budget -= self._keep_drafts(seq, budget, allow)
             decodes.append(seq)
         # A beam group preempted above may have had beams already picked: they are gone.
         decodes = [s for s in decodes if s.status is SeqStatus.RUNNING]
@@ -203,9 +205,9 @@ class Scheduler:
             if self._make_slot(stalled[0], out, len(self.running)):
                 decodes.append(stalled[0])
         if len(out.preempted) == yielded and not stalled:  # no request short of blocks: admit
-            self._admit(out, decodes, prefills, budget)
+            self._admit(out, decodes, prefills, budget, allow)
         if self.adapters is not None:  # one LoRA segment per adapter (stable: order kept within each)
-            decodes.sort(key=_adapter_slot)
+            decodes.sort(key=attrgetter("adapter_slot"))
             prefills.sort(key=lambda p: p[0].adapter_slot)
         plain = [s for s in decodes if not s.draft_token_ids]
         spec = [s for s in decodes if s.draft_token_ids]  # verify rows: several tokens, after the plain decodes
@@ -214,19 +216,20 @@ class Scheduler:
         out.num_decodes = len(plain)
         return out
 
-    # ------------------------------------------------------------ groups (a beam search's beams, engine.beam)
-    def _batch_rows(self) -> int:
-        """Running sequences on their own, plus the rows of each running group (its width: the members it
-        may fork up to)."""
-        widths: dict[int, int] = {}
-        alone = 0
-        for s in self.running:
-            if s.group is None:
-                alone += 1
-            else:
-                widths[id(s.group)] = s.group.width
-        return alone + sum(widths.values())
+    def _prefill_piece(self, seq: Sequence, budget: int, allow: BatchAllowance,
+                       prefills: list[tuple[Sequence, int]]) -> int:
+        """The next piece of running ``seq``'s prompt, within the budget and batch allowance: the tokens taken."""
+        if seq.group is not None:  # a beam recomputes its partly filled block whole: beams stay in step
+            prefills.append((seq, seq.num_tokens - seq.num_computed_tokens))
+            return 0
+        n = allow.room(seq, min(seq.num_tokens - seq.num_computed_tokens, budget))
+        if n <= 0 or len(prefills) >= self.cfg.max_prefill_batch_size:
+            return 0
+        prefills.append((seq, n))
+        allow.spend(seq, n)
+        return n
 
+    # ------------------------------------------------------------ groups (a beam search's beams, engine.beam)
     def fork(self, parent: Sequence, child: Sequence) -> bool:
         """Start ``child``, a new member of ``parent``'s group forked from it (blocks shared copy-on-write);
         False when the pool is short even after releasing kept sessions' blocks."""
@@ -287,13 +290,15 @@ class Scheduler:
         self.blocks.append_slot(seq)
         return True
 
-    def _keep_drafts(self, seq: Sequence, budget: int) -> int:
-        """Keep as many of ``seq``'s draft tokens (engine.speculative) as the step's token budget, its output
-        cap (room for the token after them) and unpromised free blocks allow (drafts never preempt)."""
+    def _keep_drafts(self, seq: Sequence, budget: int, allow: BatchAllowance) -> int:
+        """Keep as many of ``seq``'s draft tokens (engine.speculative) as the step's token budget, batch allowance,
+        output cap (room for the token after them) and unpromised free blocks allow (drafts never preempt)."""
         drafts = seq.draft_token_ids
-        room = min(len(drafts), max(0, budget), seq.max_output - len(seq.output_token_ids) - 1)
+        room = min(allow.room(seq, len(drafts), prompt=False), max(0, budget),
+                   seq.max_output - len(seq.output_token_ids) - 1)
         kept = self.blocks.extra_slots(seq, room) if room > 0 else 0
         del drafts[kept:]
+        allow.spend(seq, kept, prompt=False)
         return kept
 
     def _next_to_admit(self) -> Sequence | None:
@@ -303,18 +308,20 @@ class Scheduler:
         return self.waiting[0] if self.waiting else None
 
     def _admit(self, out: SchedulerOutput, decodes: list[Sequence], prefills: list[tuple[Sequence, int]],
-               budget: int) -> None:
+               budget: int, allow: BatchAllowance) -> None:
         """Resume swapped requests (as decodes) and admit waiting ones, first come first served within a
-        priority, while the budget and the limits allow."""
+        priority, while the budget, the batch allowance and the limits allow."""
         while (seq := self._next_to_admit()) is not None:
             if seq.status is SeqStatus.SWAPPED:
-                if self._batch_rows() >= self.cfg.max_batch_size or not self._resume(seq, out):
+                if (batch_rows(self.running) >= self.cfg.max_batch_size or allow.room(seq, 1, prompt=False) < 1
+                        or not self._resume(seq, out)):
                     break
+                allow.spend(seq, 1, prompt=False)
                 decodes.append(seq)
                 continue
-            if budget <= 0:
+            if allow.room(seq, budget) <= 0:
                 break
-            rows = self._batch_rows()
+            rows = batch_rows(self.running)
             if rows >= self.cfg.max_batch_size or len(prefills) >= self.cfg.max_prefill_batch_size:
                 break
             if seq.group is not None and rows + seq.group.width > self.cfg.max_batch_size:
@@ -331,8 +338,9 @@ class Scheduler:
                     self.adapters.release(seq.request_id, done=False)
                     seq.adapter_slot = 0
                 break
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = allow.room(seq, min(seq.num_tokens - seq.num_computed_tokens, budget))
             budget -= n
+            allow.spend(seq, n)
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
@@ -390,11 +398,3 @@ class Scheduler:
             reason = finished.get(c.request_id)
             if reason is not None:
                 self.finish(seq, reason)
-
-
-def _priority(seq: Sequence) -> int:
-    return seq.priority
-
-
-def _adapter_slot(seq: Sequence) -> int:
-    return seq.adapter_slot

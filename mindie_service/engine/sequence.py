@@ -4,6 +4,7 @@ one request (a beam search's beams)."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ class Sequence:
     cache_key: bytes = b""  # adapter identity + media hashes: folded into every prefix-cache block hash
     adapter_slot: int = 0  # LoRA pool slot (0 = base model)
     priority: int = 0  # engine.contract.PRIORITY_*: online first, batch-job lines after (and preempted first)
+    batch_turn: int = 0  # a batch line: its last turn decoding beside a waiting online request (engine.batch_bound)
     mm_inputs: Any = None
     output_token_ids: list[int] = field(default_factory=list)
     status: SeqStatus = SeqStatus.WAITING
@@ -100,3 +102,16 @@ class SequenceGroup:
         seq = self.new_member([])
         self.members = [seq]
         return seq
+
+
+def batch_rows(running: Iterable[Sequence]) -> int:
+    """Rows of the running batch: sequences on their own, plus each running group's width (the members it
+    may fork up to)."""
+    widths: dict[int, int] = {}
+    alone = 0
+    for s in running:
+        if s.group is None:
+            alone += 1
+        else:
+            widths[id(s.group)] = s.group.width
+    return alone + sum(widths.values())

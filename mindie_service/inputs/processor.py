@@ -31,6 +31,7 @@ from mindie_service.sampling_params import SamplingParams
 from multimodal import MediaItem, MediaPolicy
 
 if TYPE_CHECKING:
+    from mindie_service.structured.grammar_spec import StructuredSpec
     from multimodal import DecodeOptions
 
 logger = logging.getLogger(__name__)
@@ -172,17 +173,21 @@ class InputProcessor:
             self.mm_encoder.check_prompt(list(ids), mm_inputs)
 
     # ------------------------------------------------------------ entry points
+    def check_structured(self, spec: StructuredSpec) -> None:
+        """Compile ``spec`` (cached; CPU work: off the IO loop): a bad grammar is a ValidationError naming
+        ``spec.where`` and llguidance's reason, as is a model without a tokenizer for structured output."""
+        check(self.grammars is not None, spec.where, "absent (this model has no tokenizer for structured "
+              "output)", spec.kind)
+        self.grammars.compile(spec)
+
     def process(self, prompt: Prompt, params: SamplingParams, *, request_id: str,
                 truncate: int | None = None, session_id: str | None = None) -> EngineRequest:
         """The whole path, synchronously (CPU work: run it off the IO loop). ValidationError on bad input.
         ``session_id`` (the /api/* routes' request_id): when the engine keeps a finished session under it, the
         prompt is ignored and the session's tokens (prompt + all it generated) are the prompt (continuation)."""
         params = self.validate(prompt, params, truncate)
-        spec = params.structured_outputs
-        if spec is not None:  # compiled here, off the IO loop: a bad grammar is refused with its reason
-            check(self.grammars is not None, spec.where, "absent (this model has no tokenizer for structured "
-                  "output)", spec.kind)
-            self.grammars.compile(spec)
+        if params.structured_outputs is not None:
+            self.check_structured(params.structured_outputs)
         kept = self.sessions.tokens(session_id) if self.sessions is not None and session_id is not None else None
         if kept is not None:
             raw, mm_inputs, mm_hashes = list(kept), None, ()

@@ -70,7 +70,7 @@ def parse_job_request(body: Mapping[str, Any], max_tokens_cap: int) -> JobReques
     allowed = set(JOB_OPTIONS) | {STRUCTURED["job"][0]}
     unknown = sorted(set(raw_opts) - allowed)
     check(not unknown, "options", f"an object of {', '.join(sorted(allowed))}", unknown)
-    read_structured(raw_opts, "job", "options.")  # its shape; each line's compile names a bad schema
+    read_structured(raw_opts, "job", "options.")  # its shape; the submit handler compiles it (server.handlers_jobs)
     o = read_fields(raw_opts, JOB_OPTIONS, "options.")
     n = read_fields(body, JOB).get("num_generations", 1)
     opts = JobOptions(output_cap(o.get("max_tokens", DEFAULT_MAX_TOKENS), 0, max_iter_times=max_tokens_cap),

@@ -11,12 +11,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from mindie_service.errors import ConflictError, NotFoundError, PayloadTooLargeError, UnhealthyError, check
+from mindie_service.errors import (ConflictError, MindieError, NotFoundError, PayloadTooLargeError, UnhealthyError,
+                                   check)
 from mindie_service.jobs.input_file import MAX_INPUT_BYTES, JobInputLimits, read_job_input
 from mindie_service.jobs.lines import split_lines
 from mindie_service.jobs.runner import JobRunner
-from mindie_service.jobs.spec import PathSpec, parse_job_request
+from mindie_service.jobs.spec import JobRequest, PathSpec, parse_job_request
 from mindie_service.jobs.store import JobRow
+from mindie_service.params.structured_field import read_structured
 from mindie_service.server.context import ServerContext
 from mindie_service.server.handlers_base import BaseHandler
 
@@ -71,6 +73,7 @@ class SubmitJobHandler(_JobsHandler):
         runner, ctx = self.runner, self.ctx
         spec = parse_job_request(self.json_body(), ctx.engine_config.max_iter_times)
         check_model(ctx, spec.model)
+        await self._check_structured(spec)
         data = await self._read_input(spec.input_path)
         lines = split_lines(data)
         limit = ctx.settings.batch_max_lines
@@ -84,6 +87,19 @@ class SubmitJobHandler(_JobsHandler):
         logger.info("batch job %s submitted: %d lines x %d generations", job_id, len(lines), spec.num_generations)
         self.write_json(job_json(job, runner.store))  # type: ignore[arg-type]
         runner.start(job_id)
+
+    async def _check_structured(self, spec: JobRequest) -> None:
+        """A bad ``options.response_format`` is refused now, naming the field and llguidance's reason (compiled
+        off the IO loop, cached for the lines), instead of failing every line. A catalog model that is not
+        running yet has no tokenizer here: its lines' compiles name a bad schema then."""
+        structured = read_structured({"response_format": spec.options.response_format}, "job", "options.")
+        if structured is None:
+            return
+        try:
+            engine, _ = self.ctx.engine_for(spec.model)
+        except MindieError:
+            return
+        await self.ctx.run_blocking(self.ctx.frontend.processor(engine).check_structured, structured)
 
     async def _read_input(self, path: PathSpec) -> bytes:
         limits = JobInputLimits.build(self.ctx.media_policy, self.ctx.settings.batch_jobs_dir, MAX_INPUT_BYTES)

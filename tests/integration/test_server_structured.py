@@ -236,3 +236,19 @@ def test_batch_job_applies_response_format_to_every_line(srv):
     assert len(recs) == 6
     for rec in recs:
         jsonschema.validate(json.loads(rec["text"]), PERSON)
+
+
+def test_batch_job_with_a_bad_schema_is_refused_at_submit(srv):
+    """Refused with the field and llguidance's reason (the route's field-error status, as for options.temperature),
+    and no job is created, instead of every line failing."""
+    total = srv.get("/batch_inference/jobs").json()["total"]
+    lines = base64.b64encode(json.dumps([{"role": "user", "text": "Hi"}]).encode()).decode()
+    bad = _json_schema({"type": "object", "properties": {"a": {"type": "string", "pattern": "a(b"}}})
+    body = {"model": "tiny", "prompt_file_path": {"value": lines, "type": "raw_bytes"},
+            "options": {"max_tokens": 8, "response_format": bad}}
+    r = srv.post("/batch_inference/submit_job", body)
+    err = r.json()["error"]
+    assert r.status_code == 422 and "options.response_format.json_schema.schema" in err and "unclosed group" in err, r.text
+    assert srv.get("/batch_inference/jobs").json()["total"] == total
+    body["options"]["response_format"] = {"type": "json_object"}
+    assert srv.post("/batch_inference/submit_job", body).status_code == 200
