@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "layers_f32.h"
 #include "vec_math.h"
 
 static inline float dot(const float *restrict a, const float *restrict b, int64_t n) {
@@ -128,20 +129,17 @@ static void attend(const float *restrict q, const float *restrict k_cache, const
 
 #define TILE_ROWS 8
 
-int paged_attention_rows_f32(const float *q, const float *k_cache, const float *v_cache,
-                             const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
-                             int64_t T, int64_t S, int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB,
-                             float scale, int nthreads) {
-    if (T <= 0) return 0;
+/* Checks the rows and cuts them into tiles: up to TILE_ROWS consecutive rows of one sequence at consecutive
+ * positions (a prefill); a decode row is a tile of its own. Returns 0, or the kernel's error code. */
+int attn_plan_f32(attn_plan *pl, const int32_t *row_seq, const int32_t *row_pos, int64_t T, int64_t S, int64_t H,
+                  int64_t KVH, int64_t D, int64_t BS, int64_t MB, int nthreads) {
+    pl->tiles = NULL;
     if (KVH <= 0 || H % KVH != 0 || nthreads < 1) return 1;
-    const int64_t G = H / KVH, tok_stride = KVH * D, blk_stride = BS * KVH * D;
     int64_t max_len = 1;
     for (int64_t t = 0; t < T; ++t) {
         if (row_seq[t] < 0 || row_seq[t] >= S || row_pos[t] < 0 || row_pos[t] >= MB * BS) return 2;
         if (row_pos[t] + 1 > max_len) max_len = row_pos[t] + 1;
     }
-    /* Tiles: up to TILE_ROWS consecutive rows of one sequence at consecutive positions (a prefill);
-     * a decode row is a tile of its own. */
     int64_t *tiles = malloc(sizeof(int64_t) * (size_t)(T + 1)), ntiles = 0, max_rows = 1;
     if (tiles == NULL) return 3;
     for (int64_t t = 0; t < T; ++t)
@@ -152,30 +150,55 @@ int paged_attention_rows_f32(const float *q, const float *k_cache, const float *
             max_rows = t - tiles[ntiles - 1] + 1;
     tiles[ntiles] = T;
     /* KV heads per task: all of them when there are plenty of tiles to share out */
-    const int64_t split = ntiles >= 4 * (int64_t)nthreads ? 1 : KVH, per = KVH / split;
+    const int64_t split = ntiles >= 4 * (int64_t)nthreads ? 1 : KVH, per = KVH / split, G = H / KVH;
+    *pl = (attn_plan){tiles, ntiles, split, per, G, max_rows * per * G * max_len, max_rows * per * G * D};
+    return 0;
+}
+
+/* The plan's tasks shared over the calling team (orphaned `omp for`, ends on the team's barrier); scores and
+ * acc: this thread's scratch of pl->scores_len and pl->acc_len floats. */
+void attn_rows_f32_team(const attn_plan *pl, const float *q, const float *k_cache, const float *v_cache,
+                        const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
+                        int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB, float scale, float *scores,
+                        float *acc) {
+    const int64_t tok_stride = KVH * D, blk_stride = BS * KVH * D, split = pl->split, per = pl->per;
+    /* tiles come in sequence order with growing positions: walking them backwards hands out the
+     * longest first, which keeps the threads' shares even */
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = pl->ntiles * split - 1; task >= 0; --task) {
+        const int64_t tile = task / split, h0 = (task % split) * per, t = pl->tiles[tile];
+        attend(q + t * H * D, k_cache, v_cache, block_tables + (int64_t)row_seq[t] * MB, row_pos[t],
+               pl->tiles[tile + 1] - t, out + t * H * D, h0, h0 + per, H, pl->G, D, BS, tok_stride, blk_stride,
+               scale, scores, acc);
+    }
+}
+
+int paged_attention_rows_f32(const float *q, const float *k_cache, const float *v_cache,
+                             const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
+                             int64_t T, int64_t S, int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB,
+                             float scale, int nthreads) {
+    if (T <= 0) return 0;
+    attn_plan pl;
+    const int rc = attn_plan_f32(&pl, row_seq, row_pos, T, S, H, KVH, D, BS, MB, nthreads);
+    if (rc != 0) return rc;
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
         /* scratch for the largest tile: a decode-only step needs one row's worth */
-        float *scores = malloc(sizeof(float) * (size_t)(max_rows * per * G * max_len));
-        float *acc = malloc(sizeof(float) * (size_t)(max_rows * per * G * D));
-        if (scores == NULL || acc == NULL) {
+        float *scores = malloc(sizeof(float) * (size_t)pl.scores_len);
+        float *acc = malloc(sizeof(float) * (size_t)pl.acc_len);
+        int ok = scores != NULL && acc != NULL;
+        if (!ok) {
 #pragma omp atomic write
             failed = 3;
         }
-        /* tiles come in sequence order with growing positions: walking them backwards hands out the
-         * longest first, which keeps the threads' shares even */
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = ntiles * split - 1; task >= 0; --task) {
-            if (scores == NULL || acc == NULL) continue;
-            const int64_t tile = task / split, h0 = (task % split) * per, t = tiles[tile];
-            attend(q + t * H * D, k_cache, v_cache, block_tables + (int64_t)row_seq[t] * MB, row_pos[t],
-                   tiles[tile + 1] - t, out + t * H * D, h0, h0 + per, H, G, D, BS, tok_stride, blk_stride, scale,
-                   scores, acc);
-        }
+#pragma omp barrier
+        if (!failed)
+            attn_rows_f32_team(&pl, q, k_cache, v_cache, block_tables, row_seq, row_pos, out, H, KVH, D, BS, MB,
+                               scale, scores, acc);
         free(scores);
         free(acc);
     }
-    free(tiles);
+    free(pl.tiles);
     return failed;
 }
