@@ -7,9 +7,9 @@
  * Layouts (all contiguous): q, out [T, H, D]; k_cache, v_cache [num_blocks, BS, KVH, D];
  * block_tables [S, MB] int32; row_seq, row_pos [T] int32. The H query heads are KVH groups of
  * G = H / KVH heads sharing one KV head (GQA). A task is a tile of consecutive rows of one
- * sequence (a decode row alone) and a run of its KV heads: with many tiles each task walks whole
- * blocks front to back (contiguous reads) once for all its rows; with few, the KV heads are split
- * across tasks so that every thread has work.
+ * sequence (a decode row alone) and a run of its query heads: with many tiles each task walks whole
+ * blocks front to back (contiguous reads) once for all its rows; with few, the heads are split
+ * across tasks (by KV head, or down to one query head each) so that every thread has an even share.
  * Threads come from the OpenMP runtime the process already has loaded (PyTorch's libgomp). */
 #include <math.h>
 #include <stdint.h>
@@ -85,26 +85,23 @@ static void accumulate_rows(const float *restrict p, const float *restrict v, in
 }
 
 /* Rows pos0 .. pos0 + nrows - 1 of one sequence (a tile; the last attends to pos0 + nrows keys),
- * KV heads [h0, h1). q, out: the tile's first row [H, D], rows H * D apart. Each K/V block is read
- * once per tile and used by all its rows while it sits in L1. scores: [nrows * nh, L] and acc:
- * [nrows * nh, D] with nh = (h1 - h0) * G, L = pos0 + nrows. */
+ * query heads [h0, h1) (query head h reads KV head h / G). q, out: the tile's first row [H, D], rows H * D
+ * apart. Each K/V block is read once per tile and used by all its rows while it sits in L1. scores:
+ * [nrows * nh, L] and acc: [nrows * nh, D] with nh = h1 - h0, L = pos0 + nrows. */
 static void attend(const float *restrict q, const float *restrict k_cache, const float *restrict v_cache,
                    const int32_t *restrict bt, int64_t pos0, int64_t nrows, float *restrict out, int64_t h0,
                    int64_t h1, int64_t H, int64_t G, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride,
                    float scale, float *restrict scores, float *restrict acc) {
-    const int64_t nh = (h1 - h0) * G, L = pos0 + nrows;
+    const int64_t nh = h1 - h0, L = pos0 + nrows;
     for (int64_t start = 0; start < L; start += BS) {
         const float *kb = k_cache + (int64_t)bt[start / BS] * blk_stride;
         if (start + BS < L) prefetch_block(k_cache + (int64_t)bt[start / BS + 1] * blk_stride, blk_stride);
         for (int64_t i = 0; i < nrows; ++i) {
             const int64_t len = pos0 + i + 1 - start, n = len < BS ? len : BS; /* causal: keys <= pos0 + i */
             if (n <= 0) continue;
-            for (int64_t kh = h0; kh < h1; ++kh)
-                for (int64_t g = 0; g < G; ++g) {
-                    const int64_t r = i * nh + (kh - h0) * G + g;
-                    score_rows(q + i * H * D + (kh * G + g) * D, kb + kh * D, tok_stride, n, D, scale,
-                               scores + r * L + start);
-                }
+            for (int64_t h = h0; h < h1; ++h)
+                score_rows(q + i * H * D + h * D, kb + (h / G) * D, tok_stride, n, D, scale,
+                           scores + (i * nh + h - h0) * L + start);
         }
     }
     for (int64_t i = 0; i < nrows; ++i)
@@ -116,15 +113,13 @@ static void attend(const float *restrict q, const float *restrict k_cache, const
         for (int64_t i = 0; i < nrows; ++i) {
             const int64_t len = pos0 + i + 1 - start, n = len < BS ? len : BS;
             if (n <= 0) continue;
-            for (int64_t kh = h0; kh < h1; ++kh)
-                for (int64_t g = 0; g < G; ++g) {
-                    const int64_t r = i * nh + (kh - h0) * G + g;
-                    accumulate_rows(scores + r * L + start, vb + kh * D, tok_stride, n, D, acc + r * D);
-                }
+            for (int64_t h = h0; h < h1; ++h)
+                accumulate_rows(scores + (i * nh + h - h0) * L + start, vb + (h / G) * D, tok_stride, n, D,
+                                acc + (i * nh + h - h0) * D);
         }
     }
     for (int64_t i = 0; i < nrows; ++i)
-        memcpy(out + i * H * D + h0 * G * D, acc + i * nh * D, sizeof(float) * (size_t)(nh * D));
+        memcpy(out + i * H * D + h0 * D, acc + i * nh * D, sizeof(float) * (size_t)(nh * D));
 }
 
 #define TILE_ROWS 8
@@ -149,9 +144,12 @@ int attn_plan_f32(attn_plan *pl, const int32_t *row_seq, const int32_t *row_pos,
         else if (t - tiles[ntiles - 1] + 1 > max_rows)
             max_rows = t - tiles[ntiles - 1] + 1;
     tiles[ntiles] = T;
-    /* KV heads per task: all of them when there are plenty of tiles to share out */
-    const int64_t split = ntiles >= 4 * (int64_t)nthreads ? 1 : KVH, per = KVH / split, G = H / KVH;
-    *pl = (attn_plan){tiles, ntiles, split, per, G, max_rows * per * G * max_len, max_rows * per * G * D};
+    /* Query heads per task: all of them when there are plenty of tiles to share out, else one KV head's group
+     * or, with few tiles (a lone decode row: 9 heads over 3 KV heads), one query head, so that every thread
+     * has an even share; a KV block re-read by a group's tasks comes from the cache. */
+    const int64_t G = H / KVH, split = ntiles >= 4 * (int64_t)nthreads ? 1 : ntiles * KVH >= 4 * nthreads ? KVH : H,
+                  per = H / split;
+    *pl = (attn_plan){tiles, ntiles, split, per, G, max_rows * per * max_len, max_rows * per * D};
     return 0;
 }
 
