@@ -118,7 +118,9 @@ def profile(model: str, quant_scheme: str | None, seqs: int, steps: int, head: s
     fwd = t.acc["model forward"] / steps * 1e3
     out.write(f"  = C kernels {kern:.2f} ms (linears {linear_kernels / steps * 1e3:.2f}); framework inside ops "
               f"{ops - kern:.2f} ms; model forward outside ops {fwd - (ops - t.acc['op lm_head'] / steps * 1e3):.2f} ms;"
-              f" engine outside the forward and head {total - fwd - t.acc['op lm_head'] / steps * 1e3:.2f} ms\n")
+              f" engine outside the forward and head {total - fwd - t.acc['op lm_head'] / steps * 1e3:.2f} ms\n"
+              f"  = step {total:.2f} ms - C kernels {kern:.2f} ms = framework {total - kern:.2f} ms "
+              f"({(total - kern) / total:.0%}: Python, dispatch, allocations, engine)\n")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(steps):
@@ -138,8 +140,11 @@ def main() -> None:
     ap.add_argument("--head", default="float")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--op-by-op", action="store_true", help="the op-by-op path, not the fused fp32 layers")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: as set); 1 on a loaded machine")
     args = ap.parse_args()
     fused_layers.set_enabled(not args.op_by_op)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model = args.model or str(shipped_gguf())
     print(f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}")
     for q in args.quant:

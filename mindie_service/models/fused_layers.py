@@ -45,8 +45,8 @@ class FusedLayers:
 
     def refresh(self, model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
         """(Re)build the table when the model's packing or the KV pool changed; whether the fused path applies."""
-        first = model.layers[0].self_attn.qkv_proj
-        key = (id(kv_caches), kv_caches[0][0].data_ptr(), id(first.packed), len(model.layers))
+        first, last = model.layers[0].self_attn.qkv_proj, model.layers[-1].mlp.down_proj
+        key = (id(kv_caches), kv_caches[0][0].data_ptr(), id(first.packed), id(last.packed), len(model.layers))
         if key != self.key:
             self.key = key
             self.usable, self.table, self.keep = _build_table(model, kv_caches)
