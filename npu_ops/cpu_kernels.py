@@ -2,7 +2,8 @@
 loaded with ctypes: paged attention (attention.c reads each query row's context in place through
 the block tables: PyTorch has no paged op for the CPU, and gathering the blocks into padded tensors
 for SDPA cost more than the attention itself), the packed fp32 GEMM of the linears (gemm.c) and
-fused RMSNorm, rotary and SiLU-multiply (elementwise.c).
+fused RMSNorm, rotary and SiLU-multiply (elementwise.c), and all of a step's fp32 decoder layers in one
+call (layers_f32.c).
 
 The engine calls ``configure(enabled, cache_dir)`` with its config (``cpu_kernels``,
 ``kernel_cache_dir``) before loading a model; ``MINDIE_CPU_KERNELS`` (0/1) and ``MINDIE_KERNEL_CACHE``
@@ -181,6 +182,12 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.linear_f32.argtypes = [_F32P, _I64, _I64, _F32P, _I64, _F32P, _F32P, ctypes.c_int]
     for name in ("rms_norm_f32", "silu_mul_f32", "rotary_f32", "pack_weight_f32", "linear_f32"):
         getattr(lib, name).restype = None
+    # fp32: every decoder layer of a step in one call (csrc/layers_f32.c, mindie_service/models/fused_layers.py)
+    lib.llama_layers_f32_work.argtypes, lib.llama_layers_f32_work.restype = [_I64] * 6, _I64
+    lib.llama_layers_f32.argtypes = [ctypes.c_void_p, _I64, _F32P, *[_I64] * 6, ctypes.c_float, _F32P, _F32P, _I32P,
+                                     _I32P, _I64, _I64, _I32P, _I32P, _I64, ctypes.c_float, _F32P, ctypes.c_int]
+    lib.llama_layers_f32.restype = ctypes.c_int
+    lib.greedy_rows_f32.argtypes, lib.greedy_rows_f32.restype = [_F32P, _I64, _I64, _I32P, _F32P, ctypes.c_int], ctypes.c_int
     return lib
 
 
@@ -269,3 +276,16 @@ def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch
     lib.linear_f32(x.data_ptr(), m, k, packed.data_ptr(), out_features, None if b is None else b.data_ptr(),
                    y.data_ptr(), torch.get_num_threads())
     return y
+
+
+def greedy_rows(logits: torch.Tensor) -> tuple[list[int], list[float]] | None:
+    """logits [rows, vocab] fp32 -> each row's first argmax and its log-probability (logit - logsumexp), in one
+    pass pair over the row; None where a logit is NaN or infinite (or the kernels are not here)."""
+    lib = load()
+    if lib is None or not supports(logits) or logits.dim() != 2:
+        return None
+    x = logits.contiguous()
+    idx, lp = torch.empty(x.shape[0], dtype=torch.int64), torch.empty(x.shape[0], dtype=torch.float32)
+    if lib.greedy_rows_f32(x.data_ptr(), x.shape[0], x.shape[1], idx.data_ptr(), lp.data_ptr(), torch.get_num_threads()):
+        return None
+    return idx.tolist(), lp.tolist()

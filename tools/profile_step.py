@@ -4,7 +4,10 @@ the ops, the C kernels' own time (each ctypes entry point timed), so that op - k
 (Python dispatch, argument marshalling, allocations); step - ops = the engine around the model (scheduling,
 input packing, sampling, outputs). Then cProfile's top functions by own time.
 
-    PYTHONPATH=$PWD .venv/bin/python tools/profile_step.py --seqs 32 1 [--quant w8a8] [--model X.gguf]
+    PYTHONPATH=$PWD .venv/bin/python tools/profile_step.py --seqs 32 1 [--quant w8a8] [--model X.gguf] [--op-by-op]
+
+With the fused fp32 layers (one C call per step, mindie_service/models/fused_layers.py) the per-op rows are
+empty: "kernel llama_layers_f32" is all the layers; --op-by-op profiles the op-by-op path instead.
 """
 from __future__ import annotations
 
@@ -28,13 +31,13 @@ import torch  # noqa: E402
 from mindie_service import SamplingParams  # noqa: E402
 from mindie_service.engine.contract import EngineRequest  # noqa: E402
 from mindie_service.engine import sampler as sampler_mod  # noqa: E402
-from mindie_service.models import llama as llama_mod  # noqa: E402
+from mindie_service.models import fused_layers, llama as llama_mod  # noqa: E402
 from npu_ops import cpu_kernels, linear as linear_mod, quant  # noqa: E402
 from bench_real import make_llm, shipped_gguf, workload  # noqa: E402
 
 KERNELS = ("linear_f32", "linear_w8a16_f32", "linear_w8a8_i8", "quantize_rows_i8", "rms_norm_f32", "silu_mul_f32",
            "rotary_f32", "paged_attention_rows_f32", "paged_attention_rows_i8", "lm_head_argmax_f32",
-           "linear_w8a8_f32")
+           "linear_w8a8_f32", "llama_layers_f32")
 OPS = [(llama_mod, "rms_norm"), (llama_mod, "rotary"), (llama_mod, "silu_mul"), (llama_mod, "write_kv"),
        (llama_mod, "paged_attention")]
 
@@ -115,7 +118,9 @@ def profile(model: str, quant_scheme: str | None, seqs: int, steps: int, head: s
     fwd = t.acc["model forward"] / steps * 1e3
     out.write(f"  = C kernels {kern:.2f} ms (linears {linear_kernels / steps * 1e3:.2f}); framework inside ops "
               f"{ops - kern:.2f} ms; model forward outside ops {fwd - (ops - t.acc['op lm_head'] / steps * 1e3):.2f} ms;"
-              f" engine outside the forward and head {total - fwd - t.acc['op lm_head'] / steps * 1e3:.2f} ms\n")
+              f" engine outside the forward and head {total - fwd - t.acc['op lm_head'] / steps * 1e3:.2f} ms\n"
+              f"  = step {total:.2f} ms - C kernels {kern:.2f} ms = framework {total - kern:.2f} ms "
+              f"({(total - kern) / total:.0%}: Python, dispatch, allocations, engine)\n")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(steps):
@@ -134,7 +139,12 @@ def main() -> None:
     ap.add_argument("--quant", nargs="*", default=["fp32"])
     ap.add_argument("--head", default="float")
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--op-by-op", action="store_true", help="the op-by-op path, not the fused fp32 layers")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: as set); 1 on a loaded machine")
     args = ap.parse_args()
+    fused_layers.set_enabled(not args.op_by_op)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model = args.model or str(shipped_gguf())
     print(f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}")
     for q in args.quant:

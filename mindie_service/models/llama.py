@@ -11,6 +11,7 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import nn
 
+from mindie_service.models import fused_layers
 from npu_ops.linear import FastLinear
 from npu_ops.ops import AttentionMetadata, paged_attention, rms_norm, rotary, silu_mul, write_kv
 
@@ -165,6 +166,8 @@ class LlamaForCausalLM(nn.Module):
         """Returns the final hidden states [T, hidden] (logits are computed for chosen rows only)."""
         x = self.embed(input_ids, ctx)
         cos, sin = self.rope_cos[ctx.positions], self.rope_sin[ctx.positions]
+        if fused_layers.run(self, x, cos, sin, ctx, kv_caches):  # every layer in one C call (CPU, fp32)
+            return self.norm(x)
         for layer, kv in zip(self.layers, kv_caches):
             x = layer(x, cos, sin, ctx, kv)
         return self.norm(x)

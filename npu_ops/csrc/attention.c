@@ -7,15 +7,16 @@
  * Layouts (all contiguous): q, out [T, H, D]; k_cache, v_cache [num_blocks, BS, KVH, D];
  * block_tables [S, MB] int32; row_seq, row_pos [T] int32. The H query heads are KVH groups of
  * G = H / KVH heads sharing one KV head (GQA). A task is a tile of consecutive rows of one
- * sequence (a decode row alone) and a run of its KV heads: with many tiles each task walks whole
- * blocks front to back (contiguous reads) once for all its rows; with few, the KV heads are split
- * across tasks so that every thread has work.
+ * sequence (a decode row alone) and a run of its query heads: with many tiles each task walks whole
+ * blocks front to back (contiguous reads) once for all its rows; with few, the heads are split
+ * across tasks (by KV head, or down to one query head each) so that every thread has an even share.
  * Threads come from the OpenMP runtime the process already has loaded (PyTorch's libgomp). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "layers_f32.h"
 #include "vec_math.h"
 
 static inline float dot(const float *restrict a, const float *restrict b, int64_t n) {
@@ -84,26 +85,23 @@ static void accumulate_rows(const float *restrict p, const float *restrict v, in
 }
 
 /* Rows pos0 .. pos0 + nrows - 1 of one sequence (a tile; the last attends to pos0 + nrows keys),
- * KV heads [h0, h1). q, out: the tile's first row [H, D], rows H * D apart. Each K/V block is read
- * once per tile and used by all its rows while it sits in L1. scores: [nrows * nh, L] and acc:
- * [nrows * nh, D] with nh = (h1 - h0) * G, L = pos0 + nrows. */
+ * query heads [h0, h1) (query head h reads KV head h / G). q, out: the tile's first row [H, D], rows H * D
+ * apart. Each K/V block is read once per tile and used by all its rows while it sits in L1. scores:
+ * [nrows * nh, L] and acc: [nrows * nh, D] with nh = h1 - h0, L = pos0 + nrows. */
 static void attend(const float *restrict q, const float *restrict k_cache, const float *restrict v_cache,
                    const int32_t *restrict bt, int64_t pos0, int64_t nrows, float *restrict out, int64_t h0,
                    int64_t h1, int64_t H, int64_t G, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride,
                    float scale, float *restrict scores, float *restrict acc) {
-    const int64_t nh = (h1 - h0) * G, L = pos0 + nrows;
+    const int64_t nh = h1 - h0, L = pos0 + nrows;
     for (int64_t start = 0; start < L; start += BS) {
         const float *kb = k_cache + (int64_t)bt[start / BS] * blk_stride;
         if (start + BS < L) prefetch_block(k_cache + (int64_t)bt[start / BS + 1] * blk_stride, blk_stride);
         for (int64_t i = 0; i < nrows; ++i) {
             const int64_t len = pos0 + i + 1 - start, n = len < BS ? len : BS; /* causal: keys <= pos0 + i */
             if (n <= 0) continue;
-            for (int64_t kh = h0; kh < h1; ++kh)
-                for (int64_t g = 0; g < G; ++g) {
-                    const int64_t r = i * nh + (kh - h0) * G + g;
-                    score_rows(q + i * H * D + (kh * G + g) * D, kb + kh * D, tok_stride, n, D, scale,
-                               scores + r * L + start);
-                }
+            for (int64_t h = h0; h < h1; ++h)
+                score_rows(q + i * H * D + h * D, kb + (h / G) * D, tok_stride, n, D, scale,
+                           scores + (i * nh + h - h0) * L + start);
         }
     }
     for (int64_t i = 0; i < nrows; ++i)
@@ -115,33 +113,28 @@ static void attend(const float *restrict q, const float *restrict k_cache, const
         for (int64_t i = 0; i < nrows; ++i) {
             const int64_t len = pos0 + i + 1 - start, n = len < BS ? len : BS;
             if (n <= 0) continue;
-            for (int64_t kh = h0; kh < h1; ++kh)
-                for (int64_t g = 0; g < G; ++g) {
-                    const int64_t r = i * nh + (kh - h0) * G + g;
-                    accumulate_rows(scores + r * L + start, vb + kh * D, tok_stride, n, D, acc + r * D);
-                }
+            for (int64_t h = h0; h < h1; ++h)
+                accumulate_rows(scores + (i * nh + h - h0) * L + start, vb + (h / G) * D, tok_stride, n, D,
+                                acc + (i * nh + h - h0) * D);
         }
     }
     for (int64_t i = 0; i < nrows; ++i)
-        memcpy(out + i * H * D + h0 * G * D, acc + i * nh * D, sizeof(float) * (size_t)(nh * D));
+        memcpy(out + i * H * D + h0 * D, acc + i * nh * D, sizeof(float) * (size_t)(nh * D));
 }
 
 #define TILE_ROWS 8
 
-int paged_attention_rows_f32(const float *q, const float *k_cache, const float *v_cache,
-                             const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
-                             int64_t T, int64_t S, int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB,
-                             float scale, int nthreads) {
-    if (T <= 0) return 0;
+/* Checks the rows and cuts them into tiles: up to TILE_ROWS consecutive rows of one sequence at consecutive
+ * positions (a prefill); a decode row is a tile of its own. Returns 0, or the kernel's error code. */
+int attn_plan_f32(attn_plan *pl, const int32_t *row_seq, const int32_t *row_pos, int64_t T, int64_t S, int64_t H,
+                  int64_t KVH, int64_t D, int64_t BS, int64_t MB, int nthreads) {
+    pl->tiles = NULL;
     if (KVH <= 0 || H % KVH != 0 || nthreads < 1) return 1;
-    const int64_t G = H / KVH, tok_stride = KVH * D, blk_stride = BS * KVH * D;
     int64_t max_len = 1;
     for (int64_t t = 0; t < T; ++t) {
         if (row_seq[t] < 0 || row_seq[t] >= S || row_pos[t] < 0 || row_pos[t] >= MB * BS) return 2;
         if (row_pos[t] + 1 > max_len) max_len = row_pos[t] + 1;
     }
-    /* Tiles: up to TILE_ROWS consecutive rows of one sequence at consecutive positions (a prefill);
-     * a decode row is a tile of its own. */
     int64_t *tiles = malloc(sizeof(int64_t) * (size_t)(T + 1)), ntiles = 0, max_rows = 1;
     if (tiles == NULL) return 3;
     for (int64_t t = 0; t < T; ++t)
@@ -151,31 +144,59 @@ int paged_attention_rows_f32(const float *q, const float *k_cache, const float *
         else if (t - tiles[ntiles - 1] + 1 > max_rows)
             max_rows = t - tiles[ntiles - 1] + 1;
     tiles[ntiles] = T;
-    /* KV heads per task: all of them when there are plenty of tiles to share out */
-    const int64_t split = ntiles >= 4 * (int64_t)nthreads ? 1 : KVH, per = KVH / split;
+    /* Query heads per task: all of them when there are plenty of tiles to share out, else one KV head's group
+     * or, with few tiles (a lone decode row: 9 heads over 3 KV heads), one query head, so that every thread
+     * has an even share; a KV block re-read by a group's tasks comes from the cache. */
+    const int64_t G = H / KVH, split = ntiles >= 4 * (int64_t)nthreads ? 1 : ntiles * KVH >= 4 * nthreads ? KVH : H,
+                  per = H / split;
+    *pl = (attn_plan){tiles, ntiles, split, per, G, max_rows * per * max_len, max_rows * per * D};
+    return 0;
+}
+
+/* The plan's tasks shared over the calling team (orphaned `omp for`, ends on the team's barrier); scores and
+ * acc: this thread's scratch of pl->scores_len and pl->acc_len floats. */
+void attn_rows_f32_team(const attn_plan *pl, const float *q, const float *k_cache, const float *v_cache,
+                        const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
+                        int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB, float scale, float *scores,
+                        float *acc) {
+    const int64_t tok_stride = KVH * D, blk_stride = BS * KVH * D, split = pl->split, per = pl->per;
+    /* tiles come in sequence order with growing positions: walking them backwards hands out the
+     * longest first, which keeps the threads' shares even */
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = pl->ntiles * split - 1; task >= 0; --task) {
+        const int64_t tile = task / split, h0 = (task % split) * per, t = pl->tiles[tile];
+        attend(q + t * H * D, k_cache, v_cache, block_tables + (int64_t)row_seq[t] * MB, row_pos[t],
+               pl->tiles[tile + 1] - t, out + t * H * D, h0, h0 + per, H, pl->G, D, BS, tok_stride, blk_stride,
+               scale, scores, acc);
+    }
+}
+
+int paged_attention_rows_f32(const float *q, const float *k_cache, const float *v_cache,
+                             const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
+                             int64_t T, int64_t S, int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB,
+                             float scale, int nthreads) {
+    if (T <= 0) return 0;
+    attn_plan pl;
+    const int rc = attn_plan_f32(&pl, row_seq, row_pos, T, S, H, KVH, D, BS, MB, nthreads);
+    if (rc != 0) return rc;
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
         /* scratch for the largest tile: a decode-only step needs one row's worth */
-        float *scores = malloc(sizeof(float) * (size_t)(max_rows * per * G * max_len));
-        float *acc = malloc(sizeof(float) * (size_t)(max_rows * per * G * D));
-        if (scores == NULL || acc == NULL) {
+        float *scores = malloc(sizeof(float) * (size_t)pl.scores_len);
+        float *acc = malloc(sizeof(float) * (size_t)pl.acc_len);
+        int ok = scores != NULL && acc != NULL;
+        if (!ok) {
 #pragma omp atomic write
             failed = 3;
         }
-        /* tiles come in sequence order with growing positions: walking them backwards hands out the
-         * longest first, which keeps the threads' shares even */
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = ntiles * split - 1; task >= 0; --task) {
-            if (scores == NULL || acc == NULL) continue;
-            const int64_t tile = task / split, h0 = (task % split) * per, t = tiles[tile];
-            attend(q + t * H * D, k_cache, v_cache, block_tables + (int64_t)row_seq[t] * MB, row_pos[t],
-                   tiles[tile + 1] - t, out + t * H * D, h0, h0 + per, H, G, D, BS, tok_stride, blk_stride, scale,
-                   scores, acc);
-        }
+#pragma omp barrier
+        if (!failed)
+            attn_rows_f32_team(&pl, q, k_cache, v_cache, block_tables, row_seq, row_pos, out, H, KVH, D, BS, MB,
+                               scale, scores, acc);
         free(scores);
         free(acc);
     }
-    free(tiles);
+    free(pl.tiles);
     return failed;
 }

@@ -6,28 +6,29 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "layers_f32.h"
 #include "vec_math.h"
 
 #define PAR_MIN_ELEMS 65536
 
-/* out[r] = w * (x[r] * rsqrt(mean(x[r]^2) + eps)) (Hugging Face's LlamaRMSNorm) */
+/* o = w * (x * rsqrt(mean(x^2) + eps)) for one row (Hugging Face's LlamaRMSNorm) */
+void rms_norm_row_f32(const float *restrict xr, const float *restrict w, float *restrict o, int64_t dim, float eps) {
+    float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+    for (int64_t i = 0; i < dim; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.f / sqrtf(ss / (float)dim + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < dim; ++i) o[i] = w[i] * (xr[i] * inv);
+}
+
 void rms_norm_f32(const float *restrict x, const float *restrict w, float *restrict out, int64_t rows,
                   int64_t dim, float eps, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) if (rows * dim >= PAR_MIN_ELEMS) schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *xr = x + r * dim;
-        float *o = out + r * dim;
-        float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-        for (int64_t i = 0; i < dim; ++i) ss += xr[i] * xr[i];
-        const float inv = 1.f / sqrtf(ss / (float)dim + eps);
-#pragma omp simd
-        for (int64_t i = 0; i < dim; ++i) o[i] = w[i] * (xr[i] * inv);
-    }
+    for (int64_t r = 0; r < rows; ++r) rms_norm_row_f32(x + r * dim, w, out + r * dim, dim, eps);
 }
 
 /* silu(g) * u for one row; exp256 (vec_math.h) does eight lanes at a time where AVX2 is there. */
-static void silu_mul_row(const float *restrict g, const float *restrict u, float *restrict o, int64_t n) {
+void silu_mul_row_f32(const float *restrict g, const float *restrict u, float *restrict o, int64_t n) {
     int64_t i = 0;
 #ifdef __AVX2__
     const __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
@@ -43,10 +44,10 @@ static void silu_mul_row(const float *restrict g, const float *restrict u, float
 /* gu: [rows, 2 * inter] (gate then up); out[r] = silu(gate) * up, silu(g) = g / (1 + exp(-g)) */
 void silu_mul_f32(const float *restrict gu, float *restrict out, int64_t rows, int64_t inter, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) if (rows * inter >= PAR_MIN_ELEMS) schedule(static)
-    for (int64_t r = 0; r < rows; ++r) silu_mul_row(gu + r * 2 * inter, gu + r * 2 * inter + inter, out + r * inter, inter);
+    for (int64_t r = 0; r < rows; ++r) silu_mul_row_f32(gu + r * 2 * inter, gu + r * 2 * inter + inter, out + r * inter, inter);
 }
 
-static void rotary_head(const float *restrict x, const float *restrict c, const float *restrict s,
+void rotary_head_f32(const float *restrict x, const float *restrict c, const float *restrict s,
                         float *restrict o, int64_t half) {
     for (int64_t i = 0; i < half; ++i) o[i] = x[i] * c[i] + (-x[i + half]) * s[i];
     for (int64_t i = 0; i < half; ++i) o[i + half] = x[i + half] * c[i + half] + x[i] * s[i + half];
@@ -61,6 +62,66 @@ void rotary_f32(const float *restrict x, int64_t stride, const float *restrict c
 #pragma omp parallel for num_threads(nthreads) if (rows * heads * d >= PAR_MIN_ELEMS) schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
         const float *c = cos_ + r * d, *s = sin_ + r * d;
-        for (int64_t h = 0; h < heads; ++h) rotary_head(x + r * stride + h * d, c, s, out + (r * heads + h) * d, half);
+        for (int64_t h = 0; h < heads; ++h) rotary_head_f32(x + r * stride + h * d, c, s, out + (r * heads + h) * d, half);
     }
+}
+
+/* One greedy row: the first index of the largest logit, and that logit's log-probability
+ * x[a] - (max + log(sum exp(x - max))) (torch's logsumexp formula). Returns 0 if a logit is NaN or infinite. */
+static int greedy_row(const float *restrict x, int64_t n, int64_t *restrict idx, float *restrict lp) {
+    float m = x[0];
+    int64_t a = 0, i = 0;
+    int finite = 1;
+#ifdef __AVX2__
+    if (n >= 8) {
+        const __m256 inf = _mm256_set1_ps(INFINITY), absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 vm = _mm256_loadu_ps(x), ok = _mm256_cmp_ps(_mm256_and_ps(vm, absmask), inf, _CMP_LT_OQ);
+        __m256i vi = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), cur = vi;
+        const __m256i step = _mm256_set1_epi32(8);
+        for (i = 8; i + 8 <= n; i += 8) {
+            const __m256 v = _mm256_loadu_ps(x + i);
+            cur = _mm256_add_epi32(cur, step);
+            ok = _mm256_and_ps(ok, _mm256_cmp_ps(_mm256_and_ps(v, absmask), inf, _CMP_LT_OQ));
+            const __m256 gt = _mm256_cmp_ps(v, vm, _CMP_GT_OQ); /* strict: each lane keeps its first max */
+            vm = _mm256_blendv_ps(vm, v, gt);
+            vi = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(vi), _mm256_castsi256_ps(cur), gt));
+        }
+        finite = _mm256_movemask_ps(ok) == 0xff;
+        float lm[8];
+        int32_t li[8];
+        _mm256_storeu_ps(lm, vm);
+        _mm256_storeu_si256((__m256i *)li, vi);
+        m = lm[0];
+        a = li[0];
+        for (int l = 1; l < 8; ++l)
+            if (lm[l] > m || (lm[l] == m && li[l] < a)) m = lm[l], a = li[l];
+    }
+#endif
+    for (; i < n; ++i) {
+        finite &= isfinite(x[i]) != 0;
+        if (x[i] > m) m = x[i], a = i;
+    }
+    if (!finite) return 0;
+    float sum = 0.f;
+    i = 0;
+#ifdef __AVX2__
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, exp256(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv)));
+    sum = hsum256(acc);
+#endif
+    for (; i < n; ++i) sum += expf(x[i] - m);
+    *idx = a;
+    *lp = x[a] - (m + logf(sum));
+    return 1;
+}
+
+/* The all-greedy sampler's rows (engine/sampler.py): idx [M] int64, lp [M]. Returns 1 if any row had a logit
+ * that is NaN or infinite (the caller then takes its general path, which names those rows), else 0. */
+int greedy_rows_f32(const float *restrict logits, int64_t rows, int64_t n, int64_t *restrict idx,
+                    float *restrict lp, int nthreads) {
+    int bad = 0;
+#pragma omp parallel for num_threads(nthreads) if (rows * n >= PAR_MIN_ELEMS && rows > 1) schedule(static) reduction(| : bad)
+    for (int64_t r = 0; r < rows; ++r) bad |= !greedy_row(logits + r * n, n, idx + r, lp + r);
+    return bad;
 }

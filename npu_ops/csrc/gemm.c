@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "gemm_tile.h"
+#include "layers_f32.h"
 
 #define NR F32_TILE_NR
 #define MR F32_TILE_MR
@@ -88,30 +89,77 @@ void pack_weight_f32(const float *w, int64_t N, int64_t K, float *wp) {
             }
 }
 
-void linear_f32(const float *x, int64_t M, int64_t K, const float *wp, int64_t N, const float *bias, float *y,
-                int nthreads) {
+/* The tiles of panel p for rows [m0, m1) of y[M, N] = x . W^T (+ bias); add: y += that instead (the residual
+ * stream, y[m, n] = y[m, n] + (c + bias): the rounding of PyTorch's `x + linear(h)`). */
+static void panel_rows(const float *x, int64_t m0, int64_t m1, int64_t K, const float *wp, int64_t np, int64_t p,
+                       int64_t N, const float *bias, float *y, int add) {
+    const float *w = wp + p * K * NR;
+    const float *next = p + 1 < np ? wp + (p + 1) * K * NR : w;
+    const int64_t n0 = p * NR, ncols = N - n0 < NR ? N - n0 : NR;
+    float c[MR * NR];
+    for (int64_t m = m0; m < m1; m += MR) {
+        const int mr = m1 - m < MR ? (int)(m1 - m) : MR;
+        /* the first tile walks the panel once from memory: let it pull the next panel in too */
+        f32_tile(mr, x + m * K, K, w, K, c, m == m0 ? next : w, m == m0 ? NR : 0);
+        for (int r = 0; r < mr; ++r) {
+            float *yr = y + (m + r) * N + n0;
+            float *cr = c + r * NR;
+            if (bias != NULL)
+                for (int64_t j = 0; j < ncols; ++j) cr[j] = cr[j] + bias[n0 + j];
+            if (add)
+                for (int64_t j = 0; j < ncols; ++j) yr[j] = yr[j] + cr[j];
+            else
+                memcpy(yr, cr, sizeof(float) * (size_t)ncols);
+        }
+    }
+}
+
+/* linear_f32's work shared over the calling team by orphaned `omp for` (serial outside a parallel region);
+ * every thread of the team must call it. Ends on the team's barrier. */
+void linear_f32_team(const float *x, int64_t M, int64_t K, const float *wp, int64_t N, const float *bias, float *y,
+                     int add) {
     const int64_t np = (N + NR - 1) / NR;
     for (int64_t m0 = 0; m0 < M; m0 += MC) {
         const int64_t m1 = m0 + MC < M ? m0 + MC : M;
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-        for (int64_t p = 0; p < np; ++p) {
-            const float *w = wp + p * K * NR;
-            const float *next = p + 1 < np ? wp + (p + 1) * K * NR : w;
-            const int64_t n0 = p * NR, ncols = N - n0 < NR ? N - n0 : NR;
-            float c[MR * NR];
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < np; ++p) panel_rows(x, m0, m1, K, wp, np, p, N, bias, y, add);
+    }
+}
+
+/* The packed gate/up projection ([gate | up], each `inter` wide, inter % NR == 0) with silu(gate) * up in the
+ * epilogue: panel p of gate and panel p of up go to the same thread, h[M, inter] is written directly. Each
+ * element rounds as linear_f32 then silu_mul_f32 do (silu_mul_row_f32 takes the same vector/scalar split). */
+void gate_up_silu_f32_team(const float *x, int64_t M, int64_t K, const float *wp, int64_t inter, const float *bias,
+                           float *h) {
+    const int64_t half = inter / NR;
+    for (int64_t m0 = 0; m0 < M; m0 += MC) {
+        const int64_t m1 = m0 + MC < M ? m0 + MC : M;
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < half; ++p) {
+            const float *wg = wp + p * K * NR, *wu = wp + (half + p) * K * NR;
+            const float *ng = p + 1 < half ? wg + K * NR : wg, *nu = p + 1 < half ? wu + K * NR : wu;
+            const int64_t n0 = p * NR;
+            float cg[MR * NR], cu[MR * NR];
             for (int64_t m = m0; m < m1; m += MR) {
                 const int mr = m1 - m < MR ? (int)(m1 - m) : MR;
-                /* the first tile walks the panel once from memory: let it pull the next panel in too */
-                f32_tile(mr, x + m * K, K, w, K, c, m == m0 ? next : w, m == m0 ? NR : 0);
+                f32_tile(mr, x + m * K, K, wg, K, cg, m == m0 ? ng : wg, m == m0 ? NR : 0);
+                f32_tile(mr, x + m * K, K, wu, K, cu, m == m0 ? nu : wu, m == m0 ? NR : 0);
                 for (int r = 0; r < mr; ++r) {
-                    float *yr = y + (m + r) * N + n0;
-                    const float *cr = c + r * NR;
+                    float *g = cg + r * NR, *u = cu + r * NR;
                     if (bias != NULL)
-                        for (int64_t j = 0; j < ncols; ++j) yr[j] = cr[j] + bias[n0 + j];
-                    else
-                        memcpy(yr, cr, sizeof(float) * (size_t)ncols);
+                        for (int j = 0; j < NR; ++j) {
+                            g[j] = g[j] + bias[n0 + j];
+                            u[j] = u[j] + bias[inter + n0 + j];
+                        }
+                    silu_mul_row_f32(g, u, h + (m + r) * inter + n0, NR);
                 }
             }
         }
     }
+}
+
+void linear_f32(const float *x, int64_t M, int64_t K, const float *wp, int64_t N, const float *bias, float *y,
+                int nthreads) {
+#pragma omp parallel num_threads(nthreads)
+    linear_f32_team(x, M, K, wp, N, bias, y, 0);
 }

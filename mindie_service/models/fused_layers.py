@@ -1,0 +1,125 @@
+"""Every decoder layer of a step in one C call (npu_ops/csrc/layers_f32.c) on the CPU in fp32.
+
+A thin model pays per op, per layer: Python dispatch, a tensor allocation, a ctypes call and a thread team
+forked and joined. SmolLM2-135M (30 layers of hidden 576) spent about a third of a one-sequence decode step
+there (issue 27). The C side runs the same compiled kernels as the op-by-op path, in one OpenMP team, with the
+residual adds in the o/down projections' epilogues and silu(gate) * up in gate/up's, so its output is
+bit-identical to that path's. Used only where nothing needs the op-by-op path: every projection packed for
+the C GEMM (fp32, not int8), no LoRA, no tensor parallelism, an fp32 KV cache, the row metadata present.
+``set_enabled(False)`` keeps every step on the op-by-op path (A/B measurements, tests)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from npu_ops import cpu_kernels, quant_kv
+from npu_ops.linear import FastLinear
+
+logger = logging.getLogger(__name__)
+
+_enabled = True
+
+
+def set_enabled(on: bool) -> None:
+    """Switch the fused path on or off for every model in this process."""
+    global _enabled
+    _enabled = on
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+@dataclass
+class FusedLayers:
+    """The pointer table of one model's layers over one KV pool, and the step's scratch."""
+
+    key: tuple[int, ...] = ()
+    usable: bool = False
+    table: torch.Tensor | None = None  # int64 [layers, 12]: layers_f32.c's layer_f32 structs
+    keep: list[torch.Tensor] = field(default_factory=list)  # what the table points into
+    work: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+
+    def refresh(self, model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        """(Re)build the table when the model's packing or the KV pool changed; whether the fused path applies."""
+        first, last = model.layers[0].self_attn.qkv_proj, model.layers[-1].mlp.down_proj
+        key = (id(kv_caches), kv_caches[0][0].data_ptr(), id(first.packed), id(last.packed), len(model.layers))
+        if key != self.key:
+            self.key = key
+            self.usable, self.table, self.keep = _build_table(model, kv_caches)
+        return self.usable
+
+    def scratch(self, floats: int) -> torch.Tensor:
+        if self.work.numel() < floats:
+            self.work = torch.empty(floats, dtype=torch.float32)
+        return self.work
+
+
+def _packed(m: Any) -> bool:
+    return isinstance(m, FastLinear) and m.packed is not None and m.packed_kind == "csrc"
+
+
+def _build_table(model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+                 ) -> tuple[bool, torch.Tensor | None, list[torch.Tensor]]:
+    if cpu_kernels.load() is None:
+        return False, None, []
+    d = model.dims
+    rows: list[list[int]] = []
+    keep: list[torch.Tensor] = []
+
+    def ptr(t: torch.Tensor | None) -> int:
+        if t is None:
+            return 0
+        t = t.detach().contiguous()
+        keep.append(t)
+        return t.data_ptr()
+
+    for layer, (kc, vc) in zip(model.layers, kv_caches):
+        at, mlp = layer.self_attn, layer.mlp
+        linears = (at.qkv_proj, at.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if (not all(_packed(m) for m in linears) or at.reduce is not None or mlp.reduce is not None
+                or quant_kv.is_quantized(kc) or kc.dtype != torch.float32 or not kc.is_contiguous()
+                or not vc.is_contiguous() or kc.shape[2:] != (d.kv_heads, d.head_dim) or d.head_dim % 2):
+            return False, None, []
+        norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+        if any(w.dtype != torch.float32 or w.device.type != "cpu" for w in norms):
+            return False, None, []
+        rows.append([ptr(norms[0]), ptr(at.qkv_proj.packed), ptr(at.qkv_proj.bias), ptr(at.o_proj.packed),
+                     ptr(at.o_proj.bias), ptr(norms[1]), ptr(mlp.gate_up_proj.packed), ptr(mlp.gate_up_proj.bias),
+                     ptr(mlp.down_proj.packed), ptr(mlp.down_proj.bias), kc.data_ptr(), vc.data_ptr()])
+    logger.info("decoder layers fused into one CPU kernel call per step (%d layers)", len(rows))
+    return True, torch.tensor(rows, dtype=torch.int64), keep
+
+
+def run(model: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: Any,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """Run every layer over x [T, hidden] in place when the fused path applies; False (x untouched) where the
+    op-by-op path must run."""
+    meta = ctx.attn
+    if (not _enabled or ctx.lora is not None or meta.row_seq is None or meta.block_tables is None
+            or x.device.type != "cpu" or x.dtype != torch.float32 or not x.is_contiguous() or not x.shape[0]):
+        return False
+    fused: FusedLayers | None = getattr(model, "_fused_layers", None)
+    if fused is None:
+        fused = model._fused_layers = FusedLayers()
+    if not fused.refresh(model, kv_caches):
+        return False
+    d, lib, kc = model.dims, cpu_kernels.load(), kv_caches[0][0]
+    t = x.shape[0]
+    cos, sin = cos.contiguous(), sin.contiguous()
+    slots = meta.slots.to(torch.int64).contiguous()
+    bt = meta.block_tables.to(torch.int32).contiguous()
+    seq, pos = meta.row_seq.to(torch.int32).contiguous(), meta.row_pos.to(torch.int32).contiguous()
+    work = fused.scratch(lib.llama_layers_f32_work(t, d.hidden, d.heads, d.kv_heads, d.head_dim, d.intermediate))
+    assert fused.table is not None
+    rc = lib.llama_layers_f32(fused.table.data_ptr(), len(model.layers), x.data_ptr(), t, d.hidden, d.heads,
+                              d.kv_heads, d.head_dim, d.intermediate, float(d.eps), cos.data_ptr(), sin.data_ptr(),
+                              slots.data_ptr(), bt.data_ptr(), bt.shape[0], bt.shape[1], seq.data_ptr(),
+                              pos.data_ptr(), kc.shape[1], float(d.head_dim ** -0.5), work.data_ptr(),
+                              torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"llama_layers_f32 failed with code {rc} (bad shapes, rows or positions)")
+    return True

@@ -1,0 +1,30 @@
+/* What the fused fp32 decoder layers (layers_f32.c) share with the single-op kernels: the row functions of
+ * elementwise.c, the team (orphaned `omp for`) halves of gemm.c and attention.c. One compiled copy of each,
+ * so the fused path rounds exactly as the op-by-op path does. */
+#ifndef MINDIE_LAYERS_F32_H
+#define MINDIE_LAYERS_F32_H
+#include <stdint.h>
+
+void rms_norm_row_f32(const float *restrict xr, const float *restrict w, float *restrict o, int64_t dim, float eps);
+void silu_mul_row_f32(const float *restrict g, const float *restrict u, float *restrict o, int64_t n);
+void rotary_head_f32(const float *restrict x, const float *restrict c, const float *restrict s, float *restrict o,
+                     int64_t half);
+
+void linear_f32_team(const float *x, int64_t M, int64_t K, const float *wp, int64_t N, const float *bias, float *y,
+                     int add);
+void gate_up_silu_f32_team(const float *x, int64_t M, int64_t K, const float *wp, int64_t inter, const float *bias,
+                           float *h);
+
+typedef struct {
+    int64_t *tiles; /* [ntiles + 1] first row of each tile, then T */
+    int64_t ntiles, split, per, G;
+    int64_t scores_len, acc_len; /* floats of per-thread scratch */
+} attn_plan;
+
+int attn_plan_f32(attn_plan *pl, const int32_t *row_seq, const int32_t *row_pos, int64_t T, int64_t S, int64_t H,
+                  int64_t KVH, int64_t D, int64_t BS, int64_t MB, int nthreads);
+void attn_rows_f32_team(const attn_plan *pl, const float *q, const float *k_cache, const float *v_cache,
+                        const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
+                        int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB, float scale, float *scores,
+                        float *acc);
+#endif
