@@ -184,7 +184,8 @@ def _backend(be: dict[str, Any], base: Path) -> BackendSettings:
 _STRUCTURED_KEYS = {"maxLexerStates": "max_lexer_states", "initialLexerFuel": "initial_lexer_fuel",
                     "stepLexerFuel": "step_lexer_fuel", "stepMaxItems": "step_max_items",
                     "maxItemsInRow": "max_items_in_row", "maxGrammarSize": "max_grammar_size", "cacheSize": "cache_size",
-                    "threads": "threads", "forcedRuns": "forced_runs", "toolCallParser": "tool_call_parser"}
+                    "threads": "threads", "forcedRuns": "forced_runs", "overlapFill": "overlap_fill",
+                    "toolCallParser": "tool_call_parser"}
 
 
 def structured_limits(so: dict[str, Any]) -> StructuredLimits:

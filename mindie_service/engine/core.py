@@ -105,7 +105,8 @@ class LLMEngine:
             self.sessions.on_evict = self.spill.on_evict
             self.spill.restore_all()
         self.grammar = GrammarStep(build_compiler(self.tokenizer, self.eos_token_ids, cfg.structured, self.vocab_size),
-                                   self.vocab_size, self.eos_token_ids, cfg.structured.forced_runs)
+                                   self.vocab_size, self.eos_token_ids, cfg.structured.forced_runs,
+                                   cfg.structured.overlap_fill)
 
     @property
     def pool_tokens(self) -> int:
@@ -291,7 +292,12 @@ class LLMEngine:
         return events
 
     def _run(self, out: SchedulerOutput) -> _Outcome:
-        result = self.runner.execute(out)
+        # structured output: this step's missing masks fill on the fill thread during the forward (overlapFill)
+        self.grammar.start_fill([self.scheduler.seqs[c.request_id] for c in out.sampled])
+        try:
+            result = self.runner.execute(out)
+        finally:
+            self.grammar.join_fill()
         chunks = out.sampled
         rows, drafts = verify_rows(chunks, [self.scheduler.seqs[c.request_id] for c in chunks])
         if not rows:

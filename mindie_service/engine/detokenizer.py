@@ -20,7 +20,15 @@ class TokenDecoder:
         self.tokenizer = tokenizer
         self.special_ids = frozenset(int(i) for i in getattr(tokenizer, "all_special_ids", []))
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], keep: frozenset[int] = frozenset()) -> str:
+        """The text of ``ids``, special tokens skipped except those in ``keep`` (written as their text)."""
+        if keep and not keep.isdisjoint(ids):
+            cuts = [i for i, t in enumerate(ids) if t in keep]
+            parts, start = [], 0
+            for c in cuts:
+                parts += [self.decode(ids[start:c]), self.tokenizer.convert_ids_to_tokens(ids[c])]
+                start = c + 1
+            return "".join(parts) + self.decode(ids[start:])
         if self.backend is not None:
             return self.backend.decode(ids, skip_special_tokens=True)
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -41,12 +49,14 @@ class DetokState:
     holdback: int = 0
     stopped: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
+    keep: frozenset[int] = frozenset()  # special tokens whose text this output keeps (a tool call's marker)
 
     @classmethod
-    def start(cls, prompt_ids: list[int], stops: list[str]) -> "DetokState":
+    def start(cls, prompt_ids: list[int], stops: list[str], keep: tuple[int, ...] = ()) -> "DetokState":
         tail = list(prompt_ids[-PROMPT_CONTEXT:])
         hold = max((len(s) for s in stops), default=1) - 1
-        return cls(ids=tail, prefix_offset=0, read_offset=len(tail), stops=tuple(stops), holdback=hold)
+        return cls(ids=tail, prefix_offset=0, read_offset=len(tail), stops=tuple(stops), holdback=hold,
+                   keep=frozenset(keep))
 
 
 def step(dec: TokenDecoder, st: DetokState, token_id: int) -> str:
@@ -54,8 +64,8 @@ def step(dec: TokenDecoder, st: DetokState, token_id: int) -> str:
 
     Sets ``st.stopped`` when a stop string completed (the text is then cut before it)."""
     st.ids.append(token_id)
-    prefix = dec.decode(st.ids[st.prefix_offset:st.read_offset])
-    full = dec.decode(st.ids[st.prefix_offset:])
+    prefix = dec.decode(st.ids[st.prefix_offset:st.read_offset], st.keep)
+    full = dec.decode(st.ids[st.prefix_offset:], st.keep)
     if len(full) > len(prefix) and not full.endswith("\ufffd"):
         new = full[len(prefix):]
         st.prefix_offset, st.read_offset = st.read_offset, len(st.ids)
@@ -80,8 +90,8 @@ def flush(dec: TokenDecoder, st: DetokState) -> str:
     too, except a trailing character that never completed (generation stopped mid-character):
     half a character is never emitted."""
     if not st.stopped and st.read_offset < len(st.ids):
-        prefix = dec.decode(st.ids[st.prefix_offset:st.read_offset])
-        st.text += dec.decode(st.ids[st.prefix_offset:])[len(prefix):].rstrip("\ufffd")
+        prefix = dec.decode(st.ids[st.prefix_offset:st.read_offset], st.keep)
+        st.text += dec.decode(st.ids[st.prefix_offset:], st.keep)[len(prefix):].rstrip("\ufffd")
         st.read_offset = len(st.ids)
     out = st.text[st.emitted:]
     st.emitted = len(st.text)

@@ -2,6 +2,9 @@
 allowed-token bitmask of the matcher's current state); this module is the engine's whole use of it.
 
     attach(seq)          at add_request: a matcher from the compile cache (refused with the grammar's reason)
+    start_fill(seqs)     before the forward (``overlapFill`` on): the masks this step's sampling rows lack, filled
+                         on the fill thread while the model runs (their matchers' states are known already);
+                         ``join_fill`` after the forward waits for it
     mask_logits(...)     before the sampler: the sampling rows' masks, filled for the batch at once (native,
                          the GIL released; a mask computed at the end of the previous step is reused), applied
                          to the raw logits, so penalties, temperature, top-k and top-p see only allowed tokens
@@ -21,6 +24,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -51,7 +55,9 @@ class GrammarState:
 
 @dataclass
 class GrammarStats:
-    fill_s: float = 0.0  # seconds filling masks (the batched native fill)
+    fill_s: float = 0.0  # seconds filling masks (the batched native fill; on the fill thread when overlapped)
+    fill_wait_s: float = 0.0  # seconds the step waited after its forward for an overlapped fill (join_fill)
+    overlapped_rows: int = 0  # masks filled on the fill thread during a forward
     apply_s: float = 0.0  # seconds in mask_logits (fill + apply)
     masked_rows: int = 0
     draft_masks: int = 0  # masks filled for verify rows past the first (speculative decoding)
@@ -86,14 +92,18 @@ def single_tokens(masks: torch.Tensor) -> list[int | None]:
 
 
 class GrammarStep:
-    def __init__(self, compiler: Any, vocab_size: int, eos_token_ids: frozenset[int], forced_runs: bool) -> None:
+    def __init__(self, compiler: Any, vocab_size: int, eos_token_ids: frozenset[int], forced_runs: bool,
+                 overlap_fill: bool = False) -> None:
         self.compiler = compiler  # structured.compiler.GrammarCompiler, or None (no fast tokenizer)
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.forced_runs = forced_runs
+        self.overlap_fill = overlap_fill and compiler is not None
         self.words = (compiler.vocab_size + 31) // 32 if compiler is not None else 0
         self.stats = GrammarStats()
         self._new: list[Sequence] = []
+        self._fill_thread: ThreadPoolExecutor | None = None  # one thread: at most one fill in flight
+        self._pending: Future | None = None
 
     # ------------------------------------------------------------ requests
     def attach(self, seq: Sequence) -> None:
@@ -119,6 +129,32 @@ class GrammarStep:
         for i, s in enumerate(need):
             s.mask = buf[i]
         self.stats.fill_s += time.perf_counter() - t0
+
+    def start_fill(self, seqs: list[Sequence]) -> None:
+        """Start filling, on the fill thread, the masks that ``seqs`` (the step's sampling rows) lack, so that the
+        native fill (GIL released) runs beside the forward. The same matchers, states and fill as ``mask_logits``
+        would use, only earlier: the masks are the same. Nothing touches these matchers until ``join_fill``."""
+        self.join_fill()
+        if not self.overlap_fill:
+            return
+        states = [s.grammar for s in seqs if getattr(s, "grammar", None) is not None and s.grammar.mask is None]
+        if not states:
+            return
+        if self._fill_thread is None:
+            self._fill_thread = ThreadPoolExecutor(1, thread_name_prefix="mask-fill")
+        self.stats.overlapped_rows += len(states)
+        self._pending = self._fill_thread.submit(self._fill, states)
+
+    def join_fill(self) -> None:
+        """Wait for the fill ``start_fill`` began (its error, if any, raises here: the step fails as a whole and
+        the engine retries each request alone)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            t0 = time.perf_counter()
+            try:
+                pending.result()
+            finally:
+                self.stats.fill_wait_s += time.perf_counter() - t0
 
     def mask_logits(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """``logits`` with the disallowed tokens of the constrained rows at -inf (itself when none is constrained)."""

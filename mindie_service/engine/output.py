@@ -31,7 +31,9 @@ class OutputProcessor:
         self.tracked: dict[str, _Tracked] = {}
 
     def add(self, seq: Sequence) -> None:
-        self.tracked[seq.request_id] = _Tracked(DetokState.start(seq.prompt_token_ids, seq.params.stop))
+        spec = seq.params.structured_outputs  # a tool grammar's special marker keeps its text
+        keep = getattr(spec, "keep_special", ()) if spec is not None else ()
+        self.tracked[seq.request_id] = _Tracked(DetokState.start(seq.prompt_token_ids, seq.params.stop, keep))
 
     def drop(self, request_id: str) -> None:
         self.tracked.pop(request_id, None)

@@ -174,7 +174,10 @@ class Sampler:
             return fast
         # A row with a NaN, a +inf, or nothing above -inf has no distribution to sample. One check of the
         # whole step first: the per-row checks run only when something is not finite (rare).
-        bad = None if bool(logits.isfinite().all()) else _bad_rows(logits)
+        # (A row's max is NaN, +inf or -inf exactly when the row is bad: one pass, and a grammar's -inf entries,
+        # present in every constrained step, no longer send the step to the per-row checks.)
+        row_ok = logits.amax(-1).isfinite()
+        bad = None if bool(row_ok.all()) else ~row_ok
         raw_logprobs = logits.log_softmax(-1)
         x = logits.double()  # float64: a penalty or temperature near float32's limits cannot overflow
         if self._penalise(x, seqs) and not bool(x.isfinite().all()):

@@ -44,7 +44,7 @@ class ToolsRequest:
             text = self.fmt.grammar(tools, required=True, parallel=False)
         else:
             text = self.fmt.grammar(self.tools, required=self.choice == "required", parallel=self.parallel)
-        return StructuredSpec("grammar", text, "tools")
+        return StructuredSpec("grammar", text, "tools", keep_special=self.fmt.keep_special)
 
 
 def _tool(t: Any, where: str) -> dict[str, Any]:

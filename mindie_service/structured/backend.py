@@ -36,6 +36,7 @@ class StructuredLimits:
     cache_size: int = 256  # compiled grammars kept (LRU)
     threads: int = 0  # mask-fill threads; 0: the library's default
     forced_runs: bool = True  # append grammar-forced tokens without sampling (one chunk next step)
+    overlap_fill: bool = False  # fill the step's missing masks on a thread during the forward (conf/README.md)
     tool_call_parser: str = ""  # the tool-call format (structured.tool_formats); "": found from the chat template
 
 

@@ -21,12 +21,15 @@ class StructuredSpec:
     """``kind`` json (``source``: a JSON Schema as compact JSON text), regex (a regular expression), choice
     (``source``: a JSON list of the allowed strings) or grammar (a Lark grammar in llguidance's dialect).
     ``where``: the request field it came from, named by a refusal (``response_format.json_schema.schema``).
-    ``whitespace_flexible``: JSON may hold free whitespace between tokens (off: compact JSON, the default)."""
+    ``whitespace_flexible``: JSON may hold free whitespace between tokens (off: compact JSON, the default).
+    ``keep_special``: special tokens the grammar names whose text the output keeps (a tool call's marker token,
+    which the detokenizer would otherwise drop, so that the call parser sees it)."""
 
     kind: Kind
     source: str
     where: str = "structured_outputs"
     whitespace_flexible: bool = False
+    keep_special: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         check(self.kind in KINDS, self.where, f"one of {', '.join(KINDS)}", self.kind)

@@ -9,11 +9,18 @@ call (``tool_choice`` required or a named function: always; ``auto``: lazily, on
 A format is chosen from the model's chat template (``detect``), or named by the config key
 ``ModelDeployConfig.structuredOutput.toolCallParser``. A call's arguments hold the function's declared
 parameters only (objects listing properties admit no others unless they say so). Plain data and text: no
-grammar library here."""
+grammar library here.
+
+Where the model's tokenizer holds the call marker as one special token (Mistral's ``[TOOL_CALLS]``, Llama
+3.x's ``<|python_tag|>``), ``for_tokenizer`` binds its id: the grammars then name that token (llguidance's
+``<[id]>``), so the model's own marker token is the one allowed (forced where the call is required), not the
+marker spelled out in ordinary tokens; the detokenizer keeps the marker's text in that request's output
+(``StructuredSpec.keep_special``) so the parser sees where the calls begin. Without such a token the
+grammars spell the marker as text."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from mindie_service.errors import ValidationError
@@ -32,6 +39,7 @@ class ToolFormat:
     close: str = ""  # after each call (hermes) or after the group (mistral); "" : the text ends there
     per_call_wrap: bool = False  # marker and close around every call (hermes), else around the group
     bare_json: bool = False  # a reply that starts with "{" is a call even without the marker (llama3_json)
+    open_id: int | None = None  # the marker's special token id in the model's tokenizer (None: spelled as text)
 
     # -- rendering ---------------------------------------------------------------------------------
     def call_text(self, calls: Sequence[tuple[str, str]]) -> str:
@@ -63,15 +71,28 @@ class ToolFormat:
         schema["x-guidance"] = {"whitespace_flexible": False}
         return "body: %json " + json.dumps(schema, ensure_ascii=False)
 
+    @property
+    def keep_special(self) -> tuple[int, ...]:
+        """Special tokens whose text a call request's output keeps (the bound marker)."""
+        return () if self.open_id is None else (self.open_id,)
+
+    def _lead(self, text: str) -> str:
+        """The marker then ``text`` as grammar items: the marker's special token by id, else one literal."""
+        if self.open_id is None:
+            return json.dumps(self.open + text)
+        return f"<[{self.open_id}]>" + (f" {json.dumps(text)}" if text else "")
+
     def _calls(self, parallel: bool) -> list[str]:
         """Rules ``calls`` (one group of calls, marker included) and ``call``."""
         more = "{0,%d}" % (MAX_PARALLEL_CALLS - 1) if parallel else ""
         if self.per_call_wrap:
             return [f"calls: call{'{1,%d}' % MAX_PARALLEL_CALLS if parallel else ''}",
-                    f"call: {json.dumps(self.open + chr(10))} body {json.dumps(chr(10) + self.close)}"]
+                    f"call: {self._lead(chr(10))} body {json.dumps(chr(10) + self.close)}"]
         tail = f" {json.dumps(self.close)}" if self.close else ""
-        # A bare-JSON family (llama3_json) needs no marker: its marker is a special token in the real tokenizer.
-        lead = json.dumps((self.open if not self.bare_json else "") + self.list_open)
+        if not self.bare_json:
+            lead = self._lead(self.list_open)
+        else:  # llama3_json needs no marker; its special token, where the tokenizer has one, may lead
+            lead = json.dumps(self.list_open) if self.open_id is None else f"<[{self.open_id}]>?"
         return [f"calls: {lead} body ({json.dumps(self.sep)} body){more}{tail}" if self.sep else
                 f"calls: {lead} body{tail}"]
 
@@ -92,7 +113,9 @@ class ToolFormat:
             more = f" ({json.dumps(self.sep)} body){{0,{MAX_PARALLEL_CALLS - 1}}}" if self.sep and parallel else ""
             rest = f"rest: {json.dumps(self.list_open)} body{more}" + (f" {json.dumps(self.close)}" if self.close else "")
             start = "start: TEXT | hd rest"
-        return nl.join([start, "TEXT: /(.|\\n)*/", f"hd[lazy]: TEXT {json.dumps(self.open)}", rest, body])
+        # a special marker cannot occur inside TEXT: the text then the token, no lazy lexeme needed
+        hd = f"hd: TEXT? {self._lead('')}" if self.open_id is not None else f"hd[lazy]: TEXT {self._lead('')}"
+        return nl.join([start, "TEXT: /(.|\\n)*/", hd, rest, body])
 
 
 FORMATS: dict[str, ToolFormat] = {f.name: f for f in (
@@ -121,6 +144,23 @@ def detect(chat_template: str | None, explicit: str | None = None) -> ToolFormat
     if "<|python_tag|>" in t or "ipython" in t:
         return FORMATS["llama3_json"]
     return FORMATS["hermes"]
+
+
+def special_marker_id(tokenizer: Any, text: str) -> int | None:
+    """The id of ``text`` when ``tokenizer`` (a Hugging Face tokenizer) holds it as one special token, else None."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    for i, tok in decoder.items():
+        if str(getattr(tok, "content", tok)) == text and getattr(tok, "special", False):
+            return int(i)
+    ids = getattr(tokenizer, "all_special_ids", None) or []
+    toks = getattr(tokenizer, "all_special_tokens", None) or []
+    return next((int(i) for i, t in zip(ids, toks) if t == text), None)
+
+
+def for_tokenizer(fmt: ToolFormat, tokenizer: Any) -> ToolFormat:
+    """``fmt`` with its marker bound to the tokenizer's special token, where it has one."""
+    i = special_marker_id(tokenizer, fmt.open) if tokenizer is not None else None
+    return fmt if i == fmt.open_id else replace(fmt, open_id=i)
 
 
 def renders_tools(chat_template: str | None) -> bool:
