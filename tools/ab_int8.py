@@ -48,7 +48,10 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=16, help="llama.cpp slots for the batched workload")
     ap.add_argument("--llama-python", default="/work/peers/venv/bin/python")
     ap.add_argument("--gguf-dir", default="/work/peers/gguf")
+    ap.add_argument("--threads", type=int, default=0, help="0: torch's default (2 here); 1 is steadier when loaded")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model = str(shipped_gguf())
     probe = make_llm(model, None, 2)
     ids, outs = workload(probe.tokenizer, args.prompts, 0)

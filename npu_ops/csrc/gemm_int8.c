@@ -3,7 +3,9 @@
  *
  * W8A16: y[M, N] = (x[M, K] . Wq[N, K]^T) * w_scale[N] (+ bias), x fp32. Wq is packed like gemm.c's fp32
  *   panels (16 output columns, k-major: Wp[N/16][K][16]) but in int8: a quarter of the bytes to stream,
- *   widened to fp32 in registers and shared by every row of a tile.
+ *   widened to fp32 in registers and shared by every row of a tile: with AVX-512 tiles of up to 12 rows x 16
+ *   columns (one zmm) at any M; with AVX2 tiles of 6 x 16 for a few rows, and for more rows each panel widened
+ *   to fp32 once and run through gemm.c's tile.
  * Threads: the OpenMP runtime PyTorch loaded. */
 #include <math.h>
 #include <stdint.h>
@@ -33,7 +35,37 @@ void pack_w8a16(const int8_t *w, int64_t N, int64_t K, int8_t *wp) {
             }
 }
 
-#ifdef __AVX2__
+#if defined(__AVX512F__)
+/* AVX-512: one zmm holds a whole panel row (16 columns); up to 12 rows share each widened weight vector, and
+ * even and odd k accumulate apart (two chains: a row or two still keep both FMA pipes busy). No widened copy
+ * of the panel is needed at any M. */
+#define TMR 12
+static inline __attribute__((always_inline)) void qtile_r(const int R, const float *restrict a, int64_t lda,
+                                                          const int8_t *restrict b, int64_t K, float *restrict c) {
+    __m512 c0[TMR], c1[TMR];
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 2 <= K; k += 2) {
+        const __m512 b0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + k * QNR))));
+        const __m512 b1 =
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + (k + 1) * QNR))));
+#pragma GCC unroll 12
+        for (int r = 0; r < R; ++r) {
+            c0[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + k]), b0, c0[r]);
+            c1[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + k + 1]), b1, c1[r]);
+        }
+    }
+    if (k < K) {
+        const __m512 b0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + k * QNR))));
+#pragma GCC unroll 12
+        for (int r = 0; r < R; ++r) c0[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[r * lda + k]), b0, c0[r]);
+    }
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(c + r * QNR, _mm512_add_ps(c0[r], c1[r]));
+}
+#elif defined(__AVX2__)
+#define TMR QMR
 static inline __attribute__((always_inline)) void qtile_r(const int R, const float *restrict a, int64_t lda,
                                                           const int8_t *restrict b, int64_t K, float *restrict c) {
     __m256 c0[QMR], c1[QMR];
@@ -57,7 +89,9 @@ static inline __attribute__((always_inline)) void qtile_r(const int R, const flo
         _mm256_storeu_ps(c + r * QNR + 8, c1[r]);
     }
 }
+#endif
 
+#ifdef __AVX2__
 #define QTILE(R)                                                                                  \
     static void qtile##R(const float *a, int64_t lda, const int8_t *b, int64_t K, float *c) {     \
         qtile_r(R, a, lda, b, K, c);                                                              \
@@ -69,11 +103,23 @@ QTILE(4)
 QTILE(5)
 QTILE(6)
 typedef void (*qtile_fn)(const float *, int64_t, const int8_t *, int64_t, float *);
-static const qtile_fn QTILES[QMR + 1] = {0, qtile1, qtile2, qtile3, qtile4, qtile5, qtile6};
+#if TMR > 6
+QTILE(7)
+QTILE(8)
+QTILE(9)
+QTILE(10)
+QTILE(11)
+QTILE(12)
+static const qtile_fn QTILES[TMR + 1] = {0,      qtile1, qtile2, qtile3,  qtile4,  qtile5, qtile6,
+                                         qtile7, qtile8, qtile9, qtile10, qtile11, qtile12};
+#else
+static const qtile_fn QTILES[TMR + 1] = {0, qtile1, qtile2, qtile3, qtile4, qtile5, qtile6};
+#endif
 static void qtile(int mr, const float *a, int64_t lda, const int8_t *b, int64_t K, float *c) {
     QTILES[mr](a, lda, b, K, c);
 }
 #else
+#define TMR QMR
 static void qtile(int mr, const float *a, int64_t lda, const int8_t *b, int64_t K, float *c) {
     memset(c, 0, sizeof(float) * (size_t)(mr * QNR));
     for (int r = 0; r < mr; ++r)
@@ -85,8 +131,9 @@ static void qtile(int mr, const float *a, int64_t lda, const int8_t *b, int64_t 
 void linear_w8a16_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *scale, int64_t N,
                       const float *bias, float *y, int nthreads) {
     const int64_t np = (N + QNR - 1) / QNR;
-    /* More rows than one tile: widen each panel to fp32 once (it stays in L2) and run fp32 tiles over it. */
-    const int widen = M > QMR;
+    /* Without AVX-512, more rows than one tile: widen each panel to fp32 once (it stays in L2) and run
+     * gemm.c's fp32 tiles over it; AVX-512's tiles widen in registers at any M. */
+    const int widen = TMR == QMR && M > QMR;
     for (int64_t m0 = 0; m0 < M; m0 += QMC) {
         const int64_t m1 = m0 + QMC < M ? m0 + QMC : M;
 #pragma omp parallel num_threads(nthreads)
@@ -96,11 +143,11 @@ void linear_w8a16_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, co
         for (int64_t p = 0; p < np; ++p) {
             const int8_t *w = wp + p * K * QNR;
             const int64_t n0 = p * QNR, ncols = N - n0 < QNR ? N - n0 : QNR;
-            float c[QMR * QNR];
+            float c[TMR * QNR];
             if (buf != NULL)
                 for (int64_t i = 0; i < K * QNR; ++i) buf[i] = (float)w[i];
-            for (int64_t m = m0; m < m1; m += QMR) {
-                const int mr = m1 - m < QMR ? (int)(m1 - m) : QMR;
+            for (int64_t m = m0; m < m1; m += (buf != NULL ? QMR : TMR)) {
+                const int tmr = buf != NULL ? QMR : TMR, mr = m1 - m < tmr ? (int)(m1 - m) : tmr;
                 if (buf != NULL)
                     f32_tile(mr, x + m * K, K, buf, K, c, buf, 0); /* gemm.c's tile; the panel is in L2 */
                 else

@@ -97,13 +97,14 @@ def avx2_core_lib():
 
 @needs_kernel
 @pytest.mark.parametrize("core", ["loaded", "avx2"])
-def test_w8a8_cores_exact_and_match_reference(core, request):
-    """Both integer cores (AVX512-VNNI with offset activations and packed column sums; AVX2's sign trick):
-    exact int32 at the +-127 extremes and on odd shapes (K not a multiple of 4, an odd number of panels,
-    rows over a tile and over a row block), and the fused linear equal to the reference."""
+def test_int8_cores_exact_and_match_reference(core, request):
+    """Both builds' cores (AVX-512: W8A8 on VNNI with offset activations and packed column sums, W8A16 in
+    12 x 16 zmm tiles; AVX2: the sign trick, W8A16 6 x 16 tiles or widened panels): W8A8 exact int32 at the
+    +-127 extremes and on odd shapes (K not a multiple of 4 or odd, an odd number of panels, rows over a tile
+    and over a row block), and both fused linears equal to the reference."""
     lib = request.getfixturevalue("avx2_core_lib") if core == "avx2" else None
     g = torch.Generator().manual_seed(7)
-    for m, k, n in [(1, 4, 1), (3, 13, 17), (9, 1540, 40), (100, 130, 33), (13, 576, 48)]:
+    for m, k, n in [(1, 4, 1), (3, 13, 17), (9, 1540, 40), (100, 130, 33), (13, 576, 48), (25, 7, 16)]:
         xq = torch.randint(-127, 128, (m, (k + 3) // 4 * 4), generator=g, dtype=torch.int8)
         xq[:, k:] = 0
         xq[0, :k] = 127
@@ -115,6 +116,8 @@ def test_w8a8_cores_exact_and_match_reference(core, request):
         wq, ws = quant.quantize_weight(w)
         got = quant_cpu.linear(x, quant_cpu.pack(wq, "w8a8", lib), "w8a8", ws, k, n, b, lib)
         torch.testing.assert_close(got, quant.w8a8_ref(x, wq, ws, b), rtol=0, atol=1e-5)
+        got = quant_cpu.linear(x, quant_cpu.pack(wq, "w8a16", lib), "w8a16", ws, k, n, b, lib)
+        torch.testing.assert_close(got, quant.w8a16_ref(x, wq, ws, b), rtol=1e-5, atol=1e-4)
 
 
 @needs_kernel
