@@ -4,7 +4,9 @@ tests/real/real_text.txt as tests/real/test_real_quant.py does (sequences of 256
 with its float head and with the int8 (W8A16 per-channel) head, against fp32: top-1 agreement, mean KL,
 mean |log-prob change| of the true next token, NLL. ``--groups 32 64`` adds a per-group int8 head (one scale
 per output row and group of that many inputs), simulated: the head's weight quantized per group and dequantized
-to fp32 (the accuracy a per-group kernel would have; no such kernel yet).
+to fp32 (the accuracy a per-group kernel would have; no such kernel yet). On the shipped SmolLM2 .gguf the tied
+head (token_embd) is stored as Q8_0, blocks of 32 with one scale each: ``--groups 32`` reproduces it exactly, and
+its rows equal the float head's to 4 decimals (measured 04:10 UTC, 2026-11-25).
 
     PYTHONPATH=$PWD .venv/bin/python tools/head_accuracy.py [--schemes w8a16 w8a8] [--groups 32 64]
 """
