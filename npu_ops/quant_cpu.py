@@ -1,6 +1,7 @@
-"""ctypes bindings of the int8 linears in csrc/gemm_int8.c (built with the other CPU kernels by
-npu_ops.cpu_kernels). The layouts are the C file's: W8A16 panels of 16 columns k-major, W8A8 panels
-of 8 columns by groups of 4 k."""
+"""ctypes bindings of the int8 linears in csrc/gemm_int8.c (W8A16) and csrc/gemm_w8a8.c (W8A8), built with
+the other CPU kernels by npu_ops.cpu_kernels. The layouts are the C files': W8A16 panels of 16 columns
+k-major, W8A8 panels of 16 (AVX512-VNNI) or 8 columns by groups of 4 k plus the column sums. ``lib`` lets a
+test run another build of the same sources (e.g. the AVX2 core on a VNNI machine)."""
 from __future__ import annotations
 
 import ctypes
@@ -23,8 +24,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.linear_w8a8_i8.argtypes = [_P, _P, _I64, _I64, _P, _P, _I64, _P, _P, ctypes.c_int]
     lib.gemm_i8_i32.argtypes = [_P, _I64, _I64, _P, _I64, _P]
     lib.linear_w8a8_f32.argtypes = [_P, _I64, _I64, _P, _P, _I64, _P, _P, ctypes.c_int]
-    lib.linear_w8a8_f32.restype = ctypes.c_int
-    for name in ("pack_w8a16", "pack_w8a8", "linear_w8a16_f32", "quantize_rows_i8", "linear_w8a8_i8", "gemm_i8_i32"):
+    lib.w8a8_panel_width.argtypes, lib.w8a8_panel_width.restype = [], ctypes.c_int
+    for name in ("linear_w8a8_f32", "linear_w8a8_i8", "gemm_i8_i32"):
+        getattr(lib, name).restype = ctypes.c_int  # 0, or 3: no scratch
+    for name in ("pack_w8a16", "pack_w8a8", "linear_w8a16_f32", "quantize_rows_i8"):
         getattr(lib, name).restype = None
     return lib
 
@@ -40,9 +43,15 @@ def available() -> bool:
     return cpu_kernels.load() is not None
 
 
-def pack(wq: torch.Tensor, scheme: str) -> torch.Tensor:
-    """int8 [N, K] -> the kernel layout of ``scheme`` (w8a16 | w8a8)."""
-    lib, w = _lib(), wq.detach().contiguous()
+def w8a8_core(lib: ctypes.CDLL | None = None) -> str:
+    """Which integer core this build's W8A8 kernels run: ``vnni`` (AVX512-VNNI, offset activations) or
+    ``maddubs`` (AVX2's sign trick, or the plain loops without AVX2)."""
+    return "vnni" if _declare(lib or _lib()).w8a8_panel_width() == 16 else "maddubs"
+
+
+def pack(wq: torch.Tensor, scheme: str, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """int8 [N, K] -> the kernel layout of ``scheme`` (w8a16 | w8a8) of ``lib`` (default: the loaded kernels)."""
+    lib, w = _declare(lib) if lib is not None else _lib(), wq.detach().contiguous()
     n, k = w.shape
     numel = (lib.packed_w8a16_numel if scheme == "w8a16" else lib.packed_w8a8_numel)(n, k)
     out = torch.empty(numel, dtype=torch.int8)
@@ -60,18 +69,19 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return xq, xs
 
 
-def gemm_i32(xq: torch.Tensor, packed: torch.Tensor, k: int, n: int) -> torch.Tensor:
+def gemm_i32(xq: torch.Tensor, packed: torch.Tensor, k: int, n: int, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """Exact int32 products of int8 rows [M, K4 * 4] (from ``quantize_rows`` or padded by hand) with a
-    W8A8-packed weight: the integer core the tests hold to the reference."""
-    lib, xq = _lib(), xq.contiguous()
+    W8A8-packed weight (packed by the same ``lib``): the integer core the tests hold to the reference."""
+    lib, xq = _declare(lib) if lib is not None else _lib(), xq.contiguous()
     acc = torch.empty(xq.shape[0], n, dtype=torch.int32)
-    lib.gemm_i8_i32(xq.data_ptr(), xq.shape[0], k, packed.data_ptr(), n, acc.data_ptr())
+    if lib.gemm_i8_i32(xq.data_ptr(), xq.shape[0], k, packed.data_ptr(), n, acc.data_ptr()):
+        raise MemoryError("gemm_i8_i32: no scratch")
     return acc
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, scheme: str, w_scale: torch.Tensor, k: int, n: int,
-           bias: torch.Tensor | None) -> torch.Tensor:
-    lib, x = _lib(), x.contiguous()
+           bias: torch.Tensor | None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    lib, x = _declare(lib) if lib is not None else _lib(), x.contiguous()
     m = x.shape[0]
     y = x.new_empty(m, n)
     b = None if bias is None else bias.data_ptr()

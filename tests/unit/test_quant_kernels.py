@@ -3,6 +3,7 @@ PyTorch reference (npu_ops.quant, npu_ops.quant_kv), the accelerator paths again
 their documented contracts, and the config keys that switch them on."""
 from __future__ import annotations
 
+import os
 import sys
 import types
 
@@ -78,6 +79,45 @@ def test_int8_gemm_exact_at_saturation_extremes(k):
     want = quant.int_matmul_ref(xq, wq)
     assert want.abs().max() == 127 * 127 * k  # the extremes really are there
     assert torch.equal(got, want)
+
+
+@pytest.fixture(scope="module")
+def avx2_core_lib():
+    """The same sources built without AVX-512 (so without VNNI): the sign-trick core a CPU without VNNI runs.
+    Skipped where this machine's build already is that core (the tests above cover it) or cannot have AVX2."""
+    import ctypes
+    import shutil
+    if cpu_kernels.load() is None or quant_cpu.w8a8_core() != "vnni":
+        pytest.skip("the loaded build already runs the sign-trick core")
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    lib = ctypes.CDLL(str(cpu_kernels._build(cc, [*cpu_kernels.FLAGS, "-mno-avx512f", "-mno-avxvnni"])))
+    assert quant_cpu.w8a8_core(lib) == "maddubs"
+    return lib
+
+
+@needs_kernel
+@pytest.mark.parametrize("core", ["loaded", "avx2"])
+def test_int8_cores_exact_and_match_reference(core, request):
+    """Both builds' cores (AVX-512: W8A8 on VNNI with offset activations and packed column sums, W8A16 in
+    12 x 16 zmm tiles; AVX2: the sign trick, W8A16 6 x 16 tiles or widened panels): W8A8 exact int32 at the
+    +-127 extremes and on odd shapes (K not a multiple of 4 or odd, an odd number of panels, rows over a tile
+    and over a row block), and both fused linears equal to the reference."""
+    lib = request.getfixturevalue("avx2_core_lib") if core == "avx2" else None
+    g = torch.Generator().manual_seed(7)
+    for m, k, n in [(1, 4, 1), (3, 13, 17), (9, 1540, 40), (100, 130, 33), (13, 576, 48), (25, 7, 16)]:
+        xq = torch.randint(-127, 128, (m, (k + 3) // 4 * 4), generator=g, dtype=torch.int8)
+        xq[:, k:] = 0
+        xq[0, :k] = 127
+        wq = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+        wq[0] = -127
+        packed = quant_cpu.pack(wq, "w8a8", lib)
+        assert torch.equal(quant_cpu.gemm_i32(xq, packed, k, n, lib), quant.int_matmul_ref(xq[:, :k], wq))
+        x, w, b = _case(m, k, n, seed=m)
+        wq, ws = quant.quantize_weight(w)
+        got = quant_cpu.linear(x, quant_cpu.pack(wq, "w8a8", lib), "w8a8", ws, k, n, b, lib)
+        torch.testing.assert_close(got, quant.w8a8_ref(x, wq, ws, b), rtol=0, atol=1e-5)
+        got = quant_cpu.linear(x, quant_cpu.pack(wq, "w8a16", lib), "w8a16", ws, k, n, b, lib)
+        torch.testing.assert_close(got, quant.w8a16_ref(x, wq, ws, b), rtol=1e-5, atol=1e-4)
 
 
 @needs_kernel

@@ -1,0 +1,324 @@
+/* W8A8 linears for the CPU (npu_ops/quant.py holds the PyTorch reference they are tested against).
+ *
+ * Every row of x is quantized on the fly to int8 with its own scale (amax / 127, rounded to nearest even,
+ * as torch.round does), products accumulate in int32 and y = acc * x_scale[m] * w_scale[n] (+ bias).
+ * Wq is packed in panels of ANR columns by groups of 4 k: Wp[N/ANR][K4][ANR][4] (K padded to K4 * 4 with
+ * zeros), followed by one int32 per padded column: 128 * sum_k Wq[n, k] (the offset correction below).
+ * The layout is this build's: pack and kernels come from the same library.
+ *
+ * Two integer cores, picked at build time:
+ * - AVX512-VNNI (vpdpbusd: u8 x s8, four products summed into int32 with no int16 step): activations are
+ *   stored offset, u = x + 128 in [1, 255], so the instruction takes them as they are;
+ *   sum_k u * w = sum_k x * w + 128 * sum_k w, and the packed column sums take the second term back out
+ *   exactly. Panels of 16 columns (one zmm), a tile of up to 8 rows x 32 columns in 16 accumulators.
+ * - AVX2 (no VNNI): vpmaddubsw multiplies unsigned by signed bytes and adds pairs with int16 *saturation*,
+ *   so offsets overflow (2 * 255 * 127 > 32767). The sign trick avoids it: maddubs(|x|, sign(w, x)) has the
+ *   same products with |x| <= 127 (x is clamped to [-127, 127]), a pair sums to at most 32258;
+ *   vpmaddwd against ones widens pairs to int32. Panels of 8 columns, tiles of 4 rows x 16 columns.
+ * Without AVX2 plain loops compute the same integers. Threads: the OpenMP runtime PyTorch loaded. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#define W8A8_VNNI 1
+#define ANR 16
+#define AMR 8
+#else
+#define W8A8_VNNI 0
+#define ANR 8
+#define AMR 4
+#endif
+#define TW (2 * ANR) /* a tile's columns: two panels */
+#define MC 96
+
+static inline int64_t k4_of(int64_t K) { return (K + 3) / 4; }
+static inline int64_t npanels(int64_t N) { return (N + ANR - 1) / ANR; }
+
+int64_t packed_w8a8_numel(int64_t N, int64_t K) { return npanels(N) * ANR * (k4_of(K) * 4 + 4); }
+
+int w8a8_panel_width(void) { return ANR; }
+
+void pack_w8a8(const int8_t *w, int64_t N, int64_t K, int8_t *wp) {
+    const int64_t np = npanels(N), K4 = k4_of(K);
+    int32_t *comp = (int32_t *)(wp + np * ANR * K4 * 4);
+    for (int64_t p = 0; p < np; ++p)
+        for (int64_t q = 0; q < K4; ++q)
+            for (int64_t j = 0; j < ANR; ++j)
+                for (int64_t i = 0; i < 4; ++i) {
+                    const int64_t n = p * ANR + j, k = q * 4 + i;
+                    wp[((p * K4 + q) * ANR + j) * 4 + i] = (n < N && k < K) ? w[n * K + k] : 0;
+                }
+    for (int64_t n = 0; n < np * ANR; ++n) {
+        int32_t s = 0;
+        for (int64_t k = 0; n < N && k < K; ++k) s += w[n * K + k];
+        comp[n] = 128 * s;
+    }
+}
+
+/* Per-row dynamic quantization: xq[m, 0:K4*4] (zero padded), xs[m] = amax / 127 (1 for a zero row).
+ * Division, not multiplication by the reciprocal, so that the rounding matches the reference. With
+ * ``offset`` every byte is stored + 128 (x ^ 0x80: the VNNI core's unsigned operand). */
+static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, float *xs, int nthreads, int offset) {
+    const int64_t KP = k4_of(K) * 4;
+    const int8_t flip = offset ? (int8_t)0x80 : 0;
+    /* a decode step's few rows stay on the calling thread: waking the team costs more than the work */
+#pragma omp parallel for num_threads(nthreads) if (M * K >= 65536) schedule(static)
+    for (int64_t m = 0; m < M; ++m) {
+        const float *xr = x + m * K;
+        int8_t *qr = xq + m * KP;
+        float amax = 0.f;
+        int64_t k = 0;
+#ifdef __AVX2__
+        const __m256 nosign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        __m256 vmax = _mm256_setzero_ps();
+        for (; k + 8 <= K; k += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(xr + k), nosign));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, vmax);
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, lanes[i]);
+#endif
+        for (; k < K; ++k) amax = fmaxf(amax, fabsf(xr[k]));
+        const float s = amax > 0.f ? amax / 127.f : 1.f;
+        xs[m] = s;
+        k = 0;
+#ifdef __AVX2__
+        const __m256 sv = _mm256_set1_ps(s), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
+        const __m128i fv = _mm_set1_epi8(flip);
+        for (; k + 8 <= K; k += 8) {
+            __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(_mm256_loadu_ps(xr + k), sv), lo), hi);
+            const __m256i i32 = _mm256_cvtps_epi32(v); /* round to nearest even (MXCSR default) */
+            const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+            _mm_storel_epi64((__m128i *)(qr + k), _mm_xor_si128(_mm_packs_epi16(i16, i16), fv));
+        }
+#endif
+        for (; k < K; ++k) {
+            float v = nearbyintf(xr[k] / s);
+            qr[k] = (int8_t)((int8_t)(v > 127.f ? 127.f : v < -127.f ? -127.f : v) ^ flip);
+        }
+        for (; k < KP; ++k) qr[k] = flip;
+    }
+}
+
+void quantize_rows_i8(const float *x, int64_t M, int64_t K, int8_t *xq, float *xs, int nthreads) {
+    quantize_rows(x, M, K, xq, xs, nthreads, 0);
+}
+
+/* c[R][TW] (int32) = rows a (lda bytes apart, in this core's activation format) . panels b0, b1 */
+#if W8A8_VNNI
+static inline __attribute__((always_inline)) void atile_r(const int R, const int8_t *restrict a, int64_t lda,
+                                                          const int8_t *restrict b0p, const int8_t *restrict b1p,
+                                                          int64_t K4, int32_t *restrict c) {
+    __m512i c0[AMR], c1[AMR];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm512_setzero_si512();
+    for (int64_t q = 0; q < K4; ++q) {
+        const __m512i w0 = _mm512_loadu_si512(b0p + q * 64), w1 = _mm512_loadu_si512(b1p + q * 64);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+            int32_t quad;
+            memcpy(&quad, a + r * lda + q * 4, 4);
+            const __m512i xv = _mm512_set1_epi32(quad); /* 4 unsigned (offset) bytes of row r */
+            c0[r] = _mm512_dpbusd_epi32(c0[r], xv, w0);
+            c1[r] = _mm512_dpbusd_epi32(c1[r], xv, w1);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+        _mm512_storeu_si512(c + r * TW, c0[r]);
+        _mm512_storeu_si512(c + r * TW + 16, c1[r]);
+    }
+}
+#elif defined(__AVX2__)
+static inline __attribute__((always_inline)) void atile_r(const int R, const int8_t *restrict a, int64_t lda,
+                                                          const int8_t *restrict b0p, const int8_t *restrict b1p,
+                                                          int64_t K4, int32_t *restrict c) {
+    __m256i c0[AMR], c1[AMR];
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm256_setzero_si256();
+    for (int64_t q = 0; q < K4; ++q) {
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(b0p + q * 32));
+        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(b1p + q * 32));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            int32_t quad;
+            memcpy(&quad, a + r * lda + q * 4, 4);
+            const __m256i xv = _mm256_set1_epi32(quad), ax = _mm256_abs_epi8(xv);
+            /* sign(w, x): w negated where x < 0, zeroed where x == 0; |x| then carries no sign */
+            const __m256i p0 = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w0, xv));
+            const __m256i p1 = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, xv));
+            c0[r] = _mm256_add_epi32(c0[r], _mm256_madd_epi16(p0, ones));
+            c1[r] = _mm256_add_epi32(c1[r], _mm256_madd_epi16(p1, ones));
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+        _mm256_storeu_si256((__m256i *)(c + r * TW), c0[r]);
+        _mm256_storeu_si256((__m256i *)(c + r * TW + 8), c1[r]);
+    }
+}
+#endif
+
+#ifdef __AVX2__
+#define ATILE(R)                                                                                          \
+    static void atile##R(const int8_t *a, int64_t lda, const int8_t *b0, const int8_t *b1, int64_t K4,  \
+                         int32_t *c) {                                                                    \
+        atile_r(R, a, lda, b0, b1, K4, c);                                                                \
+    }
+ATILE(1)
+ATILE(2)
+ATILE(3)
+ATILE(4)
+#if AMR > 4
+ATILE(5)
+ATILE(6)
+ATILE(7)
+ATILE(8)
+#endif
+typedef void (*atile_fn)(const int8_t *, int64_t, const int8_t *, const int8_t *, int64_t, int32_t *);
+#if AMR > 4
+static const atile_fn ATILES[AMR + 1] = {0, atile1, atile2, atile3, atile4, atile5, atile6, atile7, atile8};
+#else
+static const atile_fn ATILES[AMR + 1] = {0, atile1, atile2, atile3, atile4};
+#endif
+#endif
+
+/* c[r * TW + j]: j < ANR from panel b0, j >= ANR from b1; rows in this core's activation format. */
+static void atile(int mr, const int8_t *a, int64_t lda, const int8_t *b0, const int8_t *b1, int64_t K4, int32_t *c) {
+#ifdef __AVX2__
+    ATILES[mr](a, lda, b0, b1, K4, c);
+#else
+    memset(c, 0, sizeof(int32_t) * (size_t)(mr * TW));
+    for (int r = 0; r < mr; ++r)
+        for (int64_t q = 0; q < K4; ++q)
+            for (int j = 0; j < TW; ++j) {
+                const int8_t *bp = (j < ANR ? b0 : b1) + (q * ANR + j % ANR) * 4;
+                for (int i = 0; i < 4; ++i) c[r * TW + j] += (int32_t)a[r * lda + q * 4 + i] * (int32_t)bp[i];
+            }
+#endif
+}
+
+/* y[r, 0:ncols] = (c[r] - comp) * xs[r] * ws (+ bias): the reference's float ops in its order. */
+static void epilogue(const int32_t *c, int mr, const float *xs, const int32_t *comp, const float *ws,
+                     const float *bias, float *y, int64_t ldy, int64_t ncols) {
+    for (int r = 0; r < mr; ++r) {
+        float *yr = y + r * ldy;
+        const int32_t *cr = c + r * TW;
+        int64_t j = 0;
+#if W8A8_VNNI
+        const __m512 sx = _mm512_set1_ps(xs[r]);
+        for (; j < ncols; j += 16) {
+            const __mmask16 mk = ncols - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (ncols - j)) - 1);
+            const __m512i acc = _mm512_sub_epi32(_mm512_loadu_si512(cr + j), _mm512_loadu_si512(comp + j));
+            __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), sx), _mm512_maskz_loadu_ps(mk, ws + j));
+            if (bias != NULL) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + j));
+            _mm512_mask_storeu_ps(yr + j, mk, v);
+        }
+#endif
+        for (; j < ncols; ++j)
+            yr[j] = (float)(cr[j] - (comp != NULL ? comp[j] : 0)) * xs[r] * ws[j] + (bias != NULL ? bias[j] : 0.f);
+    }
+}
+
+/* y = rows . Wq^T, scaled: xr rows (lda = K4 * 4 bytes) already in this core's activation format. */
+static void w8a8_rows(const int8_t *xr, const float *xs, int64_t M, int64_t K, const int8_t *wp, const float *ws,
+                      int64_t N, const float *bias, float *y, int nthreads, const int8_t *zero) {
+    const int64_t K4 = k4_of(K), lda = K4 * 4, np = npanels(N), npair = (np + 1) / 2;
+    const int32_t *comp = W8A8_VNNI ? (const int32_t *)(wp + np * ANR * K4 * 4) : NULL;
+    for (int64_t m0 = 0; m0 < M; m0 += MC) {
+        const int64_t m1 = m0 + MC < M ? m0 + MC : M;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int64_t pp = 0; pp < npair; ++pp) {
+            const int64_t p0 = 2 * pp, n0 = p0 * ANR, ncols = N - n0 < TW ? N - n0 : TW;
+            const int8_t *b0 = wp + p0 * K4 * ANR * 4, *b1 = p0 + 1 < np ? b0 + K4 * ANR * 4 : zero;
+            int32_t c[AMR * TW];
+            for (int64_t m = m0; m < m1; m += AMR) {
+                const int mr = m1 - m < AMR ? (int)(m1 - m) : AMR;
+                atile(mr, xr + m * lda, lda, b0, b1, K4, c);
+                epilogue(c, mr, xs + m, comp != NULL ? comp + n0 : NULL, ws + n0, bias != NULL ? bias + n0 : NULL,
+                         y + m * N + n0, N, ncols);
+            }
+        }
+    }
+}
+
+/* An odd last panel pairs with zeros: the scratch for it (NULL when N's panels pair up or none is had). */
+static int8_t *zero_panel(int64_t N, int64_t K, int *failed) {
+    if (npanels(N) % 2 == 0) return NULL;
+    int8_t *z = calloc((size_t)(k4_of(K) * ANR * 4), 1);
+    *failed = z == NULL;
+    return z;
+}
+
+/* Rows quantized by quantize_rows_i8 (signed) into this core's format: a copy with offset bytes (VNNI), else
+ * the rows as they are (*owned stays NULL). */
+static const int8_t *core_rows(const int8_t *xq, int64_t M, int64_t K, int8_t **owned) {
+    *owned = NULL;
+    if (!W8A8_VNNI) return xq;
+    const int64_t n = M * k4_of(K) * 4;
+    *owned = malloc((size_t)n);
+    if (*owned == NULL) return NULL;
+    for (int64_t i = 0; i < n; ++i) (*owned)[i] = (int8_t)(xq[i] ^ (int8_t)0x80);
+    return *owned;
+}
+
+/* y = (xq . Wq^T) * xs[m] * ws[n] (+ bias): xq, xs from quantize_rows_i8. Returns 0, or 3 without scratch. */
+int linear_w8a8_i8(const int8_t *xq, const float *xs, int64_t M, int64_t K, const int8_t *wp, const float *ws,
+                   int64_t N, const float *bias, float *y, int nthreads) {
+    int failed = 0;
+    int8_t *zero = zero_panel(N, K, &failed), *owned;
+    const int8_t *rows = core_rows(xq, M, K, &owned);
+    if (!failed && rows != NULL) w8a8_rows(rows, xs, M, K, wp, ws, N, bias, y, nthreads, zero);
+    free(zero);
+    free(owned);
+    return failed || rows == NULL ? 3 : 0;
+}
+
+/* Raw int32 GEMM of already quantized rows (tests hold it to the exact integers at the +-127 extremes):
+ * the same tiles with unit scales. */
+int gemm_i8_i32(const int8_t *xq, int64_t M, int64_t K, const int8_t *wp, int64_t N, int32_t *acc) {
+    const int64_t K4 = k4_of(K), np = npanels(N);
+    const int32_t *comp = W8A8_VNNI ? (const int32_t *)(wp + np * ANR * K4 * 4) : NULL;
+    int failed = 0;
+    int8_t *zero = zero_panel(N, K, &failed), *owned;
+    const int8_t *rows = core_rows(xq, M, K, &owned);
+    for (int64_t p0 = 0; !failed && rows != NULL && p0 < np; p0 += 2) {
+        const int8_t *b0 = wp + p0 * K4 * ANR * 4, *b1 = p0 + 1 < np ? b0 + K4 * ANR * 4 : zero;
+        const int64_t n0 = p0 * ANR, ncols = N - n0 < TW ? N - n0 : TW;
+        int32_t c[AMR * TW];
+        for (int64_t m = 0; m < M; m += AMR) {
+            const int mr = M - m < AMR ? (int)(M - m) : AMR;
+            atile(mr, rows + m * K4 * 4, K4 * 4, b0, b1, K4, c);
+            for (int r = 0; r < mr; ++r)
+                for (int64_t j = 0; j < ncols; ++j)
+                    acc[(m + r) * N + n0 + j] = c[r * TW + j] - (comp != NULL ? comp[n0 + j] : 0);
+        }
+    }
+    free(zero);
+    free(owned);
+    return failed || rows == NULL ? 3 : 0;
+}
+
+/* fp32 rows in, fp32 out: the rows quantized straight into this core's format in scratch of its own, then
+ * the tiles (one call from Python per linear, no int8 tensors allocated by the caller). Returns 0, or 3 when
+ * the scratch cannot be had. */
+int linear_w8a8_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
+                    const float *bias, float *y, int nthreads) {
+    int failed = 0;
+    int8_t *xq = malloc((size_t)(M * k4_of(K) * 4)), *zero = zero_panel(N, K, &failed);
+    float *xs = malloc(sizeof(float) * (size_t)M);
+    if (xq != NULL && xs != NULL && !failed) {
+        quantize_rows(x, M, K, xq, xs, nthreads, W8A8_VNNI);
+        w8a8_rows(xq, xs, M, K, wp, ws, N, bias, y, nthreads, zero);
+    }
+    const int rc = xq == NULL || xs == NULL || failed ? 3 : 0;
+    free(xq);
+    free(xs);
+    free(zero);
+    return rc;
+}
