@@ -162,9 +162,12 @@ def test_missing_nnal_keeps_the_npu_on_the_reference_path(target, monkeypatch):
 
 
 def test_the_runner_hands_attention_host_int32_lengths(tiny_model, monkeypatch):
-    """Every decode step's metadata carries the lengths as an int32 host tensor equal to the device copy."""
+    """Every decode step's metadata carries the lengths as an int32 host tensor equal to the device copy (the
+    per-op path a device runs: the CPU's fused layers, which never reach a device, are switched off here)."""
     from mindie_service import LLM, SamplingParams
-    from mindie_service.models import llama
+    from mindie_service.models import fused_layers, llama
+
+    monkeypatch.setattr(fused_layers, "_enabled", False)
 
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
     real = llama.paged_attention
