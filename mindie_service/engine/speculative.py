@@ -96,6 +96,7 @@ class Speculator:
         rows = [s for s in running if _eligible(s)]
         for s in running:
             s.draft_token_ids = []
+        self.costs.expect(len(rows), len(rows))  # raised below by the drafts: a step with prompt tokens is not fitted
         if not rows:
             return
         c = self.costs.cost(len(rows))
@@ -115,11 +116,13 @@ class Speculator:
             self.costs.observe_draft(len(wants), self.draft.last_seconds / max(1, max(k for _, k in wants)))
             for s, _ in wants:
                 s.draft_token_ids = got.get(s.request_id, [])
+            self.costs.expect(len(rows), len(rows) + sum(len(s.draft_token_ids) for s, _ in wants))
             return
         for s, k in wants:
             if s.spec.index is None:
                 s.spec.index = NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
             s.draft_token_ids = self.ngram.propose(s.token_ids(), s.spec.index, k, s.cache_key)
+        self.costs.expect(len(rows), len(rows) + sum(len(s.draft_token_ids) for s, _ in wants))
 
     def accept(self, seq: Sequence, chunk: ScheduledChunk, tokens: list[int]) -> list[int]:
         """The run a verify chunk emits (``tokens``: the target's token at each of its rows); records it."""
