@@ -175,8 +175,9 @@ def cell(args: argparse.Namespace, off: LLM, on: LLM, name: str, texts: list[tup
 
 
 def run(args: argparse.Namespace, model: str, spec_cfg: dict, label: str) -> None:
+    # A fixed KV pool (16 streams x 1024 tokens), not one sized from free memory: two engines share the machine.
     common = dict(max_batch_size=32, cache_block_size=16, enable_prefix_caching=False, max_seq_len=2048,
-                  max_iter_times=args.tokens)
+                  num_kv_blocks=1024, max_iter_times=args.tokens)
     off = LLM(model, **common)
     on = LLM(model, **common, speculative_config=spec_cfg)
     if args.verify_cost:
@@ -195,6 +196,8 @@ def main() -> None:
     ap.add_argument("--draft", help="draft checkpoint for --method draft_model (default: demo small-draft)")
     ap.add_argument("--method", choices=("ngram", "draft_model", "both"), default="both")
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
+    ap.add_argument("--lookup-min", type=int, default=1, help="n-gram: prompt_lookup_min")
+    ap.add_argument("--lookup-max", type=int, default=4, help="n-gram: prompt_lookup_max")
     ap.add_argument("--tokens", type=int, default=128, help="the most new tokens per prompt")
     ap.add_argument("--ignore-eos", action="store_true", help="always make --tokens tokens (default: stop at EOS)")
     ap.add_argument("--prompts-1", type=int, default=8, help="prompts run one after another at one stream")
@@ -206,8 +209,8 @@ def main() -> None:
     print(f"bench_spec {' '.join(sys.argv[1:])}: start, {load()}", flush=True)
     model = args.model or str(build_demo_model("small", ROOT / "models" / "small", if_missing=True))
     if args.method in ("ngram", "both"):
-        run(args, model, {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4,
-                          "prompt_lookup_min": 2}, "n-gram")
+        run(args, model, {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max,
+                          "prompt_lookup_min": args.lookup_min}, "n-gram")
     if args.method in ("draft_model", "both"):
         draft = args.draft
         if draft is None and args.model is None:
