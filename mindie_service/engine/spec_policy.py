@@ -12,6 +12,7 @@ large batch ``c`` nears 1 and nothing is drafted). Until the fit has seen steps 
 rule trusts a prior that lets speculation start, so it can be measured."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +114,12 @@ class StepCostModel:
         return (b + self.draft_s) * rows / (a + b * rows)
 
 
+def probe_interval(c: float) -> int:
+    """Steps between a non-drafting row's probes: PROBE_EVERY where a draft is nearly free, rarer as its cost
+    ``c`` nears a plain token's (a probe of a large batch's row costs almost what a token brings)."""
+    return math.ceil(PROBE_EVERY / max(1e-3, 1.0 - c))
+
+
 def depth(state: SeqSpec, k_max: int, c: float, dynamic: bool) -> int:
     """How many drafts this row proposes this step."""
     if not dynamic:
@@ -124,7 +131,7 @@ def depth(state: SeqSpec, k_max: int, c: float, dynamic: bool) -> int:
         k += 1
     if k == 0:
         state.idle_steps += 1
-        if state.idle_steps >= PROBE_EVERY:  # one draft now and then, so the rate can recover
+        if state.idle_steps >= probe_interval(c):  # one draft now and then, so the rate can recover
             state.idle_steps = 0
             return 1
         return 0

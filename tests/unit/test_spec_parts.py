@@ -12,7 +12,7 @@ from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence
 from mindie_service.engine.spec_config import SpeculativeConfig
 from mindie_service.engine.spec_ngram import NgramIndex, NgramProposer
-from mindie_service.engine.spec_policy import SeqSpec, StepCostModel, depth
+from mindie_service.engine.spec_policy import SeqSpec, StepCostModel, depth, probe_interval
 from mindie_service.engine.speculative import accepted_run
 from mindie_service.engine.step import ScheduledChunk, SchedulerOutput
 from mindie_service.errors import ValidationError
@@ -214,3 +214,11 @@ def test_a_row_that_stops_drafting_probes_again():
     bad = SeqSpec(accepted=0, tried=40)
     ks = [depth(bad, 4, 0.05, True) for _ in range(40)]
     assert 0 < sum(ks) <= 3
+
+
+def test_probes_come_rarer_where_drafts_cost_more():
+    assert probe_interval(0.05) == 17 and probe_interval(0.75) == 64
+    bad = SeqSpec(accepted=0, tried=40)
+    cheap = sum(depth(bad, 4, 0.05, True) for _ in range(640))
+    dear = sum(depth(bad, 4, 0.75, True) for _ in range(640))
+    assert cheap == 37 and dear == 10
