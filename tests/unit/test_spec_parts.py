@@ -11,7 +11,7 @@ from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence
 from mindie_service.engine.spec_config import SpeculativeConfig
-from mindie_service.engine.spec_ngram import NgramIndex, NgramProposer
+from mindie_service.engine.spec_ngram import DRAFTS_PER_MATCHED, NgramIndex, NgramProposer
 from mindie_service.engine.spec_policy import SeqSpec, StepCostModel, depth, probe_interval
 from mindie_service.engine.speculative import accepted_run
 from mindie_service.engine.step import ScheduledChunk, SchedulerOutput
@@ -57,7 +57,7 @@ def _reference(tokens: list[int], lo: int, hi: int, k: int) -> list[int]:
         suffix = tokens[n - m:]
         for end in range(n - 1, m - 1, -1):
             if tokens[end - m:end] == suffix:
-                return tokens[end:end + k]
+                return tokens[end:end + min(k, DRAFTS_PER_MATCHED * m)]
     return []
 
 
@@ -71,6 +71,14 @@ def test_ngram_matches_brute_force(tokens, lo, extra, k):
     for n in range(1, len(tokens)):  # incremental, as a sequence grows
         prop.propose(tokens[:n], idx, k, b"")
     assert prop.propose(tokens, idx, k, b"") == _reference(tokens, lo, hi, k)
+
+
+def test_draft_length_follows_the_match_length():
+    prop = NgramProposer(1, 4, memory=False)
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]
+    assert prop.propose(text + [9], NgramIndex(1, 4), 16, b"") == [10, 11, 12]  # one token matched: 3
+    assert prop.propose(text + [2, 3, 4], NgramIndex(1, 4), 16, b"") == text[4:13]  # three: 9
+    assert prop.propose(text + [2, 3, 4], NgramIndex(1, 4), 5, b"") == text[4:9]  # k still bounds it
 
 
 def test_memory_drafts_from_finished_text_of_the_same_cache_key():
