@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Speculative decoding on vs off, measured in one run on the same weights and prompts.
 
-Two workloads: input-grounded prompts (rewrite a passage, extract from it, continue a code listing: text
-whose answer repeats its input, where n-gram drafts find matches) and open-ended prompts (a story, an
-explanation: little to copy). Each at one stream (prompts one after another) and at 16 streams (all in one
-batch). Greedy, EOS ignored, --tokens new tokens each. For each cell: output tok/s off and on, the ratio, the
-acceptance figures (accepted / draft tokens, mean accepted length per verify row) and whether the outputs
-are token-identical (they must be). Each cell first runs once untimed on both engines (kernels built, the
-step-cost fit fed); then rounds (--rounds) alternate which engine goes first, each keeps its best.
+Two workloads: input-grounded prompts (chat-templated "repeat / correct / extract the sentences that
+mention X", and a code listing to continue as a plain completion: answers a real instruct model writes by
+copying its input) and open-ended prompts (a story, an explanation: little to copy). Each at one stream
+(prompts one after another) and at 16 streams (all in one batch). Greedy, up to --tokens new tokens, ending
+at EOS (--ignore-eos: always --tokens). For each cell: output tok/s off and on, the ratio, the acceptance
+figures (accepted / draft tokens, mean accepted length per verify row: load-independent) and whether the
+outputs are token-identical (they must be). Each cell first runs once untimed on both engines (kernels
+built, the step-cost fit fed); then rounds (--rounds) alternate which engine goes first, each keeps its
+best. The load average is printed at the start, after each cell and at the end (the ratios are only as
+good as the machine was quiet). First (--verify-cost POS, 0 to skip): the cost of one verify forward of
+k + 1 tokens against a 1-token decode step at one stream, wall and CPU time.
 
 The n-gram proposer's memory of finished requests is cleared before every timed run, and the prefix cache
 is off for both engines: a repeated benchmark prompt must not draft from, or reuse, its own earlier run.
