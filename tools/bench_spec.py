@@ -201,7 +201,7 @@ def main() -> None:
     ap.add_argument("--model", help="checkpoint folder (default: the demo `small` model, built if missing)")
     ap.add_argument("--draft", help="draft checkpoint for --method draft_model (default: demo small-draft)")
     ap.add_argument("--method", choices=("ngram", "draft_model", "both"), default="both")
-    ap.add_argument("--k", type=int, default=12, help="num_speculative_tokens")
+    ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
     ap.add_argument("--lookup-min", type=int, default=1, help="n-gram: prompt_lookup_min")
     ap.add_argument("--lookup-max", type=int, default=4, help="n-gram: prompt_lookup_max")
     ap.add_argument("--tokens", type=int, default=128, help="the most new tokens per prompt")
