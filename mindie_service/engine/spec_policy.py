@@ -1,8 +1,8 @@
 """When speculation pays, and how far (engine.speculative). Plain Python.
 
 A step that computes T tokens costs about ``a + b*T`` seconds: ``a`` is reading the weights (one pass
-whatever the batch), ``b`` the work per token. Both are fitted from the engine's measured step times
-(least squares, old steps forgotten geometrically), never a constant. A plain decode step of B rows
+whatever the batch), ``b`` the work per token. Both are fitted from the engine's measured decode step times
+(least squares, old steps forgotten geometrically, one fit per batch-size class), never a constant. A plain decode step of B rows
 makes B tokens in ``t(B)``; the i-th draft token of a row adds ``b`` (plus, for a draft model, its share
 of one measured draft forward) and brings, in expectation, ``r**i`` tokens, ``r`` being the row's measured
 acceptance rate per draft token. It pays while ``r**i > c``, ``c = (b + draft_cost) * B / t(B)``: one rule
@@ -12,6 +12,7 @@ large batch ``c`` nears 1 and nothing is drafted). Until the fit has seen steps 
 rule trusts a prior that lets speculation start, so it can be measured."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ PRIOR_RATE, PRIOR_WEIGHT = 0.5, 2.0  # a new row's acceptance rate: a prior wort
 DECAY = 0.9  # per verify: the weight old acceptance observations keep
 FORGET = 0.98  # per step: the weight old step-time observations keep
 PROBE_EVERY = 16  # steps a row drafting nothing waits before one probing draft
-MIN_SPREAD = 4.0  # tokens: the fit is used once the steps' sizes vary at least this much
+MIN_SPREAD = 1.0  # tokens (standard deviation): a class's fit is refreshed while its step sizes vary this much
 
 
 @dataclass
@@ -44,44 +45,79 @@ class SeqSpec:
 
 
 @dataclass
-class StepCostModel:
-    """Weighted least squares of step seconds on step tokens."""
+class LineFit:
+    """Weighted least squares of step seconds on step tokens, old steps forgotten geometrically."""
 
     n: float = 0.0
     sx: float = 0.0
     sy: float = 0.0
     sxx: float = 0.0
     sxy: float = 0.0
-    draft_s: float = 0.0  # a draft forward's seconds per row (EMA; 0 for the n-gram proposer)
+    last: tuple[float, float] | None = None  # the latest usable (a, b): kept while the sizes stop varying
 
     def observe(self, tokens: int, seconds: float) -> None:
         f = FORGET
         self.n, self.sx, self.sy = self.n * f + 1, self.sx * f + tokens, self.sy * f + seconds
         self.sxx, self.sxy = self.sxx * f + tokens * tokens, self.sxy * f + tokens * seconds
 
+    def fit(self) -> tuple[float, float] | None:
+        """(a, b) from the recent steps, else the last usable fit, else None (never measured)."""
+        if self.n >= 3:
+            var = self.sxx / self.n - (self.sx / self.n) ** 2
+            if var >= MIN_SPREAD ** 2:
+                b = max(0.0, (self.sxy / self.n - self.sx * self.sy / self.n ** 2) / var)
+                self.last = (max(1e-6, self.sy / self.n - b * self.sx / self.n), b)
+        return self.last
+
+
+def size_class(rows: int) -> int:
+    """The batch-size class of a step of ``rows`` decoding rows: 1, 2-3, 4-7, 8-15, ... (log2)."""
+    return max(1, rows).bit_length() - 1
+
+
+@dataclass
+class StepCostModel:
+    """Step seconds as ``a + b*T`` (T: the step's tokens), fitted per batch-size class of decoding rows: a
+    CPU's step is bandwidth-bound at one row and compute-bound at many, so one line over all sizes would
+    price a one-stream draft with the big batches' slope. Only steps of decoding rows (plus their drafts)
+    are fitted: a step that also prefills a prompt is left out (``expect`` / ``observe``)."""
+
+    fits: dict[int, LineFit] = field(default_factory=dict)
+    draft_s: float = 0.0  # a draft forward's seconds per row (EMA; 0 for the n-gram proposer)
+    expected: tuple[int, int] | None = None  # (decoding rows, most tokens) of the step being scheduled
+
+    def expect(self, rows: int, max_tokens: int) -> None:
+        """The coming step has ``rows`` decoding rows and, with its drafts, at most ``max_tokens`` tokens."""
+        self.expected = (rows, max_tokens) if rows > 0 else None
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        """A step's measured time: fitted when it was the expected decode step (no prompt tokens in it)."""
+        exp, self.expected = self.expected, None
+        if exp is not None and exp[0] <= tokens <= exp[1]:
+            self.fits.setdefault(size_class(exp[0]), LineFit()).observe(tokens, seconds)
+
     def observe_draft(self, rows: int, seconds: float) -> None:
         if rows > 0:
             per_row = seconds / rows
             self.draft_s = per_row if self.draft_s == 0.0 else 0.8 * self.draft_s + 0.2 * per_row
 
-    def fit(self) -> tuple[float, float] | None:
-        """(a, b), or None while the observed step sizes hardly vary."""
-        if self.n < 3:
-            return None
-        var = self.sxx / self.n - (self.sx / self.n) ** 2
-        if var < MIN_SPREAD ** 2:
-            return None
-        b = max(0.0, (self.sxy / self.n - self.sx * self.sy / self.n ** 2) / var)
-        a = max(1e-6, self.sy / self.n - b * self.sx / self.n)
-        return a, b
+    def fit(self, rows: int) -> tuple[float, float] | None:
+        f = self.fits.get(size_class(rows))
+        return f.fit() if f is not None else None
 
     def cost(self, rows: int) -> float:
         """``c`` for a step of ``rows`` decoding rows (see the module docstring)."""
-        ab = self.fit()
+        ab = self.fit(rows)
         if ab is None:
             return PRIOR_COST
         a, b = ab
         return (b + self.draft_s) * rows / (a + b * rows)
+
+
+def probe_interval(c: float) -> int:
+    """Steps between a non-drafting row's probes: PROBE_EVERY where a draft is nearly free, rarer as its cost
+    ``c`` nears a plain token's (a probe of a large batch's row costs almost what a token brings)."""
+    return math.ceil(PROBE_EVERY / max(1e-3, 1.0 - c))
 
 
 def depth(state: SeqSpec, k_max: int, c: float, dynamic: bool) -> int:
@@ -95,7 +131,7 @@ def depth(state: SeqSpec, k_max: int, c: float, dynamic: bool) -> int:
         k += 1
     if k == 0:
         state.idle_steps += 1
-        if state.idle_steps >= PROBE_EVERY:  # one draft now and then, so the rate can recover
+        if state.idle_steps >= probe_interval(c):  # one draft now and then, so the rate can recover
             state.idle_steps = 0
             return 1
         return 0

@@ -111,6 +111,7 @@ class Speculator:
         rows = [s for s in running if _eligible(s)]
         for s in running:
             s.draft_token_ids = []
+        self.costs.expect(len(rows), len(rows))  # raised below by the drafts: a step with prompt tokens is not fitted
         if not rows:
             return
         c = self.costs.cost(len(rows))
@@ -124,18 +125,17 @@ class Speculator:
             if k > 0:
                 wants.append((s, k))
         wants = [(s, k) for s, k in wants if not self._grammar_drafts(s, k)]
-        if not wants:
-            return
-        if self.cfg.method == DRAFT_MODEL:
+        if wants and self.cfg.method == DRAFT_MODEL:
             got = self.draft.propose(wants, {s.request_id for s in running})
             self.costs.observe_draft(len(wants), self.draft.last_seconds / max(1, max(k for _, k in wants)))
             for s, _ in wants:
                 s.draft_token_ids = self._allowed(s, got.get(s.request_id, []))
-            return
-        for s, k in wants:
-            if s.spec.index is None:
-                s.spec.index = NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
-            s.draft_token_ids = self._allowed(s, self.ngram.propose(s.token_ids(), s.spec.index, k, s.cache_key))
+        else:
+            for s, k in wants:
+                if s.spec.index is None:
+                    s.spec.index = NgramIndex(self.cfg.prompt_lookup_min, self.cfg.prompt_lookup_max)
+                s.draft_token_ids = self._allowed(s, self.ngram.propose(s.token_ids(), s.spec.index, k, s.cache_key))
+        self.costs.expect(len(rows), len(rows) + sum(len(s.draft_token_ids) for s in rows))
 
     def _grammar_drafts(self, seq: Sequence, k: int) -> bool:
         """A constrained row whose grammar forces bytes next drafts their tokens (nearly always accepted: free

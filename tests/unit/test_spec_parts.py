@@ -11,8 +11,8 @@ from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence
 from mindie_service.engine.spec_config import SpeculativeConfig
-from mindie_service.engine.spec_ngram import NgramIndex, NgramProposer
-from mindie_service.engine.spec_policy import SeqSpec, StepCostModel, depth
+from mindie_service.engine.spec_ngram import DRAFTS_PER_MATCHED, NgramIndex, NgramProposer
+from mindie_service.engine.spec_policy import SeqSpec, StepCostModel, depth, probe_interval
 from mindie_service.engine.speculative import accepted_run
 from mindie_service.engine.step import ScheduledChunk, SchedulerOutput
 from mindie_service.errors import ValidationError
@@ -57,7 +57,7 @@ def _reference(tokens: list[int], lo: int, hi: int, k: int) -> list[int]:
         suffix = tokens[n - m:]
         for end in range(n - 1, m - 1, -1):
             if tokens[end - m:end] == suffix:
-                return tokens[end:end + k]
+                return tokens[end:end + min(k, DRAFTS_PER_MATCHED * m)]
     return []
 
 
@@ -71,6 +71,14 @@ def test_ngram_matches_brute_force(tokens, lo, extra, k):
     for n in range(1, len(tokens)):  # incremental, as a sequence grows
         prop.propose(tokens[:n], idx, k, b"")
     assert prop.propose(tokens, idx, k, b"") == _reference(tokens, lo, hi, k)
+
+
+def test_draft_length_follows_the_match_length():
+    prop = NgramProposer(1, 4, memory=False)
+    text = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]
+    assert prop.propose(text + [9], NgramIndex(1, 4), 16, b"") == [10, 11, 12]  # one token matched: 3
+    assert prop.propose(text + [2, 3, 4], NgramIndex(1, 4), 16, b"") == text[4:13]  # three: 9
+    assert prop.propose(text + [2, 3, 4], NgramIndex(1, 4), 5, b"") == text[4:9]  # k still bounds it
 
 
 def test_memory_drafts_from_finished_text_of_the_same_cache_key():
@@ -156,20 +164,69 @@ def test_preempted_rows_lose_their_drafts():
 
 
 # ------------------------------------------------------------------ adaptivity
+def _feed(m: StepCostModel, rows: int, sizes: range, a: float, b: float) -> None:
+    """Decode steps of ``rows`` rows with ``sizes`` tokens (rows + drafts) costing ``a + b*T``."""
+    for t in sizes:
+        m.expect(rows, t)
+        m.observe(t, a + b * t)
+
+
 def test_step_cost_rule_turns_speculation_off_for_large_batches():
     m = StepCostModel()
-    for t in range(1, 200, 7):  # a = 20 ms to read the weights, b = 1 ms per token
-        m.observe(t, 0.020 + 0.001 * t)
+    _feed(m, 1, range(1, 10), 0.020, 0.001)  # a = 20 ms to read the weights, b = 1 ms per token
+    _feed(m, 256, range(256, 2000, 37), 0.020, 0.001)
     assert m.cost(1) < 0.1 and m.cost(256) > 0.9
     good = SeqSpec(accepted=40, tried=44)
     assert depth(good, 8, m.cost(1), True) >= 4
-    assert depth(good, 8, m.cost(512), True) == 0
+    assert depth(good, 8, m.cost(256), True) == 0
     bad = SeqSpec(accepted=0, tried=40)
     assert depth(bad, 8, m.cost(1), True) == 0
     assert depth(bad, 8, m.cost(1), False) == 8  # dynamic off: always k
+
+
+def test_step_costs_are_fitted_per_batch_size_class():
+    """One stream is bandwidth-bound (drafts nearly free), 16 streams compute-bound (each token costs): one
+    line over both would price a one-stream draft with the big batch's slope."""
+    m = StepCostModel()
+    _feed(m, 1, range(1, 10), 0.030, 0.0005)
+    _feed(m, 16, range(16, 145, 8), 0.010, 0.004)
+    assert m.cost(1) == pytest.approx(0.0005 / 0.0305)
+    assert m.cost(16) == pytest.approx(0.064 / 0.074)
+    assert m.fit(20) == m.fit(16) and m.cost(40) == 0.05  # same class; a class never measured: the prior
+    good = SeqSpec(accepted=40, tried=44)
+    assert depth(good, 8, m.cost(1), True) == 8 and depth(good, 8, m.cost(16), True) == 1
+
+
+def test_steps_with_prompt_tokens_are_not_fitted():
+    m = StepCostModel()
+    _feed(m, 1, range(1, 10), 0.030, 0.0005)
+    m.expect(1, 9)
+    m.observe(300, 5.0)  # a new request's prompt joined the step: not a decode step's cost
+    m.observe(5, 9.0)  # not announced by expect: not fitted either
+    assert m.cost(1) == pytest.approx(0.0005 / 0.0305)
+
+
+def test_the_last_fit_is_kept_once_drafting_stops():
+    """Speculation off for a class means its steps stop varying in size: the fit measured while they varied
+    keeps deciding (the optimistic prior would turn speculation back on every few steps)."""
+    m = StepCostModel()
+    _feed(m, 16, range(16, 145, 8), 0.010, 0.004)
+    c = m.cost(16)
+    for _ in range(500):
+        m.expect(16, 16)
+        m.observe(16, 0.074)
+    assert m.cost(16) == pytest.approx(c)
 
 
 def test_a_row_that_stops_drafting_probes_again():
     bad = SeqSpec(accepted=0, tried=40)
     ks = [depth(bad, 4, 0.05, True) for _ in range(40)]
     assert 0 < sum(ks) <= 3
+
+
+def test_probes_come_rarer_where_drafts_cost_more():
+    assert probe_interval(0.05) == 17 and probe_interval(0.75) == 64
+    bad = SeqSpec(accepted=0, tried=40)
+    cheap = sum(depth(bad, 4, 0.05, True) for _ in range(640))
+    dear = sum(depth(bad, 4, 0.75, True) for _ in range(640))
+    assert cheap == 37 and dear == 10
