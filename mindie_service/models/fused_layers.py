@@ -4,8 +4,9 @@ A thin model pays per op, per layer: Python dispatch, a tensor allocation, a cty
 forked and joined. SmolLM2-135M (30 layers of hidden 576) spent about a third of a one-sequence decode step
 there (issue 27). The C side runs the same compiled kernels as the op-by-op path, in one OpenMP team, with the
 residual adds in the o/down projections' epilogues and silu(gate) * up in gate/up's, so its output is
-bit-identical to that path's. Used only where nothing needs the op-by-op path: every projection packed for
-the C GEMM (fp32, not int8), no LoRA, no tensor parallelism, an fp32 KV cache, the row metadata present.
+bit-identical to that path's. A projection may hold int8 weights packed for the CPU (W8A16 or W8A8,
+npu_ops/quant.py): the C loop calls the same int8 kernels as the op-by-op path (issue 27). Used only where
+nothing needs the op-by-op path: every projection packed for the C kernels, no LoRA, no tensor parallelism, an fp32 KV cache, the row metadata present.
 ``set_enabled(False)`` keeps every step on the op-by-op path (A/B measurements, tests)."""
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 
 from npu_ops import cpu_kernels, quant_kv
 from npu_ops.linear import FastLinear
+from npu_ops.quant import QuantLinear
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ class FusedLayers:
 
     key: tuple[int, ...] = ()
     usable: bool = False
-    table: torch.Tensor | None = None  # int64 [layers, 12]: layers_f32.c's layer_f32 structs
+    table: torch.Tensor | None = None  # int64 [layers, 20]: layers_f32.c's layer_f32 structs
     keep: list[torch.Tensor] = field(default_factory=list)  # what the table points into
     work: torch.Tensor = field(default_factory=lambda: torch.empty(0))
 
@@ -58,8 +60,21 @@ class FusedLayers:
         return self.work
 
 
+_KINDS = {"w8a16": 1, "w8a8": 2}  # layers_f32.c's LIN_W8A16, LIN_W8A8 (0: fp32)
+
+
 def _packed(m: Any) -> bool:
+    if isinstance(m, QuantLinear):
+        return (m.packed is not None and m.scheme in _KINDS and m.w_scale.dtype == torch.float32
+                and (m.bias is None or m.bias.dtype == torch.float32))
     return isinstance(m, FastLinear) and m.packed is not None and m.packed_kind == "csrc"
+
+
+def _lin_row(m: Any, ptr: Any) -> list[int]:
+    """One layers_f32.c lin_desc: packed weight, bias, scale, kind."""
+    if isinstance(m, QuantLinear):
+        return [ptr(m.packed), ptr(m.bias), ptr(m.w_scale), _KINDS[m.scheme]]
+    return [ptr(m.packed), ptr(m.bias), 0, 0]
 
 
 def _build_table(model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
@@ -87,9 +102,8 @@ def _build_table(model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
         norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
         if any(w.dtype != torch.float32 or w.device.type != "cpu" for w in norms):
             return False, None, []
-        rows.append([ptr(norms[0]), ptr(at.qkv_proj.packed), ptr(at.qkv_proj.bias), ptr(at.o_proj.packed),
-                     ptr(at.o_proj.bias), ptr(norms[1]), ptr(mlp.gate_up_proj.packed), ptr(mlp.gate_up_proj.bias),
-                     ptr(mlp.down_proj.packed), ptr(mlp.down_proj.bias), kc.data_ptr(), vc.data_ptr()])
+        rows.append([ptr(norms[0]), ptr(norms[1]), *(v for m in linears for v in _lin_row(m, ptr)),
+                     kc.data_ptr(), vc.data_ptr()])
     logger.info("decoder layers fused into one CPU kernel call per step (%d layers)", len(rows))
     return True, torch.tensor(rows, dtype=torch.int64), keep
 

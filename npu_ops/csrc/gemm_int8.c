@@ -128,17 +128,17 @@ static void qtile(int mr, const float *a, int64_t lda, const int8_t *b, int64_t 
 }
 #endif
 
-void linear_w8a16_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *scale, int64_t N,
-                      const float *bias, float *y, int nthreads) {
+/* By every thread of a team (orphaned `omp for`): the fused layers' W8A16 linear (layers_f32.c) and the body
+ * of linear_w8a16_f32. */
+void linear_w8a16_f32_team(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *scale, int64_t N,
+                           const float *bias, float *y) {
     const int64_t np = (N + QNR - 1) / QNR;
     /* Without AVX-512, more rows than one tile: widen each panel to fp32 once (it stays in L2) and run
      * gemm.c's fp32 tiles over it; AVX-512's tiles widen in registers at any M. */
     const int widen = TMR == QMR && M > QMR;
+    float *buf = widen ? malloc(sizeof(float) * (size_t)(K * QNR)) : NULL;
     for (int64_t m0 = 0; m0 < M; m0 += QMC) {
         const int64_t m1 = m0 + QMC < M ? m0 + QMC : M;
-#pragma omp parallel num_threads(nthreads)
-        {
-        float *buf = widen ? malloc(sizeof(float) * (size_t)(K * QNR)) : NULL;
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < np; ++p) {
             const int8_t *w = wp + p * K * QNR;
@@ -160,7 +160,12 @@ void linear_w8a16_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, co
                 }
             }
         }
-        free(buf);
-        }
     }
+    free(buf);
+}
+
+void linear_w8a16_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *scale, int64_t N,
+                      const float *bias, float *y, int nthreads) {
+#pragma omp parallel num_threads(nthreads)
+    linear_w8a16_f32_team(x, M, K, wp, scale, N, bias, y);
 }

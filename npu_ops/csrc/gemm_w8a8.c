@@ -64,44 +64,45 @@ void pack_w8a8(const int8_t *w, int64_t N, int64_t K, int8_t *wp) {
 /* Per-row dynamic quantization: xq[m, 0:K4*4] (zero padded), xs[m] = amax / 127 (1 for a zero row).
  * Division, not multiplication by the reciprocal, so that the rounding matches the reference. With
  * ``offset`` every byte is stored + 128 (x ^ 0x80: the VNNI core's unsigned operand). */
+static void quantize_row(const float *xr, int64_t K, int8_t *qr, float *xs, int8_t flip) {
+    const int64_t KP = k4_of(K) * 4;
+    float amax = 0.f;
+    int64_t k = 0;
+#ifdef __AVX2__
+    const __m256 nosign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 vmax = _mm256_setzero_ps();
+    for (; k + 8 <= K; k += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(xr + k), nosign));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vmax);
+    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, lanes[i]);
+#endif
+    for (; k < K; ++k) amax = fmaxf(amax, fabsf(xr[k]));
+    const float s = amax > 0.f ? amax / 127.f : 1.f;
+    *xs = s;
+    k = 0;
+#ifdef __AVX2__
+    const __m256 sv = _mm256_set1_ps(s), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
+    const __m128i fv = _mm_set1_epi8(flip);
+    for (; k + 8 <= K; k += 8) {
+        __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(_mm256_loadu_ps(xr + k), sv), lo), hi);
+        const __m256i i32 = _mm256_cvtps_epi32(v); /* round to nearest even (MXCSR default) */
+        const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+        _mm_storel_epi64((__m128i *)(qr + k), _mm_xor_si128(_mm_packs_epi16(i16, i16), fv));
+    }
+#endif
+    for (; k < K; ++k) {
+        float v = nearbyintf(xr[k] / s);
+        qr[k] = (int8_t)((int8_t)(v > 127.f ? 127.f : v < -127.f ? -127.f : v) ^ flip);
+    }
+    for (; k < KP; ++k) qr[k] = flip;
+}
+
 static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, float *xs, int nthreads, int offset) {
     const int64_t KP = k4_of(K) * 4;
     const int8_t flip = offset ? (int8_t)0x80 : 0;
     /* a decode step's few rows stay on the calling thread: waking the team costs more than the work */
 #pragma omp parallel for num_threads(nthreads) if (M * K >= 65536) schedule(static)
-    for (int64_t m = 0; m < M; ++m) {
-        const float *xr = x + m * K;
-        int8_t *qr = xq + m * KP;
-        float amax = 0.f;
-        int64_t k = 0;
-#ifdef __AVX2__
-        const __m256 nosign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-        __m256 vmax = _mm256_setzero_ps();
-        for (; k + 8 <= K; k += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(xr + k), nosign));
-        float lanes[8];
-        _mm256_storeu_ps(lanes, vmax);
-        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, lanes[i]);
-#endif
-        for (; k < K; ++k) amax = fmaxf(amax, fabsf(xr[k]));
-        const float s = amax > 0.f ? amax / 127.f : 1.f;
-        xs[m] = s;
-        k = 0;
-#ifdef __AVX2__
-        const __m256 sv = _mm256_set1_ps(s), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
-        const __m128i fv = _mm_set1_epi8(flip);
-        for (; k + 8 <= K; k += 8) {
-            __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(_mm256_loadu_ps(xr + k), sv), lo), hi);
-            const __m256i i32 = _mm256_cvtps_epi32(v); /* round to nearest even (MXCSR default) */
-            const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
-            _mm_storel_epi64((__m128i *)(qr + k), _mm_xor_si128(_mm_packs_epi16(i16, i16), fv));
-        }
-#endif
-        for (; k < K; ++k) {
-            float v = nearbyintf(xr[k] / s);
-            qr[k] = (int8_t)((int8_t)(v > 127.f ? 127.f : v < -127.f ? -127.f : v) ^ flip);
-        }
-        for (; k < KP; ++k) qr[k] = flip;
-    }
+    for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, K, xq + m * KP, xs + m, flip);
 }
 
 void quantize_rows_i8(const float *x, int64_t M, int64_t K, int8_t *xq, float *xs, int nthreads) {
@@ -225,14 +226,15 @@ static void epilogue(const int32_t *c, int mr, const float *xs, const int32_t *c
     }
 }
 
-/* y = rows . Wq^T, scaled: xr rows (lda = K4 * 4 bytes) already in this core's activation format. */
-static void w8a8_rows(const int8_t *xr, const float *xs, int64_t M, int64_t K, const int8_t *wp, const float *ws,
-                      int64_t N, const float *bias, float *y, int nthreads, const int8_t *zero) {
+/* y = rows . Wq^T, scaled: xr rows (lda = K4 * 4 bytes) already in this core's activation format. Called by
+ * every thread of a team (orphaned `omp for`). */
+static void w8a8_rows_team(const int8_t *xr, const float *xs, int64_t M, int64_t K, const int8_t *wp,
+                           const float *ws, int64_t N, const float *bias, float *y, const int8_t *zero) {
     const int64_t K4 = k4_of(K), lda = K4 * 4, np = npanels(N), npair = (np + 1) / 2;
     const int32_t *comp = W8A8_VNNI ? (const int32_t *)(wp + np * ANR * K4 * 4) : NULL;
     for (int64_t m0 = 0; m0 < M; m0 += MC) {
         const int64_t m1 = m0 + MC < M ? m0 + MC : M;
-#pragma omp parallel for num_threads(nthreads) schedule(static)
+#pragma omp for schedule(static)
         for (int64_t pp = 0; pp < npair; ++pp) {
             const int64_t p0 = 2 * pp, n0 = p0 * ANR, ncols = N - n0 < TW ? N - n0 : TW;
             const int8_t *b0 = wp + p0 * K4 * ANR * 4, *b1 = p0 + 1 < np ? b0 + K4 * ANR * 4 : zero;
@@ -246,6 +248,25 @@ static void w8a8_rows(const int8_t *xr, const float *xs, int64_t M, int64_t K, c
         }
     }
 }
+
+static void w8a8_rows(const int8_t *xr, const float *xs, int64_t M, int64_t K, const int8_t *wp, const float *ws,
+                      int64_t N, const float *bias, float *y, int nthreads, const int8_t *zero) {
+#pragma omp parallel num_threads(nthreads)
+    w8a8_rows_team(xr, xs, M, K, wp, ws, N, bias, y, zero);
+}
+
+/* The fused layers' W8A8 linear (layers_f32.c), by every thread of a team: x's rows quantized into xq
+ * (k4 * 4 bytes a row) and xs, then the tiles; zero: w8a8_zero_bytes(K) zero bytes. Same math as
+ * linear_w8a8_f32. */
+void linear_w8a8_f32_team(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
+                          const float *bias, float *y, int8_t *xq, float *xs, const int8_t *zero) {
+    const int64_t KP = k4_of(K) * 4;
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, K, xq + m * KP, xs + m, W8A8_VNNI ? (int8_t)0x80 : 0);
+    w8a8_rows_team(xq, xs, M, K, wp, ws, N, bias, y, zero);
+}
+
+int64_t w8a8_zero_bytes(int64_t K) { return k4_of(K) * ANR * 4; }
 
 /* An odd last panel pairs with zeros: the scratch for it (NULL when N's panels pair up or none is had). */
 static int8_t *zero_panel(int64_t N, int64_t K, int *failed) {

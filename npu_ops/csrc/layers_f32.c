@@ -5,10 +5,13 @@
  * one-sequence decode step between the kernels (Python dispatch, tensor allocation, ctypes calls, a thread
  * team forked and joined per op); here one OpenMP team lives for the whole step and the ops meet at its
  * barriers. Each op is the same compiled code as its single-op kernel (layers_f32.h), so the result is
- * bit-identical to the op-by-op path. The caller keeps LoRA, tensor parallelism, int8 weights or KV and
- * other devices on that path.
+ * bit-identical to the op-by-op path. A projection may hold int8 weights (W8A16: gemm_int8.c, W8A8:
+ * gemm_w8a8.c, activations quantized in the call); its output then goes through scratch and the residual is
+ * added after it, as the op-by-op path adds it. The caller keeps LoRA, tensor parallelism, an int8 KV cache
+ * and other devices on that path.
  *
- * layers[l]: pointers of layer l (packed weights as gemm.c packs them; biases may be NULL); x [T, hidden]
+ * layers[l]: pointers of layer l (each projection's packed weight as its kernel packs it, its bias or NULL,
+ * its per-column scale for int8 kinds, its kind); x [T, hidden]
  * is updated in place; cos, sin [T, D]; slots [T] int64; block tables, rows and positions as attention.c
  * takes them; work: llama_layers_f32_work(...) floats. Returns 0 or attention.c's error codes. */
 #include <stdlib.h>
@@ -17,20 +20,57 @@
 #include "gemm_tile.h"
 #include "layers_f32.h"
 
+enum { LIN_F32 = 0, LIN_W8A16 = 1, LIN_W8A8 = 2 };
+
 typedef struct {
-    const float *in_norm, *qkv_w, *qkv_b, *o_w, *o_b, *post_norm, *gu_w, *gu_b, *down_w, *down_b;
+    const void *w;
+    const float *bias, *scale;
+    int64_t kind;
+} lin_desc;
+
+typedef struct {
+    const float *in_norm, *post_norm;
+    lin_desc qkv, o, gu, down;
     float *k_cache, *v_cache;
 } layer_f32;
+
+typedef struct {
+    float *tmp, *xs; /* an int8 projection's output before the residual add [T, hidden]; row scales [T] */
+    int8_t *xq, *zero; /* quantized rows [T, kmax padded]; a zero W8A8 panel */
+} int8_scratch;
 
 typedef struct {
     int64_t T, hidden, H, KVH, D, inter, BS, MB;
     float eps, scale;
 } dims_f32;
 
-static int fuse_silu(int64_t inter) { return inter % F32_TILE_NR == 0; }
+static int64_t kmax_padded(int64_t hidden, int64_t QD, int64_t inter) {
+    const int64_t k = hidden > QD ? hidden : QD;
+    return ((k > inter ? k : inter) + 3) / 4 * 4;
+}
 
+/* floats: x's norm, qkv, q, attention, h, gate/up, then the int8 scratch (int8_scratch) */
 int64_t llama_layers_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH, int64_t D, int64_t inter) {
-    return T * (hidden + (H + 2 * KVH) * D + 2 * H * D + inter + (fuse_silu(inter) ? 0 : 2 * inter));
+    const int64_t kp = kmax_padded(hidden, H * D, inter), bytes = T * kp + w8a8_zero_bytes(kp);
+    return T * (hidden + (H + 2 * KVH) * D + 2 * H * D + inter + 2 * inter) + T * hidden + T + (bytes + 3) / 4;
+}
+
+/* y = x . W^T (+ bias), or y += that with add: one projection of any kind, by every thread of the team */
+static void lin(const dims_f32 *d, const lin_desc *ln, const float *x, int64_t K, int64_t N, float *y, int add,
+                const int8_scratch *s) {
+    if (ln->kind == LIN_F32) {
+        linear_f32_team(x, d->T, K, ln->w, N, ln->bias, y, add);
+        return;
+    }
+    float *out = add ? s->tmp : y;
+    if (ln->kind == LIN_W8A16)
+        linear_w8a16_f32_team(x, d->T, K, ln->w, ln->scale, N, ln->bias, out);
+    else
+        linear_w8a8_f32_team(x, d->T, K, ln->w, ln->scale, N, ln->bias, out, s->xq, s->xs, s->zero);
+    if (!add) return;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < d->T; ++t)
+        for (int64_t i = 0; i < N; ++i) y[t * N + i] = y[t * N + i] + out[t * N + i];
 }
 
 /* rotary on the q heads of each row into q, on its k heads straight into the cache slot; v copied there */
@@ -52,16 +92,17 @@ static void norm_rows(const dims_f32 *d, const float *x, const float *w, float *
     for (int64_t t = 0; t < d->T; ++t) rms_norm_row_f32(x + t * d->hidden, w, out + t * d->hidden, d->hidden, d->eps);
 }
 
-static void mlp(const dims_f32 *d, const layer_f32 *ly, const float *xn, float *h, float *gu, float *x) {
+static void mlp(const dims_f32 *d, const layer_f32 *ly, const float *xn, float *h, float *gu, float *x,
+                const int8_scratch *s) {
     const int64_t T = d->T, inter = d->inter;
-    if (fuse_silu(inter)) {
-        gate_up_silu_f32_team(xn, T, d->hidden, ly->gu_w, inter, ly->gu_b, h);
+    if (ly->gu.kind == LIN_F32 && inter % F32_TILE_NR == 0) {
+        gate_up_silu_f32_team(xn, T, d->hidden, ly->gu.w, inter, ly->gu.bias, h);
     } else {
-        linear_f32_team(xn, T, d->hidden, ly->gu_w, 2 * inter, ly->gu_b, gu, 0);
+        lin(d, &ly->gu, xn, d->hidden, 2 * inter, gu, 0, s);
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < T; ++t) silu_mul_row_f32(gu + t * 2 * inter, gu + t * 2 * inter + inter, h + t * inter, inter);
     }
-    linear_f32_team(h, T, inter, ly->down_w, d->hidden, ly->down_b, x, 1);
+    lin(d, &ly->down, h, inter, d->hidden, x, 1, s);
 }
 
 int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, int64_t hidden, int64_t H, int64_t KVH,
@@ -76,7 +117,10 @@ int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, in
     const dims_f32 d = {T, hidden, H, KVH, D, inter, BS, MB, eps, scale};
     const int64_t QD = H * D;
     float *xn = work, *qkv = xn + T * hidden, *q = qkv + T * (QD + 2 * KVH * D), *att = q + T * QD,
-          *h = att + T * QD, *gu = h + T * inter;
+          *h = att + T * QD, *gu = h + T * inter, *tmp = gu + T * 2 * inter, *xs = tmp + T * hidden;
+    int8_t *xq = (int8_t *)(xs + T);
+    const int8_scratch s8 = {tmp, xs, xq, xq + T * kmax_padded(hidden, QD, inter)};
+    memset(s8.zero, 0, (size_t)w8a8_zero_bytes(kmax_padded(hidden, QD, inter)));
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
@@ -89,13 +133,13 @@ int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, in
         for (int64_t l = 0; l < L && !failed; ++l) {
             const layer_f32 *ly = layers + l;
             norm_rows(&d, x, ly->in_norm, xn);
-            linear_f32_team(xn, T, hidden, ly->qkv_w, QD + 2 * KVH * D, ly->qkv_b, qkv, 0);
+            lin(&d, &ly->qkv, xn, hidden, QD + 2 * KVH * D, qkv, 0, &s8);
             rope_and_cache(&d, qkv, cos_, sin_, slots, q, ly->k_cache, ly->v_cache);
             attn_rows_f32_team(&pl, q, ly->k_cache, ly->v_cache, block_tables, row_seq, row_pos, att, H, KVH, D, BS,
                                MB, scale, scores, acc);
-            linear_f32_team(att, T, QD, ly->o_w, hidden, ly->o_b, x, 1);
+            lin(&d, &ly->o, att, QD, hidden, x, 1, &s8);
             norm_rows(&d, x, ly->post_norm, xn);
-            mlp(&d, ly, xn, h, gu, x);
+            mlp(&d, ly, xn, h, gu, x, &s8);
         }
         free(scores);
         free(acc);

@@ -15,6 +15,13 @@ void linear_f32_team(const float *x, int64_t M, int64_t K, const float *wp, int6
 void gate_up_silu_f32_team(const float *x, int64_t M, int64_t K, const float *wp, int64_t inter, const float *bias,
                            float *h);
 
+/* int8-weight linears by every thread of a team (gemm_int8.c, gemm_w8a8.c): the single-op kernels' bodies */
+void linear_w8a16_f32_team(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *scale, int64_t N,
+                           const float *bias, float *y);
+void linear_w8a8_f32_team(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
+                          const float *bias, float *y, int8_t *xq, float *xs, const int8_t *zero);
+int64_t w8a8_zero_bytes(int64_t K);
+
 typedef struct {
     int64_t *tiles; /* [ntiles + 1] first row of each tile, then T */
     int64_t ntiles, split, per, G;

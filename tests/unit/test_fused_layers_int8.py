@@ -1,0 +1,39 @@
+"""The fused decoder layers (npu_ops/csrc/layers_f32.c) over int8 weights: every projection W8A8 or W8A16
+(packed for the CPU kernels, npu_ops/quant.py) runs in the one C call per step and its output is
+bit-identical to the op-by-op int8 path's, on odd shapes (hidden 40, q 60, qkv 100, intermediate 21: K not a
+multiple of 4, N not whole panels), for a step mixing decode rows with prefill rows."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from npu_ops import cpu_kernels, quant, quant_cpu
+from tests.unit.test_fused_layers import BS, _model, _run
+
+pytestmark = pytest.mark.skipif(cpu_kernels.load() is None or not quant_cpu.available(), reason="no C kernels here")
+
+
+@pytest.mark.parametrize("scheme", ["w8a8", "w8a16"])
+@pytest.mark.parametrize("inter,bias", [(21, True), (32, False)])
+def test_fused_int8_layers_equal_the_op_by_op_int8_path(scheme, inter, bias):
+    model = _model(inter, bias, seed=inter + 7)
+    d = model.dims
+    dense = _run(model, torch.zeros(d.layers, 2, 16, BS, d.kv_heads, d.head_dim), True)
+    assert quant.quantize_model(model, scheme, keep_float=("lm_head",)) == 4 * d.layers
+    assert quant.pack_quantized(model) == 4 * d.layers
+    pools = [torch.zeros(d.layers, 2, 16, BS, d.kv_heads, d.head_dim) for _ in range(2)]
+    calls = []
+    lib = cpu_kernels.load()
+    real = lib.llama_layers_f32
+    try:
+        lib.llama_layers_f32 = lambda *a: calls.append(1) or real(*a)
+        fused = _run(model, pools[0], True)
+    finally:
+        lib.llama_layers_f32 = real
+    assert len(calls) == 2  # both steps took the fused path
+    op_by_op = _run(model, pools[1], False)
+    for a, b, f in zip(fused, op_by_op, dense):
+        assert torch.equal(a, b)
+        assert not torch.equal(a, f)  # the int8 weights were used
+        assert (a - f).norm() < 0.1 * f.norm()  # and stay near the fp32 weights' output
+    assert torch.equal(pools[0], pools[1])  # the same K/V written to the same slots
