@@ -5,7 +5,8 @@ at once (16-128 tokens each, the bench_real workload's first N).
 
     PYTHONPATH=$PWD .venv/bin/python tools/ab_stream.py [ROUNDS] [--batch 32] [--quant]
 
-Default: fp32 with the fused decoder layers (one C call per step) against the op-by-op path, in one engine.
+Default: fp32 with the fused decoder layers (one C call per step) against the op-by-op path, in one engine;
+--scheme w8a8|w8a16 (and --int8-head): the same A/B over int8 weights.
 --quant: fp32 / w8a8 / w8a8 and w8a16 with the int8 LM head, one engine each.
 """
 import argparse
@@ -25,6 +26,8 @@ ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDe
 ap.add_argument("rounds", type=int, nargs="?", default=3)
 ap.add_argument("--batch", type=int, default=0)
 ap.add_argument("--quant", action="store_true")
+ap.add_argument("--scheme", choices=["w8a8", "w8a16"], default=None, help="fused vs op-by-op over int8 weights")
+ap.add_argument("--int8-head", action="store_true", help="with --scheme: the int8 (W8A16) LM head")
 ap.add_argument("--threads", type=int, default=0, help="torch threads (default: as set); 1 on a loaded machine")
 args = ap.parse_args()
 if args.threads:
@@ -49,8 +52,9 @@ if args.quant:
             "w8a16+int8head": ("w8a16", "int8", True)}
     llms = {k: make_llm(model, q, max(1, args.batch), h) for k, (q, h, _) in cfgs.items()}
 else:
-    cfgs = {"fp32 fused": (None, "float", True), "fp32 op-by-op": (None, "float", False)}
-    one = make_llm(model, None, max(1, args.batch))
+    head = "int8" if args.int8_head else "float"
+    cfgs = {"fused": (args.scheme, head, True), "op-by-op": (args.scheme, head, False)}
+    one = make_llm(model, args.scheme, max(1, args.batch), head)
     llms = {k: one for k in cfgs}
 best = {f"{k} {w}": 0.0 for k in cfgs for w in ["stream"] + (["batched"] if args.batch else [])}
 cpu = dict.fromkeys(best, float("inf"))  # least process CPU ms per token: what contention inflates least
@@ -74,5 +78,5 @@ for r in range(args.rounds):
           f"load {os.getloadavg()[0]:.1f}", flush=True)
 if not args.quant:
     for w in ["stream"] + (["batched"] if args.batch else []):
-        a, b = f"fp32 fused {w}", f"fp32 op-by-op {w}"
-        print(f"{w}: fused / op-by-op = {best[a] / best[b]:.3f} (tok/s), {cpu[b] / cpu[a]:.3f} (CPU time per token)")
+        a, b = f"fused {w}", f"op-by-op {w}"
+        print(f"{args.scheme or 'fp32'}{' +int8 head' if args.int8_head else ''} {w}: fused / op-by-op = {best[a] / best[b]:.3f} (tok/s), {cpu[b] / cpu[a]:.3f} (CPU time per token)")
