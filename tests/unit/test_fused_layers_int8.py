@@ -1,8 +1,13 @@
 """The fused decoder layers (npu_ops/csrc/layers_f32.c) over int8 weights: every projection W8A8 or W8A16
 (packed for the CPU kernels, npu_ops/quant.py) runs in the one C call per step and its output is
 bit-identical to the op-by-op int8 path's, on odd shapes (hidden 40, q 60, qkv 100, intermediate 21: K not a
-multiple of 4, N not whole panels), for a step mixing decode rows with prefill rows."""
+multiple of 4, N not whole panels), for a step mixing decode rows with prefill rows; with this machine's
+build and with the AVX2 build (no AVX-512: W8A8's sign-trick core, W8A16's widened panels) where it differs."""
 from __future__ import annotations
+
+import ctypes
+import os
+import shutil
 
 import pytest
 import torch
@@ -13,9 +18,30 @@ from tests.unit.test_fused_layers import BS, _model, _run
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None or not quant_cpu.available(), reason="no C kernels here")
 
 
+@pytest.fixture(scope="module")
+def avx2_kernels() -> ctypes.CDLL:
+    """The same sources built without AVX-512; skipped where this machine's build already is that one."""
+    if quant_cpu.w8a8_core() != "vnni":
+        pytest.skip("the loaded build already runs the AVX2 cores")
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    lib = ctypes.CDLL(str(cpu_kernels._build(cc, [*cpu_kernels.FLAGS, "-mno-avx512f", "-mno-avxvnni"])))
+    assert quant_cpu.w8a8_core(lib) == "maddubs"
+    return cpu_kernels._declare(lib)
+
+
 @pytest.mark.parametrize("scheme", ["w8a8", "w8a16"])
 @pytest.mark.parametrize("inter,bias", [(21, True), (32, False)])
 def test_fused_int8_layers_equal_the_op_by_op_int8_path(scheme, inter, bias):
+    _check(scheme, inter, bias)
+
+
+@pytest.mark.parametrize("scheme", ["w8a8", "w8a16"])
+def test_fused_int8_layers_on_the_avx2_build(scheme, avx2_kernels, monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "load", lambda: avx2_kernels)  # every kernel of the test from that build
+    _check(scheme, 21, True)
+
+
+def _check(scheme: str, inter: int, bias: bool) -> None:
     model = _model(inter, bias, seed=inter + 7)
     d = model.dims
     dense = _run(model, torch.zeros(d.layers, 2, 16, BS, d.kv_heads, d.head_dim), True)
