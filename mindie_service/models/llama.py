@@ -166,7 +166,7 @@ class LlamaForCausalLM(nn.Module):
         """Returns the final hidden states [T, hidden] (logits are computed for chosen rows only)."""
         x = self.embed(input_ids, ctx)
         cos, sin = self.rope_cos[ctx.positions], self.rope_sin[ctx.positions]
-        if fused_layers.run(self, x, cos, sin, ctx, kv_caches):  # every layer in one C call (CPU, fp32)
+        if fused_layers.run(self, x, cos, sin, ctx, kv_caches):  # every layer in one C call (CPU, fp32 activations; fp32 or int8 weights)
             return self.norm(x)
         for layer, kv in zip(self.layers, kv_caches):
             x = layer(x, cos, sin, ctx, kv)
