@@ -102,6 +102,15 @@ def _reference(model: LlamaForCausalLM) -> list[torch.Tensor]:
 def test_fused_layers_equal_the_op_by_op_path_and_the_reference(inter, bias):
     """inter 32: silu(gate) * up in gate/up's epilogue; 21 and 24 (not whole 16-column panels): a separate pass."""
     model = _model(inter, bias, seed=inter)
+    fused, op_by_op = fused_and_op_by_op(model)
+    for a, b, want in zip(fused, op_by_op, _reference(model)):
+        assert torch.equal(a, b)
+        torch.testing.assert_close(a, want, rtol=1e-4, atol=1e-4)
+
+
+def fused_and_op_by_op(model: LlamaForCausalLM) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Both steps' outputs through the fused call (asserted taken, once per step) and through the op-by-op
+    path, each into its own KV pool; the two pools must end equal (the same K/V in the same slots)."""
     d = model.dims
     pools = [torch.zeros(d.layers, 2, 16, BS, d.kv_heads, d.head_dim) for _ in range(2)]
     calls = []
@@ -114,10 +123,8 @@ def test_fused_layers_equal_the_op_by_op_path_and_the_reference(inter, bias):
         lib.llama_layers_f32 = real
     assert len(calls) == 2  # both steps took the fused path
     op_by_op = _run(model, pools[1], False)
-    for a, b, want in zip(fused, op_by_op, _reference(model)):
-        assert torch.equal(a, b)
-        torch.testing.assert_close(a, want, rtol=1e-4, atol=1e-4)
-    assert torch.equal(pools[0], pools[1])  # the same K/V written to the same slots
+    assert torch.equal(pools[0], pools[1])
+    return fused, op_by_op
 
 
 def test_a_step_with_lora_stays_on_the_op_by_op_path():

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from npu_ops import cpu_kernels, quant, quant_cpu
-from tests.unit.test_fused_layers import BS, _model, _run
+from tests.unit.test_fused_layers import BS, _model, _run, fused_and_op_by_op
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None or not quant_cpu.available(), reason="no C kernels here")
 
@@ -47,19 +47,8 @@ def _check(scheme: str, inter: int, bias: bool) -> None:
     dense = _run(model, torch.zeros(d.layers, 2, 16, BS, d.kv_heads, d.head_dim), True)
     assert quant.quantize_model(model, scheme, keep_float=("lm_head",)) == 4 * d.layers
     assert quant.pack_quantized(model) == 4 * d.layers
-    pools = [torch.zeros(d.layers, 2, 16, BS, d.kv_heads, d.head_dim) for _ in range(2)]
-    calls = []
-    lib = cpu_kernels.load()
-    real = lib.llama_layers_f32
-    try:
-        lib.llama_layers_f32 = lambda *a: calls.append(1) or real(*a)
-        fused = _run(model, pools[0], True)
-    finally:
-        lib.llama_layers_f32 = real
-    assert len(calls) == 2  # both steps took the fused path
-    op_by_op = _run(model, pools[1], False)
+    fused, op_by_op = fused_and_op_by_op(model)
     for a, b, f in zip(fused, op_by_op, dense):
         assert torch.equal(a, b)
         assert not torch.equal(a, f)  # the int8 weights were used
         assert (a - f).norm() < 0.1 * f.norm()  # and stay near the fp32 weights' output
-    assert torch.equal(pools[0], pools[1])  # the same K/V written to the same slots
