@@ -69,6 +69,15 @@ def json_spec(schema: Any, where: str, *, whitespace_flexible: bool = False) -> 
     return StructuredSpec("json", text, where, whitespace_flexible)
 
 
+def schema_value(v: Any, where: str) -> StructuredSpec:
+    """A JSON Schema given as an object or as its JSON text (vLLM's ``guided_json`` / ``json`` take both)."""
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError as e:
+            raise ValidationError(f"Parameter {where} must be a JSON Schema (an object or its JSON text): {e}") from None
+    return json_spec(v, where)
+
 def choice_spec(choices: Any, where: str) -> StructuredSpec:
     check(isinstance(choices, list) and 0 < len(choices) <= MAX_CHOICES
           and all(isinstance(c, str) and c for c in choices), where,
@@ -103,12 +112,7 @@ def from_vllm(obj: Any, where: str = "structured_outputs") -> StructuredSpec | N
     if k == "json_object":
         return StructuredSpec("json", ANY_JSON_OBJECT, at)
     if k == "json":
-        if isinstance(v, str):
-            try:
-                v = json.loads(v)
-            except ValueError as e:
-                raise ValidationError(f"Parameter {at} must be a JSON Schema (object or JSON text): {e}") from None
-        return json_spec(v, at)
+        return schema_value(v, at)
     if k == "choice":
         return choice_spec(v, at)
     return text_spec(k, v, at)  # type: ignore[arg-type]

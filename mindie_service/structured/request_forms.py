@@ -11,25 +11,15 @@ whether a schema or regex is valid is the compiler's to say (it compiles off the
   ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar`` fields."""
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from mindie_service.errors import ValidationError, check
 from mindie_service.structured.grammar_spec import (ANY_JSON_OBJECT, StructuredSpec, choice_spec, closed_objects, from_vllm,
-                                           json_spec, text_spec)
+                                           json_spec, schema_value, text_spec)
 
 NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")  # OpenAI's rule for json_schema.name (and function names)
 GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
-
-
-def _schema_value(v: Any, where: str) -> StructuredSpec:
-    if isinstance(v, str):
-        try:
-            v = json.loads(v)
-        except ValueError as e:
-            raise ValidationError(f"Parameter {where} must be a JSON Schema (an object or its JSON text): {e}") from None
-    return json_spec(v, where)
 
 
 def response_format(v: Any, where: str = "response_format") -> StructuredSpec | None:
@@ -61,7 +51,7 @@ def response_format(v: Any, where: str = "response_format") -> StructuredSpec | 
     if kind in ("json", "regex"):  # TGI's chat route
         check(set(v) <= {"type", "value"}, where, '{"type", "value"}', sorted(v))
         check("value" in v, f"{where}.value", "present", None)
-        return _schema_value(v["value"], f"{where}.value") if kind == "json" else \
+        return schema_value(v["value"], f"{where}.value") if kind == "json" else \
             text_spec("regex", v["value"], f"{where}.value")
     raise ValidationError(f"Parameter {where}.type must be one of text, json_object, json_schema (or TGI's json, "
                           f"regex), got {kind!r}")
@@ -75,7 +65,7 @@ def tgi_grammar(v: Any, where: str = "grammar") -> StructuredSpec | None:
           'an object {"type": "json" | "regex", "value": ...}', v)
     kind = v.get("type")
     check(kind in ("json", "regex"), f"{where}.type", "json or regex", kind)
-    return _schema_value(v["value"], f"{where}.value") if kind == "json" else \
+    return schema_value(v["value"], f"{where}.value") if kind == "json" else \
         text_spec("regex", v["value"], f"{where}.value")
 
 
@@ -87,7 +77,7 @@ def vllm_fields(body: dict[str, Any]) -> StructuredSpec | None:
         if v is None:
             continue
         check(spec is None, name, "absent when another structured-output field is given", v)
-        spec = (_schema_value(v, name) if kind == "json" else choice_spec(v, name) if kind == "choice"
+        spec = (schema_value(v, name) if kind == "json" else choice_spec(v, name) if kind == "choice"
                 else text_spec(kind, v, name))  # type: ignore[arg-type]
     return spec
 

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from mindie_service.models import fused_layers
 from mindie_service.models.llama import LlamaDims, LlamaForCausalLM, StepContext
 from npu_ops import cpu_kernels, ops
-from npu_ops.linear import pack_linears
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here")
 
