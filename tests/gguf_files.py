@@ -80,14 +80,25 @@ def write_gguf(folder: Path, out: Path, types: dict[str, Any] | None = None) -> 
             data = permute(data, heads)
         elif name.endswith("k_proj.weight"):
             data = permute(data, kv_heads)
-        g = gguf_name(name)
-        qtype = (types or {}).get(g)
-        if qtype is None:
-            w.add_tensor(g, data)
-        else:
-            w.add_tensor(g, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+        add_tensor(w, gguf_name(name), data, types)
+    finish(w)
+    return out
+
+
+def add_tensor(w: Any, name: str, data: np.ndarray, types: dict[str, Any] | None) -> None:
+    """``data`` as F32, or quantized to ``types[name]`` (a gguf.GGMLQuantizationType) when it names one."""
+    import gguf
+
+    qtype = (types or {}).get(name)
+    if qtype is None:
+        w.add_tensor(name, data)
+    else:
+        w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+
+
+def finish(w: Any) -> None:
+    """Header, metadata and tensors written; the file closed."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return out

@@ -13,6 +13,7 @@ import torch
 from mindie_service.errors import ValidationError
 from mindie_service.models.gguf_checkpoint import find_gguf, open_checkpoint, unpermute_qk
 from mindie_service.models.loader import load_model
+from tests.gguf_files import add_tensor, finish
 
 gguf = pytest.importorskip("gguf")
 
@@ -45,16 +46,8 @@ def write_tiny(path: Path, arch: str = "llama", hidden: int = HIDDEN, ffn: int =
     if arch == "qwen2":  # Qwen2 has q/k/v biases
         shapes.update({"blk.0.attn_q.bias": (HIDDEN,), "blk.0.attn_k.bias": (HIDDEN,), "blk.0.attn_v.bias": (HIDDEN,)})
     for name, shape in shapes.items():
-        data = rng.standard_normal(shape).astype(np.float32)
-        qtype = (types or {}).get(name)
-        if qtype is None:
-            w.add_tensor(name, data)
-        else:
-            w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        add_tensor(w, name, rng.standard_normal(shape).astype(np.float32), types)
+    finish(w)
     return path
 
 
