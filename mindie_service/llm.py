@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence as Seq
 
@@ -34,6 +35,8 @@ class RequestOutput:
     prompt_logprobs: list[float | None] | None = None
     seed: int | None = None
     finished: bool = True
+    # vLLM's RequestMetrics times (time.time()): arrival_time (queued), first_token_time, last_token_time;
+    # a benchmark takes decode speed apart from prefill with them
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -90,14 +93,17 @@ class LLM:
             if adapter_id is not None:
                 p = replace(p, adapter_id=adapter_id)
             requests.append(self.input_processor.process(_prompt(prompt), p, request_id=f"offline-{next(self._ids)}"))
+        arrival = time.time()
         seeds = {req.request_id: self.engine.add_request(req).seed for req in requests}
-        results = self._run({req.request_id: GenerationResult() for req in requests}, use_tqdm)
-        return [_output(prompt, req, results[req.request_id], seeds[req.request_id])
+        times = {req.request_id: {"arrival_time": arrival} for req in requests}
+        results = self._run({req.request_id: GenerationResult() for req in requests}, use_tqdm, times)
+        return [_output(prompt, req, results[req.request_id], seeds[req.request_id], times[req.request_id])
                 for prompt, req in zip(prompts, requests)]
 
-    def _run(self, results: dict[str, GenerationResult], use_tqdm: bool) -> dict[str, GenerationResult]:
+    def _run(self, results: dict[str, GenerationResult], use_tqdm: bool,
+             times: dict[str, dict[str, float]]) -> dict[str, GenerationResult]:
         """Step the engine until every request has finished, folding each one's events (GenerationResult.add,
-        the serving core's fold)."""
+        the serving core's fold) and stamping each request's first and last token in ``times``."""
         bar = None
         if use_tqdm and len(results) > 1:
             from tqdm.auto import tqdm
@@ -105,12 +111,16 @@ class LLM:
         pending = set(results)
         failures: list[str] = []
         while pending:
-            for ev in self.engine.step():
+            events = self.engine.step()
+            now = time.time()
+            for ev in events:
                 if isinstance(ev, FailedEvent):
                     failures.append(f"{ev.request_id}: {ev.message}")
                     pending.discard(ev.request_id)
                     continue
                 results[ev.request_id].add(ev)
+                times[ev.request_id].setdefault("first_token_time", now)
+                times[ev.request_id]["last_token_time"] = now
                 if ev.finish_reason is not None:
                     pending.discard(ev.request_id)
                     if bar is not None:
@@ -122,7 +132,8 @@ class LLM:
         return results
 
 
-def _output(prompt: Any, req: EngineRequest, result: GenerationResult, seed: int | None) -> RequestOutput:
+def _output(prompt: Any, req: EngineRequest, result: GenerationResult, seed: int | None,
+            metrics: dict[str, float]) -> RequestOutput:
     """A request's folded result in the offline API's shape."""
     toks = result.tokens
     logprobs = ([{t.id: t.logprob, **{a.id: a.logprob for a in t.top}} for t in toks]
@@ -131,7 +142,7 @@ def _output(prompt: Any, req: EngineRequest, result: GenerationResult, seed: int
                            sum((t.logprob for t in toks if t.logprob is not None), 0.0), logprobs)
     prompt_lps = [t.logprob for t in result.prompt_tokens] if req.params.prompt_logprobs else None
     return RequestOutput(req.request_id, prompt if isinstance(prompt, str) else None, list(req.prompt_token_ids),
-                         [out], prompt_logprobs=prompt_lps, seed=seed)
+                         [out], prompt_logprobs=prompt_lps, seed=seed, metrics=metrics)
 
 
 def _prompt(prompt: Any) -> Prompt:

@@ -9,8 +9,11 @@ converter) and Q4_1 (the shipped file; tools/llamacpp_harness.py in llama-cpp-py
 slots batched, one slot for one stream).
 
 Bounds, measured in the same run: the compute bound (best GFLOP/s of a large fp32 GEMM, ours and
-PyTorch's; batched time = (prompt + output tokens) x 2 x parameters / GFLOP/s) and a STREAM-style triad
-(a = b + s * c over 3 x 128 MiB; one stream's tok/s bound = bandwidth / weight bytes read per token).
+PyTorch's; batched time = (prompt + output tokens) x 2 x parameters / GFLOP/s) and the bandwidth bound of one
+stream's decode: GB/s (tools/membw.py: a STREAM triad and a read-only pass, medians of 20 passes, taken right
+before and after each engine's one-stream run) / bytes a decode step reads (weights + the KV cache read at the
+stream's mean position). One stream's "decode" rate leaves each prompt's prefill out (tokens after the first
+over the time from the first to the last), which is what the bound bounds; "stream" is end to end.
 
     PYTHONPATH=$PWD .venv/bin/python tools/bench_real.py --llama-python /work/peers/venv/bin/python
 """
@@ -25,6 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -38,8 +42,10 @@ from npu_ops import cpu_kernels  # noqa: E402
 from npu_ops.quant import QuantLinear  # noqa: E402
 from npu_ops.linear import FastLinear  # noqa: E402
 from bench_quant import CONVERT  # noqa: E402
+import membw  # noqa: E402
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+STREAM_TOKENS = 128
 SCHEMES = {"fp32": None, "w8a16": "w8a16", "w8a8": "w8a8"}
 
 
@@ -88,26 +94,56 @@ def make_llm(model: str, q: str | None, batch: int, head: str = "float") -> LLM:
                max_seq_len=512, **over)
 
 
-def timed_generate(llm: LLM, ids: list[list[int]], outs: list[int]) -> float:
+def timed_generate(llm: LLM, ids: list[list[int]], outs: list[int]) -> tuple[float, float, int]:
+    """Seconds for the whole call, and the decode part: seconds from each request's first token to its last
+    (summed) and the tokens after the first."""
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in outs]
     t = time.perf_counter()
     res = llm.generate(ids, params, use_tqdm=False)
     dt = time.perf_counter() - t
     assert [len(r.outputs[0].token_ids) for r in res] == outs
-    return dt
+    decode_s = sum(r.metrics["last_token_time"] - r.metrics["first_token_time"] for r in res)
+    return dt, decode_s, sum(outs) - len(outs)
 
 
-def ours(model: str, q: str | None, ids: list[list[int]], outs: list[int], head: str = "float") -> dict[str, float]:
+def bandwidth_probe() -> dict[str, membw.Bandwidth]:
+    return {"triad": membw.triad(), "read": membw.read_only()}
+
+
+def stream_run(run: Callable[[], tuple[float, float, int]], tokens: int) -> dict[str, Any]:
+    """One engine's one-stream run between two bandwidth probes."""
+    before = bandwidth_probe()
+    dt, decode_s, decode_tokens = run()
+    after = bandwidth_probe()
+    return {"stream": tokens / dt, "decode": decode_tokens / decode_s, "bw": (before, after)}
+
+
+def ours(model: str, q: str | None, ids: list[list[int]], outs: list[int], head: str = "float",
+         stream_only: bool = False) -> dict[str, Any]:
     """Batched tok/s (a fresh engine: no prefix cache) and one stream (4 prompts x 128, sequential)."""
-    llm = make_llm(model, q, len(ids), head)
-    timed_generate(llm, [ids[-1][:20], ids[-2][:20]], [4, 4])  # warm-up
-    batched = sum(outs) / timed_generate(llm, ids, outs)
-    del llm
+    batched = 0.0
+    if not stream_only:
+        llm = make_llm(model, q, len(ids), head)
+        timed_generate(llm, [ids[-1][:20], ids[-2][:20]], [4, 4])  # warm-up
+        batched = sum(outs) / timed_generate(llm, ids, outs)[0]
+        del llm
     llm = make_llm(model, q, 1, head)
     timed_generate(llm, [ids[0][:20]], [4])
     singles = ids[1:5]
-    dt = sum(timed_generate(llm, [p], [128]) for p in singles)
-    return {"batched": batched, "stream": 128 * len(singles) / dt, "bytes": weight_bytes(llm)}
+
+    def run() -> tuple[float, float, int]:
+        parts = [timed_generate(llm, [p], [STREAM_TOKENS]) for p in singles]
+        return sum(x[0] for x in parts), sum(x[1] for x in parts), sum(x[2] for x in parts)
+
+    row = stream_run(run, STREAM_TOKENS * len(singles))
+    return {"batched": batched, "bytes": weight_bytes(llm), "kv_bytes": kv_bytes(llm, singles, 4), **row}
+
+
+def kv_bytes(llm: LLM, singles: list[list[int]], elem: int) -> float:
+    """KV cache bytes one decode step reads at the one-stream run's mean position (``elem`` bytes a value)."""
+    d = llm.engine.runner.model.dims
+    pos = sum(len(p) + STREAM_TOKENS / 2 for p in singles) / len(singles)
+    return d.layers * 2 * d.kv_heads * d.head_dim * elem * pos
 
 
 def weight_bytes(llm: LLM) -> int:
@@ -148,19 +184,19 @@ def gemm_gflops(threads: int) -> float:
     return best
 
 
-def triad_gbs() -> float:
-    """STREAM triad a = b + s * c over 128 MiB arrays (3 arrays' bytes per pass), best of 5."""
-    n = 32 * 2 ** 20
-    a, b, c = torch.empty(n), torch.rand(n), torch.rand(n)
-    best = 0.0
-    for _ in range(6):
-        t = time.perf_counter()
-        torch.add(b, c, alpha=3.0, out=a)
-        best = max(best, 3 * 4 * n / (time.perf_counter() - t) / 1e9)
-    return best
+def harness(args: argparse.Namespace, gguf: Path, work: dict, slots: list[int]) -> list[dict[str, float]]:
+    """tools/llamacpp_harness.py in llama-cpp-python's venv: one row per slot count."""
+    proc = subprocess.run([args.llama_python, str(ROOT / "tools" / "llamacpp_harness.py"), str(gguf),
+                           "--threads", str(torch.get_num_threads()), "--slots", *map(str, slots)],
+                          input=json.dumps(work), text=True, capture_output=True, check=True)
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    print("  llama.cpp " + gguf.name + ": " + ", ".join(f"P={r['slots']} {r['tok_s']:.1f}" for r in rows), flush=True)
+    return rows
 
 
-def llamacpp(args: argparse.Namespace, folder: Path, ids: list[list[int]], outs: list[int]) -> dict[str, dict]:
+def llamacpp(args: argparse.Namespace, folder: Path, ids: list[list[int]], outs: list[int],
+             kv_f16: float) -> dict[str, dict]:
+    """llama.cpp at each --llama-types precision: batched (best of --slots) and one stream (KV in f16)."""
     res: dict[str, dict] = {}
     site = subprocess.run([args.llama_python, "-c", "import site; print(site.getsitepackages()[0])"],
                           check=True, capture_output=True, text=True).stdout.strip()
@@ -170,36 +206,50 @@ def llamacpp(args: argparse.Namespace, folder: Path, ids: list[list[int]], outs:
             gguf.parent.mkdir(parents=True, exist_ok=True)
             subprocess.run([sys.executable, "-c", CONVERT, site, f"{args.llama_src}/vendor/llama.cpp", str(folder),
                             "--outtype", kind, "--outfile", str(gguf)], check=True, capture_output=True)
-        row = {"bytes": gguf.stat().st_size}
-        for name, work, slots in (("batched", {"prompts": ids, "outs": outs}, args.slots),
-                                  ("stream", {"prompts": ids[1:5], "outs": [128] * 4}, [1])):
-            proc = subprocess.run([args.llama_python, str(ROOT / "tools" / "llamacpp_harness.py"), str(gguf),
-                                   "--threads", str(torch.get_num_threads()), "--slots", *map(str, slots)],
-                                  input=json.dumps(work), text=True, capture_output=True, check=True)
-            rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-            row[name] = max(r["tok_s"] for r in rows)
-            print(f"  llama.cpp {kind} {name}: " + ", ".join(f"P={r['slots']} {r['tok_s']:.1f}" for r in rows),
-                  flush=True)
+        row: dict[str, Any] = {"bytes": gguf.stat().st_size, "kv_bytes": kv_f16, "batched": 0.0}
+        if not args.stream_only:
+            row["batched"] = max(r["tok_s"] for r in harness(args, gguf, {"prompts": ids, "outs": outs}, args.slots))
+        stream: dict[str, float] = {}
+
+        def run() -> tuple[float, float, int]:
+            stream.update(harness(args, gguf, {"prompts": ids[1:5], "outs": [STREAM_TOKENS] * 4}, [1])[0])
+            tokens = STREAM_TOKENS * 4
+            return tokens / stream["tok_s"], (tokens - 4) / stream["decode_tok_s"], tokens - 4
+
+        row.update(stream_run(run, STREAM_TOKENS * 4))
+        print(f"  llama.cpp {kind}: batched {row['batched']:.1f}, stream {row['stream']:.1f}, "
+              f"decode {row['decode']:.1f} tok/s", flush=True)
         res[f"llama.cpp {kind}"] = row
     return res
 
 
-def report(res: dict[str, dict], tokens: int, out_tokens: int, params: int, gflops: float, gbs: float) -> None:
+def report(res: dict[str, dict], tokens: int, out_tokens: int, params: int, gflops: float) -> None:
     bound_tok_s = out_tokens / (tokens * 2 * params / (gflops * 1e9))
     print(f"\ncompute bound: {gflops:.0f} GFLOP/s (best large fp32 GEMM) x {params / 1e6:.1f}M params, "
           f"{tokens} tokens -> {bound_tok_s:.0f} output tok/s batched")
-    print(f"bandwidth bound: triad {gbs:.1f} GB/s")
-    print(f"\n| engine | batched tok/s | of compute bound | one stream tok/s | MB/token | bw bound tok/s "
-          f"| of bw bound | vs llama.cpp same precision (batched / stream) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| engine | batched tok/s | of compute bound | one stream tok/s | vs llama.cpp same precision "
+          "(batched / stream / decode) |")
+    print("|---|---|---|---|---|")
     peer = {"fp32": "llama.cpp f32", "w8a16": "llama.cpp q8_0", "w8a8": "llama.cpp q8_0",
             "w8a8+int8head": "llama.cpp q8_0"}
     for name, r in res.items():
-        bw = gbs * 1e9 / r["bytes"]
         p = res.get(peer.get(name, ""))
-        vs = f"{r['batched'] / p['batched']:.2f}x / {r['stream'] / p['stream']:.2f}x" if p else ""
-        print(f"| {name} | {r['batched']:.1f} | {r['batched'] / bound_tok_s:.0%} | {r['stream']:.1f} | "
-              f"{r['bytes'] / 1e6:.0f} | {bw:.0f} | {r['stream'] / bw:.0%} | {vs} |")
+        vs = (f"{r['batched'] / p['batched']:.2f}x / {r['stream'] / p['stream']:.2f}x / "
+              f"{r['decode'] / p['decode']:.2f}x" if p and p["batched"] else "")
+        print(f"| {name} | {r['batched']:.1f} | {r['batched'] / bound_tok_s:.0%} | {r['stream']:.1f} | {vs} |")
+    print("\nOne stream's decode against the bandwidth measured beside it (before / after the run; bytes a "
+          "step reads = weights + KV at the mean position):")
+    print("| engine | decode tok/s | MB/token (weights + KV) | GB/s it moves | triad GB/s | of triad bound "
+          "| read-only GB/s | of read bound |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, r in res.items():
+        per_tok = r["bytes"] + r["kv_bytes"]
+        moved = r["decode"] * per_tok / 1e9
+        tri = [b["triad"].median for b in r["bw"]]
+        rd = [b["read"].median for b in r["bw"]]
+        print(f"| {name} | {r['decode']:.1f} | {r['bytes'] / 1e6:.0f} + {r['kv_bytes'] / 1e6:.1f} | {moved:.1f} | "
+              f"{tri[0]:.1f} / {tri[1]:.1f} | {moved / (sum(tri) / 2):.0%} | {rd[0]:.1f} / {rd[1]:.1f} | "
+              f"{moved / (sum(rd) / 2):.0%} |")
 
 
 def main() -> None:
@@ -216,6 +266,7 @@ def main() -> None:
     ap.add_argument("--llama-types", nargs="*", default=["f32", "q8_0", "q4_1"])
     ap.add_argument("--gguf-dir", default="/work/peers/gguf")
     ap.add_argument("--slots", type=int, nargs="+", default=[8, 16, 32])
+    ap.add_argument("--stream-only", action="store_true", help="one stream only (no batched runs)")
     args = ap.parse_args()
     model = args.model or str(shipped_gguf())
     probe = make_llm(model, None, 2)
@@ -224,16 +275,19 @@ def main() -> None:
     del probe
     print(f"{len(ids)} prompts, {sum(map(len, ids))} prompt tokens, {sum(outs)} output tokens, "
           f"{torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f}", flush=True)
-    gflops, gbs = gemm_gflops(torch.get_num_threads()), triad_gbs()
+    gflops = gemm_gflops(torch.get_num_threads())
+    print(f"bandwidth at the start: triad {membw.triad()}, read-only {membw.read_only()}", flush=True)
     res: dict[str, dict] = {}
     runs = [(s, SCHEMES[s], "float") for s in args.schemes] + ([("w8a8+int8head", "w8a8", "int8")]
                                                                if args.int8_head else [])
     for name, q, head in runs:
-        res[name] = ours(model, q, ids, outs, head)
-        print(f"  ours {name}: batched {res[name]['batched']:.1f}, stream {res[name]['stream']:.1f} tok/s", flush=True)
+        res[name] = r = ours(model, q, ids, outs, head, args.stream_only)
+        print(f"  ours {name}: batched {r['batched']:.1f}, stream {r['stream']:.1f}, decode {r['decode']:.1f} tok/s",
+              flush=True)
     if args.llama_types and Path(args.llama_python).exists():
-        res.update(llamacpp(args, hf_folder(shipped_gguf(), Path(args.folder)), ids, outs))
-    report(res, sum(map(len, ids)) + sum(outs), sum(outs), params, gflops, gbs)
+        kv_f16 = next(iter(res.values()))["kv_bytes"] / 2 if res else 0.0
+        res.update(llamacpp(args, hf_folder(shipped_gguf(), Path(args.folder)), ids, outs, kv_f16))
+    report(res, sum(map(len, ids)) + sum(outs), sum(outs), params, gflops)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

@@ -5,7 +5,8 @@ Continuous batching through the low-level API: one context with ``n_seq_max = P`
 one ``llama_decode`` over a batch holding every decoding sequence's next token plus prompt chunks of
 newly admitted sequences (up to ``n_batch`` tokens), greedy sampling from each sequence's logits row,
 EOS ignored. Reads the workload (prompt token ids, output lengths) as JSON on stdin, prints
-``{"tok_s": ..., "slots": P}`` per P, one JSON line each.
+``{"tok_s": ..., "decode_tok_s": ..., "slots": P}`` per P, one JSON line each (decode_tok_s: tokens after each
+request's first over the time from its first token to its last, i.e. without its prefill).
 
     python llamacpp_harness.py MODEL.gguf --slots 8 16 32 < workload.json
 """
@@ -22,7 +23,7 @@ import numpy as np
 
 
 def run(model: object, prompts: list[list[int]], outs: list[int], slots: int, threads: int, n_batch: int,
-        kv_unified: bool | None = None, flash_attn: int | None = None) -> float:
+        kv_unified: bool | None = None, flash_attn: int | None = None) -> tuple[float, float]:
     cp = L.llama_context_default_params()
     if kv_unified is not None:  # one KV stream per sequence (False) or one shared buffer (True)
         cp.kv_unified = kv_unified
@@ -42,6 +43,7 @@ def run(model: object, prompts: list[list[int]], outs: list[int], slots: int, th
     free = list(range(slots))
     live: dict[int, dict] = {}  # slot -> {req, pos, fed, produced, next}
     produced = 0
+    decode_tokens, decode_s = 0, 0.0
     t0 = time.perf_counter()
     while queue or live:
         while queue and free:
@@ -73,6 +75,7 @@ def run(model: object, prompts: list[list[int]], outs: list[int], slots: int, th
         batch.n_tokens = n
         if L.llama_decode(ctx, batch) != 0:
             raise RuntimeError("llama_decode failed")
+        now = time.perf_counter()
         for i, s in rows:
             ptr = L.llama_get_logits_ith(ctx, i)
             logits = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,))
@@ -80,13 +83,16 @@ def run(model: object, prompts: list[list[int]], outs: list[int], slots: int, th
             st["next"] = int(logits.argmax())
             st["produced"] += 1
             produced += 1
+            st.setdefault("first", now)
             if st["produced"] >= outs[st["req"]]:
+                decode_tokens += st["produced"] - 1
+                decode_s += now - st["first"]
                 del live[s]
                 free.append(s)
     dt = time.perf_counter() - t0
     L.llama_batch_free(batch)
     L.llama_free(ctx)
-    return produced / dt
+    return produced / dt, decode_tokens / decode_s if decode_s > 0 else 0.0
 
 
 def main() -> None:
@@ -105,8 +111,8 @@ def main() -> None:
     warm = [w[:8] for w in work["prompts"][:2]]
     run(model, warm, [2, 2], 2, a.threads, a.n_batch, kv, a.flash_attn)
     for p in a.slots:
-        tok_s = run(model, work["prompts"], work["outs"], p, a.threads, a.n_batch, kv, a.flash_attn)
-        print(json.dumps({"slots": p, "tok_s": tok_s}), flush=True)
+        tok_s, decode = run(model, work["prompts"], work["outs"], p, a.threads, a.n_batch, kv, a.flash_attn)
+        print(json.dumps({"slots": p, "tok_s": tok_s, "decode_tok_s": decode}), flush=True)
 
 
 if __name__ == "__main__":

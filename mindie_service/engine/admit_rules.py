@@ -1,13 +1,15 @@
-"""Two admission rules of MindIE's schedule keys, apart from the scheduler's mechanics (plain Python):
+"""Admission rules of MindIE's schedule keys, apart from the scheduler's mechanics (plain Python):
 
 - maxPreemptCount 0 (no preemption): how many blocks a request is admitted with, reserved for it;
-- maxQueueDelayMicroseconds: how long new prompts wait for others to join their prefill batch."""
+- maxQueueDelayMicroseconds: how long new prompts wait for others to join their prefill batch;
+- whether the pool holds a request's blocks now (an online request preempts batch lines until it does)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
+from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.sequence import Sequence
+from mindie_service.engine.sequence import Sequence, SeqStatus
 
 
 def reservation_blocks(cfg: EngineConfig, seq: Sequence, blocks_needed: Callable[[int], int], pool: int) -> int:
@@ -33,3 +35,13 @@ def queue_delay(cfg: EngineConfig, waiting: Collection[Sequence], busy: bool, no
     if sum(q.num_tokens for q in waiting) >= cfg.max_prefill_tokens:
         return 0.0
     return max(0.0, min(q.arrival for q in waiting) + delay - now)
+
+
+def room_for(cfg: EngineConfig, blocks: BlockManager, seq: Sequence) -> bool:
+    """Whether the pool holds ``seq``'s blocks now: a waiting request's exactly as the scheduler allocates them
+    (prefix-cache hits cost nothing: preempting a batch line for blocks the request would not take only loses
+    that line's work); a swapped one's, its blocks and its reservation."""
+    reserve = reservation_blocks(cfg, seq, blocks.blocks_needed, blocks.num_blocks)
+    if seq.status is SeqStatus.SWAPPED:
+        return blocks.num_available_blocks >= max(blocks.blocks_needed(seq.num_tokens), reserve)
+    return blocks.can_allocate(seq, not seq.params.prompt_logprobs, reserve)

@@ -94,18 +94,8 @@ class BlockManager:
 
         Returns False, changing nothing, when the pool lacks room. At least one token is always
         left to compute so the step yields logits."""
-        n = seq.num_tokens
-        hits: list[int] = []
-        if self.enable_prefix_caching and use_prefix_cache:
-            for h in self._full_block_hashes(seq, n - 1):
-                b = self.cached.get(h)
-                if b is None:
-                    break
-                hits.append(b)
-        new_needed = self.blocks_needed(n) - len(hits)
-        reusable_free_hits = sum(1 for b in hits if self.ref_counts[b] == 0)
-        promise = max(0, reserve - len(hits) - new_needed)
-        if new_needed + promise > self._available_to(seq) - reusable_free_hits:
+        hits, new_needed = self._plan(seq, use_prefix_cache)
+        if not self._fits(seq, hits, new_needed, reserve):
             return False
         for b in hits:
             if self.ref_counts[b] == 0:
@@ -119,6 +109,28 @@ class BlockManager:
             self.prefix_queries += 1
             self.prefix_hits += 1 if hits else 0
         return True
+
+    def can_allocate(self, seq: Sequence, use_prefix_cache: bool = True, reserve: int = 0) -> bool:
+        """Whether ``allocate`` would succeed now, prefix-cache hits counted; changes nothing."""
+        hits, new_needed = self._plan(seq, use_prefix_cache)
+        return self._fits(seq, hits, new_needed, reserve)
+
+    def _plan(self, seq: Sequence, use_prefix_cache: bool) -> tuple[list[int], int]:
+        """The cached blocks a waiting sequence's leading full blocks would take, and how many new ones it needs."""
+        n = seq.num_tokens
+        hits: list[int] = []
+        if self.enable_prefix_caching and use_prefix_cache:
+            for h in self._full_block_hashes(seq, n - 1):
+                b = self.cached.get(h)
+                if b is None:
+                    break
+                hits.append(b)
+        return hits, self.blocks_needed(n) - len(hits)
+
+    def _fits(self, seq: Sequence, hits: list[int], new_needed: int, reserve: int) -> bool:
+        reusable_free_hits = sum(1 for b in hits if self.ref_counts[b] == 0)
+        promise = max(0, reserve - len(hits) - new_needed)
+        return new_needed + promise <= self._available_to(seq) - reusable_free_hits
 
     def allocate_resumed(self, seq: Sequence, num_blocks: int, reserve: int = 0) -> int | None:
         """``num_blocks`` blocks for a swapped-out sequence coming back: its leading full blocks still in the

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from operator import attrgetter
 from typing import Protocol
 
-from mindie_service.engine.admit_rules import queue_delay, reservation_blocks
+from mindie_service.engine.admit_rules import queue_delay, reservation_blocks, room_for
 from mindie_service.engine.batch_bound import BatchAllowance, online_pressed, step_allowance
 from mindie_service.engine.block_manager import BlockManager
 from mindie_service.engine.engine_config import EngineConfig
@@ -264,9 +264,7 @@ class Scheduler:
         only fills what online traffic leaves. Returns how many were preempted."""
         n = 0
         while (head := self._next_to_admit()) is not None and head.priority == PRIORITY_ONLINE:
-            short = (len(self.running) >= self.cfg.max_batch_size
-                     or self.blocks.num_available_blocks < max(self.blocks.blocks_needed(head.num_tokens),
-                                                               self._reserve(head)))
+            short = len(self.running) >= self.cfg.max_batch_size or not room_for(self.cfg, self.blocks, head)
             batch = [q for q in self.running if q.priority > PRIORITY_ONLINE]
             if not short or not batch:
                 break

@@ -125,3 +125,19 @@ def test_offline_prompts_go_through_the_input_processor(llm):
         llm.generate(["River", [10**9]], p, use_tqdm=False)
     assert not llm.engine.has_work()
     assert llm.generate(["River"], SamplingParams(adapter_id="None", max_tokens=2), use_tqdm=False)[0].outputs
+
+
+def test_request_metrics_stamp_arrival_first_and_last_token(llm):
+    """RequestOutput.metrics (vLLM's times): arrival <= first token < last token, and a request that finishes
+    earlier in the same batch has its last token stamped earlier."""
+    import time
+    before = time.time()
+    short, long = llm.generate(["Amber canyon", "Amber canyon river"],
+                               [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (2, 24)],
+                               use_tqdm=False)
+    after = time.time()
+    for out in (short, long):
+        m = out.metrics
+        assert before <= m["arrival_time"] <= m["first_token_time"] <= m["last_token_time"] <= after
+    assert long.metrics["first_token_time"] < long.metrics["last_token_time"]
+    assert short.metrics["last_token_time"] < long.metrics["last_token_time"]

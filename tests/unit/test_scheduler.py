@@ -187,3 +187,22 @@ def test_online_request_preempts_batch_lines_for_blocks_and_batch_goes_first_whe
         if out.preempted:
             break
     assert out.preempted == ["r0"] and online.status is SeqStatus.RUNNING
+
+
+def test_online_request_whose_prefix_is_cached_does_not_preempt_a_batch_line():
+    """An online request counts its prefix-cache hits when it looks for room: here it needs one new block, one
+    is free, so the decoding batch line keeps its work (counting all 4 of its blocks preempted the line, which
+    then came back as a recomputed prefill in the same step)."""
+    cfg = EngineConfig(model="x", cache_block_size=4, max_seq_len=64, max_input_token_len=32, max_prefill_tokens=64,
+                       max_batch_size=8, max_prefill_batch_size=8, max_preempt_count=8)
+    s = Scheduler(cfg, BlockManager(7, 4, enable_prefix_caching=True))
+    s.add(Sequence("r0", [7] * 12, SamplingParams(max_tokens=8), 8, seed=0))
+    _step(s)  # r0's 12 prompt tokens fill 3 blocks, now in the prefix cache
+    line = _batch(1, n=7)
+    s.add(line)
+    _step(s)  # r0 decodes into a 4th block, the line takes 2: one block is left
+    assert s.blocks.num_available_blocks == 1
+    s.add(Sequence("r2", [7] * 12 + [9], SamplingParams(max_tokens=4), 4, seed=0))
+    out = _step(s)
+    assert out.preempted == [] and _ids(out.decodes) == ["r0", "r1"] and _ids(out.prefills) == ["r2"]
+    assert out.prefills[0].start == 12  # its first 3 blocks came from the cache
