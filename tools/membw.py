@@ -1,25 +1,58 @@
-"""The machine's memory bandwidth, for the one-stream (decode) bound: GB/s that a bench prints beside its figures.
+"""The machine's memory bandwidth, for the one-stream (decode) bound: probes a bench runs beside its figures.
 
-Two probes over arrays far larger than the last-level cache (32 MiB here), each run with PyTorch's threads:
-- a STREAM triad, ``a = b + s * c``, counted as STREAM counts it (3 arrays' bytes a pass; the write-allocate
-  read of ``a`` is not counted, so this is below the bus's real traffic);
-- a read-only pass (the sum of one array): what streaming weights does, the tighter bound for a decode step.
+tools/membw.c, built here on first use (gcc -O3 -march=native -fopenmp, into .cache/membw/) and loaded with
+ctypes (no torch: llama.cpp's harness runs it in its own venv); in a process that has PyTorch loaded it shares
+PyTorch's OpenMP runtime, as our kernels do.
+- ``read_only``: a prefetching AVX2 read of a buffer far larger than the last-level cache (32 MiB here): what
+  streaming weights does, so the bound a decode step is held to;
+- ``triad``: STREAM's a = b + s * c, counted as STREAM counts it (3 arrays' bytes a pass: the write-allocate read
+  of ``a`` is not counted);
+- ``Probe``: a read pass over exactly the bytes one decode step reads, for paired measurements. This VM's
+  bandwidth moves with its neighbours by 1.5x within seconds (30-47 GB/s in one minute here), so a share of
+  the bound is only meaningful when step and probe alternate: share = sum(probe seconds) / sum(step seconds).
 
-A VM's bandwidth moves with its neighbours (this machine measured 40 and 86 GB/s twenty minutes apart), so a
-figure is the median of ``reps`` passes with its spread, and a bench takes one right beside each run it divides.
-
-    PYTHONPATH=$PWD .venv/bin/python tools/membw.py [--reps 20]
+    PYTHONPATH=$PWD .venv/bin/python tools/membw.py [--reps 20] [--threads 2]
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
+import hashlib
+import os
 import statistics
+import subprocess
 import time
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
-import torch
-
+SRC = Path(__file__).with_name("membw.c")
+STREAMS = 8  # membw.c's streams a thread
 MIB = 2 ** 20
+
+
+@lru_cache(maxsize=1)
+def _lib() -> ctypes.CDLL:
+    flags = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+    key = hashlib.sha256((SRC.read_text() + " ".join(flags)).encode()).hexdigest()[:12]
+    out = Path(__file__).resolve().parents[1] / ".cache" / "membw" / f"membw-{key}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        part = out.with_suffix(f".{os.getpid()}.part")
+        subprocess.run(["gcc", *flags, "-o", str(part), str(SRC)], check=True, capture_output=True, timeout=120)
+        os.replace(part, out)
+    lib = ctypes.CDLL(str(out))
+    lib.probe_alloc.argtypes, lib.probe_alloc.restype = [ctypes.c_int64], ctypes.c_void_p
+    lib.probe_free.argtypes, lib.probe_free.restype = [ctypes.c_void_p], None
+    lib.read_pass.argtypes, lib.read_pass.restype = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int], ctypes.c_double
+    lib.triad_pass.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float,
+                               ctypes.c_int]
+    lib.triad_pass.restype = None
+    return lib
+
+
+def default_threads() -> int:
+    return int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -34,37 +67,76 @@ class Bandwidth:
         return f"{self.median:.1f} GB/s (passes {self.low:.1f}-{self.high:.1f})"
 
 
-def _passes(fn: object, nbytes: int, reps: int) -> Bandwidth:
-    fn()  # pages touched, threads awake
-    rates = []
-    for _ in range(reps):
+class Probe:
+    """A buffer of ``nbytes`` read by ``threads`` threads: ``read()`` returns the seconds one pass took."""
+
+    def __init__(self, nbytes: int, threads: int = 0) -> None:
+        self.threads = threads or default_threads()
+        unit = self.threads * STREAMS * 32  # membw.c splits a pass into this many equal runs of whole steps
+        self.floats = max(unit, nbytes // 4 // unit * unit)
+        self.ptr = _lib().probe_alloc(self.floats)
+        if not self.ptr:
+            raise MemoryError(f"no {nbytes} bytes for the bandwidth probe")
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.floats
+
+    def read(self) -> float:
         t = time.perf_counter()
-        fn()
-        rates.append(nbytes / (time.perf_counter() - t) / 1e9)
+        _lib().read_pass(self.ptr, self.floats, self.threads)
+        return time.perf_counter() - t
+
+    def close(self) -> None:
+        if self.ptr:
+            _lib().probe_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _summary(rates: list[float]) -> Bandwidth:
     return Bandwidth(statistics.median(rates), min(rates), max(rates))
 
 
-def triad(mib: int = 128, reps: int = 20) -> Bandwidth:
+def read_only(mib: int = 512, reps: int = 20, threads: int = 0) -> Bandwidth:
+    """Passes over one ``mib`` MiB buffer."""
+    probe = Probe(mib * MIB, threads)
+    probe.read()  # threads awake, pages resident
+    rates = [probe.nbytes / probe.read() / 1e9 for _ in range(reps)]
+    probe.close()
+    return _summary(rates)
+
+
+def triad(mib: int = 128, reps: int = 20, threads: int = 0) -> Bandwidth:
     """STREAM triad over three ``mib`` MiB fp32 arrays."""
-    n = mib * MIB // 4
-    a, b, c = torch.empty(n), torch.rand(n), torch.rand(n)
-    return _passes(lambda: torch.add(b, c, alpha=3.0, out=a), 3 * 4 * n, reps)
-
-
-def read_only(mib: int = 512, reps: int = 20) -> Bandwidth:
-    """One ``mib`` MiB fp32 array summed: reads only, as a decode step reads its weights."""
-    x = torch.rand(mib * MIB // 4)
-    return _passes(lambda: x.sum(), 4 * x.numel(), reps)
+    lib, n = _lib(), mib * MIB // 4
+    a, b, c = (lib.probe_alloc(n) for _ in range(3))
+    if not (a and b and c):
+        raise MemoryError("no room for the triad's arrays")
+    th = threads or default_threads()
+    rates = []
+    for i in range(reps + 1):
+        t = time.perf_counter()
+        lib.triad_pass(a, b, c, n, 3.0, th)
+        if i:
+            rates.append(12 * n / (time.perf_counter() - t) / 1e9)
+    for p in (a, b, c):
+        lib.probe_free(p)
+    return _summary(rates)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args()
-    print(f"{torch.get_num_threads()} threads")
+    print(f"{args.threads or default_threads()} threads")
     for r in range(args.rounds):
-        print(f"round {r}: triad {triad(reps=args.reps)}; read-only {read_only(reps=args.reps)}", flush=True)
+        print(f"round {r}: triad {triad(reps=args.reps, threads=args.threads)}; "
+              f"read-only {read_only(reps=args.reps, threads=args.threads)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <omp.h>
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -128,11 +129,97 @@ static void qtile(int mr, const float *a, int64_t lda, const int8_t *b, int64_t 
 }
 #endif
 
+/* One row against QG panels in lockstep: QG streams from memory (a one-stream decode step is bandwidth-bound;
+ * one panel a thread left memory idle part of the time). Each column accumulates as qtile's single row does
+ * (AVX-512: even and odd k apart, added at the end), so the result is bit-identical to it. */
+#define QG 4
+#if defined(__AVX512F__)
+static void qrow_multi(const float *restrict a, const int8_t *const *bp, int64_t K, float *restrict c) {
+    __m512 e[QG], o[QG];
+#pragma GCC unroll 4
+    for (int g = 0; g < QG; ++g) e[g] = o[g] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + 2 <= K; k += 2) {
+        const __m512 a0 = _mm512_set1_ps(a[k]), a1 = _mm512_set1_ps(a[k + 1]);
+#pragma GCC unroll 4
+        for (int g = 0; g < QG; ++g) {
+            const int8_t *b = bp[g] + k * QNR;
+            e[g] = _mm512_fmadd_ps(a0, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b))), e[g]);
+            o[g] = _mm512_fmadd_ps(a1, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + QNR)))),
+                                   o[g]);
+        }
+    }
+    if (k < K) {
+        const __m512 a0 = _mm512_set1_ps(a[k]);
+#pragma GCC unroll 4
+        for (int g = 0; g < QG; ++g)
+            e[g] = _mm512_fmadd_ps(
+                a0, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(bp[g] + k * QNR)))), e[g]);
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < QG; ++g) _mm512_storeu_ps(c + g * QNR, _mm512_add_ps(e[g], o[g]));
+}
+#elif defined(__AVX2__)
+static void qrow_multi(const float *restrict a, const int8_t *const *bp, int64_t K, float *restrict c) {
+    __m256 lo[QG], hi[QG];
+#pragma GCC unroll 4
+    for (int g = 0; g < QG; ++g) lo[g] = hi[g] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K; ++k) {
+        const __m256 av = _mm256_broadcast_ss(a + k);
+#pragma GCC unroll 4
+        for (int g = 0; g < QG; ++g) {
+            const __m128i w16 = _mm_loadu_si128((const __m128i *)(bp[g] + k * QNR));
+            lo[g] = _mm256_fmadd_ps(av, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(w16)), lo[g]);
+            hi[g] = _mm256_fmadd_ps(av, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(w16, 8))), hi[g]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < QG; ++g) {
+        _mm256_storeu_ps(c + g * QNR, lo[g]);
+        _mm256_storeu_ps(c + g * QNR + 8, hi[g]);
+    }
+}
+#else
+static void qrow_multi(const float *a, const int8_t *const *bp, int64_t K, float *c) {
+    for (int g = 0; g < QG; ++g) qtile(1, a, K, bp[g], K, c + g * QNR);
+}
+#endif
+
+/* c's row (panel p's columns) scaled into y (+ bias) */
+static void w8a16_store(const float *cr, int64_t p, int64_t N, const float *scale, const float *bias, float *yr) {
+    const int64_t n0 = p * QNR, ncols = N - n0 < QNR ? N - n0 : QNR;
+    for (int64_t j = 0; j < ncols; ++j) yr[n0 + j] = cr[j] * scale[n0 + j] + (bias != NULL ? bias[n0 + j] : 0.f);
+}
+
+/* One row: this thread's share of the panels (split by hand, balanced to one panel), QG at a time. */
+static void w8a16_row(const float *x, int64_t K, const int8_t *wp, const float *scale, int64_t N, const float *bias,
+                      float *y) {
+    const int64_t np = (N + QNR - 1) / QNR, nt = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t p0 = np * me / nt, p1 = np * (me + 1) / nt;
+    float c[QG * QNR];
+    int64_t p = p0;
+    for (; p + QG <= p1; p += QG) {
+        const int8_t *bp[QG];
+        for (int g = 0; g < QG; ++g) bp[g] = wp + (p + g) * K * QNR;
+        qrow_multi(x, bp, K, c);
+        for (int g = 0; g < QG; ++g) w8a16_store(c + g * QNR, p + g, N, scale, bias, y);
+    }
+    for (; p < p1; ++p) {
+        qtile(1, x, K, wp + p * K * QNR, K, c);
+        w8a16_store(c, p, N, scale, bias, y);
+    }
+}
+
 /* By every thread of a team (orphaned `omp for`): the fused layers' W8A16 linear (layers_f32.c) and the body
- * of linear_w8a16_f32. */
+ * of linear_w8a16_f32. Ends on the team's barrier. */
 void linear_w8a16_f32_team(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *scale, int64_t N,
                            const float *bias, float *y) {
     const int64_t np = (N + QNR - 1) / QNR;
+    if (M == 1) {
+        w8a16_row(x, K, wp, scale, N, bias, y);
+#pragma omp barrier
+        return;
+    }
     /* Without AVX-512, more rows than one tile: widen each panel to fp32 once (it stays in L2) and run
      * gemm.c's fp32 tiles over it; AVX-512's tiles widen in registers at any M. */
     const int widen = TMR == QMR && M > QMR;
@@ -142,7 +229,6 @@ void linear_w8a16_f32_team(const float *x, int64_t M, int64_t K, const int8_t *w
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < np; ++p) {
             const int8_t *w = wp + p * K * QNR;
-            const int64_t n0 = p * QNR, ncols = N - n0 < QNR ? N - n0 : QNR;
             float c[TMR * QNR];
             if (buf != NULL)
                 for (int64_t i = 0; i < K * QNR; ++i) buf[i] = (float)w[i];
@@ -152,12 +238,7 @@ void linear_w8a16_f32_team(const float *x, int64_t M, int64_t K, const int8_t *w
                     f32_tile(mr, x + m * K, K, buf, K, c, buf, 0); /* gemm.c's tile; the panel is in L2 */
                 else
                     qtile(mr, x + m * K, K, w, K, c);
-                for (int r = 0; r < mr; ++r) {
-                    float *yr = y + (m + r) * N + n0;
-                    const float *cr = c + r * QNR;
-                    for (int64_t j = 0; j < ncols; ++j)
-                        yr[j] = cr[j] * scale[n0 + j] + (bias != NULL ? bias[n0 + j] : 0.f);
-                }
+                for (int r = 0; r < mr; ++r) w8a16_store(c + r * QNR, p, N, scale, bias, y + (m + r) * N);
             }
         }
     }

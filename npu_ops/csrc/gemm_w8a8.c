@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <omp.h>
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -204,6 +205,50 @@ static void atile(int mr, const int8_t *a, int64_t lda, const int8_t *b0, const 
 #endif
 }
 
+/* One row against GQ panel pairs in lockstep (2 * GQ streams from memory: a one-stream decode step is
+ * bandwidth-bound, and one pair a thread left memory idle part of the time): c[g * TW + j] as atile's c for
+ * pair g. Integer sums: the same values whatever the order. */
+#define GQ 4
+#if W8A8_VNNI
+static void arow_multi(const int8_t *restrict a, const int8_t *const *bp, int64_t K4, int32_t *restrict c) {
+    __m512i acc[2 * GQ];
+#pragma GCC unroll 8
+    for (int i = 0; i < 2 * GQ; ++i) acc[i] = _mm512_setzero_si512();
+    for (int64_t q = 0; q < K4; ++q) {
+        int32_t quad;
+        memcpy(&quad, a + q * 4, 4);
+        const __m512i xv = _mm512_set1_epi32(quad);
+#pragma GCC unroll 8
+        for (int i = 0; i < 2 * GQ; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], xv, _mm512_loadu_si512(bp[i] + q * 64));
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 2 * GQ; ++i) _mm512_storeu_si512(c + i * ANR, acc[i]);
+}
+#elif defined(__AVX2__)
+static void arow_multi(const int8_t *restrict a, const int8_t *const *bp, int64_t K4, int32_t *restrict c) {
+    __m256i acc[2 * GQ];
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 8
+    for (int i = 0; i < 2 * GQ; ++i) acc[i] = _mm256_setzero_si256();
+    for (int64_t q = 0; q < K4; ++q) {
+        int32_t quad;
+        memcpy(&quad, a + q * 4, 4);
+        const __m256i xv = _mm256_set1_epi32(quad), ax = _mm256_abs_epi8(xv);
+#pragma GCC unroll 8
+        for (int i = 0; i < 2 * GQ; ++i) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(bp[i] + q * 32));
+            acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, xv)), ones));
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 2 * GQ; ++i) _mm256_storeu_si256((__m256i *)(c + i * ANR), acc[i]);
+}
+#else
+static void arow_multi(const int8_t *a, const int8_t *const *bp, int64_t K4, int32_t *c) {
+    for (int g = 0; g < GQ; ++g) atile(1, a, K4 * 4, bp[2 * g], bp[2 * g + 1], K4, c + g * TW);
+}
+#endif
+
 /* y[r, 0:ncols] = (c[r] - comp) * xs[r] * ws (+ bias): the reference's float ops in its order. */
 static void epilogue(const int32_t *c, int mr, const float *xs, const int32_t *comp, const float *ws,
                      const float *bias, float *y, int64_t ldy, int64_t ncols) {
@@ -226,12 +271,44 @@ static void epilogue(const int32_t *c, int mr, const float *xs, const int32_t *c
     }
 }
 
+/* One row: this thread's share of the panel pairs (split by hand, balanced to one pair), GQ pairs at a time. */
+static void w8a8_row(const int8_t *xr, const float *xs, int64_t K, const int8_t *wp, const float *ws, int64_t N,
+                     const float *bias, float *y, const int8_t *zero) {
+    const int64_t K4 = k4_of(K), np = npanels(N), npair = (np + 1) / 2, psz = K4 * ANR * 4;
+    const int32_t *comp = W8A8_VNNI ? (const int32_t *)(wp + np * psz) : NULL;
+    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t q0 = npair * me / nt, q1 = npair * (me + 1) / nt;
+    int32_t c[GQ * TW];
+    for (int64_t pp = q0; pp < q1;) {
+        const int64_t g = q1 - pp >= GQ && 2 * (pp + GQ) <= np ? GQ : 1; /* whole pairs only in a group */
+        if (g == GQ) {
+            const int8_t *bp[2 * GQ];
+            for (int i = 0; i < 2 * GQ; ++i) bp[i] = wp + (2 * pp + i) * psz;
+            arow_multi(xr, bp, K4, c);
+        } else {
+            const int8_t *b0 = wp + 2 * pp * psz, *b1 = 2 * pp + 1 < np ? b0 + psz : zero;
+            atile(1, xr, K4 * 4, b0, b1, K4, c);
+        }
+        for (int64_t i = 0; i < g; ++i) {
+            const int64_t n0 = 2 * (pp + i) * ANR, ncols = N - n0 < TW ? N - n0 : TW;
+            epilogue(c + i * TW, 1, xs, comp != NULL ? comp + n0 : NULL, ws + n0, bias != NULL ? bias + n0 : NULL,
+                     y + n0, N, ncols);
+        }
+        pp += g;
+    }
+}
+
 /* y = rows . Wq^T, scaled: xr rows (lda = K4 * 4 bytes) already in this core's activation format. Called by
- * every thread of a team (orphaned `omp for`). */
+ * every thread of a team (orphaned `omp for`); ends on the team's barrier. */
 static void w8a8_rows_team(const int8_t *xr, const float *xs, int64_t M, int64_t K, const int8_t *wp,
                            const float *ws, int64_t N, const float *bias, float *y, const int8_t *zero) {
     const int64_t K4 = k4_of(K), lda = K4 * 4, np = npanels(N), npair = (np + 1) / 2;
     const int32_t *comp = W8A8_VNNI ? (const int32_t *)(wp + np * ANR * K4 * 4) : NULL;
+    if (M == 1) {
+        w8a8_row(xr, xs, K, wp, ws, N, bias, y, zero);
+#pragma omp barrier
+        return;
+    }
     for (int64_t m0 = 0; m0 < M; m0 += MC) {
         const int64_t m1 = m0 + MC < M ? m0 + MC : M;
 #pragma omp for schedule(static)

@@ -104,7 +104,8 @@ def test_int8_cores_exact_and_match_reference(core, request):
     and over a row block), and both fused linears equal to the reference."""
     lib = request.getfixturevalue("avx2_core_lib") if core == "avx2" else None
     g = torch.Generator().manual_seed(7)
-    for m, k, n in [(1, 4, 1), (3, 13, 17), (9, 1540, 40), (100, 130, 33), (13, 576, 48), (25, 7, 16)]:
+    for m, k, n in [(1, 4, 1), (1, 576, 200), (3, 13, 17), (9, 1540, 40), (100, 130, 33), (13, 576, 48),
+                    (25, 7, 16)]:
         xq = torch.randint(-127, 128, (m, (k + 3) // 4 * 4), generator=g, dtype=torch.int8)
         xq[:, k:] = 0
         xq[0, :k] = 127
@@ -118,6 +119,28 @@ def test_int8_cores_exact_and_match_reference(core, request):
         torch.testing.assert_close(got, quant.w8a8_ref(x, wq, ws, b), rtol=0, atol=1e-5)
         got = quant_cpu.linear(x, quant_cpu.pack(wq, "w8a16", lib), "w8a16", ws, k, n, b, lib)
         torch.testing.assert_close(got, quant.w8a16_ref(x, wq, ws, b), rtol=1e-5, atol=1e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("core", ["loaded", "avx2"])
+@pytest.mark.parametrize("n", [200, 1536])  # panels that leave a remainder after the multi-panel groups; none
+def test_a_lone_row_is_bit_identical_to_the_same_row_in_a_batch(core, n, request):
+    """A one-stream decode row takes the multi-panel single-row path (several panels streamed at once); its
+    result must be the very bits it gets inside a batch's tiles (fp32, W8A16, W8A8), so that a request's
+    output does not depend on what it is batched with."""
+    from npu_ops.linear import _apply, _pack
+    lib = request.getfixturevalue("avx2_core_lib") if core == "avx2" else None
+    x, w, b = _case(7, 576, n, seed=n)
+    wq, ws = quant.quantize_weight(w)
+    for scheme in ("w8a16", "w8a8"):
+        packed = quant_cpu.pack(wq, scheme, lib)
+        batch = quant_cpu.linear(x, packed, scheme, ws, 576, n, b, lib)
+        for r in (0, 6):
+            assert torch.equal(quant_cpu.linear(x[r:r + 1], packed, scheme, ws, 576, n, b, lib), batch[r:r + 1])
+    if core == "loaded":
+        packed = _pack("csrc", w, 32)
+        batch = _apply("csrc", x, packed, n, b)
+        assert torch.equal(_apply("csrc", x[3:4], packed, n, b), batch[3:4])
 
 
 @needs_kernel
