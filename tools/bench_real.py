@@ -10,10 +10,12 @@ slots batched, one slot for one stream).
 
 Bounds, measured in the same run: the compute bound (best GFLOP/s of a large fp32 GEMM, ours and
 PyTorch's; batched time = (prompt + output tokens) x 2 x parameters / GFLOP/s) and the bandwidth bound of one
-stream's decode: GB/s (tools/membw.py: a STREAM triad and a read-only pass, medians of 20 passes, taken right
-before and after each engine's one-stream run) / bytes a decode step reads (weights + the KV cache read at the
-stream's mean position). One stream's "decode" rate leaves each prompt's prefill out (tokens after the first
-over the time from the first to the last), which is what the bound bounds; "stream" is end to end.
+stream's decode. This VM's bandwidth moves by 1.5x within seconds, so the bound is paired step by step: a second
+one-stream run follows every decode step with a read of the bytes that step reads (weights + the KV cache at
+the stream's mean position) by tools/membw.py's probe (8 prefetched streams a thread, the best read found
+here), and the share of the bound is sum(probe seconds) / sum(step seconds); llama.cpp's harness does the same
+(--probe-bytes). One stream's "decode" rate leaves each prompt's prefill out (tokens after the first over the
+time from the first to the last); "stream" is end to end.
 
     PYTHONPATH=$PWD .venv/bin/python tools/bench_real.py --llama-python /work/peers/venv/bin/python
 """
@@ -28,7 +30,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -38,6 +40,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 import torch  # noqa: E402
 
 from mindie_service import LLM, SamplingParams  # noqa: E402
+from mindie_service.engine.contract import EngineRequest  # noqa: E402
 from npu_ops import cpu_kernels  # noqa: E402
 from npu_ops.quant import QuantLinear  # noqa: E402
 from npu_ops.linear import FastLinear  # noqa: E402
@@ -106,16 +109,25 @@ def timed_generate(llm: LLM, ids: list[list[int]], outs: list[int]) -> tuple[flo
     return dt, decode_s, sum(outs) - len(outs)
 
 
-def bandwidth_probe() -> dict[str, membw.Bandwidth]:
-    return {"triad": membw.triad(), "read": membw.read_only()}
-
-
-def stream_run(run: Callable[[], tuple[float, float, int]], tokens: int) -> dict[str, Any]:
-    """One engine's one-stream run between two bandwidth probes."""
-    before = bandwidth_probe()
-    dt, decode_s, decode_tokens = run()
-    after = bandwidth_probe()
-    return {"stream": tokens / dt, "decode": decode_tokens / decode_s, "bw": (before, after)}
+def probed_stream(llm: LLM, prompts: list[list[int]], nbytes: float) -> dict[str, float]:
+    """One request at a time; every decode step (after the prefill) timed and followed by a probe read of
+    ``nbytes``: the paired share of the bandwidth bound."""
+    probe = membw.Probe(int(nbytes), torch.get_num_threads())
+    eng, step_s, probe_s, steps = llm.engine, 0.0, 0.0, 0
+    for i, p in enumerate(prompts):
+        eng.add_request(EngineRequest(f"probed-{i}", tuple(p), SamplingParams(
+            max_tokens=STREAM_TOKENS, temperature=0.0, ignore_eos=True)))
+        started = done = False
+        while not done:
+            t = time.perf_counter()
+            events = eng.step()
+            dt = time.perf_counter() - t
+            done = any(getattr(ev, "finish_reason", None) is not None for ev in events)
+            if started:
+                step_s, probe_s, steps = step_s + dt, probe_s + probe.read(), steps + 1
+            started = started or bool(events)
+    probe.close()
+    return {"step_s": step_s, "probe_s": probe_s, "steps": steps}
 
 
 def ours(model: str, q: str | None, ids: list[list[int]], outs: list[int], head: str = "float",
@@ -131,12 +143,12 @@ def ours(model: str, q: str | None, ids: list[list[int]], outs: list[int], head:
     timed_generate(llm, [ids[0][:20]], [4])
     singles = ids[1:5]
 
-    def run() -> tuple[float, float, int]:
-        parts = [timed_generate(llm, [p], [STREAM_TOKENS]) for p in singles]
-        return sum(x[0] for x in parts), sum(x[1] for x in parts), sum(x[2] for x in parts)
-
-    row = stream_run(run, STREAM_TOKENS * len(singles))
-    return {"batched": batched, "bytes": weight_bytes(llm), "kv_bytes": kv_bytes(llm, singles, 4), **row}
+    parts = [timed_generate(llm, [p], [STREAM_TOKENS]) for p in singles]
+    row = {"batched": batched, "bytes": weight_bytes(llm), "kv_bytes": kv_bytes(llm, singles, 4),
+           "stream": STREAM_TOKENS * len(singles) / sum(x[0] for x in parts),
+           "decode": sum(x[2] for x in parts) / sum(x[1] for x in parts)}
+    row["paired"] = probed_stream(llm, singles, row["bytes"] + row["kv_bytes"])
+    return row
 
 
 def kv_bytes(llm: LLM, singles: list[list[int]], elem: int) -> float:
@@ -184,14 +196,13 @@ def gemm_gflops(threads: int) -> float:
     return best
 
 
-def harness(args: argparse.Namespace, gguf: Path, work: dict, slots: list[int]) -> list[dict[str, float]]:
-    """tools/llamacpp_harness.py in llama-cpp-python's venv: one row per slot count."""
+def harness(args: argparse.Namespace, gguf: Path, work: dict, slots: list[int],
+            extra: list[str] | None = None) -> list[dict[str, float]]:
+    """tools/llamacpp_harness.py in llama-cpp-python's venv: one row per slot count (one with --probe-bytes)."""
     proc = subprocess.run([args.llama_python, str(ROOT / "tools" / "llamacpp_harness.py"), str(gguf),
-                           "--threads", str(torch.get_num_threads()), "--slots", *map(str, slots)],
+                           "--threads", str(torch.get_num_threads()), "--slots", *map(str, slots), *(extra or [])],
                           input=json.dumps(work), text=True, capture_output=True, check=True)
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    print("  llama.cpp " + gguf.name + ": " + ", ".join(f"P={r['slots']} {r['tok_s']:.1f}" for r in rows), flush=True)
-    return rows
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
 def llamacpp(args: argparse.Namespace, folder: Path, ids: list[list[int]], outs: list[int],
@@ -209,14 +220,10 @@ def llamacpp(args: argparse.Namespace, folder: Path, ids: list[list[int]], outs:
         row: dict[str, Any] = {"bytes": gguf.stat().st_size, "kv_bytes": kv_f16, "batched": 0.0}
         if not args.stream_only:
             row["batched"] = max(r["tok_s"] for r in harness(args, gguf, {"prompts": ids, "outs": outs}, args.slots))
-        stream: dict[str, float] = {}
-
-        def run() -> tuple[float, float, int]:
-            stream.update(harness(args, gguf, {"prompts": ids[1:5], "outs": [STREAM_TOKENS] * 4}, [1])[0])
-            tokens = STREAM_TOKENS * 4
-            return tokens / stream["tok_s"], (tokens - 4) / stream["decode_tok_s"], tokens - 4
-
-        row.update(stream_run(run, STREAM_TOKENS * 4))
+        work = {"prompts": ids[1:5], "outs": [STREAM_TOKENS] * 4}
+        stream = harness(args, gguf, work, [1])[0]
+        row.update(stream=stream["tok_s"], decode=stream["decode_tok_s"])
+        row["paired"] = harness(args, gguf, work, [1], ["--probe-bytes", str(int(row["bytes"] + kv_f16))])[0]
         print(f"  llama.cpp {kind}: batched {row['batched']:.1f}, stream {row['stream']:.1f}, "
               f"decode {row['decode']:.1f} tok/s", flush=True)
         res[f"llama.cpp {kind}"] = row
@@ -237,19 +244,16 @@ def report(res: dict[str, dict], tokens: int, out_tokens: int, params: int, gflo
         vs = (f"{r['batched'] / p['batched']:.2f}x / {r['stream'] / p['stream']:.2f}x / "
               f"{r['decode'] / p['decode']:.2f}x" if p and p["batched"] else "")
         print(f"| {name} | {r['batched']:.1f} | {r['batched'] / bound_tok_s:.0%} | {r['stream']:.1f} | {vs} |")
-    print("\nOne stream's decode against the bandwidth measured beside it (before / after the run; bytes a "
-          "step reads = weights + KV at the mean position):")
-    print("| engine | decode tok/s | MB/token (weights + KV) | GB/s it moves | triad GB/s | of triad bound "
-          "| read-only GB/s | of read bound |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\nOne stream's decode against the bandwidth bound, paired step by step (a probe read of the bytes a "
+          "step reads after every decode step; share = probe seconds / step seconds):")
+    print("| engine | decode tok/s | MB/token (weights + KV) | GB/s it moves (paired run) | probe GB/s (paired) "
+          "| share of the bound |")
+    print("|---|---|---|---|---|---|")
     for name, r in res.items():
-        per_tok = r["bytes"] + r["kv_bytes"]
-        moved = r["decode"] * per_tok / 1e9
-        tri = [b["triad"].median for b in r["bw"]]
-        rd = [b["read"].median for b in r["bw"]]
-        print(f"| {name} | {r['decode']:.1f} | {r['bytes'] / 1e6:.0f} + {r['kv_bytes'] / 1e6:.1f} | {moved:.1f} | "
-              f"{tri[0]:.1f} / {tri[1]:.1f} | {moved / (sum(tri) / 2):.0%} | {rd[0]:.1f} / {rd[1]:.1f} | "
-              f"{moved / (sum(rd) / 2):.0%} |")
+        per_tok, pr = r["bytes"] + r["kv_bytes"], r["paired"]
+        print(f"| {name} | {r['decode']:.1f} | {r['bytes'] / 1e6:.0f} + {r['kv_bytes'] / 1e6:.1f} | "
+              f"{per_tok * pr['steps'] / pr['step_s'] / 1e9:.1f} | {per_tok * pr['steps'] / pr['probe_s'] / 1e9:.1f} | "
+              f"**{pr['probe_s'] / pr['step_s']:.0%}** |")
 
 
 def main() -> None:

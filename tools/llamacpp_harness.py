@@ -6,7 +6,9 @@ one ``llama_decode`` over a batch holding every decoding sequence's next token p
 newly admitted sequences (up to ``n_batch`` tokens), greedy sampling from each sequence's logits row,
 EOS ignored. Reads the workload (prompt token ids, output lengths) as JSON on stdin, prints
 ``{"tok_s": ..., "decode_tok_s": ..., "slots": P}`` per P, one JSON line each (decode_tok_s: tokens after each
-request's first over the time from its first token to its last, i.e. without its prefill).
+request's first over the time from its first token to its last, i.e. without its prefill). With
+``--probe-bytes B``, one slot: each decode step is followed by a read of B bytes (tools/membw.py), and one line
+``{"step_s": ..., "probe_s": ..., "steps": ...}`` gives the paired share of the bandwidth bound.
 
     python llamacpp_harness.py MODEL.gguf --slots 8 16 32 < workload.json
 """
@@ -95,6 +97,46 @@ def run(model: object, prompts: list[list[int]], outs: list[int], slots: int, th
     return produced / dt, decode_tokens / decode_s if decode_s > 0 else 0.0
 
 
+def probed(model: object, prompts: list[list[int]], outs: list[int], threads: int, probe_bytes: int) -> dict:
+    """One request at a time; every decode step (after the prefill) timed and followed by a probe read."""
+    import membw  # tools/membw.py (this script's folder), no torch needed
+    probe = membw.Probe(probe_bytes, threads)
+    cp = L.llama_context_default_params()
+    cp.n_ctx = max(len(p) + n for p, n in zip(prompts, outs)) + 8
+    cp.n_batch = cp.n_ubatch = cp.n_ctx
+    cp.n_threads = cp.n_threads_batch = threads
+    ctx = L.llama_init_from_model(model, cp)
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    mem = L.llama_get_memory(ctx)
+    batch = L.llama_batch_init(cp.n_ctx, 0, 1)
+    step_s = probe_s = 0.0
+    steps = 0
+
+    def decode(tokens: list[int], pos: int) -> int:
+        for i, tok in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, pos + i, 1
+            batch.seq_id[i][0], batch.logits[i] = 0, i == len(tokens) - 1
+        batch.n_tokens = len(tokens)
+        if L.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+        ptr = L.llama_get_logits_ith(ctx, len(tokens) - 1)
+        return int(np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n_vocab,)).argmax())
+
+    for prompt, n in zip(prompts, outs):
+        L.llama_memory_seq_rm(mem, 0, -1, -1)
+        tok, pos = decode(prompt, 0), len(prompt)
+        for _ in range(n - 1):
+            t = time.perf_counter()
+            tok = decode([tok], pos)
+            step_s += time.perf_counter() - t
+            probe_s += probe.read()
+            pos += 1
+            steps += 1
+    L.llama_batch_free(batch)
+    L.llama_free(ctx)
+    return {"step_s": step_s, "probe_s": probe_s, "steps": steps}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("gguf")
@@ -103,11 +145,15 @@ def main() -> None:
     ap.add_argument("--n-batch", type=int, default=512)
     ap.add_argument("--kv-unified", type=int, choices=[0, 1], default=None, help="default: llama.cpp's")
     ap.add_argument("--flash-attn", type=int, choices=[-1, 0, 1], default=None, help="default: llama.cpp's")
+    ap.add_argument("--probe-bytes", type=int, default=0, help="one slot, each decode step paired with a read")
     a = ap.parse_args()
     kv = None if a.kv_unified is None else bool(a.kv_unified)
     work = json.load(sys.stdin)
     L.llama_backend_init()
     model = L.llama_model_load_from_file(a.gguf.encode(), L.llama_model_default_params())
+    if a.probe_bytes:
+        print(json.dumps(probed(model, work["prompts"], work["outs"], a.threads, a.probe_bytes)), flush=True)
+        return
     warm = [w[:8] for w in work["prompts"][:2]]
     run(model, warm, [2, 2], 2, a.threads, a.n_batch, kv, a.flash_attn)
     for p in a.slots:

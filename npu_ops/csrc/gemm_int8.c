@@ -185,15 +185,19 @@ static void qrow_multi(const float *a, const int8_t *const *bp, int64_t K, float
 }
 #endif
 
-/* c's row (panel p's columns) scaled into y (+ bias) */
-static void w8a16_store(const float *cr, int64_t p, int64_t N, const float *scale, const float *bias, float *yr) {
+/* c's row (panel p's columns) scaled into y (+ bias); add: y += that (PyTorch's `x + linear(h)` rounding) */
+static void w8a16_store(const float *cr, int64_t p, int64_t N, const float *scale, const float *bias, float *yr,
+                        int add) {
     const int64_t n0 = p * QNR, ncols = N - n0 < QNR ? N - n0 : QNR;
-    for (int64_t j = 0; j < ncols; ++j) yr[n0 + j] = cr[j] * scale[n0 + j] + (bias != NULL ? bias[n0 + j] : 0.f);
+    for (int64_t j = 0; j < ncols; ++j) {
+        const float v = cr[j] * scale[n0 + j] + (bias != NULL ? bias[n0 + j] : 0.f);
+        yr[n0 + j] = add ? yr[n0 + j] + v : v;
+    }
 }
 
 /* One row: this thread's share of the panels (split by hand, balanced to one panel), QG at a time. */
 static void w8a16_row(const float *x, int64_t K, const int8_t *wp, const float *scale, int64_t N, const float *bias,
-                      float *y) {
+                      float *y, int add) {
     const int64_t np = (N + QNR - 1) / QNR, nt = omp_get_num_threads(), me = omp_get_thread_num();
     const int64_t p0 = np * me / nt, p1 = np * (me + 1) / nt;
     float c[QG * QNR];
@@ -202,21 +206,21 @@ static void w8a16_row(const float *x, int64_t K, const int8_t *wp, const float *
         const int8_t *bp[QG];
         for (int g = 0; g < QG; ++g) bp[g] = wp + (p + g) * K * QNR;
         qrow_multi(x, bp, K, c);
-        for (int g = 0; g < QG; ++g) w8a16_store(c + g * QNR, p + g, N, scale, bias, y);
+        for (int g = 0; g < QG; ++g) w8a16_store(c + g * QNR, p + g, N, scale, bias, y, add);
     }
     for (; p < p1; ++p) {
         qtile(1, x, K, wp + p * K * QNR, K, c);
-        w8a16_store(c, p, N, scale, bias, y);
+        w8a16_store(c, p, N, scale, bias, y, add);
     }
 }
 
 /* By every thread of a team (orphaned `omp for`): the fused layers' W8A16 linear (layers_f32.c) and the body
- * of linear_w8a16_f32. Ends on the team's barrier. */
+ * of linear_w8a16_f32 (add: y += the result). Ends on the team's barrier. */
 void linear_w8a16_f32_team(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *scale, int64_t N,
-                           const float *bias, float *y) {
+                           const float *bias, float *y, int add) {
     const int64_t np = (N + QNR - 1) / QNR;
     if (M == 1) {
-        w8a16_row(x, K, wp, scale, N, bias, y);
+        w8a16_row(x, K, wp, scale, N, bias, y, add);
 #pragma omp barrier
         return;
     }
@@ -238,7 +242,7 @@ void linear_w8a16_f32_team(const float *x, int64_t M, int64_t K, const int8_t *w
                     f32_tile(mr, x + m * K, K, buf, K, c, buf, 0); /* gemm.c's tile; the panel is in L2 */
                 else
                     qtile(mr, x + m * K, K, w, K, c);
-                for (int r = 0; r < mr; ++r) w8a16_store(c + r * QNR, p, N, scale, bias, y + (m + r) * N);
+                for (int r = 0; r < mr; ++r) w8a16_store(c + r * QNR, p, N, scale, bias, y + (m + r) * N, add);
             }
         }
     }
@@ -248,5 +252,5 @@ void linear_w8a16_f32_team(const float *x, int64_t M, int64_t K, const int8_t *w
 void linear_w8a16_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *scale, int64_t N,
                       const float *bias, float *y, int nthreads) {
 #pragma omp parallel num_threads(nthreads)
-    linear_w8a16_f32_team(x, M, K, wp, scale, N, bias, y);
+    linear_w8a16_f32_team(x, M, K, wp, scale, N, bias, y, 0);
 }

@@ -249,9 +249,10 @@ static void arow_multi(const int8_t *a, const int8_t *const *bp, int64_t K4, int
 }
 #endif
 
-/* y[r, 0:ncols] = (c[r] - comp) * xs[r] * ws (+ bias): the reference's float ops in its order. */
+/* y[r, 0:ncols] = (c[r] - comp) * xs[r] * ws (+ bias): the reference's float ops in its order; with add,
+ * y += that (the residual stream: PyTorch's `x + linear(h)` rounds the same). */
 static void epilogue(const int32_t *c, int mr, const float *xs, const int32_t *comp, const float *ws,
-                     const float *bias, float *y, int64_t ldy, int64_t ncols) {
+                     const float *bias, float *y, int64_t ldy, int64_t ncols, int add) {
     for (int r = 0; r < mr; ++r) {
         float *yr = y + r * ldy;
         const int32_t *cr = c + r * TW;
@@ -263,17 +264,20 @@ static void epilogue(const int32_t *c, int mr, const float *xs, const int32_t *c
             const __m512i acc = _mm512_sub_epi32(_mm512_loadu_si512(cr + j), _mm512_loadu_si512(comp + j));
             __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), sx), _mm512_maskz_loadu_ps(mk, ws + j));
             if (bias != NULL) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + j));
+            if (add) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, yr + j), v);
             _mm512_mask_storeu_ps(yr + j, mk, v);
         }
 #endif
-        for (; j < ncols; ++j)
-            yr[j] = (float)(cr[j] - (comp != NULL ? comp[j] : 0)) * xs[r] * ws[j] + (bias != NULL ? bias[j] : 0.f);
+        for (; j < ncols; ++j) {
+            const float v = (float)(cr[j] - (comp != NULL ? comp[j] : 0)) * xs[r] * ws[j] + (bias != NULL ? bias[j] : 0.f);
+            yr[j] = add ? yr[j] + v : v;
+        }
     }
 }
 
 /* One row: this thread's share of the panel pairs (split by hand, balanced to one pair), GQ pairs at a time. */
 static void w8a8_row(const int8_t *xr, const float *xs, int64_t K, const int8_t *wp, const float *ws, int64_t N,
-                     const float *bias, float *y, const int8_t *zero) {
+                     const float *bias, float *y, const int8_t *zero, int add) {
     const int64_t K4 = k4_of(K), np = npanels(N), npair = (np + 1) / 2, psz = K4 * ANR * 4;
     const int32_t *comp = W8A8_VNNI ? (const int32_t *)(wp + np * psz) : NULL;
     const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
@@ -292,7 +296,7 @@ static void w8a8_row(const int8_t *xr, const float *xs, int64_t K, const int8_t 
         for (int64_t i = 0; i < g; ++i) {
             const int64_t n0 = 2 * (pp + i) * ANR, ncols = N - n0 < TW ? N - n0 : TW;
             epilogue(c + i * TW, 1, xs, comp != NULL ? comp + n0 : NULL, ws + n0, bias != NULL ? bias + n0 : NULL,
-                     y + n0, N, ncols);
+                     y + n0, N, ncols, add);
         }
         pp += g;
     }
@@ -301,11 +305,11 @@ static void w8a8_row(const int8_t *xr, const float *xs, int64_t K, const int8_t 
 /* y = rows . Wq^T, scaled: xr rows (lda = K4 * 4 bytes) already in this core's activation format. Called by
  * every thread of a team (orphaned `omp for`); ends on the team's barrier. */
 static void w8a8_rows_team(const int8_t *xr, const float *xs, int64_t M, int64_t K, const int8_t *wp,
-                           const float *ws, int64_t N, const float *bias, float *y, const int8_t *zero) {
+                           const float *ws, int64_t N, const float *bias, float *y, const int8_t *zero, int add) {
     const int64_t K4 = k4_of(K), lda = K4 * 4, np = npanels(N), npair = (np + 1) / 2;
     const int32_t *comp = W8A8_VNNI ? (const int32_t *)(wp + np * ANR * K4 * 4) : NULL;
     if (M == 1) {
-        w8a8_row(xr, xs, K, wp, ws, N, bias, y, zero);
+        w8a8_row(xr, xs, K, wp, ws, N, bias, y, zero, add);
 #pragma omp barrier
         return;
     }
@@ -320,7 +324,7 @@ static void w8a8_rows_team(const int8_t *xr, const float *xs, int64_t M, int64_t
                 const int mr = m1 - m < AMR ? (int)(m1 - m) : AMR;
                 atile(mr, xr + m * lda, lda, b0, b1, K4, c);
                 epilogue(c, mr, xs + m, comp != NULL ? comp + n0 : NULL, ws + n0, bias != NULL ? bias + n0 : NULL,
-                         y + m * N + n0, N, ncols);
+                         y + m * N + n0, N, ncols, add);
             }
         }
     }
@@ -329,18 +333,24 @@ static void w8a8_rows_team(const int8_t *xr, const float *xs, int64_t M, int64_t
 static void w8a8_rows(const int8_t *xr, const float *xs, int64_t M, int64_t K, const int8_t *wp, const float *ws,
                       int64_t N, const float *bias, float *y, int nthreads, const int8_t *zero) {
 #pragma omp parallel num_threads(nthreads)
-    w8a8_rows_team(xr, xs, M, K, wp, ws, N, bias, y, zero);
+    w8a8_rows_team(xr, xs, M, K, wp, ws, N, bias, y, zero, 0);
 }
 
 /* The fused layers' W8A8 linear (layers_f32.c), by every thread of a team: x's rows quantized into xq
- * (k4 * 4 bytes a row) and xs, then the tiles; zero: w8a8_zero_bytes(K) zero bytes. Same math as
- * linear_w8a8_f32. */
+ * (k4 * 4 bytes a row) and xs, then the tiles; zero: w8a8_zero_bytes(K) zero bytes; add: y += the result.
+ * Same math as linear_w8a8_f32. One row (a one-stream decode step) is quantized by every thread into the
+ * xq / xs it was given, which must then be its own: no barrier between quantizing and the tiles. */
 void linear_w8a8_f32_team(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
-                          const float *bias, float *y, int8_t *xq, float *xs, const int8_t *zero) {
+                          const float *bias, float *y, int8_t *xq, float *xs, const int8_t *zero, int add) {
     const int64_t KP = k4_of(K) * 4;
+    const int8_t flip = W8A8_VNNI ? (int8_t)0x80 : 0;
+    if (M == 1) {
+        quantize_row(x, K, xq, xs, flip);
+    } else {
 #pragma omp for schedule(static)
-    for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, K, xq + m * KP, xs + m, W8A8_VNNI ? (int8_t)0x80 : 0);
-    w8a8_rows_team(xq, xs, M, K, wp, ws, N, bias, y, zero);
+        for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, K, xq + m * KP, xs + m, flip);
+    }
+    w8a8_rows_team(xq, xs, M, K, wp, ws, N, bias, y, zero, add);
 }
 
 int64_t w8a8_zero_bytes(int64_t K) { return k4_of(K) * ANR * 4; }

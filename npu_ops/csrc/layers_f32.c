@@ -6,9 +6,10 @@
  * team forked and joined per op); here one OpenMP team lives for the whole step and the ops meet at its
  * barriers. Each op is the same compiled code as its single-op kernel (layers_f32.h), so the result is
  * bit-identical to the op-by-op path. A projection may hold int8 weights (W8A16: gemm_int8.c, W8A8:
- * gemm_w8a8.c, activations quantized in the call); its output then goes through scratch and the residual is
- * added after it, as the op-by-op path adds it. The caller keeps LoRA, tensor parallelism, an int8 KV cache
- * and other devices on that path.
+ * gemm_w8a8.c, activations quantized in the call), the residual added in its epilogue as the op-by-op path
+ * adds it. One row (a one-stream decode step) is normed and quantized by every thread into its own copy, so
+ * the team meets at a barrier only where a projection needs another thread's output. The caller keeps LoRA,
+ * tensor parallelism, an int8 KV cache and other devices on that path.
  *
  * layers[l]: pointers of layer l (each projection's packed weight as its kernel packs it, its bias or NULL,
  * its per-column scale for int8 kinds, its kind); x [T, hidden]
@@ -35,7 +36,7 @@ typedef struct {
 } layer_f32;
 
 typedef struct {
-    float *tmp, *xs; /* an int8 projection's output before the residual add [T, hidden]; row scales [T] */
+    float *xs;         /* W8A8 row scales [T] */
     int8_t *xq, *zero; /* quantized rows [T, kmax padded]; a zero W8A8 panel */
 } int8_scratch;
 
@@ -52,25 +53,38 @@ static int64_t kmax_padded(int64_t hidden, int64_t QD, int64_t inter) {
 /* floats: x's norm, qkv, q, attention, h, gate/up, then the int8 scratch (int8_scratch) */
 int64_t llama_layers_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH, int64_t D, int64_t inter) {
     const int64_t kp = kmax_padded(hidden, H * D, inter), bytes = T * kp + w8a8_zero_bytes(kp);
-    return T * (hidden + (H + 2 * KVH) * D + 2 * H * D + inter + 2 * inter) + T * hidden + T + (bytes + 3) / 4;
+    return T * (hidden + (H + 2 * KVH) * D + 2 * H * D + inter + 2 * inter) + T + (bytes + 3) / 4;
 }
 
-/* y = x . W^T (+ bias), or y += that with add: one projection of any kind, by every thread of the team */
+/* A thread's own copies for a step of one row (a one-stream decode step): the normed row and its W8A8
+ * quantization. Every thread computes them itself (the same code, so the same bits) instead of one thread
+ * computing them while the others wait at a barrier: two barriers fewer a projection. */
+typedef struct {
+    float *xn, *xs;
+    int8_t *xq;
+} own_row;
+
+static int own_row_alloc(own_row *o, int64_t T, int64_t hidden, int64_t kp) {
+    o->xn = o->xs = NULL;
+    o->xq = NULL;
+    if (T != 1) return 0;
+    o->xn = malloc(sizeof(float) * (size_t)(hidden + 1));
+    o->xq = malloc((size_t)kp);
+    if (o->xn != NULL) o->xs = o->xn + hidden;
+    return o->xn == NULL || o->xq == NULL;
+}
+
+/* y = x . W^T (+ bias), or y += that with add: one projection of any kind, by every thread of the team. A
+ * single row's W8A8 quantization goes to the thread's own buffers (own != NULL). */
 static void lin(const dims_f32 *d, const lin_desc *ln, const float *x, int64_t K, int64_t N, float *y, int add,
-                const int8_scratch *s) {
-    if (ln->kind == LIN_F32) {
+                const int8_scratch *s, const own_row *own) {
+    if (ln->kind == LIN_F32)
         linear_f32_team(x, d->T, K, ln->w, N, ln->bias, y, add);
-        return;
-    }
-    float *out = add ? s->tmp : y;
-    if (ln->kind == LIN_W8A16)
-        linear_w8a16_f32_team(x, d->T, K, ln->w, ln->scale, N, ln->bias, out);
+    else if (ln->kind == LIN_W8A16)
+        linear_w8a16_f32_team(x, d->T, K, ln->w, ln->scale, N, ln->bias, y, add);
     else
-        linear_w8a8_f32_team(x, d->T, K, ln->w, ln->scale, N, ln->bias, out, s->xq, s->xs, s->zero);
-    if (!add) return;
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < d->T; ++t)
-        for (int64_t i = 0; i < N; ++i) y[t * N + i] = y[t * N + i] + out[t * N + i];
+        linear_w8a8_f32_team(x, d->T, K, ln->w, ln->scale, N, ln->bias, y, d->T == 1 ? own->xq : s->xq,
+                             d->T == 1 ? own->xs : s->xs, s->zero, add);
 }
 
 /* rotary on the q heads of each row into q, on its k heads straight into the cache slot; v copied there */
@@ -87,22 +101,44 @@ static void rope_and_cache(const dims_f32 *d, const float *qkv, const float *cos
     }
 }
 
-static void norm_rows(const dims_f32 *d, const float *x, const float *w, float *out) {
+/* The rows of x normed into out; one row by every thread into its own copy (no barrier): returns the rows. */
+static const float *norm_rows(const dims_f32 *d, const float *x, const float *w, float *out, const own_row *own) {
+    if (d->T == 1) {
+        rms_norm_row_f32(x, w, own->xn, d->hidden, d->eps);
+        return own->xn;
+    }
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < d->T; ++t) rms_norm_row_f32(x + t * d->hidden, w, out + t * d->hidden, d->hidden, d->eps);
+    return out;
+}
+
+/* h = silu(gate) * up over gu's rows; one row split by columns over the team (chunks of whole 8-lane vectors,
+ * so every element takes the path silu_mul_row_f32 gives it over the whole row). */
+static void silu_rows(const dims_f32 *d, const float *gu, float *h) {
+    const int64_t inter = d->inter;
+    if (d->T == 1) {
+        const int64_t chunk = 64, nc = (inter + chunk - 1) / chunk;
+#pragma omp for schedule(static)
+        for (int64_t c = 0; c < nc; ++c) {
+            const int64_t j0 = c * chunk, j1 = j0 + chunk < inter ? j0 + chunk : inter;
+            silu_mul_row_f32(gu + j0, gu + inter + j0, h + j0, j1 - j0);
+        }
+        return;
+    }
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < d->T; ++t) silu_mul_row_f32(gu + t * 2 * inter, gu + t * 2 * inter + inter, h + t * inter, inter);
 }
 
 static void mlp(const dims_f32 *d, const layer_f32 *ly, const float *xn, float *h, float *gu, float *x,
-                const int8_scratch *s) {
-    const int64_t T = d->T, inter = d->inter;
+                const int8_scratch *s, const own_row *own) {
+    const int64_t inter = d->inter;
     if (ly->gu.kind == LIN_F32 && inter % F32_TILE_NR == 0) {
-        gate_up_silu_f32_team(xn, T, d->hidden, ly->gu.w, inter, ly->gu.bias, h);
+        gate_up_silu_f32_team(xn, d->T, d->hidden, ly->gu.w, inter, ly->gu.bias, h);
     } else {
-        lin(d, &ly->gu, xn, d->hidden, 2 * inter, gu, 0, s);
-#pragma omp for schedule(static)
-        for (int64_t t = 0; t < T; ++t) silu_mul_row_f32(gu + t * 2 * inter, gu + t * 2 * inter + inter, h + t * inter, inter);
+        lin(d, &ly->gu, xn, d->hidden, 2 * inter, gu, 0, s, own);
+        silu_rows(d, gu, h);
     }
-    lin(d, &ly->down, h, inter, d->hidden, x, 1, s);
+    lin(d, &ly->down, h, inter, d->hidden, x, 1, s, own);
 }
 
 int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, int64_t hidden, int64_t H, int64_t KVH,
@@ -116,33 +152,36 @@ int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, in
     if (rc != 0) return rc;
     const dims_f32 d = {T, hidden, H, KVH, D, inter, BS, MB, eps, scale};
     const int64_t QD = H * D;
+    const int64_t kp = kmax_padded(hidden, QD, inter);
     float *xn = work, *qkv = xn + T * hidden, *q = qkv + T * (QD + 2 * KVH * D), *att = q + T * QD,
-          *h = att + T * QD, *gu = h + T * inter, *tmp = gu + T * 2 * inter, *xs = tmp + T * hidden;
+          *h = att + T * QD, *gu = h + T * inter, *xs = gu + T * 2 * inter;
     int8_t *xq = (int8_t *)(xs + T);
-    const int8_scratch s8 = {tmp, xs, xq, xq + T * kmax_padded(hidden, QD, inter)};
-    memset(s8.zero, 0, (size_t)w8a8_zero_bytes(kmax_padded(hidden, QD, inter)));
+    const int8_scratch s8 = {xs, xq, xq + T * kp};
+    memset(s8.zero, 0, (size_t)w8a8_zero_bytes(kp));
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
         float *scores = malloc(sizeof(float) * (size_t)pl.scores_len), *acc = malloc(sizeof(float) * (size_t)pl.acc_len);
-        if (scores == NULL || acc == NULL) {
+        own_row own;
+        if (scores == NULL || acc == NULL || own_row_alloc(&own, T, hidden, kp)) {
 #pragma omp atomic write
             failed = 3;
         }
 #pragma omp barrier
         for (int64_t l = 0; l < L && !failed; ++l) {
             const layer_f32 *ly = layers + l;
-            norm_rows(&d, x, ly->in_norm, xn);
-            lin(&d, &ly->qkv, xn, hidden, QD + 2 * KVH * D, qkv, 0, &s8);
+            const float *xin = norm_rows(&d, x, ly->in_norm, xn, &own);
+            lin(&d, &ly->qkv, xin, hidden, QD + 2 * KVH * D, qkv, 0, &s8, &own);
             rope_and_cache(&d, qkv, cos_, sin_, slots, q, ly->k_cache, ly->v_cache);
             attn_rows_f32_team(&pl, q, ly->k_cache, ly->v_cache, block_tables, row_seq, row_pos, att, H, KVH, D, BS,
                                MB, scale, scores, acc);
-            lin(&d, &ly->o, att, QD, hidden, x, 1, &s8);
-            norm_rows(&d, x, ly->post_norm, xn);
-            mlp(&d, ly, xn, h, gu, x, &s8);
+            lin(&d, &ly->o, att, QD, hidden, x, 1, &s8, &own);
+            mlp(&d, ly, norm_rows(&d, x, ly->post_norm, xn, &own), h, gu, x, &s8, &own);
         }
         free(scores);
         free(acc);
+        free(own.xn);
+        free(own.xq);
     }
     free(pl.tiles);
     return failed;

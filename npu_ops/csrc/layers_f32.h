@@ -17,9 +17,9 @@ void gate_up_silu_f32_team(const float *x, int64_t M, int64_t K, const float *wp
 
 /* int8-weight linears by every thread of a team (gemm_int8.c, gemm_w8a8.c): the single-op kernels' bodies */
 void linear_w8a16_f32_team(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *scale, int64_t N,
-                           const float *bias, float *y);
+                           const float *bias, float *y, int add);
 void linear_w8a8_f32_team(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
-                          const float *bias, float *y, int8_t *xq, float *xs, const int8_t *zero);
+                          const float *bias, float *y, int8_t *xq, float *xs, const int8_t *zero, int add);
 int64_t w8a8_zero_bytes(int64_t K);
 
 typedef struct {

@@ -34,12 +34,13 @@ def _model(inter: int, bias: bool, seed: int) -> LlamaForCausalLM:
     return model
 
 
-def _steps() -> list[tuple[list[int], list[int], list[int]]]:
-    """(row_seq, row_pos, block rows of each sequence) of two steps: 3 prompts (5, 9, 2 tokens) prefilled,
-    then a step with two decode rows (sequences 0, 2) and sequence 1 prefilling 6 more tokens after its 9."""
+def _steps() -> list[tuple[list[int], list[int]]]:
+    """(row_seq, row_pos) of three steps: 3 prompts (5, 9, 2 tokens) prefilled, then a step with two decode
+    rows (sequences 0, 2) and sequence 1 prefilling 6 more tokens after its 9, then sequence 0 decoding alone
+    (one row: the path where every thread norms and quantizes the row itself)."""
     first = ([0] * 5 + [1] * 9 + [2] * 2, list(range(5)) + list(range(9)) + list(range(2)))
     second = ([0, 1] + [2] * 6, [5, 2] + list(range(9, 15)))  # block-table rows: seq 0, seq 2, seq 1
-    return [first, second]
+    return [first, second, ([0], [6])]
 
 
 TABLES = [[3, 7], [0, 5, 9, 2], [4]]  # blocks of sequences 0, 1, 2 (16 blocks in the pool)
@@ -120,7 +121,7 @@ def fused_and_op_by_op(model: LlamaForCausalLM) -> tuple[list[torch.Tensor], lis
         fused = _run(model, pools[0], True)
     finally:
         lib.llama_layers_f32 = real
-    assert len(calls) == 2  # both steps took the fused path
+    assert len(calls) == len(_steps())  # every step took the fused path
     op_by_op = _run(model, pools[1], False)
     assert torch.equal(pools[0], pools[1])
     return fused, op_by_op
