@@ -8,7 +8,8 @@ EOS ignored. Reads the workload (prompt token ids, output lengths) as JSON on st
 ``{"tok_s": ..., "decode_tok_s": ..., "slots": P}`` per P, one JSON line each (decode_tok_s: tokens after each
 request's first over the time from its first token to its last, i.e. without its prefill). With
 ``--probe-bytes B``, one slot: each decode step is followed by a read of B bytes (tools/membw.py), and one line
-``{"step_s": ..., "probe_s": ..., "steps": ...}`` gives the paired share of the bandwidth bound.
+``{"step_s": ..., "probe_s": ..., "triad_s": ..., "steps": ...}`` gives the paired shares of the bandwidth bounds
+(``--triad-bytes``: a STREAM triad moving that many bytes after the read).
 
     python llamacpp_harness.py MODEL.gguf --slots 8 16 32 < workload.json
 """
@@ -97,10 +98,12 @@ def run(model: object, prompts: list[list[int]], outs: list[int], slots: int, th
     return produced / dt, decode_tokens / decode_s if decode_s > 0 else 0.0
 
 
-def probed(model: object, prompts: list[list[int]], outs: list[int], threads: int, probe_bytes: int) -> dict:
-    """One request at a time; every decode step (after the prefill) timed and followed by a probe read."""
+def probed(model: object, prompts: list[list[int]], outs: list[int], threads: int, probe_bytes: int,
+           triad_bytes: int) -> dict:
+    """One request at a time; every decode step (after the prefill) timed and followed by a probe read and a
+    triad (tools/membw.py)."""
     import membw  # tools/membw.py (this script's folder), no torch needed
-    probe = membw.Probe(probe_bytes, threads)
+    probe = membw.Probe(probe_bytes, threads, triad_bytes)
     cp = L.llama_context_default_params()
     cp.n_ctx = max(len(p) + n for p, n in zip(prompts, outs)) + 8
     cp.n_batch = cp.n_ubatch = cp.n_ctx
@@ -109,7 +112,7 @@ def probed(model: object, prompts: list[list[int]], outs: list[int], threads: in
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     mem = L.llama_get_memory(ctx)
     batch = L.llama_batch_init(cp.n_ctx, 0, 1)
-    step_s = probe_s = 0.0
+    step_s = probe_s = triad_s = 0.0
     steps = 0
 
     def decode(tokens: list[int], pos: int) -> int:
@@ -125,16 +128,20 @@ def probed(model: object, prompts: list[list[int]], outs: list[int], threads: in
     for prompt, n in zip(prompts, outs):
         L.llama_memory_seq_rm(mem, 0, -1, -1)
         tok, pos = decode(prompt, 0), len(prompt)
-        for _ in range(n - 1):
+        for i in range(n - 1):
             t = time.perf_counter()
             tok = decode([tok], pos)
             step_s += time.perf_counter() - t
-            probe_s += probe.read()
             pos += 1
             steps += 1
+            if (i + 1) % 8 == 0 or i == n - 2:  # steps and probes alternate in runs of 8, as bench_real's do
+                owed = (i % 8) + 1
+                probe_s += sum(probe.read() for _ in range(owed))
+                triad_s += sum(probe.triad() for _ in range(owed))
     L.llama_batch_free(batch)
     L.llama_free(ctx)
-    return {"step_s": step_s, "probe_s": probe_s, "steps": steps}
+    probe.close()
+    return {"step_s": step_s, "probe_s": probe_s, "triad_s": triad_s, "steps": steps}
 
 
 def main() -> None:
@@ -146,13 +153,15 @@ def main() -> None:
     ap.add_argument("--kv-unified", type=int, choices=[0, 1], default=None, help="default: llama.cpp's")
     ap.add_argument("--flash-attn", type=int, choices=[-1, 0, 1], default=None, help="default: llama.cpp's")
     ap.add_argument("--probe-bytes", type=int, default=0, help="one slot, each decode step paired with a read")
+    ap.add_argument("--triad-bytes", type=int, default=0, help="with --probe-bytes: and with a triad moving these")
     a = ap.parse_args()
     kv = None if a.kv_unified is None else bool(a.kv_unified)
     work = json.load(sys.stdin)
     L.llama_backend_init()
     model = L.llama_model_load_from_file(a.gguf.encode(), L.llama_model_default_params())
     if a.probe_bytes:
-        print(json.dumps(probed(model, work["prompts"], work["outs"], a.threads, a.probe_bytes)), flush=True)
+        print(json.dumps(probed(model, work["prompts"], work["outs"], a.threads, a.probe_bytes, a.triad_bytes)),
+              flush=True)
         return
     warm = [w[:8] for w in work["prompts"][:2]]
     run(model, warm, [2, 2], 2, a.threads, a.n_batch, kv, a.flash_attn)

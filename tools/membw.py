@@ -68,15 +68,20 @@ class Bandwidth:
 
 
 class Probe:
-    """A buffer of ``nbytes`` read by ``threads`` threads: ``read()`` returns the seconds one pass took."""
+    """``read()``: the seconds one read pass over ``nbytes`` takes with ``threads`` threads; ``triad()``: the
+    seconds a STREAM triad takes to move ``triad_bytes`` as STREAM counts bytes (12 a float element)."""
 
-    def __init__(self, nbytes: int, threads: int = 0) -> None:
+    def __init__(self, nbytes: int, threads: int = 0, triad_bytes: int = 0) -> None:
         self.threads = threads or default_threads()
         unit = self.threads * STREAMS * 32  # membw.c splits a pass into this many equal runs of whole steps
         self.floats = max(unit, nbytes // 4 // unit * unit)
-        self.ptr = _lib().probe_alloc(self.floats)
-        if not self.ptr:
-            raise MemoryError(f"no {nbytes} bytes for the bandwidth probe")
+        self.triad_n = triad_bytes // 12
+        lib = _lib()
+        self.ptr = lib.probe_alloc(self.floats)
+        self.arrays = [lib.probe_alloc(self.triad_n) for _ in range(3)] if self.triad_n else []
+        if not self.ptr or not all(self.arrays):
+            self.close()
+            raise MemoryError(f"no {nbytes} + {triad_bytes // 4} bytes for the bandwidth probe")
 
     @property
     def nbytes(self) -> int:
@@ -87,10 +92,18 @@ class Probe:
         _lib().read_pass(self.ptr, self.floats, self.threads)
         return time.perf_counter() - t
 
+    def triad(self) -> float:
+        t = time.perf_counter()
+        _lib().triad_pass(*self.arrays, self.triad_n, 3.0, self.threads)
+        return time.perf_counter() - t
+
     def close(self) -> None:
-        if self.ptr:
-            _lib().probe_free(self.ptr)
-            self.ptr = None
+        lib = _lib.cache_info().currsize and _lib()
+        if lib:
+            for p in [self.ptr, *self.arrays]:
+                if p:
+                    lib.probe_free(p)
+        self.ptr, self.arrays = None, []
 
     def __del__(self) -> None:
         self.close()
