@@ -258,15 +258,21 @@ def report(res: dict[str, dict], tokens: int, out_tokens: int, params: int, gflo
           "STREAM triad moving the weight bytes (the issue's bound: triad / weight bytes a token) and a read of "
           "weights + KV (membw.c's 8-stream read: the stricter bound); share = probe seconds / step seconds.")
     print("| engine | decode tok/s | MB/token (weights + KV) | GB/s it moves | triad GB/s | **share of the triad "
-          "bound** | read GB/s | share of the read bound |")
-    print("|---|---|---|---|---|---|---|---|")
+          "bound** | read GB/s | share of the read bound | vs llama.cpp same precision at equal bandwidth |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    peer = {"fp32": "llama.cpp f32", "w8a16": "llama.cpp q8_0", "w8a8": "llama.cpp q8_0",
+            "w8a8+int8head": "llama.cpp q8_0"}
     for name, r in res.items():
         w, per_tok, pr = r["bytes"], r["bytes"] + r["kv_bytes"], r["paired"]
         n = pr["steps"]
+        p = res.get(peer.get(name, ""))
+        # tok/s per unit of triad bandwidth, each engine against the triad taken beside it
+        vs = (f"{(pr['triad_s'] / pr['step_s'] / w) / (p['paired']['triad_s'] / p['paired']['step_s'] / p['bytes']):.2f}x"
+              if p else "")
         print(f"| {name} | {r['decode']:.1f} | {w / 1e6:.0f} + {r['kv_bytes'] / 1e6:.1f} | "
               f"{per_tok * n / pr['step_s'] / 1e9:.1f} | {w * n / pr['triad_s'] / 1e9:.1f} | "
               f"**{pr['triad_s'] / pr['step_s']:.0%}** | {per_tok * n / pr['probe_s'] / 1e9:.1f} | "
-              f"{pr['probe_s'] / pr['step_s']:.0%} |")
+              f"{pr['probe_s'] / pr['step_s']:.0%} | {vs} |")
 
 
 def main() -> None:
