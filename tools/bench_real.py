@@ -10,13 +10,13 @@ slots batched, one slot for one stream).
 
 Bounds, measured in the same run: the compute bound (best GFLOP/s of a large fp32 GEMM, ours and
 PyTorch's; batched time = (prompt + output tokens) x 2 x parameters / GFLOP/s) and the bandwidth bound of one
-stream's decode. This VM's bandwidth moves by 1.5x within seconds, so the bound is paired step by step: a second
+stream's decode. This VM's bandwidth moves by 1.5x within seconds, so the bound is paired with the steps: a second
 one-stream run follows every 8 decode steps with 8 STREAM triads moving a step's weight bytes (the issue's
 bound: triad bandwidth / weight bytes a token) and 8 reads of the bytes a step reads (weights + the KV cache
 at the stream's mean position) by tools/membw.py's probe (8 prefetched streams a thread, the best read found
 here: the stricter bound); a share of a bound is sum(probe seconds) / sum(step seconds). llama.cpp's harness
-does the same (--probe-bytes, --triad-bytes). One stream's "decode" rate leaves each prompt's prefill out (tokens after the first over the
-time from the first to the last); "stream" is end to end.
+does the same (--probe-bytes, --triad-bytes). One stream's "decode" rate leaves each prompt's prefill out
+(tokens after the first over the time from the first to the last); "stream" is end to end.
 
     PYTHONPATH=$PWD .venv/bin/python tools/bench_real.py --llama-python /work/peers/venv/bin/python
 """
@@ -55,6 +55,7 @@ STREAM_TOKENS = 128
 # seconds over which this VM's bandwidth moves).
 PAIR_STEPS = 8
 SCHEMES = {"fp32": None, "w8a16": "w8a16", "w8a8": "w8a8"}
+PEER = {"fp32": "llama.cpp f32", "w8a16": "llama.cpp q8_0", "w8a8": "llama.cpp q8_0", "w8a8+int8head": "llama.cpp q8_0"}
 
 
 def shipped_gguf() -> Path:
@@ -247,28 +248,28 @@ def report(res: dict[str, dict], tokens: int, out_tokens: int, params: int, gflo
     print("\n| engine | batched tok/s | of compute bound | one stream tok/s | vs llama.cpp same precision "
           "(batched / stream / decode) |")
     print("|---|---|---|---|---|")
-    peer = {"fp32": "llama.cpp f32", "w8a16": "llama.cpp q8_0", "w8a8": "llama.cpp q8_0",
-            "w8a8+int8head": "llama.cpp q8_0"}
     for name, r in res.items():
-        p = res.get(peer.get(name, ""))
+        p = res.get(PEER.get(name, ""))
         vs = (f"{r['batched'] / p['batched']:.2f}x / {r['stream'] / p['stream']:.2f}x / "
               f"{r['decode'] / p['decode']:.2f}x" if p and p["batched"] else "")
         print(f"| {name} | {r['batched']:.1f} | {r['batched'] / bound_tok_s:.0%} | {r['stream']:.1f} | {vs} |")
-    print("\nOne stream's decode against the bandwidth bound, paired step by step: after every decode step a "
-          "STREAM triad moving the weight bytes (the issue's bound: triad / weight bytes a token) and a read of "
-          "weights + KV (membw.c's 8-stream read: the stricter bound); share = probe seconds / step seconds.")
+    report_stream(res)
+
+
+def report_stream(res: dict[str, dict]) -> None:
+    print("\nOne stream's decode against the bandwidth bound, paired: every 8 decode steps, 8 STREAM triads moving "
+          "a step's weight bytes (the issue's bound: triad / weight bytes a token) and 8 reads of weights + KV "
+          "(membw.c's 8-stream read: the stricter bound); share = probe seconds / step seconds.")
     print("| engine | decode tok/s | MB/token (weights + KV) | GB/s it moves | triad GB/s | **share of the triad "
           "bound** | read GB/s | share of the read bound | vs llama.cpp same precision at equal bandwidth |")
     print("|---|---|---|---|---|---|---|---|---|")
-    peer = {"fp32": "llama.cpp f32", "w8a16": "llama.cpp q8_0", "w8a8": "llama.cpp q8_0",
-            "w8a8+int8head": "llama.cpp q8_0"}
     for name, r in res.items():
         w, per_tok, pr = r["bytes"], r["bytes"] + r["kv_bytes"], r["paired"]
         n = pr["steps"]
-        p = res.get(peer.get(name, ""))
+        p = res.get(PEER.get(name, ""))
         # tok/s per unit of triad bandwidth, each engine against the triad taken beside it
-        vs = (f"{(pr['triad_s'] / pr['step_s'] / w) / (p['paired']['triad_s'] / p['paired']['step_s'] / p['bytes']):.2f}x"
-              if p else "")
+        pp = p["paired"] if p else None
+        vs = f"{(pr['triad_s'] / pr['step_s'] / w) / (pp['triad_s'] / pp['step_s'] / p['bytes']):.2f}x" if pp else ""
         print(f"| {name} | {r['decode']:.1f} | {w / 1e6:.0f} + {r['kv_bytes'] / 1e6:.1f} | "
               f"{per_tok * n / pr['step_s'] / 1e9:.1f} | {w * n / pr['triad_s'] / 1e9:.1f} | "
               f"**{pr['triad_s'] / pr['step_s']:.0%}** | {per_tok * n / pr['probe_s'] / 1e9:.1f} | "

@@ -136,11 +136,11 @@ static void store_tile(float *cr, const float *bias, int64_t p, int64_t N, float
         memcpy(yr, cr, sizeof(float) * (size_t)ncols);
 }
 
-/* This thread's share [p0, p1) of np panels when a team splits them by hand (balanced to one panel). */
-static void my_panels(int64_t np, int64_t *p0, int64_t *p1) {
+/* This thread's share [lo, hi) of n items when a team splits them by hand (balanced to one item). */
+void team_share(int64_t n, int64_t *lo, int64_t *hi) {
     const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-    *p0 = np * me / nt;
-    *p1 = np * (me + 1) / nt;
+    *lo = n * me / nt;
+    *hi = n * (me + 1) / nt;
 }
 
 /* Panels [p0, p1) of one row x[K]: GP at a time, the rest one by one. */
@@ -182,7 +182,7 @@ void linear_f32_team(const float *x, int64_t M, int64_t K, const float *wp, int6
     const int64_t np = (N + NR - 1) / NR;
     if (M == 1) {
         int64_t p0, p1;
-        my_panels(np, &p0, &p1);
+        team_share(np, &p0, &p1);
         row_panels(x, K, wp, p0, p1, N, bias, y, add);
 #pragma omp barrier
         return;
@@ -212,7 +212,7 @@ static void gate_up_store(float *g, float *u, const float *bias, int64_t p, int6
 static void gate_up_row(const float *x, int64_t K, const float *wp, int64_t inter, const float *bias, float *h) {
     const int64_t half = inter / NR;
     int64_t p0, p1;
-    my_panels(half, &p0, &p1);
+    team_share(half, &p0, &p1);
     float c[GP * NR];
     int64_t p = p0;
     for (; p + GP / 2 <= p1; p += GP / 2) {

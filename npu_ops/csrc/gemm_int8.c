@@ -18,6 +18,7 @@
 #endif
 
 #include "gemm_tile.h"
+#include "layers_f32.h"
 
 #define QNR F32_TILE_NR /* W8A16 panel width: gemm.c's, so that a widened panel runs its fp32 tile */
 #define QMR F32_TILE_MR
@@ -198,8 +199,8 @@ static void w8a16_store(const float *cr, int64_t p, int64_t N, const float *scal
 /* One row: this thread's share of the panels (split by hand, balanced to one panel), QG at a time. */
 static void w8a16_row(const float *x, int64_t K, const int8_t *wp, const float *scale, int64_t N, const float *bias,
                       float *y, int add) {
-    const int64_t np = (N + QNR - 1) / QNR, nt = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t p0 = np * me / nt, p1 = np * (me + 1) / nt;
+    int64_t p0, p1;
+    team_share((N + QNR - 1) / QNR, &p0, &p1);
     float c[QG * QNR];
     int64_t p = p0;
     for (; p + QG <= p1; p += QG) {

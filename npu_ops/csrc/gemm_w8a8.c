@@ -22,6 +22,8 @@
 #include <string.h>
 #include <omp.h>
 
+#include "layers_f32.h"
+
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif
@@ -280,8 +282,8 @@ static void w8a8_row(const int8_t *xr, const float *xs, int64_t K, const int8_t 
                      const float *bias, float *y, const int8_t *zero, int add) {
     const int64_t K4 = k4_of(K), np = npanels(N), npair = (np + 1) / 2, psz = K4 * ANR * 4;
     const int32_t *comp = W8A8_VNNI ? (const int32_t *)(wp + np * psz) : NULL;
-    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t q0 = npair * me / nt, q1 = npair * (me + 1) / nt;
+    int64_t q0, q1;
+    team_share(npair, &q0, &q1);
     int32_t c[GQ * TW];
     for (int64_t pp = q0; pp < q1;) {
         const int64_t g = q1 - pp >= GQ && 2 * (pp + GQ) <= np ? GQ : 1; /* whole pairs only in a group */
