@@ -42,6 +42,7 @@ class ModelRunner:
                  dtype: torch.dtype, lora_hook: LoraHook | None = None, embeds_hook: EmbedsHook | None = None,
                  host_blocks: int = 0) -> None:
         self.model, self.block_size, self.device = model, block_size, device
+        self._offsets = torch.arange(block_size, device=device)  # a block's slot offsets (prefix-cache spans)
         self.piece_tokens = PIECE_TOKENS
         d = model.dims
         # One allocation for every layer's K and V (huge pages on the CPU, see npu_ops.memory); zeros, not
@@ -139,8 +140,9 @@ class ModelRunner:
             positions.extend(range(first, end))
             slots.extend(self._slot(c.block_table, p) for p in range(first, end))
             ctx_slots = None
-            if first > 0:
-                ctx_slots = torch.tensor([self._slot(c.block_table, p) for p in range(end)], device=dev)
+            if first > 0:  # every context position's slot, block by block (no Python loop over positions)
+                blocks = torch.tensor(c.block_table[:(end + self.block_size - 1) // self.block_size], device=dev)
+                ctx_slots = (blocks[:, None] * self.block_size + self._offsets).reshape(-1)[:end]
             spans.append(PrefillSpan(start, n, end, ctx_slots))
             starts.append(start)
             counts.append(n)
