@@ -76,9 +76,9 @@ class Probe:
         unit = self.threads * STREAMS * 32  # membw.c splits a pass into this many equal runs of whole steps
         self.floats = max(unit, nbytes // 4 // unit * unit)
         self.triad_n = triad_bytes // 12
-        lib = _lib()
-        self.ptr = lib.probe_alloc(self.floats)
-        self.arrays = [lib.probe_alloc(self.triad_n) for _ in range(3)] if self.triad_n else []
+        self.lib = _lib()  # held: close() may run from __del__ while the interpreter tears the module down
+        self.ptr = self.lib.probe_alloc(self.floats)
+        self.arrays = [self.lib.probe_alloc(self.triad_n) for _ in range(3)] if self.triad_n else []
         if not self.ptr or not all(self.arrays):
             self.close()
             raise MemoryError(f"no {nbytes} + {triad_bytes // 4} bytes for the bandwidth probe")
@@ -87,22 +87,25 @@ class Probe:
     def nbytes(self) -> int:
         return 4 * self.floats
 
+    @property
+    def triad_bytes(self) -> int:
+        """The bytes a triad pass moves, as STREAM counts them."""
+        return 12 * self.triad_n
+
     def read(self) -> float:
         t = time.perf_counter()
-        _lib().read_pass(self.ptr, self.floats, self.threads)
+        self.lib.read_pass(self.ptr, self.floats, self.threads)
         return time.perf_counter() - t
 
     def triad(self) -> float:
         t = time.perf_counter()
-        _lib().triad_pass(*self.arrays, self.triad_n, 3.0, self.threads)
+        self.lib.triad_pass(*self.arrays, self.triad_n, 3.0, self.threads)
         return time.perf_counter() - t
 
     def close(self) -> None:
-        lib = _lib.cache_info().currsize and _lib()
-        if lib:
-            for p in [self.ptr, *self.arrays]:
-                if p:
-                    lib.probe_free(p)
+        for p in [self.ptr, *self.arrays]:
+            if p:
+                self.lib.probe_free(p)
         self.ptr, self.arrays = None, []
 
     def __del__(self) -> None:
@@ -124,19 +127,10 @@ def read_only(mib: int = 512, reps: int = 20, threads: int = 0) -> Bandwidth:
 
 def triad(mib: int = 128, reps: int = 20, threads: int = 0) -> Bandwidth:
     """STREAM triad over three ``mib`` MiB fp32 arrays."""
-    lib, n = _lib(), mib * MIB // 4
-    a, b, c = (lib.probe_alloc(n) for _ in range(3))
-    if not (a and b and c):
-        raise MemoryError("no room for the triad's arrays")
-    th = threads or default_threads()
-    rates = []
-    for i in range(reps + 1):
-        t = time.perf_counter()
-        lib.triad_pass(a, b, c, n, 3.0, th)
-        if i:
-            rates.append(12 * n / (time.perf_counter() - t) / 1e9)
-    for p in (a, b, c):
-        lib.probe_free(p)
+    probe = Probe(0, threads, 3 * mib * MIB)
+    probe.triad()  # threads awake, pages resident
+    rates = [probe.triad_bytes / probe.triad() / 1e9 for _ in range(reps)]
+    probe.close()
     return _summary(rates)
 
 

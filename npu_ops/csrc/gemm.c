@@ -194,9 +194,6 @@ void linear_f32_team(const float *x, int64_t M, int64_t K, const float *wp, int6
     }
 }
 
-/* The packed gate/up projection ([gate | up], each `inter` wide, inter % NR == 0) with silu(gate) * up in the
- * epilogue: panel p of gate and panel p of up go to the same thread, h[M, inter] is written directly. Each
- * element rounds as linear_f32 then silu_mul_f32 do (silu_mul_row_f32 takes the same vector/scalar split). */
 /* gate/up panel pair p's single-row tiles g, u (+ bias) -> silu(g) * u into h's columns p * NR ... */
 static void gate_up_store(float *g, float *u, const float *bias, int64_t p, int64_t inter, float *h) {
     const int64_t n0 = p * NR;
@@ -232,6 +229,9 @@ static void gate_up_row(const float *x, int64_t K, const float *wp, int64_t inte
     }
 }
 
+/* The packed gate/up projection ([gate | up], each `inter` wide, inter % NR == 0) with silu(gate) * up in the
+ * epilogue: panel p of gate and panel p of up go to the same thread, h[M, inter] is written directly. Each
+ * element rounds as linear_f32 then silu_mul_f32 do (silu_mul_row_f32 takes the same vector/scalar split). */
 void gate_up_silu_f32_team(const float *x, int64_t M, int64_t K, const float *wp, int64_t inter, const float *bias,
                            float *h) {
     const int64_t half = inter / NR;
