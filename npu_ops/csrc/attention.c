@@ -122,6 +122,89 @@ static void attend(const float *restrict q, const float *restrict k_cache, const
         memcpy(out + i * H * D + h0 * D, acc + i * nh * D, sizeof(float) * (size_t)(nh * D));
 }
 
+static inline void prefetch_span(const float *v, int64_t stride, int64_t n, int64_t c0, int64_t c1) {
+    for (int64_t j = 0; j < n; ++j)
+        for (int64_t c = c0; c < c1; c += 16) __builtin_prefetch(v + j * stride + c, 0, 1);
+}
+
+/* acc[c0:c1] += sum_j p[j] * v_j[c0:c1] (a span of one head's D columns): per element the same operations in the
+ * same order as accumulate_rows over the whole head, so a split head adds up to the same bits. With AVX2 and D a
+ * multiple of 64 (accumulate_rows' fused multiply-add path) c0 and c1 are multiples of 8. */
+static void accumulate_span(const float *restrict p, const float *restrict v, int64_t stride, int64_t n, int64_t D,
+                            int64_t c0, int64_t c1, float *restrict acc) {
+#ifdef __AVX2__
+    if (D % 64 == 0) {
+        for (int64_t d0 = c0; d0 < c1; d0 += 64) {
+            const int nv = (int)((c1 - d0 < 64 ? c1 - d0 : 64) / 8);
+            __m256 a[8];
+            for (int i = 0; i < nv; ++i) a[i] = _mm256_loadu_ps(acc + d0 + 8 * i);
+            for (int64_t j = 0; j < n; ++j) {
+                const __m256 pv = _mm256_set1_ps(p[j]);
+                const float *vr = v + j * stride + d0;
+                for (int i = 0; i < nv; ++i) a[i] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr + 8 * i), a[i]);
+            }
+            for (int i = 0; i < nv; ++i) _mm256_storeu_ps(acc + d0 + 8 * i, a[i]);
+        }
+        return;
+    }
+#endif
+    (void)D;
+    for (int64_t j = 0; j < n; ++j) {
+        const float pj = p[j], *vr = v + j * stride;
+#pragma omp simd
+        for (int64_t d = c0; d < c1; ++d) acc[d] += pj * vr[d];
+    }
+}
+
+/* A lone row (a one-stream decode step) by the whole team: split by query head it left a thread idle (9 heads
+ * over 2 threads: 5 and 4) and read each K/V block once per query head. Here the threads share the key blocks
+ * for the scores (every head at once: a block is read once), the heads for the softmax, and the output columns
+ * for the weighted sum of V. Every score, softmax and output element takes the operations attend gives it, in
+ * the same order, so the row's result has the bits it has inside a batch. scores: the plan's shared [H, L]. */
+static void attend_lone_row(const attn_plan *pl, const float *restrict q, const float *restrict k_cache,
+                            const float *restrict v_cache, const int32_t *restrict bt, int64_t pos,
+                            float *restrict out, int64_t H, int64_t D, int64_t BS, int64_t tok_stride,
+                            int64_t blk_stride, float scale) {
+    const int64_t L = pos + 1, nblk = (L + BS - 1) / BS, G = pl->G;
+    float *scores = pl->shared;
+    int64_t b0, b1;
+    team_share(nblk, &b0, &b1);
+    for (int64_t b = b0; b < b1; ++b) {
+        const int64_t start = b * BS, n = L - start < BS ? L - start : BS;
+        const float *kb = k_cache + (int64_t)bt[b] * blk_stride;
+        if (b + 1 < b1) prefetch_block(k_cache + (int64_t)bt[b + 1] * blk_stride, blk_stride);
+        for (int64_t h = 0; h < H; ++h)
+            score_rows(q + h * D, kb + (h / G) * D, tok_stride, n, D, scale, scores + h * L + start);
+    }
+#pragma omp barrier
+    int64_t h0, h1;
+    team_share(H, &h0, &h1);
+    for (int64_t h = h0; h < h1; ++h) softmax_inplace(scores + h * L, L);
+#pragma omp barrier
+#ifdef __AVX2__
+    const int64_t unit = D % 64 == 0 ? 8 : D; /* columns a thread takes at a time: accumulate_span's grain */
+#else
+    const int64_t unit = D;
+#endif
+    int64_t u0, u1;
+    team_share(H * D / unit, &u0, &u1);
+    for (int64_t u = u0; u < u1;) {
+        const int64_t h = u * unit / D, c0 = u * unit - h * D, last = (h + 1) * D / unit < u1 ? (h + 1) * D / unit : u1,
+                      c1 = last * unit - h * D;
+        float *o = out + h * D;
+        memset(o + c0, 0, sizeof(float) * (size_t)(c1 - c0));
+        for (int64_t b = 0; b < nblk; ++b) {
+            const int64_t start = b * BS, n = L - start < BS ? L - start : BS;
+            const float *vh = v_cache + (int64_t)bt[b] * blk_stride + (h / G) * D;
+            if (b + 1 < nblk) /* the next block's rows of this span: blocks sit beyond the hardware prefetcher */
+                prefetch_span(v_cache + (int64_t)bt[b + 1] * blk_stride + (h / G) * D, tok_stride, BS, c0, c1);
+            accumulate_span(scores + h * L + start, vh, tok_stride, n, D, c0, c1, o);
+        }
+        u = last;
+    }
+#pragma omp barrier
+}
+
 #define TILE_ROWS 8
 
 /* Checks the rows and cuts them into tiles: up to TILE_ROWS consecutive rows of one sequence at consecutive
@@ -149,8 +232,20 @@ int attn_plan_f32(attn_plan *pl, const int32_t *row_seq, const int32_t *row_pos,
      * has an even share; a KV block re-read by a group's tasks comes from the cache. */
     const int64_t G = H / KVH, split = ntiles >= 4 * (int64_t)nthreads ? 1 : ntiles * KVH >= 4 * nthreads ? KVH : H,
                   per = H / split;
-    *pl = (attn_plan){tiles, ntiles, split, per, G, max_rows * per * max_len, max_rows * per * D};
+    *pl = (attn_plan){tiles, ntiles, split, per, G, max_rows * per * max_len, max_rows * per * D, NULL};
+    if (T == 1 && nthreads > 1) { /* a lone row: the team shares it (attend_lone_row) */
+        pl->shared = malloc(sizeof(float) * (size_t)(H * max_len));
+        if (pl->shared == NULL) {
+            free(tiles);
+            return 3;
+        }
+    }
     return 0;
+}
+
+void attn_plan_free(attn_plan *pl) {
+    free(pl->tiles);
+    free(pl->shared);
 }
 
 /* The plan's tasks shared over the calling team (orphaned `omp for`, ends on the team's barrier); scores and
@@ -160,6 +255,11 @@ void attn_rows_f32_team(const attn_plan *pl, const float *q, const float *k_cach
                         int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB, float scale, float *scores,
                         float *acc) {
     const int64_t tok_stride = KVH * D, blk_stride = BS * KVH * D, split = pl->split, per = pl->per;
+    if (pl->shared != NULL) {
+        attend_lone_row(pl, q, k_cache, v_cache, block_tables + (int64_t)row_seq[0] * MB, row_pos[0], out, H, D, BS,
+                        tok_stride, blk_stride, scale);
+        return;
+    }
     /* tiles come in sequence order with growing positions: walking them backwards hands out the
      * longest first, which keeps the threads' shares even */
 #pragma omp for schedule(dynamic, 1)
@@ -197,6 +297,6 @@ int paged_attention_rows_f32(const float *q, const float *k_cache, const float *
         free(scores);
         free(acc);
     }
-    free(pl.tiles);
+    attn_plan_free(&pl);
     return failed;
 }

@@ -183,6 +183,6 @@ int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, in
         free(own.xn);
         free(own.xq);
     }
-    free(pl.tiles);
+    attn_plan_free(&pl);
     return failed;
 }

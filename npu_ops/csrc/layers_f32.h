@@ -27,10 +27,12 @@ typedef struct {
     int64_t *tiles; /* [ntiles + 1] first row of each tile, then T */
     int64_t ntiles, split, per, G;
     int64_t scores_len, acc_len; /* floats of per-thread scratch */
+    float *shared;               /* a lone row's scores [H, L], shared by the team; NULL for other steps */
 } attn_plan;
 
 int attn_plan_f32(attn_plan *pl, const int32_t *row_seq, const int32_t *row_pos, int64_t T, int64_t S, int64_t H,
                   int64_t KVH, int64_t D, int64_t BS, int64_t MB, int nthreads);
+void attn_plan_free(attn_plan *pl);
 void attn_rows_f32_team(const attn_plan *pl, const float *q, const float *k_cache, const float *v_cache,
                         const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
                         int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB, float scale, float *scores,
