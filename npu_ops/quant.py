@@ -6,6 +6,11 @@ Schemes (``SCHEMES``):
 - ``w8a8``: the same weights; each activation row (token) is quantized on the fly to int8 with its
   own scale (dynamic, symmetric), products accumulate in int32:
   ``y = (xq . Wq^T) * x_scale[m] * w_scale[n] + bias``.
+- ``w8i16`` (``HEAD_SCHEME``, the int8 LM head's): the same weights; each activation row quantized on the
+  fly to int16 (scale amax / 16383), products summed exactly in int32 by chunks of 1,024 k, the chunks added in
+  fp32: ``y = acc * (x_scale[m] * w_scale[n]) + bias``. Its error is the int8 weights' (the activation step is
+  1/16383 of the row's amax); the CPU kernel (csrc/gemm_w8i16.c) multiplies int16 pairs in one instruction
+  where W8A16 widens every weight to fp32. Other devices run it as ``w8a16``.
 - ``w8a8_static`` (msModelSlim's ``W8A8``): a per-tensor activation scale and offset fixed by
   calibration: ``xq = clamp(round(x / input_scale + input_offset))``, ``y = (xq . Wq^T + quant_bias) * deq_scale``.
 
@@ -28,7 +33,10 @@ from npu_ops import cpu_kernels, quant_cpu
 logger = logging.getLogger(__name__)
 
 SCHEMES = ("w8a16", "w8a8")
+HEAD_SCHEME = "w8i16"  # the output projection's only (quantize_lm_head)
 QMAX = 127
+I16_QMAX = 16383  # csrc/quantize_rows.h
+I16_CHUNK = 1024  # k a chunk of exact int32 sums (csrc/gemm_w8i16.c)
 
 
 # ---------------------------------------------------------------- reference math
@@ -70,6 +78,21 @@ def w8a8_ref(x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, bias: tor
     return y.to(x.dtype)
 
 
+def w8i16_ref(x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The W8I16 head (csrc/gemm_w8i16.c), bit for bit: int16 rows, exact int32 chunk sums added in fp32."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=-1)
+    xs = torch.where(amax > 0, amax / I16_QMAX, torch.ones_like(amax))
+    xq = torch.round(xf / xs[..., None]).clamp_(-I16_QMAX, I16_QMAX)
+    acc = torch.zeros(x.shape[0], wq.shape[0])
+    for k0 in range(0, x.shape[1], I16_CHUNK):  # float64 holds every chunk sum exactly
+        acc += (xq[:, k0:k0 + I16_CHUNK].double() @ wq[:, k0:k0 + I16_CHUNK].double().T).float()
+    y = acc * (xs[:, None] * w_scale.float()[None, :])
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
 def w8a8_static_ref(x: torch.Tensor, wq: torch.Tensor, input_scale: torch.Tensor, input_offset: torch.Tensor,
                     deq_scale: torch.Tensor, quant_bias: torch.Tensor) -> torch.Tensor:
     """msModelSlim's W8A8 formulas, literally (its int8 range is the signed [-128, 127])."""
@@ -86,7 +109,7 @@ class QuantLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, scheme: str, wq: torch.Tensor, w_scale: torch.Tensor,
                  bias: torch.Tensor | None = None, static: dict[str, torch.Tensor] | None = None) -> None:
         super().__init__()
-        if scheme not in (*SCHEMES, "w8a8_static"):
+        if scheme not in (*SCHEMES, HEAD_SCHEME, "w8a8_static"):
             raise ValueError(f"unknown quantization scheme {scheme!r}")
         self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
         self.register_buffer("qweight", wq.to(torch.int8).contiguous())
@@ -135,6 +158,8 @@ class QuantLinear(nn.Module):
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         if self.scheme == "w8a16":
             return w8a16_ref(x, self.qweight, self.w_scale, self.bias)
+        if self.scheme == HEAD_SCHEME:
+            return w8i16_ref(x, self.qweight, self.w_scale, self.bias)
         if self.scheme == "w8a8":
             return w8a8_ref(x, self.qweight, self.w_scale, self.bias)
         return w8a8_static_ref(x, self.qweight, *(getattr(self, n) for n in
@@ -150,7 +175,7 @@ def _torch_npu() -> Any:
 def _npu_forward(m: QuantLinear, x: torch.Tensor) -> torch.Tensor:
     """Ascend: int8 weights go as [K, N] (x2 / weight), scales as 1-D [N] (torch_npu's documented contracts)."""
     tnpu = _torch_npu()
-    if m.scheme == "w8a16":
+    if m.scheme in ("w8a16", HEAD_SCHEME):  # the int8 head: fp16/bf16 activations there
         y = tnpu.npu_weight_quant_batchmatmul(x, m.qweight.T, m.w_scale.to(x.dtype))
         return y if m.bias is None else y + m.bias.to(y.dtype)
     if m.scheme == "w8a8":

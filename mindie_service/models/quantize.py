@@ -18,13 +18,15 @@ logger = logging.getLogger(__name__)
 def quantize_loaded(model: nn.Module, scheme: str, lm_head: bool = False) -> None:
     """Quantize every linear of a loaded model (one module at a time: the float weight of each is freed
     before the next, so the model is never held twice). The output projection only with ``lm_head``, and
-    then as W8A16 whatever the scheme: int8 weights (a quarter of the bytes each decoded token reads) with
-    fp32 activations, since quantizing the final hidden state too flips near-tied top-1 tokens far more
-    often (measured on SmolLM2-135M, tools/bench_real.py)."""
+    then as W8I16 whatever the scheme (npu_ops.quant): int8 weights (a quarter of the bytes each decoded token
+    reads) with the final hidden state in int16, not int8: int8 activations flip near-tied top-1 tokens far
+    more often (measured on SmolLM2-135M, tools/head_accuracy.py), int16 ones add nothing measurable to the
+    weights' error."""
     n = quant.quantize_model(model, scheme)
     head = getattr(model, "lm_head", None)
     if lm_head and isinstance(head, nn.Linear) and head.weight is not None:
-        quant.swap_module(model, "lm_head", quant.QuantLinear.from_float(head, "w8a16").to(head.weight.device))
+        new = quant.QuantLinear.from_float(head, quant.HEAD_SCHEME)
+        quant.swap_module(model, "lm_head", new.to(head.weight.device))
         n += 1
     logger.info("quantized %d linear layers to %s", n, scheme)
 

@@ -32,12 +32,33 @@ static inline void prefetch_block(const float *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 1);
 }
 
-/* s[j] = q . k_j * scale for the n rows k_j = k + j * stride. With AVX2 four rows go at once, so
- * that four independent multiply-add chains hide each other's latency. */
+#ifdef __AVX2__
+/* The eight lane sums of a[0..7] as one vector (lane i: a[i]'s sum): three rounds of pairwise adds instead of
+ * eight horizontal sums. */
+static inline __m256 hsum8x8(const __m256 *a) {
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+#endif
+
+/* s[j] = q . k_j * scale for the n rows k_j = k + j * stride. With AVX2 eight rows go at once: eight
+ * independent multiply-add chains hide each other's latency, and their sums come out as one vector. */
 static void score_rows(const float *restrict q, const float *restrict k, int64_t stride, int64_t n, int64_t D,
                        float scale, float *restrict s) {
     int64_t j = 0;
 #ifdef __AVX2__
+    if (D % 8 == 0)
+        for (; j + 8 <= n; j += 8) {
+            __m256 a[8];
+            for (int r = 0; r < 8; ++r) a[r] = _mm256_setzero_ps();
+            for (int64_t d = 0; d < D; d += 8) {
+                const __m256 qv = _mm256_loadu_ps(q + d);
+                for (int r = 0; r < 8; ++r) a[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + (j + r) * stride + d), a[r]);
+            }
+            _mm256_storeu_ps(s + j, _mm256_mul_ps(hsum8x8(a), _mm256_set1_ps(scale)));
+        }
     if (D % 8 == 0)
         for (; j + 4 <= n; j += 4) {
             const float *k0 = k + j * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;

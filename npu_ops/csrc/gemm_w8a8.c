@@ -23,6 +23,7 @@
 #include <omp.h>
 
 #include "layers_f32.h"
+#include "quantize_rows.h"
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -62,54 +63,6 @@ void pack_w8a8(const int8_t *w, int64_t N, int64_t K, int8_t *wp) {
         for (int64_t k = 0; n < N && k < K; ++k) s += w[n * K + k];
         comp[n] = 128 * s;
     }
-}
-
-/* Per-row dynamic quantization: xq[m, 0:K4*4] (zero padded), xs[m] = amax / 127 (1 for a zero row).
- * Division, not multiplication by the reciprocal, so that the rounding matches the reference. With
- * ``offset`` every byte is stored + 128 (x ^ 0x80: the VNNI core's unsigned operand). */
-static void quantize_row(const float *xr, int64_t K, int8_t *qr, float *xs, int8_t flip) {
-    const int64_t KP = k4_of(K) * 4;
-    float amax = 0.f;
-    int64_t k = 0;
-#ifdef __AVX2__
-    const __m256 nosign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 vmax = _mm256_setzero_ps();
-    for (; k + 8 <= K; k += 8) vmax = _mm256_max_ps(vmax, _mm256_and_ps(_mm256_loadu_ps(xr + k), nosign));
-    float lanes[8];
-    _mm256_storeu_ps(lanes, vmax);
-    for (int i = 0; i < 8; ++i) amax = fmaxf(amax, lanes[i]);
-#endif
-    for (; k < K; ++k) amax = fmaxf(amax, fabsf(xr[k]));
-    const float s = amax > 0.f ? amax / 127.f : 1.f;
-    *xs = s;
-    k = 0;
-#ifdef __AVX2__
-    const __m256 sv = _mm256_set1_ps(s), lo = _mm256_set1_ps(-127.f), hi = _mm256_set1_ps(127.f);
-    const __m128i fv = _mm_set1_epi8(flip);
-    for (; k + 8 <= K; k += 8) {
-        __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_div_ps(_mm256_loadu_ps(xr + k), sv), lo), hi);
-        const __m256i i32 = _mm256_cvtps_epi32(v); /* round to nearest even (MXCSR default) */
-        const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
-        _mm_storel_epi64((__m128i *)(qr + k), _mm_xor_si128(_mm_packs_epi16(i16, i16), fv));
-    }
-#endif
-    for (; k < K; ++k) {
-        float v = nearbyintf(xr[k] / s);
-        qr[k] = (int8_t)((int8_t)(v > 127.f ? 127.f : v < -127.f ? -127.f : v) ^ flip);
-    }
-    for (; k < KP; ++k) qr[k] = flip;
-}
-
-static void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, float *xs, int nthreads, int offset) {
-    const int64_t KP = k4_of(K) * 4;
-    const int8_t flip = offset ? (int8_t)0x80 : 0;
-    /* a decode step's few rows stay on the calling thread: waking the team costs more than the work */
-#pragma omp parallel for num_threads(nthreads) if (M * K >= 65536) schedule(static)
-    for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, K, xq + m * KP, xs + m, flip);
-}
-
-void quantize_rows_i8(const float *x, int64_t M, int64_t K, int8_t *xq, float *xs, int nthreads) {
-    quantize_rows(x, M, K, xq, xs, nthreads, 0);
 }
 
 /* c[R][TW] (int32) = rows a (lda bytes apart, in this core's activation format) . panels b0, b1 */
@@ -347,10 +300,10 @@ void linear_w8a8_f32_team(const float *x, int64_t M, int64_t K, const int8_t *wp
     const int64_t KP = k4_of(K) * 4;
     const int8_t flip = W8A8_VNNI ? (int8_t)0x80 : 0;
     if (M == 1) {
-        quantize_row(x, K, xq, xs, flip);
+        quantize_row_i8(x, K, k4_of(K) * 4, xq, xs, flip);
     } else {
 #pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; ++m) quantize_row(x + m * K, K, xq + m * KP, xs + m, flip);
+        for (int64_t m = 0; m < M; ++m) quantize_row_i8(x + m * K, K, KP, xq + m * KP, xs + m, flip);
     }
     w8a8_rows_team(xq, xs, M, K, wp, ws, N, bias, y, zero, add);
 }
@@ -423,7 +376,7 @@ int linear_w8a8_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, cons
     int8_t *xq = malloc((size_t)(M * k4_of(K) * 4)), *zero = zero_panel(N, K, &failed);
     float *xs = malloc(sizeof(float) * (size_t)M);
     if (xq != NULL && xs != NULL && !failed) {
-        quantize_rows(x, M, K, xq, xs, nthreads, W8A8_VNNI);
+        quantize_rows_offset(x, M, K, k4_of(K) * 4, xq, xs, nthreads, W8A8_VNNI);
         w8a8_rows(xq, xs, M, K, wp, ws, N, bias, y, nthreads, zero);
     }
     const int rc = xq == NULL || xs == NULL || failed ? 3 : 0;

@@ -349,6 +349,11 @@ def test_kernels_built_without_avx2_match_the_references(tmp_path, monkeypatch):
     gu, h = torch.randn(9, 2 * 21, generator=g) * 5, torch.randn(9, 100, generator=g)
     torch.testing.assert_close(ops.silu_mul(gu), ops.silu_mul_ref(gu), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(ops.rms_norm(h, h[0].abs() + 0.5, 1e-6), ops.rms_norm_ref(h, h[0].abs() + 0.5, 1e-6))
+    from npu_ops import quant, quant_cpu
+    wq, ws = quant.quantize_weight(w)
+    for rows in (x, x[:1]):  # the int8 head's plain loops: its reference's bits, a batch and a lone row
+        got = quant_cpu.linear(rows, quant_cpu.pack(wq, "w8i16", lib), "w8i16", ws, 72, 40, b, lib)
+        assert torch.equal(got, quant.w8i16_ref(rows, wq, ws, b))
     for d in (64, 12):  # attention's vector-shaped loops and its odd-size ones
         q, kc, vc, meta = _decode_case(6, 4, 2, d, 4)
         torch.testing.assert_close(_decode(q, kc, vc, meta.decode_block_tables, meta.decode_ctx_lens, 0.3),

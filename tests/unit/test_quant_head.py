@@ -1,4 +1,4 @@
-"""The int8 output projection option (EngineConfig.quantize_lm_head): W8A16 whatever the body's scheme,
+"""The int8 output projection option (EngineConfig.quantize_lm_head): W8I16 whatever the body's scheme,
 the body quantized as before, the head kept float without the option."""
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_head_quantized_only_when_asked(scheme: str) -> None:
     quantize_loaded(plain, scheme)
     quantize_loaded(with_head, scheme, lm_head=True)
     assert isinstance(plain.proj, QuantLinear) and isinstance(plain.lm_head, FastLinear)
-    assert isinstance(with_head.lm_head, QuantLinear) and with_head.lm_head.scheme == "w8a16"
+    assert isinstance(with_head.lm_head, QuantLinear) and with_head.lm_head.scheme == "w8i16"
     got = with_head.lm_head(x)
     assert got.shape == want.shape
     assert (got - want).abs().max() <= 0.02 * want.abs().max()

@@ -37,7 +37,7 @@ def test_reference_linears_close_to_float():
     x, w, b = _case(8, 256, 64)
     wq, ws = quant.quantize_weight(w)
     want = F.linear(x, w, b)
-    for got in (quant.w8a16_ref(x, wq, ws, b), quant.w8a8_ref(x, wq, ws, b)):
+    for got in (quant.w8a16_ref(x, wq, ws, b), quant.w8a8_ref(x, wq, ws, b), quant.w8i16_ref(x, wq, ws, b)):
         assert (got - want).abs().max() / want.abs().max() < 0.03
 
 
@@ -123,6 +123,28 @@ def test_int8_cores_exact_and_match_reference(core, request):
 
 @needs_kernel
 @pytest.mark.parametrize("core", ["loaded", "avx2"])
+def test_w8i16_head_kernel_is_its_reference_bit_for_bit(core, request):
+    """The int8 head's kernel (csrc/gemm_w8i16.c: int16 rows, int32 chunk sums of 1,024 k added in fp32):
+    the reference's very bits on odd K (a padded pair), several chunks, N off the panel width, rows over a
+    tile, with and without bias; and a chunk at the int32 edge (1,024 products of 16383 x 127)."""
+    lib = request.getfixturevalue("avx2_core_lib") if core == "avx2" else None
+    for m, k, n in [(1, 576, 200), (1, 7, 5), (3, 13, 17), (9, 1540, 40), (6, 2100, 49), (1, 3000, 1536)]:
+        x, w, b = _case(m, k, n, seed=k)
+        wq, ws = quant.quantize_weight(w)
+        packed = quant_cpu.pack(wq, quant.HEAD_SCHEME, lib)
+        for bias in (b, None):
+            got = quant_cpu.linear(x, packed, quant.HEAD_SCHEME, ws, k, n, bias, lib)
+            assert torch.equal(got, quant.w8i16_ref(x, wq, ws, bias)), (m, k, n)
+    x, wq = torch.ones(2, 2048), torch.full((16, 2048), 127, dtype=torch.int8)
+    x[1] = -1
+    got = quant_cpu.linear(x, quant_cpu.pack(wq, quant.HEAD_SCHEME, lib), quant.HEAD_SCHEME, torch.ones(16), 2048,
+                           16, None, lib)
+    assert torch.equal(got, quant.w8i16_ref(x, wq, torch.ones(16), None))
+    assert got[0, 0] == 2 * 1024 * 16383 * 127 / 16383 and got[1, 0] == -got[0, 0]  # no int32 wrap
+
+
+@needs_kernel
+@pytest.mark.parametrize("core", ["loaded", "avx2"])
 @pytest.mark.parametrize("n", [200, 1536])  # panels that leave a remainder after the multi-panel groups; none
 def test_a_lone_row_is_bit_identical_to_the_same_row_in_a_batch(core, n, request):
     """A one-stream decode row takes the multi-panel single-row path (several panels streamed at once); its
@@ -132,7 +154,7 @@ def test_a_lone_row_is_bit_identical_to_the_same_row_in_a_batch(core, n, request
     lib = request.getfixturevalue("avx2_core_lib") if core == "avx2" else None
     x, w, b = _case(7, 576, n, seed=n)
     wq, ws = quant.quantize_weight(w)
-    for scheme in ("w8a16", "w8a8"):
+    for scheme in ("w8a16", "w8a8", quant.HEAD_SCHEME):
         packed = quant_cpu.pack(wq, scheme, lib)
         batch = quant_cpu.linear(x, packed, scheme, ws, 576, n, b, lib)
         for r in (0, 6):
@@ -149,7 +171,7 @@ def test_quant_linear_module_paths_agree():
     lin = torch.nn.Linear(96, 40)
     with torch.no_grad():
         lin.weight.copy_(w), lin.bias.copy_(b)
-    for scheme in quant.SCHEMES:
+    for scheme in (*quant.SCHEMES, quant.HEAD_SCHEME):
         mod = quant.QuantLinear.from_float(lin, scheme)
         want = mod.reference(x)
         assert mod.pack_for_cpu() and mod.path == "cpu-int8"
