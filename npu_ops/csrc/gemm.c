@@ -143,18 +143,19 @@ void team_share(int64_t n, int64_t *lo, int64_t *hi) {
     *hi = n * (me + 1) / nt;
 }
 
-/* Panels [p0, p1) of one row x[K]: GP at a time, the rest one by one. */
+/* Panels [p0, p1) of one row x[K]: GP at a time, one from each GP-th of the range (streams far apart read
+ * faster than adjacent panels: tools/ab_kernels.py), the rest one by one. */
 static void row_panels(const float *x, int64_t K, const float *wp, int64_t p0, int64_t p1, int64_t N,
                        const float *bias, float *y, int add) {
     float c[GP * NR];
-    int64_t p = p0;
-    for (; p + GP <= p1; p += GP) {
+    const int64_t q = (p1 - p0) / GP;
+    for (int64_t i = 0; i < q; ++i) {
         const float *bs[GP];
-        for (int g = 0; g < GP; ++g) bs[g] = wp + (p + g) * K * NR;
+        for (int g = 0; g < GP; ++g) bs[g] = wp + (p0 + g * q + i) * K * NR;
         row_tile_multi(x, bs, K, c);
-        for (int g = 0; g < GP; ++g) store_tile(c + g * NR, bias, p + g, N, y, add);
+        for (int g = 0; g < GP; ++g) store_tile(c + g * NR, bias, p0 + g * q + i, N, y, add);
     }
-    for (; p < p1; ++p) {
+    for (int64_t p = p0 + GP * q; p < p1; ++p) {
         f32_tile(1, x, K, wp + p * K * NR, K, c, wp + p * K * NR, 0);
         store_tile(c, bias, p, N, y, add);
     }

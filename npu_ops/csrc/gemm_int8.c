@@ -196,20 +196,21 @@ static void w8a16_store(const float *cr, int64_t p, int64_t N, const float *scal
     }
 }
 
-/* One row: this thread's share of the panels (split by hand, balanced to one panel), QG at a time. */
+/* One row: this thread's share of the panels (split by hand, balanced to one panel), QG at a time, one from
+ * each QG-th of the share (streams far apart: gemm.c's row_panels). */
 static void w8a16_row(const float *x, int64_t K, const int8_t *wp, const float *scale, int64_t N, const float *bias,
                       float *y, int add) {
     int64_t p0, p1;
     team_share((N + QNR - 1) / QNR, &p0, &p1);
     float c[QG * QNR];
-    int64_t p = p0;
-    for (; p + QG <= p1; p += QG) {
+    const int64_t q = (p1 - p0) / QG;
+    for (int64_t i = 0; i < q; ++i) {
         const int8_t *bp[QG];
-        for (int g = 0; g < QG; ++g) bp[g] = wp + (p + g) * K * QNR;
+        for (int g = 0; g < QG; ++g) bp[g] = wp + (p0 + g * q + i) * K * QNR;
         qrow_multi(x, bp, K, c);
-        for (int g = 0; g < QG; ++g) w8a16_store(c + g * QNR, p + g, N, scale, bias, y, add);
+        for (int g = 0; g < QG; ++g) w8a16_store(c + g * QNR, p0 + g * q + i, N, scale, bias, y, add);
     }
-    for (; p < p1; ++p) {
+    for (int64_t p = p0 + QG * q; p < p1; ++p) {
         qtile(1, x, K, wp + p * K * QNR, K, c);
         w8a16_store(c, p, N, scale, bias, y, add);
     }

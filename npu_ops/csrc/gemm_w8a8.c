@@ -230,6 +230,14 @@ static void epilogue(const int32_t *c, int mr, const float *xs, const int32_t *c
     }
 }
 
+/* pair pp's single-row tile c scaled into y */
+static void pair_store(const int32_t *c, int64_t pp, int64_t N, const float *xs, const int32_t *comp, const float *ws,
+                       const float *bias, float *y, int add) {
+    const int64_t n0 = 2 * pp * ANR, ncols = N - n0 < TW ? N - n0 : TW;
+    epilogue(c, 1, xs, comp != NULL ? comp + n0 : NULL, ws + n0, bias != NULL ? bias + n0 : NULL, y + n0, N, ncols,
+             add);
+}
+
 /* One row: this thread's share of the panel pairs (split by hand, balanced to one pair), GQ pairs at a time. */
 static void w8a8_row(const int8_t *xr, const float *xs, int64_t K, const int8_t *wp, const float *ws, int64_t N,
                      const float *bias, float *y, const int8_t *zero, int add) {
@@ -238,22 +246,19 @@ static void w8a8_row(const int8_t *xr, const float *xs, int64_t K, const int8_t 
     int64_t q0, q1;
     team_share(npair, &q0, &q1);
     int32_t c[GQ * TW];
-    for (int64_t pp = q0; pp < q1;) {
-        const int64_t g = q1 - pp >= GQ && 2 * (pp + GQ) <= np ? GQ : 1; /* whole pairs only in a group */
-        if (g == GQ) {
-            const int8_t *bp[2 * GQ];
-            for (int i = 0; i < 2 * GQ; ++i) bp[i] = wp + (2 * pp + i) * psz;
-            arow_multi(xr, bp, K4, c);
-        } else {
-            const int8_t *b0 = wp + 2 * pp * psz, *b1 = 2 * pp + 1 < np ? b0 + psz : zero;
-            atile(1, xr, K4 * 4, b0, b1, K4, c);
-        }
-        for (int64_t i = 0; i < g; ++i) {
-            const int64_t n0 = 2 * (pp + i) * ANR, ncols = N - n0 < TW ? N - n0 : TW;
-            epilogue(c + i * TW, 1, xs, comp != NULL ? comp + n0 : NULL, ws + n0, bias != NULL ? bias + n0 : NULL,
-                     y + n0, N, ncols, add);
-        }
-        pp += g;
+    /* GQ pairs at a time, one from each GQ-th of the share (streams far apart: gemm.c's row_panels); a last
+     * pair with an odd panel (zero for its second) goes with the rest, one by one */
+    const int64_t whole = q1 == npair && np % 2 ? q1 - 1 : q1, q = whole > q0 ? (whole - q0) / GQ : 0;
+    for (int64_t i = 0; i < q; ++i) {
+        const int8_t *bp[2 * GQ];
+        for (int g = 0; g < GQ; ++g) bp[2 * g] = wp + 2 * (q0 + g * q + i) * psz, bp[2 * g + 1] = bp[2 * g] + psz;
+        arow_multi(xr, bp, K4, c);
+        for (int g = 0; g < GQ; ++g) pair_store(c + g * TW, q0 + g * q + i, N, xs, comp, ws, bias, y, add);
+    }
+    for (int64_t pp = q0 + GQ * q; pp < q1; ++pp) {
+        const int8_t *b0 = wp + 2 * pp * psz, *b1 = 2 * pp + 1 < np ? b0 + psz : zero;
+        atile(1, xr, K4 * 4, b0, b1, K4, c);
+        pair_store(c, pp, N, xs, comp, ws, bias, y, add);
     }
 }
 
