@@ -1,8 +1,11 @@
-"""Host memory for large, long-lived tensors (the KV pool): backed by transparent huge pages on Linux.
+"""Host memory for large, long-lived tensors (the KV pool, the packed weights): backed by transparent huge
+pages on Linux.
 
 Decode attention reads each sequence's blocks from anywhere in a pool of hundreds of MB; with 4 KiB
 pages nearly every block costs TLB misses, with 2 MiB pages almost none (the CPU attention kernel
-runs about 10% faster). Where THP is off, unsupported, or not Linux, this is a plain allocation."""
+runs about 10% faster). A decode step streams every packed weight once: on 4 KiB pages each page is a TLB
+miss and a halt of the hardware prefetcher, which stops at page boundaries. Where THP is off, unsupported,
+or not Linux, these are plain allocations."""
 from __future__ import annotations
 
 import ctypes
@@ -30,14 +33,44 @@ def _madvise() -> ctypes._CFuncPtr | None:
     return fn
 
 
+def _advise_huge(t: torch.Tensor) -> None:
+    """Ask for huge pages under ``t`` (untouched memory: its first touch faults them in)."""
+    start = -(-t.data_ptr() // _HUGE) * _HUGE  # the 2 MiB-aligned interior of the allocation
+    end = (t.data_ptr() + t.numel() * t.element_size()) // _HUGE * _HUGE
+    madvise = _madvise()
+    if madvise is not None and end > start and madvise(start, end - start, _MADV_HUGEPAGE) != 0:
+        logger.debug("madvise(MADV_HUGEPAGE) refused (errno %d): 4 KiB pages", ctypes.get_errno())
+
+
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``torch.zeros`` whose CPU memory is advised to huge pages before it is first touched."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     t = torch.empty(shape, dtype=dtype)
-    start = -(-t.data_ptr() // _HUGE) * _HUGE  # the 2 MiB-aligned interior of the allocation
-    end = (t.data_ptr() + t.numel() * t.element_size()) // _HUGE * _HUGE
-    madvise = _madvise()
-    if madvise is not None and end > start and madvise(start, end - start, _MADV_HUGEPAGE) != 0:
-        logger.debug("madvise(MADV_HUGEPAGE) refused (errno %d): KV pool on 4 KiB pages", ctypes.get_errno())
+    _advise_huge(t)
     return t.zero_()  # zeros, not empty: first touch here faults the huge pages in
+
+
+class HugeArena:
+    """One allocation advised to huge pages, handed out front to back in ``align``-byte aligned pieces: a
+    model's packed weights in the order a step reads them. Pages are faulted in as they are written, so a
+    caller that drops each original as soon as its copy is in holds the weights once, plus the largest."""
+
+    def __init__(self, nbytes: int, align: int = 64) -> None:
+        self.align = align
+        self.buf = torch.empty(nbytes + _HUGE, dtype=torch.uint8)
+        _advise_huge(self.buf)
+        self.start = self.used = -self.buf.data_ptr() % _HUGE  # from a huge page's start: the first weights too
+        self.end = self.start + nbytes
+
+    @staticmethod
+    def room(tensors: list[torch.Tensor], align: int = 64) -> int:
+        return sum(-(-t.numel() * t.element_size() // align) * align for t in tensors)
+
+    def copy_in(self, t: torch.Tensor) -> torch.Tensor:
+        n = t.numel() * t.element_size()
+        if self.used + n > self.end:
+            raise ValueError("arena full")
+        out = self.buf[self.used:self.used + n].view(t.dtype).view(t.shape).copy_(t)
+        self.used += -(-n // self.align) * self.align
+        return out

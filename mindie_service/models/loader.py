@@ -13,7 +13,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig
 
-from mindie_service.models import gguf_checkpoint, quantize
+from mindie_service.models import gguf_checkpoint, packed_arena, quantize
 from mindie_service.models.registry import family_for
 from mindie_service.models.shard import Reduce, shard_model
 from mindie_service.models.weights import tie_and_find_missing
@@ -181,6 +181,7 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     n_params = sum(t.numel() for t in model.parameters())
     pack_linears(model, batch_hint)  # after counting: packing frees the dense weights
     quantize.pack_quantized(model, torch_dtype)
+    packed_arena.gather_packed(model)
     logger.info("loaded %s (%s, %.1fM parameters, %s) on %s", p.name, arch, n_params / 1e6, dtype, device)
     encoder = None
     if family.encoder:

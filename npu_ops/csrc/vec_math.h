@@ -34,8 +34,18 @@ static inline float hsum256(__m256 v) {
 /* s[0:n] = softmax(s[0:n]) in place (the attention kernels' score rows, fp32 and int8 KV alike). */
 static inline void softmax_inplace(float *restrict s, int64_t n) {
     float m = s[0], sum = 0.f;
-    for (int64_t t = 1; t < n; ++t) m = s[t] > m ? s[t] : m;
-    int64_t t = 0;
+    int64_t t = 1;
+#ifdef __AVX2__
+    if (n >= 16) { /* the max is exact in any order (scores are finite): eight lanes, then across them */
+        __m256 mv = _mm256_loadu_ps(s);
+        for (t = 8; t + 8 <= n; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, mv);
+        for (int i = 0; i < 8; ++i) m = lanes[i] > m ? lanes[i] : m;
+    }
+#endif
+    for (; t < n; ++t) m = s[t] > m ? s[t] : m;
+    t = 0;
 #ifdef __AVX2__
     const __m256 mv = _mm256_set1_ps(m);
     __m256 acc = _mm256_setzero_ps();
