@@ -32,7 +32,6 @@ import torch
 logger = logging.getLogger(__name__)
 
 CSRC = Path(__file__).with_name("csrc")
-SOURCES = sorted(CSRC.glob("*.c"))
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 # Pointers cross as plain integers (Tensor.data_ptr()): cheaper per call than ctypes pointer objects.
 _I64, _I32P, _F32P = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
@@ -93,6 +92,7 @@ def _cpu_signature() -> str:
 
 def _build(cc: str, flags: list[str] = FLAGS) -> Path:
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True, timeout=30).stdout
+    sources = sorted(CSRC.glob("*.c"))  # the files the key hashes are the files compiled
     key = hashlib.sha256("\0".join([*(p.read_text() for p in sorted(CSRC.glob("*.[ch]"))), " ".join(flags), version,
                                     platform.machine(), _cpu_signature()]).encode()).hexdigest()[:16]
     name = f"cpu_kernels-{key}.so"
@@ -112,7 +112,7 @@ def _build(cc: str, flags: list[str] = FLAGS) -> Path:
     # Build beside the target and rename: concurrent builders (test workers, servers) never see half a file.
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         part = Path(tmp) / out.name
-        proc = subprocess.run([cc, *flags, "-o", str(part), *map(str, SOURCES), "-lm"], capture_output=True, text=True,
+        proc = subprocess.run([cc, *flags, "-o", str(part), *map(str, sources), "-lm"], capture_output=True, text=True,
                               timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"{cc} failed: {proc.stderr.strip()[-500:]}")
@@ -188,6 +188,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
                                      _I32P, _I64, _I64, _I32P, _I32P, _I64, ctypes.c_float, _F32P, ctypes.c_int]
     lib.llama_layers_f32.restype = ctypes.c_int
     lib.greedy_rows_f32.argtypes, lib.greedy_rows_f32.restype = [_F32P, _I64, _I64, _I32P, _F32P, ctypes.c_int], ctypes.c_int
+    # a whole decode step (csrc/decode_f32.c, mindie_service/models/fused_decode.py)
+    lib.decode_f32_work.argtypes, lib.decode_f32_work.restype = [_I64] * 6, _I64
+    lib.llama_decode_f32.argtypes, lib.llama_decode_f32.restype = [ctypes.c_void_p], ctypes.c_int
     return lib
 
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from mindie_service.engine.step import ModelOutput, ScheduledChunk, SchedulerOutput
+from mindie_service.models.fused_decode import FusedDecode
 from mindie_service.models.llama import StepContext
 from npu_ops import memory, quant_kv
 from npu_ops.ops import AttentionMetadata, PrefillSpan
@@ -57,6 +58,7 @@ class ModelRunner:
         self.host_blocks = host_blocks  # cpuMemSize's pool, in blocks (engine.swap)
         self.host_pool: torch.Tensor | None = None  # [host_blocks, layers, 2, block_size, ...]: at the first swap
         self.lora_hook, self.embeds_hook = lora_hook, embeds_hook
+        self.fused = FusedDecode(model, self.kv_caches) if device.type == "cpu" else None
 
     def _slot(self, table: tuple[int, ...], pos: int) -> int:
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
@@ -97,7 +99,7 @@ class ModelRunner:
         the logits of the sampling rows concatenate in ``out.chunks`` order."""
         self.apply_swaps(out)
         prompt_logits: dict[str, torch.Tensor] = {}
-        parts = [self._forward(decodes, prefills, prompt_logits) for decodes, prefills in self._pieces(out)]
+        parts = [self._piece(decodes, prefills, prompt_logits) for decodes, prefills in self._pieces(out)]
         parts = [p for p in parts if p is not None]
         if not parts:
             logits = torch.empty(0, self.model.dims.vocab, device=self.device)
@@ -119,6 +121,20 @@ class ModelRunner:
             pieces[-1][1].append(c)
             tokens += n
         return pieces
+
+    def _piece(self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk],
+               prompt_logits: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        fused = None if prefills else self._fused_decode(decodes)
+        return fused if fused is not None else self._forward(decodes, prefills, prompt_logits)
+
+    def _fused_decode(self, decodes: list[ScheduledChunk]) -> torch.Tensor | None:
+        """A step of plain decodes on the CPU in one C call (models/fused_decode.py); None where it does not apply."""
+        if (self.fused is None or not decodes
+                or not all(c.sample and not c.num_draft and not c.adapter_slot for c in decodes)
+                or not self.fused.usable(len(decodes))):
+            return None
+        return self.fused.run([c.token_ids[0] for c in decodes], [c.start for c in decodes],
+                              [self._slot(c.block_table, c.start) for c in decodes], [c.block_table for c in decodes])
 
     def _forward(self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk],
                  prompt_logits: dict[str, torch.Tensor]) -> torch.Tensor | None:

@@ -178,35 +178,44 @@ static void w8i16_row(const int16_t *xq, const float *xs, int64_t K2, const int8
     }
 }
 
+/* By every thread of a team (orphaned `omp for`): rows xq (int16, K2 * 2 a row) with scales xs, already
+ * quantized (quantize_row_i16), into y. The fused decode step's head (decode_f32.c) and linear_w8i16_f32's body. */
+void w8i16_rows_team(const int16_t *xq, const float *xs, int64_t M, int64_t K, const int8_t *wp, const float *ws,
+                     int64_t N, const float *bias, float *y) {
+    const int64_t K2 = k2_of(K), np = hpanels(N);
+    if (M == 1) {
+        w8i16_row(xq, xs, K2, wp, ws, N, bias, y);
+#pragma omp barrier
+        return;
+    }
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < np; ++p) {
+        const int8_t *bp[HMR];
+        float c[HMR * HNR];
+        for (int i = 0; i < HMR; ++i) bp[i] = wp + p * K2 * 32;
+        for (int64_t m = 0; m < M; m += HMR) {
+            const int mr = M - m < HMR ? (int)(M - m) : HMR;
+            HTILES[mr](xq + m * K2 * 2, K2 * 2, bp, K2, c);
+            w8i16_store(c, mr, xs + m, p, N, ws, bias, y + m * N);
+        }
+    }
+}
+
+int64_t w8i16_row_len(int64_t K) { return k2_of(K) * 2; }
+
 int linear_w8i16_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
                      const float *bias, float *y, int nthreads) {
-    const int64_t K2 = k2_of(K), np = hpanels(N);
-    int16_t *xq = malloc(sizeof(int16_t) * (size_t)(M * K2 * 2));
+    const int64_t KP = k2_of(K) * 2;
+    int16_t *xq = malloc(sizeof(int16_t) * (size_t)(M * KP));
     float *xs = malloc(sizeof(float) * (size_t)M);
     if (xq == NULL || xs == NULL) {
         free(xq);
         free(xs);
         return 3;
     }
-    for (int64_t m = 0; m < M; ++m) quantize_row_i16(x + m * K, K, K2 * 2, xq + m * K2 * 2, xs + m);
+    for (int64_t m = 0; m < M; ++m) quantize_row_i16(x + m * K, K, KP, xq + m * KP, xs + m);
 #pragma omp parallel num_threads(nthreads)
-    {
-        if (M == 1) {
-            w8i16_row(xq, xs, K2, wp, ws, N, bias, y);
-        } else {
-#pragma omp for schedule(static)
-            for (int64_t p = 0; p < np; ++p) {
-                const int8_t *bp[HMR];
-                float c[HMR * HNR];
-                for (int i = 0; i < HMR; ++i) bp[i] = wp + p * K2 * 32;
-                for (int64_t m = 0; m < M; m += HMR) {
-                    const int mr = M - m < HMR ? (int)(M - m) : HMR;
-                    HTILES[mr](xq + m * K2 * 2, K2 * 2, bp, K2, c);
-                    w8i16_store(c, mr, xs + m, p, N, ws, bias, y + m * N);
-                }
-            }
-        }
-    }
+    w8i16_rows_team(xq, xs, M, K, wp, ws, N, bias, y);
     free(xq);
     free(xs);
     return 0;

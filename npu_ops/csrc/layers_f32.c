@@ -29,7 +29,7 @@ typedef struct {
     int64_t kind;
 } lin_desc;
 
-typedef struct {
+typedef struct layer_f32 {
     const float *in_norm, *post_norm;
     lin_desc qkv, o, gu, down;
     float *k_cache, *v_cache;

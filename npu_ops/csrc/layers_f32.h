@@ -22,6 +22,17 @@ void linear_w8a16_f32_team(const float *x, int64_t M, int64_t K, const int8_t *w
 void linear_w8a8_f32_team(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
                           const float *bias, float *y, int8_t *xq, float *xs, const int8_t *zero, int add);
 int64_t w8a8_zero_bytes(int64_t K);
+void w8i16_rows_team(const int16_t *xq, const float *xs, int64_t M, int64_t K, const int8_t *wp, const float *ws,
+                     int64_t N, const float *bias, float *y);
+int64_t w8i16_row_len(int64_t K);
+
+/* every decoder layer of a step (layers_f32.c), for the fused decode step (decode_f32.c) */
+struct layer_f32;
+int64_t llama_layers_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH, int64_t D, int64_t inter);
+int llama_layers_f32(const struct layer_f32 *layers, int64_t L, float *x, int64_t T, int64_t hidden, int64_t H,
+                     int64_t KVH, int64_t D, int64_t inter, float eps, const float *cos_, const float *sin_,
+                     const int64_t *slots, const int32_t *block_tables, int64_t S, int64_t MB, const int32_t *row_seq,
+                     const int32_t *row_pos, int64_t BS, float scale, float *work, int nthreads);
 
 typedef struct {
     int64_t *tiles; /* [ntiles + 1] first row of each tile, then T */

@@ -1,0 +1,76 @@
+/* A decode step (one row per sequence, every row sampled) of a Llama-family model in one call on the CPU: the
+ * embedding rows, the rotary rows of each position, every decoder layer (llama_layers_f32), the final RMSNorm and
+ * the LM head into the logits. What it saves is Python: the op-by-op step runs about twenty small PyTorch ops
+ * around the layers (metadata tensors, embedding, index, norm, head), each several times slower than usual right
+ * after the layers have streamed every weight through the caches (SmolLM2-135M: about 0.5 ms of a 5.5 ms step).
+ * Each piece is the code the op-by-op path runs (the same row functions and team halves), so the logits are
+ * bit-identical to that path's. The caller (mindie_service/models/fused_decode.py) fills decode_f32_args. */
+#include <stdint.h>
+#include <string.h>
+#include <omp.h>
+
+#include "layers_f32.h"
+#include "quantize_rows.h"
+
+enum { HEAD_F32 = 0, HEAD_W8I16 = 3 };
+
+typedef struct {
+    /* the model */
+    const struct layer_f32 *layers;
+    int64_t L, hidden, H, KVH, D, inter, vocab, BS, rope_len;
+    float eps, scale;
+    const float *embed, *rope_cos, *rope_sin, *final_norm; /* [vocab, hidden], [rope_len, D] x 2, [hidden] */
+    const void *head_w;                                     /* packed as the head's own kernel packs it */
+    const float *head_bias, *head_scale;
+    int64_t head_kind;
+    /* the step: T rows, row t of sequence t (its block table row t, MB wide) */
+    int64_t T, MB, nthreads;
+    const int64_t *ids, *slots;
+    const int32_t *positions, *block_tables, *row_seq;
+    float *logits; /* [T, vocab] */
+    float *work;   /* decode_f32_work(...) floats */
+} decode_f32_args;
+
+int64_t decode_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH, int64_t D, int64_t inter) {
+    return T * (2 * hidden + 2 * D + 1) + (T * w8i16_row_len(hidden) + 1) / 2 +
+           llama_layers_f32_work(T, hidden, H, KVH, D, inter);
+}
+
+/* The head over the normed rows xn: fp32 (gemm.c's team linear) or W8I16 (rows quantized here, as
+ * linear_w8i16_f32 quantizes them). */
+static void head(const decode_f32_args *a, const float *xn, int16_t *xq, float *xs) {
+    const int64_t T = a->T, hd = a->hidden, KP = w8i16_row_len(hd);
+    if (a->head_kind == HEAD_W8I16)
+        for (int64_t t = 0; t < T; ++t) quantize_row_i16(xn + t * hd, hd, KP, xq + t * KP, xs + t);
+#pragma omp parallel num_threads((int)a->nthreads)
+    {
+        if (a->head_kind == HEAD_W8I16)
+            w8i16_rows_team(xq, xs, T, hd, a->head_w, a->head_scale, a->vocab, a->head_bias, a->logits);
+        else
+            linear_f32_team(xn, T, hd, a->head_w, a->vocab, a->head_bias, a->logits, 0);
+    }
+}
+
+/* Returns 0, 4 for a token id or position outside its table, 5 for an unknown head kind, or
+ * llama_layers_f32's codes. */
+int llama_decode_f32(const decode_f32_args *a) {
+    const int64_t T = a->T, hd = a->hidden, D = a->D;
+    if (T <= 0) return 0;
+    if (a->head_kind != HEAD_F32 && a->head_kind != HEAD_W8I16) return 5;
+    float *x = a->work, *cosr = x + T * hd, *sinr = cosr + T * D, *xn = sinr + T * D, *xs = xn + T * hd;
+    int16_t *xq = (int16_t *)(xs + T);
+    float *lw = xs + T + (T * w8i16_row_len(hd) + 1) / 2;
+    for (int64_t t = 0; t < T; ++t) {
+        if (a->ids[t] < 0 || a->ids[t] >= a->vocab || a->positions[t] < 0 || a->positions[t] >= a->rope_len) return 4;
+        memcpy(x + t * hd, a->embed + a->ids[t] * hd, sizeof(float) * (size_t)hd);
+        memcpy(cosr + t * D, a->rope_cos + a->positions[t] * D, sizeof(float) * (size_t)D);
+        memcpy(sinr + t * D, a->rope_sin + a->positions[t] * D, sizeof(float) * (size_t)D);
+    }
+    const int rc = llama_layers_f32(a->layers, a->L, x, T, hd, a->H, a->KVH, D, a->inter, a->eps, cosr, sinr,
+                                    a->slots, a->block_tables, T, a->MB, a->row_seq, a->positions, a->BS, a->scale,
+                                    lw, (int)a->nthreads);
+    if (rc != 0) return rc;
+    for (int64_t t = 0; t < T; ++t) rms_norm_row_f32(x + t * hd, a->final_norm, xn + t * hd, hd, a->eps);
+    head(a, xn, xq, xs);
+    return 0;
+}
