@@ -15,6 +15,7 @@ the reason logged and shown by ``describe()``."""
 from __future__ import annotations
 
 import ctypes
+from array import array
 import hashlib
 import logging
 import os
@@ -288,7 +289,11 @@ def greedy_rows(logits: torch.Tensor) -> tuple[list[int], list[float]] | None:
     if lib is None or not supports(logits) or logits.dim() != 2:
         return None
     x = logits.contiguous()
-    idx, lp = torch.empty(x.shape[0], dtype=torch.int64), torch.empty(x.shape[0], dtype=torch.float32)
-    if lib.greedy_rows_f32(x.data_ptr(), x.shape[0], x.shape[1], idx.data_ptr(), lp.data_ptr(), torch.get_num_threads()):
+    rows = x.shape[0]
+    # array buffers, not tensors: right after a decode step's weights have streamed through the caches, each
+    # small PyTorch op costs tens of microseconds
+    idx, lp = array("q", bytes(8 * rows)), array("f", bytes(4 * rows))
+    if lib.greedy_rows_f32(x.data_ptr(), rows, x.shape[1], idx.buffer_info()[0], lp.buffer_info()[0],
+                           torch.get_num_threads()):
         return None
     return idx.tolist(), lp.tolist()
