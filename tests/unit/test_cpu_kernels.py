@@ -61,6 +61,22 @@ def test_decode_kernel_matches_reference(batch, heads, kv_heads, d, bs):
 
 
 @needs_kernel
+@pytest.mark.parametrize("heads,kv_heads,d,bs", [(9, 3, 64, 16), (8, 2, 12, 4), (4, 4, 128, 8)])
+def test_a_lone_decode_row_has_the_bits_it_has_in_a_batch(heads, kv_heads, d, bs):
+    """A lone row (one-stream decode) is shared by the whole team by key blocks, heads and output columns; every
+    element must still come out as in a batch's per-head tasks (64-wide and odd head sizes)."""
+    q, kc, vc, meta = _decode_case(6, heads, kv_heads, d, bs, seed=heads)
+    lens = meta.decode_ctx_lens
+    batch = _decode(q, kc, vc, meta.decode_block_tables, lens, d ** -0.5)
+    longest = int(lens.argmax())
+    assert lens[longest] > 2 * bs  # a row over several blocks
+    for r in {0, longest, 5}:
+        lone = cpu_kernels.paged_attention_rows(q[r:r + 1], kc, vc, meta.decode_block_tables,
+                                                torch.tensor([r], dtype=torch.int32), lens[r:r + 1] - 1, d ** -0.5)
+        assert torch.equal(lone, batch[r:r + 1])
+
+
+@needs_kernel
 def test_row_kernel_is_what_cpu_paged_attention_runs(monkeypatch):
     q, kc, vc, meta = _decode_case(5, 8, 4, 16, 16)
     meta.block_tables, meta.row_seq = meta.decode_block_tables, torch.arange(5, dtype=torch.int32)

@@ -37,7 +37,7 @@ def test_fused_decode_step_gives_the_op_by_op_logits(tiny_model, quantization, m
 
     monkeypatch.setattr(ModelRunner, "_fused_decode", spy)
     fused = _generate(llm)
-    assert sum(calls) >= 11 and max(len(c) for c in [calls]) > 0  # the decode steps took the C call
+    assert sum(calls) >= 11  # the decode steps took the C call
     monkeypatch.setattr(ModelRunner, "_fused_decode", lambda self, decodes: None)
     assert _generate(llm) == fused
 
