@@ -193,9 +193,15 @@ static void attend_lone_row(const attn_plan *pl, const float *restrict q, const 
     for (int64_t b = b0; b < b1; ++b) {
         const int64_t start = b * BS, n = L - start < BS ? L - start : BS;
         const float *kb = k_cache + (int64_t)bt[b] * blk_stride;
-        if (b + 1 < b1) prefetch_block(k_cache + (int64_t)bt[b + 1] * blk_stride, blk_stride);
-        for (int64_t h = 0; h < H; ++h)
+        /* the next block's lines a share before each head's scores: one burst of a whole block's prefetches
+         * overflows the core's queue of outstanding misses */
+        const float *nb = b + 1 < b1 ? k_cache + (int64_t)bt[b + 1] * blk_stride : NULL;
+        const int64_t per = (blk_stride + 16 * H - 1) / (16 * H) * 16;
+        for (int64_t h = 0; h < H; ++h) {
+            if (nb != NULL && h * per < blk_stride)
+                prefetch_block(nb + h * per, h * per + per <= blk_stride ? per : blk_stride - h * per);
             score_rows(q + h * D, kb + (h / G) * D, tok_stride, n, D, scale, scores + h * L + start);
+        }
     }
 #pragma omp barrier
     int64_t h0, h1;
