@@ -84,7 +84,7 @@ def w8i16_ref(x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, bias: to
     amax = xf.abs().amax(dim=-1)
     xs = torch.where(amax > 0, amax / I16_QMAX, torch.ones_like(amax))
     xq = torch.round(xf / xs[..., None]).clamp_(-I16_QMAX, I16_QMAX)
-    acc = torch.zeros(x.shape[0], wq.shape[0])
+    acc = torch.zeros(x.shape[0], wq.shape[0], device=x.device)
     for k0 in range(0, x.shape[1], I16_CHUNK):  # float64 holds every chunk sum exactly
         acc += (xq[:, k0:k0 + I16_CHUNK].double() @ wq[:, k0:k0 + I16_CHUNK].double().T).float()
     y = acc * (xs[:, None] * w_scale.float()[None, :])

@@ -93,10 +93,13 @@ class FusedDecode:
 
     def _setup(self, fused: fused_layers.FusedLayers) -> DecodeArgs | None:
         m, lib, head = self.model, cpu_kernels.load(), _head(self.model)
-        if (head is None or fused.table is None or not _plain_llama(m)
+        if (head is None or fused.table is None or not _plain_llama(m) or m.rope_cos.shape[-1] != m.dims.head_dim
                 or not _f32(m.embed_tokens.weight, m.rope_cos, m.rope_sin, m.norm.weight, head[2], head[3])):
             return None
         d, (kind, w, bias, scale) = m.dims, head
+        # what the argument block points into, held: a tensor replaced later cannot be freed under it, nor its id
+        # (the key above) reused by the new one
+        self.keep = [fused.table, w, bias, scale, m.embed_tokens.weight, m.rope_cos, m.rope_sin, m.norm.weight]
         self.work = torch.empty(lib.decode_f32_work(self.max_rows, d.hidden, d.heads, d.kv_heads, d.head_dim,
                                                     d.intermediate))
         self.seqs = array("i", range(self.max_rows))
