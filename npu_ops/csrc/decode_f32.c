@@ -7,10 +7,8 @@
  * bit-identical to that path's. The caller (mindie_service/models/fused_decode.py) fills decode_f32_args. */
 #include <stdint.h>
 #include <string.h>
-#include <omp.h>
 
 #include "layers_f32.h"
-#include "quantize_rows.h"
 
 enum { HEAD_F32 = 0, HEAD_W8I16 = 3 };
 
@@ -32,34 +30,17 @@ typedef struct {
 } decode_f32_args;
 
 int64_t decode_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH, int64_t D, int64_t inter) {
-    return T * (2 * hidden + 2 * D + 1) + (T * w8i16_row_len(hidden) + 1) / 2 +
-           llama_layers_f32_work(T, hidden, H, KVH, D, inter);
+    return T * (2 * hidden + 2 * D) + llama_layers_f32_work(T, hidden, H, KVH, D, inter);
 }
 
-/* The head over the normed rows xn: fp32 (gemm.c's team linear) or W8I16 (rows quantized here, as
- * linear_w8i16_f32 quantizes them). */
-static void head(const decode_f32_args *a, const float *xn, int16_t *xq, float *xs) {
-    const int64_t T = a->T, hd = a->hidden, KP = w8i16_row_len(hd);
-    if (a->head_kind == HEAD_W8I16)
-        for (int64_t t = 0; t < T; ++t) quantize_row_i16(xn + t * hd, hd, KP, xq + t * KP, xs + t);
-#pragma omp parallel num_threads((int)a->nthreads)
-    {
-        if (a->head_kind == HEAD_W8I16)
-            w8i16_rows_team(xq, xs, T, hd, a->head_w, a->head_scale, a->vocab, a->head_bias, a->logits);
-        else
-            linear_f32_team(xn, T, hd, a->head_w, a->vocab, a->head_bias, a->logits, 0);
-    }
-}
-
-/* Returns 0, 4 for a token id or position outside its table, 5 for an unknown head kind, or
- * llama_layers_f32's codes. */
+/* Returns 0, 3 without scratch for the head, 4 for a token id or position outside its table, 5 for an unknown
+ * head kind, or llama_layers_f32's codes. The head is the op-by-op path's own kernel call (linear_f32 or
+ * linear_w8i16_f32). */
 int llama_decode_f32(const decode_f32_args *a) {
     const int64_t T = a->T, hd = a->hidden, D = a->D;
     if (T <= 0) return 0;
     if (a->head_kind != HEAD_F32 && a->head_kind != HEAD_W8I16) return 5;
-    float *x = a->work, *cosr = x + T * hd, *sinr = cosr + T * D, *xn = sinr + T * D, *xs = xn + T * hd;
-    int16_t *xq = (int16_t *)(xs + T);
-    float *lw = xs + T + (T * w8i16_row_len(hd) + 1) / 2;
+    float *x = a->work, *cosr = x + T * hd, *sinr = cosr + T * D, *xn = sinr + T * D, *lw = xn + T * hd;
     for (int64_t t = 0; t < T; ++t) {
         if (a->ids[t] < 0 || a->ids[t] >= a->vocab || a->positions[t] < 0 || a->positions[t] >= a->rope_len) return 4;
         memcpy(x + t * hd, a->embed + a->ids[t] * hd, sizeof(float) * (size_t)hd);
@@ -71,6 +52,9 @@ int llama_decode_f32(const decode_f32_args *a) {
                                     lw, (int)a->nthreads);
     if (rc != 0) return rc;
     for (int64_t t = 0; t < T; ++t) rms_norm_row_f32(x + t * hd, a->final_norm, xn + t * hd, hd, a->eps);
-    head(a, xn, xq, xs);
+    if (a->head_kind == HEAD_W8I16)
+        return linear_w8i16_f32(xn, T, hd, a->head_w, a->head_scale, a->vocab, a->head_bias, a->logits,
+                                (int)a->nthreads);
+    linear_f32(xn, T, hd, a->head_w, a->vocab, a->head_bias, a->logits, (int)a->nthreads);
     return 0;
 }

@@ -179,8 +179,8 @@ static void w8i16_row(const int16_t *xq, const float *xs, int64_t K2, const int8
 }
 
 /* By every thread of a team (orphaned `omp for`): rows xq (int16, K2 * 2 a row) with scales xs, already
- * quantized (quantize_row_i16), into y. The fused decode step's head (decode_f32.c) and linear_w8i16_f32's body. */
-void w8i16_rows_team(const int16_t *xq, const float *xs, int64_t M, int64_t K, const int8_t *wp, const float *ws,
+ * quantized (quantize_row_i16), into y: linear_w8i16_f32's body. */
+static void w8i16_rows_team(const int16_t *xq, const float *xs, int64_t M, int64_t K, const int8_t *wp, const float *ws,
                      int64_t N, const float *bias, float *y) {
     const int64_t K2 = k2_of(K), np = hpanels(N);
     if (M == 1) {
@@ -200,8 +200,6 @@ void w8i16_rows_team(const int16_t *xq, const float *xs, int64_t M, int64_t K, c
         }
     }
 }
-
-int64_t w8i16_row_len(int64_t K) { return k2_of(K) * 2; }
 
 int linear_w8i16_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
                      const float *bias, float *y, int nthreads) {

@@ -22,11 +22,13 @@ void linear_w8a16_f32_team(const float *x, int64_t M, int64_t K, const int8_t *w
 void linear_w8a8_f32_team(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
                           const float *bias, float *y, int8_t *xq, float *xs, const int8_t *zero, int add);
 int64_t w8a8_zero_bytes(int64_t K);
-void w8i16_rows_team(const int16_t *xq, const float *xs, int64_t M, int64_t K, const int8_t *wp, const float *ws,
-                     int64_t N, const float *bias, float *y);
-int64_t w8i16_row_len(int64_t K);
 
-/* every decoder layer of a step (layers_f32.c), for the fused decode step (decode_f32.c) */
+/* every decoder layer of a step (layers_f32.c) and the head's single-op kernels (gemm.c, gemm_w8i16.c), for the
+ * fused decode step (decode_f32.c) */
+void linear_f32(const float *x, int64_t M, int64_t K, const float *wp, int64_t N, const float *bias, float *y,
+                int nthreads);
+int linear_w8i16_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
+                     const float *bias, float *y, int nthreads);
 struct layer_f32;
 int64_t llama_layers_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH, int64_t D, int64_t inter);
 int llama_layers_f32(const struct layer_f32 *layers, int64_t L, float *x, int64_t T, int64_t hidden, int64_t H,
