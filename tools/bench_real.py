@@ -50,10 +50,6 @@ import membw  # noqa: E402
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 STREAM_TOKENS = 128
-# Decode steps between probe rounds: a probe evicts every cache, and a step right after one pays for it (the
-# Python around the kernels most), so the steps and their probes alternate in runs of 8 (~0.1 s, well inside the
-# seconds over which this VM's bandwidth moves).
-PAIR_STEPS = 8
 SCHEMES = {"fp32": None, "w8a16": "w8a16", "w8a8": "w8a8"}
 PEER = {"fp32": "llama.cpp f32", "w8a16": "llama.cpp q8_0", "w8a8": "llama.cpp q8_0", "w8a8+int8head": "llama.cpp q8_0"}
 
@@ -132,7 +128,7 @@ def probed_stream(llm: LLM, prompts: list[list[int]], nbytes: float, weights: in
             if started:
                 step_s, steps, owed = step_s + dt, steps + 1, owed + 1
             started = started or bool(events)
-            if owed == PAIR_STEPS or (done and owed):
+            if owed == membw.PAIR_STEPS or (done and owed):
                 probe_s += sum(probe.read() for _ in range(owed))
                 triad_s += sum(probe.triad() for _ in range(owed))
                 owed = 0

@@ -134,8 +134,8 @@ def probed(model: object, prompts: list[list[int]], outs: list[int], threads: in
             step_s += time.perf_counter() - t
             pos += 1
             steps += 1
-            if (i + 1) % 8 == 0 or i == n - 2:  # steps and probes alternate in runs of 8, as bench_real's do
-                owed = (i % 8) + 1
+            if (i + 1) % membw.PAIR_STEPS == 0 or i == n - 2:  # steps and probes alternate in runs, as bench_real's
+                owed = (i % membw.PAIR_STEPS) + 1
                 probe_s += sum(probe.read() for _ in range(owed))
                 triad_s += sum(probe.triad() for _ in range(owed))
     L.llama_batch_free(batch)

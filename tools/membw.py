@@ -29,6 +29,10 @@ from pathlib import Path
 SRC = Path(__file__).with_name("membw.c")
 STREAMS = 8  # membw.c's streams a thread
 MIB = 2 ** 20
+# Decode steps between probe rounds (bench_real.py, llamacpp_harness.py): a probe evicts every cache, and a step
+# right after one pays for it (the Python around the kernels most), so the steps and their probes alternate in
+# runs of 8 (~0.1 s, well inside the seconds over which this VM's bandwidth moves).
+PAIR_STEPS = 8
 
 
 @lru_cache(maxsize=1)
