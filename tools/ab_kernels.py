@@ -35,8 +35,8 @@ import membw  # noqa: E402
 from bench_real import kv_bytes, make_llm, shipped_gguf, weight_bytes, workload  # noqa: E402
 
 
-def build(ref: str | None, out: Path) -> ctypes.CDLL:
-    """The kernels of ``ref`` (None: the working tree) compiled with the engine's flags."""
+def build(ref: str | None, out: Path, extra: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The kernels of ``ref`` (None: the working tree) compiled with the engine's flags (and ``extra``)."""
     src = out / "csrc"
     src.mkdir(parents=True)
     for path in cpu_kernels.CSRC.glob("*.[ch]"):
@@ -45,7 +45,7 @@ def build(ref: str | None, out: Path) -> ctypes.CDLL:
             ["git", "-C", str(ROOT), "show", f"{ref}:{rel}"], capture_output=True, text=True).stdout
         (src / path.name).write_text(text)
     so = out / "k.so"
-    subprocess.run(["gcc", *cpu_kernels.FLAGS, "-o", str(so), *map(str, sorted(src.glob("*.c"))), "-lm"], check=True)
+    subprocess.run(["gcc", *cpu_kernels.FLAGS, *extra, "-o", str(so), *map(str, sorted(src.glob("*.c"))), "-lm"], check=True)
     return quant_cpu._declare(cpu_kernels._declare(ctypes.CDLL(str(so))))
 
 
@@ -54,10 +54,11 @@ def main() -> None:
     ap.add_argument("--ref", default="HEAD")
     ap.add_argument("--quant", default=None, choices=[None, "w8a8", "w8a16"])
     ap.add_argument("--int8-head", action="store_true")
+    ap.add_argument("--cflags", default="", help="extra compiler flags for B (macros of an experiment: -DX=4)")
     ap.add_argument("--steps", type=int, default=200, help="decode steps per build")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp())
-    libs = {"A": build(args.ref, tmp / "a"), "B": build(None, tmp / "b")}
+    libs = {"A": build(args.ref, tmp / "a"), "B": build(None, tmp / "b", tuple(args.cflags.split()))}
     current = {"lib": libs["A"]}
     cpu_kernels.load = lambda: current["lib"]  # type: ignore[assignment]  # every kernel call goes through load()
     llm = make_llm(str(shipped_gguf()), args.quant, 1, "int8" if args.int8_head else "float")

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_rows.h"
 #include "layers_f32.h"
 #include "vec_math.h"
 
@@ -28,7 +29,7 @@ static inline float dot(const float *restrict a, const float *restrict b, int64_
 
 /* Blocks sit at random places in the pool, beyond the reach of the hardware prefetcher: ask for
  * the next one while this one is being read. */
-static inline void prefetch_block(const float *p, int64_t n) {
+void attn_prefetch_block(const float *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 1);
 }
 
@@ -45,7 +46,7 @@ static inline __m256 hsum8x8(const __m256 *a) {
 
 /* s[j] = q . k_j * scale for the n rows k_j = k + j * stride. With AVX2 eight rows go at once: eight
  * independent multiply-add chains hide each other's latency, and their sums come out as one vector. */
-static void score_rows(const float *restrict q, const float *restrict k, int64_t stride, int64_t n, int64_t D,
+void attn_score_rows(const float *restrict q, const float *restrict k, int64_t stride, int64_t n, int64_t D,
                        float scale, float *restrict s) {
     int64_t j = 0;
 #ifdef __AVX2__
@@ -116,12 +117,12 @@ static void attend(const float *restrict q, const float *restrict k_cache, const
     const int64_t nh = h1 - h0, L = pos0 + nrows;
     for (int64_t start = 0; start < L; start += BS) {
         const float *kb = k_cache + (int64_t)bt[start / BS] * blk_stride;
-        if (start + BS < L) prefetch_block(k_cache + (int64_t)bt[start / BS + 1] * blk_stride, blk_stride);
+        if (start + BS < L) attn_prefetch_block(k_cache + (int64_t)bt[start / BS + 1] * blk_stride, blk_stride);
         for (int64_t i = 0; i < nrows; ++i) {
             const int64_t len = pos0 + i + 1 - start, n = len < BS ? len : BS; /* causal: keys <= pos0 + i */
             if (n <= 0) continue;
             for (int64_t h = h0; h < h1; ++h)
-                score_rows(q + i * H * D + h * D, kb + (h / G) * D, tok_stride, n, D, scale,
+                attn_score_rows(q + i * H * D + h * D, kb + (h / G) * D, tok_stride, n, D, scale,
                            scores + (i * nh + h - h0) * L + start);
         }
     }
@@ -130,7 +131,7 @@ static void attend(const float *restrict q, const float *restrict k_cache, const
     memset(acc, 0, sizeof(float) * (size_t)(nrows * nh * D));
     for (int64_t start = 0; start < L; start += BS) {
         const float *vb = v_cache + (int64_t)bt[start / BS] * blk_stride;
-        if (start + BS < L) prefetch_block(v_cache + (int64_t)bt[start / BS + 1] * blk_stride, blk_stride);
+        if (start + BS < L) attn_prefetch_block(v_cache + (int64_t)bt[start / BS + 1] * blk_stride, blk_stride);
         for (int64_t i = 0; i < nrows; ++i) {
             const int64_t len = pos0 + i + 1 - start, n = len < BS ? len : BS;
             if (n <= 0) continue;
@@ -141,95 +142,6 @@ static void attend(const float *restrict q, const float *restrict k_cache, const
     }
     for (int64_t i = 0; i < nrows; ++i)
         memcpy(out + i * H * D + h0 * D, acc + i * nh * D, sizeof(float) * (size_t)(nh * D));
-}
-
-static inline void prefetch_span(const float *v, int64_t stride, int64_t n, int64_t c0, int64_t c1) {
-    for (int64_t j = 0; j < n; ++j)
-        for (int64_t c = c0; c < c1; c += 16) __builtin_prefetch(v + j * stride + c, 0, 1);
-}
-
-/* acc[c0:c1] += sum_j p[j] * v_j[c0:c1] (a span of one head's D columns): per element the same operations in the
- * same order as accumulate_rows over the whole head, so a split head adds up to the same bits. With AVX2 and D a
- * multiple of 64 (accumulate_rows' fused multiply-add path) c0 and c1 are multiples of 8. */
-static void accumulate_span(const float *restrict p, const float *restrict v, int64_t stride, int64_t n, int64_t D,
-                            int64_t c0, int64_t c1, float *restrict acc) {
-#ifdef __AVX2__
-    if (D % 64 == 0) {
-        for (int64_t d0 = c0; d0 < c1; d0 += 64) {
-            const int nv = (int)((c1 - d0 < 64 ? c1 - d0 : 64) / 8);
-            __m256 a[8];
-            for (int i = 0; i < nv; ++i) a[i] = _mm256_loadu_ps(acc + d0 + 8 * i);
-            for (int64_t j = 0; j < n; ++j) {
-                const __m256 pv = _mm256_set1_ps(p[j]);
-                const float *vr = v + j * stride + d0;
-                for (int i = 0; i < nv; ++i) a[i] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr + 8 * i), a[i]);
-            }
-            for (int i = 0; i < nv; ++i) _mm256_storeu_ps(acc + d0 + 8 * i, a[i]);
-        }
-        return;
-    }
-#endif
-    (void)D;
-    for (int64_t j = 0; j < n; ++j) {
-        const float pj = p[j], *vr = v + j * stride;
-#pragma omp simd
-        for (int64_t d = c0; d < c1; ++d) acc[d] += pj * vr[d];
-    }
-}
-
-/* A lone row (a one-stream decode step) by the whole team: split by query head it left a thread idle (9 heads
- * over 2 threads: 5 and 4) and read each K/V block once per query head. Here the threads share the key blocks
- * for the scores (every head at once: a block is read once), the heads for the softmax, and the output columns
- * for the weighted sum of V. Every score, softmax and output element takes the operations attend gives it, in
- * the same order, so the row's result has the bits it has inside a batch. scores: the plan's shared [H, L]. */
-static void attend_lone_row(const attn_plan *pl, const float *restrict q, const float *restrict k_cache,
-                            const float *restrict v_cache, const int32_t *restrict bt, int64_t pos,
-                            float *restrict out, int64_t H, int64_t D, int64_t BS, int64_t tok_stride,
-                            int64_t blk_stride, float scale) {
-    const int64_t L = pos + 1, nblk = (L + BS - 1) / BS, G = pl->G;
-    float *scores = pl->shared;
-    int64_t b0, b1;
-    team_share(nblk, &b0, &b1);
-    for (int64_t b = b0; b < b1; ++b) {
-        const int64_t start = b * BS, n = L - start < BS ? L - start : BS;
-        const float *kb = k_cache + (int64_t)bt[b] * blk_stride;
-        /* the next block's lines a share before each head's scores: one burst of a whole block's prefetches
-         * overflows the core's queue of outstanding misses */
-        const float *nb = b + 1 < b1 ? k_cache + (int64_t)bt[b + 1] * blk_stride : NULL;
-        const int64_t per = (blk_stride + 16 * H - 1) / (16 * H) * 16;
-        for (int64_t h = 0; h < H; ++h) {
-            if (nb != NULL && h * per < blk_stride)
-                prefetch_block(nb + h * per, h * per + per <= blk_stride ? per : blk_stride - h * per);
-            score_rows(q + h * D, kb + (h / G) * D, tok_stride, n, D, scale, scores + h * L + start);
-        }
-    }
-#pragma omp barrier
-    int64_t h0, h1;
-    team_share(H, &h0, &h1);
-    for (int64_t h = h0; h < h1; ++h) softmax_inplace(scores + h * L, L);
-#pragma omp barrier
-#ifdef __AVX2__
-    const int64_t unit = D % 64 == 0 ? 8 : D; /* columns a thread takes at a time: accumulate_span's grain */
-#else
-    const int64_t unit = D;
-#endif
-    int64_t u0, u1;
-    team_share(H * D / unit, &u0, &u1);
-    for (int64_t u = u0; u < u1;) {
-        const int64_t h = u * unit / D, c0 = u * unit - h * D, last = (h + 1) * D / unit < u1 ? (h + 1) * D / unit : u1,
-                      c1 = last * unit - h * D;
-        float *o = out + h * D;
-        memset(o + c0, 0, sizeof(float) * (size_t)(c1 - c0));
-        for (int64_t b = 0; b < nblk; ++b) {
-            const int64_t start = b * BS, n = L - start < BS ? L - start : BS;
-            const float *vh = v_cache + (int64_t)bt[b] * blk_stride + (h / G) * D;
-            if (b + 1 < nblk) /* the next block's rows of this span: blocks sit beyond the hardware prefetcher */
-                prefetch_span(v_cache + (int64_t)bt[b + 1] * blk_stride + (h / G) * D, tok_stride, BS, c0, c1);
-            accumulate_span(scores + h * L + start, vh, tok_stride, n, D, c0, c1, o);
-        }
-        u = last;
-    }
-#pragma omp barrier
 }
 
 #define TILE_ROWS 8

@@ -61,10 +61,13 @@ def test_decode_kernel_matches_reference(batch, heads, kv_heads, d, bs):
 
 
 @needs_kernel
-@pytest.mark.parametrize("heads,kv_heads,d,bs", [(9, 3, 64, 16), (8, 2, 12, 4), (4, 4, 128, 8)])
+@pytest.mark.parametrize("heads,kv_heads,d,bs", [(9, 3, 64, 16), (8, 2, 12, 4), (4, 4, 128, 8), (3, 3, 64, 16),
+                                                 (10, 5, 64, 8), (12, 3, 64, 4), (16, 2, 64, 16)])
 def test_a_lone_decode_row_has_the_bits_it_has_in_a_batch(heads, kv_heads, d, bs):
-    """A lone row (one-stream decode) is shared by the whole team by key blocks, heads and output columns; every
-    element must still come out as in a batch's per-head tasks (64-wide and odd head sizes)."""
+    """A lone row (one-stream decode) is shared by the whole team by key blocks, heads and output columns (by KV
+    head and column chunk for groups of up to 4 query heads, several heads a pass, or a chunk at a time where a
+    thread's share ends inside a pass); every element must still come out as in a batch's per-head tasks (64-wide
+    and odd head sizes, groups of 1 to 8)."""
     q, kc, vc, meta = _decode_case(6, heads, kv_heads, d, bs, seed=heads)
     lens = meta.decode_ctx_lens
     batch = _decode(q, kc, vc, meta.decode_block_tables, lens, d ** -0.5)

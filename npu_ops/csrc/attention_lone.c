@@ -1,0 +1,193 @@
+/* Attention for a lone row (a one-stream decode step) by the whole team (attention.c's attn_rows_f32_team calls
+ * it for a plan with pl->shared). The row primitives are attention.c's own (attention_rows.h): each element takes
+ * the operations a batch row's attention gives it, so a lone row has the bits it has in a batch. */
+#include <stdint.h>
+#include <string.h>
+
+#include "attention_rows.h"
+#include "layers_f32.h"
+#include "vec_math.h"
+
+static inline void prefetch_span(const float *v, int64_t stride, int64_t n, int64_t c0, int64_t c1) {
+    for (int64_t j = 0; j < n; ++j)
+        for (int64_t c = c0; c < c1; c += 16) __builtin_prefetch(v + j * stride + c, 0, 1);
+}
+
+/* acc[c0:c1] += sum_j p[j] * v_j[c0:c1] (a span of one head's D columns): per element the same operations in the
+ * same order as accumulate_rows over the whole head, so a split head adds up to the same bits. With AVX2 and D a
+ * multiple of 64 (accumulate_rows' fused multiply-add path) c0 and c1 are multiples of 8. */
+static void accumulate_span(const float *restrict p, const float *restrict v, int64_t stride, int64_t n, int64_t D,
+                            int64_t c0, int64_t c1, float *restrict acc) {
+#ifdef __AVX2__
+    if (D % 64 == 0) {
+        for (int64_t d0 = c0; d0 < c1; d0 += 64) {
+            const int nv = (int)((c1 - d0 < 64 ? c1 - d0 : 64) / 8);
+            __m256 a[8];
+            for (int i = 0; i < nv; ++i) a[i] = _mm256_loadu_ps(acc + d0 + 8 * i);
+            for (int64_t j = 0; j < n; ++j) {
+                const __m256 pv = _mm256_set1_ps(p[j]);
+                const float *vr = v + j * stride + d0;
+                for (int i = 0; i < nv; ++i) a[i] = _mm256_fmadd_ps(pv, _mm256_loadu_ps(vr + 8 * i), a[i]);
+            }
+            for (int i = 0; i < nv; ++i) _mm256_storeu_ps(acc + d0 + 8 * i, a[i]);
+        }
+        return;
+    }
+#endif
+    (void)D;
+    for (int64_t j = 0; j < n; ++j) {
+        const float pj = p[j], *vr = v + j * stride;
+#pragma omp simd
+        for (int64_t d = c0; d < c1; ++d) acc[d] += pj * vr[d];
+    }
+}
+
+#ifdef __AVX2__
+/* out[h, c0 + 8i] for the G query heads h of KV head g and NC chunks of 8 columns from c0: sum_j p_h[j] v_j, one
+ * fused multiply-add per key in key order from zero, as accumulate_rows gives each element; a V vector is loaded
+ * once for the G heads and the sums stay in registers over every key. */
+static inline __attribute__((always_inline)) void v_group_pass(const int G, const int NC, const float *restrict scores,
+                                                               int64_t L, const float *restrict v_cache,
+                                                               const int32_t *restrict bt, int64_t g, int64_t D,
+                                                               int64_t BS, int64_t tok_stride, int64_t blk_stride,
+                                                               int64_t c0, float *restrict out) {
+    __m256 a[4][8];
+#pragma GCC unroll 4
+    for (int h = 0; h < G; ++h)
+#pragma GCC unroll 8
+        for (int i = 0; i < NC; ++i) a[h][i] = _mm256_setzero_ps();
+    const float *p = scores + g * G * L;
+    const int64_t nblk = (L + BS - 1) / BS;
+    for (int64_t b = 0; b < nblk; ++b) {
+        const int64_t start = b * BS, n = L - start < BS ? L - start : BS;
+        const float *vb = v_cache + (int64_t)bt[b] * blk_stride + g * D + c0;
+        if (b + 1 < nblk) /* the next block's rows of these columns: blocks sit beyond the hardware prefetcher */
+            prefetch_span(v_cache + (int64_t)bt[b + 1] * blk_stride + g * D, tok_stride, BS, c0, c0 + 8 * NC);
+        for (int64_t j = 0; j < n; ++j) {
+            __m256 v[8];
+#pragma GCC unroll 8
+            for (int i = 0; i < NC; ++i) v[i] = _mm256_loadu_ps(vb + j * tok_stride + 8 * i);
+#pragma GCC unroll 4
+            for (int h = 0; h < G; ++h) {
+                const __m256 pv = _mm256_set1_ps(p[h * L + start + j]);
+#pragma GCC unroll 8
+                for (int i = 0; i < NC; ++i) a[h][i] = _mm256_fmadd_ps(pv, v[i], a[h][i]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < G; ++h)
+#pragma GCC unroll 8
+        for (int i = 0; i < NC; ++i) _mm256_storeu_ps(out + (g * G + h) * D + c0 + 8 * i, a[h][i]);
+}
+
+#define V_GROUP_PASS(G_, NC_)                                                                                        \
+    static void v_group_pass_##G_##_##NC_(const float *scores, int64_t L, const float *v_cache, const int32_t *bt,  \
+                                          int64_t g, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride, \
+                                          int64_t c0, float *out) {                                                  \
+        v_group_pass(G_, NC_, scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, c0, out);                    \
+    }
+V_GROUP_PASS(1, 8)
+V_GROUP_PASS(2, 4)
+V_GROUP_PASS(3, 4)
+V_GROUP_PASS(4, 2)
+
+/* A lone row's weighted sum of V shared over the team by KV head and chunk of 8 columns (every query head of the
+ * group at once: a unit's work is the same for each, so the split is even); G <= 4, D a multiple of 64. */
+static void lone_v_sum_grouped(const float *scores, int64_t L, const float *v_cache, const int32_t *bt, int64_t KVH,
+                               int64_t G, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride, float *out) {
+    static const int nc_of[5] = {0, 8, 4, 4, 2};
+    const int NC = nc_of[G];
+    int64_t u0, u1;
+    team_share(KVH * D / 8, &u0, &u1);
+    for (int64_t u = u0; u < u1;) {
+        const int64_t g = u * 8 / D, c0 = u * 8 - g * D, left = (g + 1) * D / 8 - u, rest = u1 - u;
+        const int64_t nc = (left < rest ? left : rest) < NC ? (left < rest ? left : rest) : NC;
+        if (nc == NC) {
+            if (G == 1) v_group_pass_1_8(scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, c0, out);
+            else if (G == 2) v_group_pass_2_4(scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, c0, out);
+            else if (G == 3) v_group_pass_3_4(scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, c0, out);
+            else v_group_pass_4_2(scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, c0, out);
+        } else { /* a short run of chunks: one chunk at a time for every head of the group */
+            for (int64_t c = c0; c < c0 + 8 * nc; c += 8)
+                for (int64_t h = g * G; h < g * G + G; ++h) {
+                    memset(out + h * D + c, 0, 8 * sizeof(float));
+                    for (int64_t b = 0, nb = (L + BS - 1) / BS; b < nb; ++b) {
+                        const int64_t start = b * BS, n = L - start < BS ? L - start : BS;
+                        accumulate_span(scores + h * L + start, v_cache + (int64_t)bt[b] * blk_stride + g * D,
+                                        tok_stride, n, D, c, c + 8, out + h * D);
+                    }
+                }
+        }
+        u += nc;
+    }
+}
+#endif
+
+/* A lone row's weighted sum of V shared over the team by query head and column span (any group size and D). */
+static void lone_v_sum_heads(const float *scores, int64_t L, const float *v_cache, const int32_t *bt, int64_t H,
+                             int64_t G, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride, float *out) {
+#ifdef __AVX2__
+    const int64_t unit = D % 64 == 0 ? 8 : D; /* columns a thread takes at a time: accumulate_span's grain */
+#else
+    const int64_t unit = D;
+#endif
+    const int64_t nblk = (L + BS - 1) / BS;
+    int64_t u0, u1;
+    team_share(H * D / unit, &u0, &u1);
+    for (int64_t u = u0; u < u1;) {
+        const int64_t h = u * unit / D, c0 = u * unit - h * D, last = (h + 1) * D / unit < u1 ? (h + 1) * D / unit : u1,
+                      c1 = last * unit - h * D;
+        float *o = out + h * D;
+        memset(o + c0, 0, sizeof(float) * (size_t)(c1 - c0));
+        for (int64_t b = 0; b < nblk; ++b) {
+            const int64_t start = b * BS, n = L - start < BS ? L - start : BS;
+            const float *vh = v_cache + (int64_t)bt[b] * blk_stride + (h / G) * D;
+            if (b + 1 < nblk) /* the next block's rows of this span: blocks sit beyond the hardware prefetcher */
+                prefetch_span(v_cache + (int64_t)bt[b + 1] * blk_stride + (h / G) * D, tok_stride, BS, c0, c1);
+            accumulate_span(scores + h * L + start, vh, tok_stride, n, D, c0, c1, o);
+        }
+        u = last;
+    }
+}
+
+/* A lone row (a one-stream decode step) by the whole team: split by query head it left a thread idle (9 heads
+ * over 2 threads: 5 and 4) and read each K/V block once per query head. Here the threads share the key blocks
+ * for the scores (every head at once: a block is read once), the heads for the softmax, and the output columns
+ * for the weighted sum of V. Every score, softmax and output element takes the operations attend gives it, in
+ * the same order, so the row's result has the bits it has inside a batch. scores: the plan's shared [H, L]. */
+void attend_lone_row(const attn_plan *pl, const float *restrict q, const float *restrict k_cache,
+                            const float *restrict v_cache, const int32_t *restrict bt, int64_t pos,
+                            float *restrict out, int64_t H, int64_t D, int64_t BS, int64_t tok_stride,
+                            int64_t blk_stride, float scale) {
+    const int64_t L = pos + 1, nblk = (L + BS - 1) / BS, G = pl->G;
+    float *scores = pl->shared;
+    int64_t b0, b1;
+    team_share(nblk, &b0, &b1);
+    for (int64_t b = b0; b < b1; ++b) {
+        const int64_t start = b * BS, n = L - start < BS ? L - start : BS;
+        const float *kb = k_cache + (int64_t)bt[b] * blk_stride;
+        /* the next block's lines a share before each head's scores: one burst of a whole block's prefetches
+         * overflows the core's queue of outstanding misses */
+        const float *nb = b + 1 < b1 ? k_cache + (int64_t)bt[b + 1] * blk_stride : NULL;
+        const int64_t per = (blk_stride + 16 * H - 1) / (16 * H) * 16;
+        for (int64_t h = 0; h < H; ++h) {
+            if (nb != NULL && h * per < blk_stride)
+                attn_prefetch_block(nb + h * per, h * per + per <= blk_stride ? per : blk_stride - h * per);
+            attn_score_rows(q + h * D, kb + (h / G) * D, tok_stride, n, D, scale, scores + h * L + start);
+        }
+    }
+#pragma omp barrier
+    int64_t h0, h1;
+    team_share(H, &h0, &h1);
+    for (int64_t h = h0; h < h1; ++h) softmax_inplace(scores + h * L, L);
+#pragma omp barrier
+#ifdef __AVX2__
+    if (D % 64 == 0 && G <= 4)
+        lone_v_sum_grouped(scores, L, v_cache, bt, H / G, G, D, BS, tok_stride, blk_stride, out);
+    else
+#endif
+        lone_v_sum_heads(scores, L, v_cache, bt, H, G, D, BS, tok_stride, blk_stride, out);
+#pragma omp barrier
+}
+
