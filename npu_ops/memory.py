@@ -5,11 +5,17 @@ Decode attention reads each sequence's blocks from anywhere in a pool of hundred
 pages nearly every block costs TLB misses, with 2 MiB pages almost none (the CPU attention kernel
 runs about 10% faster). A decode step streams every packed weight once: on 4 KiB pages each page is a TLB
 miss and a halt of the hardware prefetcher, which stops at page boundaries. Where THP is off, unsupported,
-or not Linux, these are plain allocations."""
+or not Linux, these are plain allocations.
+
+The memory comes from a fresh anonymous mapping, not from ``torch.empty``: glibc serves an allocation below its
+(growing) mmap threshold, up to 32 MiB, from heap memory that was touched before, already on 4 KiB pages that an
+madvise no longer changes (a SmolLM2-135M KV pool of 24 MB was, and its attention read every block through the
+TLB)."""
 from __future__ import annotations
 
 import ctypes
 import logging
+import mmap
 import sys
 from functools import lru_cache
 
@@ -42,12 +48,27 @@ def _advise_huge(t: torch.Tensor) -> None:
         logger.debug("madvise(MADV_HUGEPAGE) refused (errno %d): 4 KiB pages", ctypes.get_errno())
 
 
+def _fresh(nbytes: int) -> torch.Tensor:
+    """``nbytes`` uint8 on memory never touched before, from a huge page's start where THP applies: a private
+    anonymous mapping of its own (released with the last tensor that views it), else ``torch.empty``."""
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    if not sys.platform.startswith("linux") or not flags:
+        return torch.empty(nbytes, dtype=torch.uint8)
+    buf = torch.frombuffer(mmap.mmap(-1, nbytes + _HUGE, flags=flags), dtype=torch.uint8)  # holds the mapping
+    start = -buf.data_ptr() % _HUGE
+    t = buf[start:start + nbytes]
+    _advise_huge(t)
+    return t
+
+
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``torch.zeros`` whose CPU memory is advised to huge pages before it is first touched."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    t = torch.empty(shape, dtype=dtype)
-    _advise_huge(t)
+    n = 1
+    for d in shape:
+        n *= d
+    t = _fresh(n * torch.empty(0, dtype=dtype).element_size()).view(dtype).view(shape)
     return t.zero_()  # zeros, not empty: first touch here faults the huge pages in
 
 
@@ -58,8 +79,7 @@ class HugeArena:
 
     def __init__(self, nbytes: int, align: int = 64) -> None:
         self.align = align
-        self.buf = torch.empty(nbytes + _HUGE, dtype=torch.uint8)
-        _advise_huge(self.buf)
+        self.buf = _fresh(nbytes + _HUGE)
         self.start = self.used = -self.buf.data_ptr() % _HUGE  # from a huge page's start: the first weights too
         self.end = self.start + nbytes
 

@@ -43,6 +43,10 @@ static void accumulate_span(const float *restrict p, const float *restrict v, in
 }
 
 #ifdef __AVX2__
+/* Blocks a V pass asks for ahead: a pass spends well under a memory latency on a block's few columns (A/B on one
+ * stream: 1 block ahead 1.0, 3 blocks 1.017x, 6 blocks 1.014x). */
+#define V_AHEAD 3
+
 /* out[h, c0 + 8i] for the G query heads h of KV head g and NC chunks of 8 columns from c0: sum_j p_h[j] v_j, one
  * fused multiply-add per key in key order from zero, as accumulate_rows gives each element; a V vector is loaded
  * once for the G heads and the sums stay in registers over every key. */
@@ -58,11 +62,13 @@ static inline __attribute__((always_inline)) void v_group_pass(const int G, cons
         for (int i = 0; i < NC; ++i) a[h][i] = _mm256_setzero_ps();
     const float *p = scores + g * G * L;
     const int64_t nblk = (L + BS - 1) / BS;
+    for (int64_t b = 1; b < V_AHEAD && b < nblk; ++b)
+        prefetch_span(v_cache + (int64_t)bt[b] * blk_stride + g * D, tok_stride, BS, c0, c0 + 8 * NC);
     for (int64_t b = 0; b < nblk; ++b) {
         const int64_t start = b * BS, n = L - start < BS ? L - start : BS;
         const float *vb = v_cache + (int64_t)bt[b] * blk_stride + g * D + c0;
-        if (b + 1 < nblk) /* the next block's rows of these columns: blocks sit beyond the hardware prefetcher */
-            prefetch_span(v_cache + (int64_t)bt[b + 1] * blk_stride + g * D, tok_stride, BS, c0, c0 + 8 * NC);
+        if (b + V_AHEAD < nblk) /* rows of these columns further on: blocks sit beyond the hardware prefetcher */
+            prefetch_span(v_cache + (int64_t)bt[b + V_AHEAD] * blk_stride + g * D, tok_stride, BS, c0, c0 + 8 * NC);
         for (int64_t j = 0; j < n; ++j) {
             __m256 v[8];
 #pragma GCC unroll 8

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 
 import pytest
 import torch
@@ -343,6 +344,8 @@ def test_kv_pool_is_zeroed_contiguous_per_layer_and_one_allocation(tiny_model):
 
     t = memory.zeros((3, 5 << 18), torch.float32, torch.device("cpu"))  # 15 MiB: spans whole huge pages
     assert t.shape == (3, 5 << 18) and not t.any()
+    if sys.platform.startswith("linux"):  # a mapping of its own from a huge page's start, not reused heap (below
+        assert t.data_ptr() % (2 << 20) == 0  # glibc's mmap threshold, on 4 KiB pages already)
     runner = LLM(str(tiny_model), num_kv_blocks=64).engine.runner
     base = runner.kv_caches[0][0].untyped_storage().data_ptr()
     for k, v in runner.kv_caches:  # the kernels need each layer's K and V contiguous
