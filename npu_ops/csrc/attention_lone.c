@@ -47,7 +47,16 @@ static void accumulate_span(const float *restrict p, const float *restrict v, in
  * stream: 1 block ahead 1.0, 3 blocks 1.017x, 6 blocks 1.014x). */
 #define V_AHEAD 3
 
-/* out[h, c0 + 8i] for the G query heads h of KV head g and NC chunks of 8 columns from c0: sum_j p_h[j] v_j, one
+/* V vectors of VW floats (an AVX-512 build gains nothing from zmm here: Zen 4 runs them as two ymm halves) */
+#define VW 8
+typedef __m256 vvec;
+#define V_LOAD _mm256_loadu_ps
+#define V_STORE _mm256_storeu_ps
+#define V_SET1 _mm256_set1_ps
+#define V_ZERO _mm256_setzero_ps
+#define V_FMA _mm256_fmadd_ps
+
+/* out[h, c0 + VW i] for the G query heads h of KV head g and NC vectors of columns from c0: sum_j p_h[j] v_j, one
  * fused multiply-add per key in key order from zero, as accumulate_rows gives each element; a V vector is loaded
  * once for the G heads and the sums stay in registers over every key. */
 static inline __attribute__((always_inline)) void v_group_pass(const int G, const int NC, const float *restrict scores,
@@ -55,77 +64,73 @@ static inline __attribute__((always_inline)) void v_group_pass(const int G, cons
                                                                const int32_t *restrict bt, int64_t g, int64_t D,
                                                                int64_t BS, int64_t tok_stride, int64_t blk_stride,
                                                                int64_t c0, float *restrict out) {
-    __m256 a[4][8];
+    vvec a[4][8];
 #pragma GCC unroll 4
     for (int h = 0; h < G; ++h)
 #pragma GCC unroll 8
-        for (int i = 0; i < NC; ++i) a[h][i] = _mm256_setzero_ps();
+        for (int i = 0; i < NC; ++i) a[h][i] = V_ZERO();
     const float *p = scores + g * G * L;
-    const int64_t nblk = (L + BS - 1) / BS;
+    const int64_t nblk = (L + BS - 1) / BS, c1 = c0 + VW * NC;
     for (int64_t b = 1; b < V_AHEAD && b < nblk; ++b)
-        prefetch_span(v_cache + (int64_t)bt[b] * blk_stride + g * D, tok_stride, BS, c0, c0 + 8 * NC);
+        prefetch_span(v_cache + (int64_t)bt[b] * blk_stride + g * D, tok_stride, BS, c0, c1);
     for (int64_t b = 0; b < nblk; ++b) {
         const int64_t start = b * BS, n = L - start < BS ? L - start : BS;
         const float *vb = v_cache + (int64_t)bt[b] * blk_stride + g * D + c0;
         if (b + V_AHEAD < nblk) /* rows of these columns further on: blocks sit beyond the hardware prefetcher */
-            prefetch_span(v_cache + (int64_t)bt[b + V_AHEAD] * blk_stride + g * D, tok_stride, BS, c0, c0 + 8 * NC);
+            prefetch_span(v_cache + (int64_t)bt[b + V_AHEAD] * blk_stride + g * D, tok_stride, BS, c0, c1);
         for (int64_t j = 0; j < n; ++j) {
-            __m256 v[8];
+            vvec v[8];
 #pragma GCC unroll 8
-            for (int i = 0; i < NC; ++i) v[i] = _mm256_loadu_ps(vb + j * tok_stride + 8 * i);
+            for (int i = 0; i < NC; ++i) v[i] = V_LOAD(vb + j * tok_stride + VW * i);
 #pragma GCC unroll 4
             for (int h = 0; h < G; ++h) {
-                const __m256 pv = _mm256_set1_ps(p[h * L + start + j]);
+                const vvec pv = V_SET1(p[h * L + start + j]);
 #pragma GCC unroll 8
-                for (int i = 0; i < NC; ++i) a[h][i] = _mm256_fmadd_ps(pv, v[i], a[h][i]);
+                for (int i = 0; i < NC; ++i) a[h][i] = V_FMA(pv, v[i], a[h][i]);
             }
         }
     }
 #pragma GCC unroll 4
     for (int h = 0; h < G; ++h)
 #pragma GCC unroll 8
-        for (int i = 0; i < NC; ++i) _mm256_storeu_ps(out + (g * G + h) * D + c0 + 8 * i, a[h][i]);
+        for (int i = 0; i < NC; ++i) V_STORE(out + (g * G + h) * D + c0 + VW * i, a[h][i]);
 }
 
+typedef void (*v_pass_fn)(const float *, int64_t, const float *, const int32_t *, int64_t, int64_t, int64_t, int64_t,
+                          int64_t, int64_t, float *);
 #define V_GROUP_PASS(G_, NC_)                                                                                        \
-    static void v_group_pass_##G_##_##NC_(const float *scores, int64_t L, const float *v_cache, const int32_t *bt,  \
-                                          int64_t g, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride, \
-                                          int64_t c0, float *out) {                                                  \
+    static void v_pass_##G_##_##NC_(const float *scores, int64_t L, const float *v_cache, const int32_t *bt,        \
+                                    int64_t g, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride,       \
+                                    int64_t c0, float *out) {                                                        \
         v_group_pass(G_, NC_, scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, c0, out);                    \
     }
+#define V_GROUP_PASSES(G_) V_GROUP_PASS(G_, 1) V_GROUP_PASS(G_, 2) V_GROUP_PASS(G_, 4)
+V_GROUP_PASSES(1)
+V_GROUP_PASSES(2)
+V_GROUP_PASSES(3)
 V_GROUP_PASS(1, 8)
-V_GROUP_PASS(2, 4)
-V_GROUP_PASS(3, 4)
+V_GROUP_PASS(4, 1)
 V_GROUP_PASS(4, 2)
+/* [G][log2 NC]: the widest pass has G * NC accumulators within the registers (at most 12 of the 16) */
+static const v_pass_fn V_PASSES[5][4] = {{0},
+                                         {v_pass_1_1, v_pass_1_2, v_pass_1_4, v_pass_1_8},
+                                         {v_pass_2_1, v_pass_2_2, v_pass_2_4, NULL},
+                                         {v_pass_3_1, v_pass_3_2, v_pass_3_4, NULL},
+                                         {v_pass_4_1, v_pass_4_2, NULL, NULL}};
 
-/* A lone row's weighted sum of V shared over the team by KV head and chunk of 8 columns (every query head of the
- * group at once: a unit's work is the same for each, so the split is even); G <= 4, D a multiple of 64. */
+/* A lone row's weighted sum of V shared over the team by KV head and vector of VW columns (every query head of
+ * the group at once: a unit's work is the same for each, so the split is even); G <= 4, D a multiple of 64. A
+ * thread's run of units in one KV head goes in the widest passes that fit it. */
 static void lone_v_sum_grouped(const float *scores, int64_t L, const float *v_cache, const int32_t *bt, int64_t KVH,
                                int64_t G, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride, float *out) {
-    static const int nc_of[5] = {0, 8, 4, 4, 2};
-    const int NC = nc_of[G];
     int64_t u0, u1;
-    team_share(KVH * D / 8, &u0, &u1);
+    team_share(KVH * D / VW, &u0, &u1);
     for (int64_t u = u0; u < u1;) {
-        const int64_t g = u * 8 / D, c0 = u * 8 - g * D, left = (g + 1) * D / 8 - u, rest = u1 - u;
-        const int64_t nc = (left < rest ? left : rest) < NC ? (left < rest ? left : rest) : NC;
-        if (nc == NC) {
-            if (G == 1) v_group_pass_1_8(scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, c0, out);
-            else if (G == 2) v_group_pass_2_4(scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, c0, out);
-            else if (G == 3) v_group_pass_3_4(scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, c0, out);
-            else v_group_pass_4_2(scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, c0, out);
-        } else { /* a short run of chunks: one chunk at a time for every head of the group */
-            for (int64_t c = c0; c < c0 + 8 * nc; c += 8)
-                for (int64_t h = g * G; h < g * G + G; ++h) {
-                    memset(out + h * D + c, 0, 8 * sizeof(float));
-                    for (int64_t b = 0, nb = (L + BS - 1) / BS; b < nb; ++b) {
-                        const int64_t start = b * BS, n = L - start < BS ? L - start : BS;
-                        accumulate_span(scores + h * L + start, v_cache + (int64_t)bt[b] * blk_stride + g * D,
-                                        tok_stride, n, D, c, c + 8, out + h * D);
-                    }
-                }
-        }
-        u += nc;
+        const int64_t g = u * VW / D, left = (g + 1) * D / VW - u, rest = u1 - u, run = left < rest ? left : rest;
+        int k = 3;
+        while (V_PASSES[G][k] == NULL || (1 << k) > run) --k;
+        V_PASSES[G][k](scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, u * VW - g * D, out);
+        u += 1 << k;
     }
 }
 #endif
