@@ -217,7 +217,7 @@ def _schedule(sch: dict[str, Any], base: Path) -> ScheduleSettings:
         max_queue_delay_microseconds=int(sch["maxQueueDelayMicroseconds"]),
         num_kv_blocks=None if sch["numKvBlocks"] is None else int(sch["numKvBlocks"]),
         batch_prefill_tokens=_opt_int(sch["batchPrefillTokens"]),
-        batch_tokens_beside_online=_opt_int(sch["batchTokensBesideOnline"]),
+        batch_tokens_beside_online=_opt_int(sch["batchTokensBesideOnline"]), decode_steps=int(sch["decodeSteps"]),
         enable_prefix_caching=sch["enablePrefixCaching"], max_sessions=int(sch["maxSessions"]),
         session_kv_share=float(sch["sessionKvShare"]), session_idle_seconds=float(sch["sessionIdleSeconds"]),
         max_session_tokens=int(sch["maxSessionTokens"]),

@@ -25,7 +25,7 @@ ENGINE_KEYS: dict[str, str] = {
     "max_prefill_tokens": f"{SC}.maxPrefillTokens", "max_batch_size": f"{SC}.maxBatchSize",
     "max_iter_times": f"{SC}.maxIterTimes", "max_preempt_count": f"{SC}.maxPreemptCount",
     "num_kv_blocks": f"{SC}.numKvBlocks", "batch_prefill_tokens": f"{SC}.batchPrefillTokens",
-    "batch_tokens_beside_online": f"{SC}.batchTokensBesideOnline",
+    "batch_tokens_beside_online": f"{SC}.batchTokensBesideOnline", "decode_steps": f"{SC}.decodeSteps",
 }
 
 

@@ -150,6 +150,7 @@ class ScheduleSettings:
     num_kv_blocks: int | None
     batch_prefill_tokens: int | None  # None = maxPrefillTokens
     batch_tokens_beside_online: int | None  # None = no bound
+    decode_steps: int  # decodeSteps (engine.multi_step)
     enable_prefix_caching: bool
     max_sessions: int = 1024
     session_kv_share: float = 0.25
@@ -203,6 +204,7 @@ class ServiceConfig:
             max_iter_times=s.max_iter_times, max_preempt_count=s.max_preempt_count,
             max_queue_delay_microseconds=s.max_queue_delay_microseconds, num_kv_blocks=s.num_kv_blocks,
             batch_prefill_tokens=s.batch_prefill_tokens, batch_tokens_beside_online=s.batch_tokens_beside_online,
+            decode_steps=s.decode_steps,
             kv_cache_memory_gb=float(m.npu_mem_size_gb), swap_space_gb=float(m.cpu_mem_size_gb),
             enable_prefix_caching=s.enable_prefix_caching,
             max_loras=b.max_loras, max_lora_rank=b.max_lora_rank,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from dataclasses import replace
 from typing import Any
 
 from mindie_service.engine.beam import BeamSearch, check_beam_request
@@ -25,7 +26,7 @@ from mindie_service.engine.grammar_step import GrammarFailed, GrammarStep, engin
 from mindie_service.engine.output import OutputProcessor
 from mindie_service.engine.parallel.launcher import ParallelRunner, RankGroup
 from mindie_service.engine.model_runner import ModelRunner, kv_bytes_per_block
-from mindie_service.engine.sampler import NonFiniteRows, SampleResult, Sampler
+from mindie_service.engine.sampler import LOGPROB_FLOOR, NonFiniteRows, SampleResult, Sampler
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SequenceGroup
 from mindie_service.engine.sessions import SessionStore
@@ -97,6 +98,8 @@ class LLMEngine:
         self.beams = BeamSearch(self.scheduler, self.outputs, self.eos_token_ids, self.sessions)
         self.spec = build_speculator(cfg.speculative_config, cfg, self.device, parts.num_blocks, self.vocab_size,
                                      self.tokenizer)
+        if self.spec is not None or self.ranks is not None:  # verify steps yield runs already; ranks step alike
+            self.scheduler.decode_steps = 1
         self._done: dict[str, Sequence] = {}  # requests finished this step (the speculator learns their text)
         self.spill = None  # ScheduleConfig.sessionSpillDir: kept sessions on disk (engine.session_spill)
         if cfg.session_spill_dir and cfg.world_size == 1 and self.sessions.enabled:
@@ -251,7 +254,7 @@ class LLMEngine:
                     self.outputs.prompt_chunk(self.scheduler.seqs[chunk.request_id], chunk, logits)
             row = 0
             for chunk in sub.sampled:
-                row, first = row + 1 + chunk.num_draft, row
+                row, first = row + chunk.out_rows, row
                 seq = self.scheduler.seqs.get(chunk.request_id)
                 if seq is None:  # a beam whose search failed during the step
                     continue
@@ -274,7 +277,7 @@ class LLMEngine:
               finished: dict[str, str]) -> list[TokenEvent]:
         """The events of one sampling chunk: one token, or a verify chunk's accepted run (engine.speculative),
         cut at the token that finishes the request."""
-        tokens = sample.token_ids[first:first + 1 + chunk.num_draft]
+        tokens = sample.token_ids[first:first + chunk.out_rows]
         run = self.spec.accept(seq, chunk, tokens) if chunk.num_draft else tokens
         kept: list[int] = []
         events: list[TokenEvent] = []
@@ -298,6 +301,13 @@ class LLMEngine:
             result = self.runner.execute(out)
         finally:
             self.grammar.join_fill()
+        if result.tokens is not None:  # a multi-step burst (engine.multi_step): its rows' greedy tokens
+            lps, n = result.token_logprobs or [], len(result.tokens[0])
+            if n < out.chunks[0].steps:  # cut short (a step's logits not finite): every row ran n steps
+                out = replace(out, chunks=[replace(c, steps=n) for c in out.chunks])
+            return out, result, SampleResult([t for run in result.tokens for t in run],
+                                             [max(v, LOGPROB_FLOOR) for run in lps for v in run],
+                                             [[] for run in result.tokens for _ in run])
         chunks = out.sampled
         rows, drafts = verify_rows(chunks, [self.scheduler.seqs[c.request_id] for c in chunks])
         if not rows:

@@ -3,11 +3,13 @@
 The runner never decides scheduling and never touches a sequence: it reads the step's plain
 ScheduledChunks (tokens, positions, block tables) and returns the logits of the last row of every
 chunk that samples (the last 1 + num_draft rows of a chunk verifying draft tokens: engine.speculative),
-and of every prompt row of chunks that asked for prompt logprobs."""
+and of every prompt row of chunks that asked for prompt logprobs; a multi-step decode (engine.multi_step)
+returns its bursts' greedy tokens instead."""
 from __future__ import annotations
 
 import itertools
 import logging
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -17,6 +19,7 @@ from mindie_service.engine.step import ModelOutput, ScheduledChunk, SchedulerOut
 from mindie_service.models.fused_decode import FusedDecode
 from mindie_service.models.llama import StepContext
 from npu_ops import memory, quant_kv
+from npu_ops.greedy import first_maxima
 from npu_ops.ops import AttentionMetadata, PrefillSpan
 
 logger = logging.getLogger(__name__)
@@ -98,6 +101,8 @@ class ModelRunner:
         """The step's swaps (``apply_swaps``), then one forward over its chunks, run in pieces (``_pieces``);
         the logits of the sampling rows concatenate in ``out.chunks`` order."""
         self.apply_swaps(out)
+        if out.decodes and out.decodes[0].steps > 1:  # engine.multi_step: a step of plain decodes only
+            return self._multi_step(out.decodes, out.decodes[0].steps)
         prompt_logits: dict[str, torch.Tensor] = {}
         parts = [self._piece(decodes, prefills, prompt_logits) for decodes, prefills in self._pieces(out)]
         parts = [p for p in parts if p is not None]
@@ -135,6 +140,39 @@ class ModelRunner:
             return None
         return self.fused.run([c.token_ids[0] for c in decodes], [c.start for c in decodes],
                               [self._slot(c.block_table, c.start) for c in decodes], [c.block_table for c in decodes])
+
+    def _multi_step(self, decodes: list[ScheduledChunk], steps: int) -> ModelOutput:
+        """``steps`` greedy decode steps of every chunk (engine.multi_step): the fused C step where it applies,
+        else a forward a step. Where step 0's logits are not all finite they go back as a plain step's, for the
+        sampler to name the bad rows; a later such step ends the burst before it."""
+        slots = [[self._slot(c.block_table, c.start + s) for c in decodes] for s in range(steps)]
+        if self.fused is not None and self.fused.usable(len(decodes)):
+            got = self.fused.run_steps([c.token_ids[0] for c in decodes], [c.start for c in decodes], slots,
+                                       [c.block_table for c in decodes])
+        else:
+            got = self._steps_by_forward(decodes, steps)
+        if isinstance(got, torch.Tensor):
+            return ModelOutput(got)
+        return ModelOutput(torch.empty(0, self.model.dims.vocab, device=self.device), tokens=got[0],
+                           token_logprobs=got[1])
+
+    def _steps_by_forward(self, decodes: list[ScheduledChunk],
+                          steps: int) -> tuple[list[list[int]], list[list[float]]] | torch.Tensor:
+        toks: list[list[int]] = [[] for _ in decodes]
+        lps: list[list[float]] = [[] for _ in decodes]
+        current = [c.token_ids[0] for c in decodes]
+        for s in range(steps):
+            rows = [replace(c, start=c.start + s, token_ids=(t,), steps=1) for c, t in zip(decodes, current)]
+            logits = self._forward(rows, [], {})
+            assert logits is not None
+            got = first_maxima(logits)
+            if got is None:
+                return logits if s == 0 else (toks, lps)
+            current = got[0]
+            for r, (tid, lp) in enumerate(zip(*got)):
+                toks[r].append(tid)
+                lps[r].append(lp)
+        return toks, lps
 
     def _forward(self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk],
                  prompt_logits: dict[str, torch.Tensor]) -> torch.Tensor | None:

@@ -18,7 +18,7 @@ import torch
 
 from mindie_service.engine.sequence import Sequence
 from mindie_service.engine.spec_accept import verify_draft
-from npu_ops import cpu_kernels
+from npu_ops.greedy import first_maxima
 
 
 LOGPROB_FLOOR = -9999.0
@@ -132,15 +132,10 @@ class Sampler:
             if (not p.greedy or p.logprobs or p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
                     or p.presence_penalty != 0.0 or p.logit_bias):
                 return None
-        if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.shape[1]:
-            fused = cpu_kernels.greedy_rows(logits)  # the checks, argmax and logsumexp in one C call
-            if fused is not None:
-                return SampleResult(fused[0], [max(v, LOGPROB_FLOOR) for v in fused[1]], [[] for _ in seqs])
-        if not bool(logits.isfinite().all()):
+        got = first_maxima(logits)
+        if got is None:
             return None  # the general path names the bad rows
-        chosen = logits.argmax(-1)
-        lp = (logits.gather(1, chosen[:, None])[:, 0] - logits.logsumexp(-1)).clamp(min=LOGPROB_FLOOR)
-        return SampleResult(chosen.tolist(), lp.tolist(), [[] for _ in seqs])
+        return SampleResult(got[0], [max(v, LOGPROB_FLOOR) for v in got[1]], [[] for _ in seqs])
 
     def _draw(self, probs: torch.Tensor, seqs: list[Sequence], sample_rows: list[int], chosen: torch.Tensor,
               drafts: list[int | None] | None, draft_probs: list[torch.Tensor | None] | None) -> None:

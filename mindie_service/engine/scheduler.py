@@ -1,5 +1,4 @@
-"""Continuous batching over the paged KV pool, with chunked prefill. Plain Python: the scheduler never
-imports torch.
+"""Continuous batching over the paged KV pool, with chunked prefill. Plain Python (no torch).
 
 Each step every running request computes its next tokens in one forward pass: one token for a
 request that is decoding, the next piece of its prompt for one that is still prefilling. Prompt
@@ -21,9 +20,7 @@ maximum output (a beam search for all its beams), so no running request ever lac
 Two preemptions are not scheduling decisions and do not count against the cap: an online request
 taking a batch-job line's slot or blocks (a priority rule, on even with 0: the line has nothing
 sent that it could lose and resumes later), and a beam search restarting because a fork found no
-block (engine.beam).
-
-``schedule()`` returns plain data (engine.step); ``update()`` applies a step's results."""
+block (engine.beam). ``schedule()`` returns plain data (engine.step); ``update()`` applies a step's results."""
 from __future__ import annotations
 
 import logging
@@ -35,6 +32,7 @@ from typing import Protocol
 from mindie_service.engine.admit_rules import queue_delay, reservation_blocks, room_for
 from mindie_service.engine.batch_bound import BatchAllowance, online_pressed, step_allowance
 from mindie_service.engine.block_manager import BlockManager
+from mindie_service.engine import multi_step
 from mindie_service.engine.engine_config import EngineConfig
 from mindie_service.engine.sequence import Sequence, SequenceGroup, SeqStatus, batch_rows
 from mindie_service.engine.sessions import SessionStore
@@ -67,6 +65,7 @@ class Scheduler:
         self.seqs: dict[str, Sequence] = {}
         self.num_preemptions = 0
         self.batch_turns = 0  # turns batch lines took beside a waiting online request (engine.batch_bound)
+        self.decode_steps = cfg.decode_steps  # engine.multi_step (the engine sets 1 beside speculative decoding)
         self.num_swap_outs = 0  # sequences (not blocks) moved to the host pool, and back
         self.num_swap_ins = 0
 
@@ -211,7 +210,8 @@ class Scheduler:
             prefills.sort(key=lambda p: p[0].adapter_slot)
         plain = [s for s in decodes if not s.draft_token_ids]
         spec = [s for s in decodes if s.draft_token_ids]  # verify rows: several tokens, after the plain decodes
-        out.chunks = ([_chunk(s, 1) for s in plain] + [_spec_chunk(s) for s in spec]
+        steps = multi_step.plan(self, plain, spec, prefills)  # a few greedy decodes: several steps a call
+        out.chunks = ([_chunk(s, 1, steps) for s in plain] + [_spec_chunk(s) for s in spec]
                       + [_chunk(s, n) for s, n in prefills])
         out.num_decodes = len(plain)
         return out
@@ -386,12 +386,14 @@ class Scheduler:
                 continue
             got = sampled.get(c.request_id)
             run = [] if got is None else [got] if isinstance(got, int) else list(got)
-            # A verify chunk's accepted drafts stay computed (run = accepted + 1): rejected slots are trimmed.
-            seq.num_computed_tokens = c.start + len(run) if c.num_draft else c.end
+            # A verify chunk's accepted drafts stay computed (run = accepted + 1), a multi-step chunk's kept run:
+            # the slots past it are trimmed.
+            runs = bool(c.num_draft) or c.steps > 1
+            seq.num_computed_tokens = c.start + len(run) if runs else c.end
             seq.draft_token_ids.clear()
+            seq.output_token_ids.extend(run)  # first: a run's computed positions hold its tokens (block hashes)
             self.blocks.register_computed(seq)
-            seq.output_token_ids.extend(run)
-            if c.num_draft:
+            if runs:
                 self.blocks.trim(seq)
             reason = finished.get(c.request_id)
             if reason is not None:

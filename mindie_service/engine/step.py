@@ -33,10 +33,19 @@ class ScheduledChunk:
     # Speculative decoding: the last ``num_draft`` tokens are drafts to verify; a sampling chunk then has
     # 1 + num_draft logits rows (its last rows), one per draft position plus the one after the last.
     num_draft: int = 0
+    # Multi-step decode (engine.multi_step): a greedy decode run ``steps`` times in one call, each step's argmax
+    # the next one's token (slots reserved for positions start .. start + steps - 1); its run of tokens comes
+    # back in ModelOutput.tokens, cut by the engine at the token that finishes the request.
+    steps: int = 1
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def out_rows(self) -> int:
+        """Tokens this chunk can yield: a verify chunk's 1 + num_draft, a multi-step chunk's steps, else 1."""
+        return self.steps if self.steps > 1 else 1 + self.num_draft
 
     @property
     def end(self) -> int:
@@ -98,3 +107,7 @@ class ModelOutput:
 
     logits: Any
     prompt_logits: dict[str, Any] = field(default_factory=dict)
+    # A multi-step decode (chunks with steps > 1): each sampled chunk's greedy tokens and their log-probabilities,
+    # as many for every chunk (the logits are then empty); None for a plain step.
+    tokens: list[list[int]] | None = None
+    token_logprobs: list[list[float]] | None = None

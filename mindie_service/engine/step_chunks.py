@@ -12,7 +12,7 @@ def prefilling(seq: Sequence) -> bool:
     return done < seq.num_tokens - 1 or done < seq.num_prompt_tokens
 
 
-def chunk(seq: Sequence, n: int) -> ScheduledChunk:
+def chunk(seq: Sequence, n: int, steps: int = 1) -> ScheduledChunk:
     start = seq.num_computed_tokens
     end = start + n
     tokens = (seq.token_at(start),) if n == 1 else tuple(seq.token_ids()[start:end])
@@ -22,7 +22,8 @@ def chunk(seq: Sequence, n: int) -> ScheduledChunk:
         request_id=seq.request_id, start=start, token_ids=tokens, block_table=tuple(seq.block_table),
         sample=end == seq.num_tokens, adapter_slot=seq.adapter_slot,
         prompt_logprobs=seq.params.prompt_logprobs and in_prompt and not seq.output_token_ids,
-        mm_inputs=seq.mm_inputs if mm else None, prompt_token_ids=tuple(seq.prompt_token_ids) if mm else None)
+        mm_inputs=seq.mm_inputs if mm else None, prompt_token_ids=tuple(seq.prompt_token_ids) if mm else None,
+        steps=steps)
 
 
 def spec_chunk(seq: Sequence) -> ScheduledChunk:

@@ -72,6 +72,7 @@ class FusedDecode:
         self.model, self.kv_caches, self.max_rows = model, kv_caches, max_rows
         self.args: DecodeArgs | None = None
         self.key: tuple[int, ...] = ()
+        self._bufs: tuple[array, ...] = ()  # what the argument block's step fields point into
 
     def usable(self, rows: int) -> bool:
         """Whether the C step applies to this model now; (re)built when its packing, the KV pool or the size of
@@ -116,15 +117,49 @@ class FusedDecode:
             tables: list[tuple[int, ...]]) -> torch.Tensor:
         """The logits [rows, vocab] of one decode row per sequence, after ``usable(len(ids))``. A new tensor each
         step: a step that failed and reruns its requests one by one keeps every rerun's logits."""
+        logits = self._bind(array("q", ids), array("i", positions), tables)
+        self._call(array("q", slots))
+        return logits
+
+    def run_steps(self, ids: list[int], positions: list[int], slots: list[list[int]],
+                  tables: list[tuple[int, ...]]) -> tuple[list[list[int]], list[list[float]]] | torch.Tensor:
+        """``len(slots)`` greedy decode steps in one C call (engine.multi_step; ``slots[s]``: each row's slot at
+        step s), each step's first maxima the next step's tokens. Returns each row's tokens and their
+        log-probabilities; where step 0's logits are not all finite, those logits instead (the sampler names the
+        bad rows), and a later such step ends the run before it."""
+        t, k = len(ids), len(slots)
+        logits = self._bind(array("q", ids), array("i", positions), tables)
+        flat = array("q", [x for step in slots for x in step])
+        out_ids, out_lp, done = array("q", bytes(8 * t * k)), array("f", bytes(4 * t * k)), ctypes.c_int64(0)
+        rc = cpu_kernels.load().llama_decode_steps_f32(ctypes.addressof(self.args), k, flat.buffer_info()[0],
+                                                       out_ids.buffer_info()[0], out_lp.buffer_info()[0],
+                                                       ctypes.addressof(done))
+        if rc != 0:
+            raise RuntimeError(f"llama_decode_steps_f32 failed with code {rc} (a token id, position or block out of "
+                               "range)")
+        n = done.value
+        if n == 0:
+            return logits
+        ids_l, lps_l = out_ids.tolist(), out_lp.tolist()
+        return [ids_l[r:n * t:t] for r in range(t)], [lps_l[r:n * t:t] for r in range(t)]
+
+    def _bind(self, ids: array, positions: array, tables: list[tuple[int, ...]]) -> torch.Tensor:
+        """Point the argument block at a step's ids, positions and block tables (held until the next step) and a
+        new logits tensor, which it returns."""
         a, t = self.args, len(ids)
         assert a is not None and 0 < t <= self.max_rows
         mb = max(len(b) for b in tables)
-        bufs = (array("q", ids), array("q", slots), array("i", positions),
-                array("i", [b for tb in tables for b in (*tb, *(0,) * (mb - len(tb)))]))
-        a.ids, a.slots, a.positions, a.block_tables = (b.buffer_info()[0] for b in bufs)
+        bufs = (ids, positions, array("i", [b for tb in tables for b in (*tb, *(0,) * (mb - len(tb)))]))
+        a.ids, a.positions, a.block_tables = (b.buffer_info()[0] for b in bufs)
         logits = torch.empty(t, self.model.dims.vocab)
         a.T, a.MB, a.nthreads, a.logits = t, mb, torch.get_num_threads(), logits.data_ptr()
+        self._bufs = bufs
+        return logits
+
+    def _call(self, slots: array) -> None:
+        a = self.args
+        assert a is not None
+        a.slots = slots.buffer_info()[0]
         rc = cpu_kernels.load().llama_decode_f32(ctypes.addressof(a))
         if rc != 0:
             raise RuntimeError(f"llama_decode_f32 failed with code {rc} (a token id, position or block out of range)")
-        return logits

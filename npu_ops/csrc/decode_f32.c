@@ -6,6 +6,7 @@
  * Each piece is the code the op-by-op path runs (the same row functions and team halves), so the logits are
  * bit-identical to that path's. The caller (mindie_service/models/fused_decode.py) fills decode_f32_args. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "layers_f32.h"
@@ -57,4 +58,44 @@ int llama_decode_f32(const decode_f32_args *a) {
                                 (int)a->nthreads);
     linear_f32(xn, T, hd, a->head_w, a->vocab, a->head_bias, a->logits, (int)a->nthreads);
     return 0;
+}
+
+/* ``steps`` greedy decode steps (mindie_service/engine/multi_step.py): step s writes each row's K/V at slot
+ * slots[s * T + t] and position positions[t] + s, its input the first maximum of step s - 1's logits (the
+ * sampler's greedy_rows_f32, so the tokens are a single step's). out_ids, out_lp [steps, T]: each step's tokens
+ * and their log-probabilities. *done: the steps whose tokens are there; fewer than ``steps`` where a step's
+ * logits were not all finite (they stay in a->logits for the caller). Returns llama_decode_f32's codes, or 3
+ * without scratch; a's step fields are as given when it returns. */
+int llama_decode_steps_f32(decode_f32_args *a, int64_t steps, const int64_t *slots, int64_t *out_ids, float *out_lp,
+                           int64_t *done) {
+    const int64_t T = a->T;
+    const int64_t *ids0 = a->ids, *slots0 = a->slots;
+    const int32_t *pos0 = a->positions;
+    int64_t *ids = malloc(sizeof(int64_t) * (size_t)(T > 0 ? T : 1));
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)(T > 0 ? T : 1));
+    int rc = ids == NULL || pos == NULL ? 3 : 0;
+    *done = 0;
+    if (rc == 0) {
+        memcpy(ids, ids0, sizeof(int64_t) * (size_t)T);
+        memcpy(pos, pos0, sizeof(int32_t) * (size_t)T);
+        a->ids = ids;
+        a->positions = pos;
+    }
+    for (int64_t s = 0; rc == 0 && s < steps; ++s) {
+        a->slots = slots + s * T;
+        rc = llama_decode_f32(a);
+        if (rc != 0 || greedy_rows_f32(a->logits, T, a->vocab, out_ids + s * T, out_lp + s * T, (int)a->nthreads))
+            break;
+        *done = s + 1;
+        for (int64_t t = 0; t < T; ++t) {
+            ids[t] = out_ids[s * T + t];
+            ++pos[t];
+        }
+    }
+    a->ids = ids0;
+    a->positions = pos0;
+    a->slots = slots0;
+    free(ids);
+    free(pos);
+    return rc;
 }

@@ -27,6 +27,10 @@ int64_t w8a8_zero_bytes(int64_t K);
  * fused decode step (decode_f32.c) */
 void linear_f32(const float *x, int64_t M, int64_t K, const float *wp, int64_t N, const float *bias, float *y,
                 int nthreads);
+/* the all-greedy sampler's rows (elementwise.c): first maxima and their log-probabilities; 1 if a logit is not
+ * finite */
+int greedy_rows_f32(const float *restrict logits, int64_t rows, int64_t n, int64_t *restrict idx,
+                    float *restrict lp, int nthreads);
 int linear_w8i16_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
                      const float *bias, float *y, int nthreads);
 struct layer_f32;
