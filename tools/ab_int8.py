@@ -53,7 +53,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model = str(shipped_gguf())
-    probe = make_llm(model, None, 2)
+    probe = make_llm(model, None, 2, decode_steps=1)
     ids, outs = workload(probe.tokenizer, args.prompts, 0)
     del probe
     if args.mode == "stream":
@@ -62,7 +62,7 @@ def main() -> None:
     llms = {}
     for name in args.schemes:
         q, head = engine_spec(name)
-        llms[name] = make_llm(model, q, batch, head)
+        llms[name] = make_llm(model, q, batch, head, decode_steps=1)
         timed_generate(llms[name], [ids[0][:20]], [4])  # warm-up
     work = {"prompts": ids, "outs": outs}
     best: dict[str, float] = {}

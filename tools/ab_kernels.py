@@ -61,7 +61,7 @@ def main() -> None:
     libs = {"A": build(args.ref, tmp / "a"), "B": build(None, tmp / "b", tuple(args.cflags.split()))}
     current = {"lib": libs["A"]}
     cpu_kernels.load = lambda: current["lib"]  # type: ignore[assignment]  # every kernel call goes through load()
-    llm = make_llm(str(shipped_gguf()), args.quant, 1, "int8" if args.int8_head else "float")
+    llm = make_llm(str(shipped_gguf()), args.quant, 1, "int8" if args.int8_head else "float", decode_steps=1)
     prompt = workload(llm.tokenizer, 4, 0)[0][1]
     eng = llm.engine
     eng.add_request(EngineRequest("ab", tuple(prompt), SamplingParams(max_tokens=2 * args.steps + 8, temperature=0.0,

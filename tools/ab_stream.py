@@ -33,7 +33,7 @@ args = ap.parse_args()
 if args.threads:
     torch.set_num_threads(args.threads)
 model = str(shipped_gguf())
-probe = make_llm(model, None, 2)
+probe = make_llm(model, None, 2, decode_steps=1)
 ids, outs = workload(probe.tokenizer, max(8, args.batch), 0)
 flat = [t for p in workload(probe.tokenizer, 64, 1)[0] for t in p]
 del probe
@@ -50,11 +50,11 @@ def fresh(lengths: list[int]) -> list[list[int]]:
 if args.quant:
     cfgs = {"fp32": (None, "float", True), "w8a8": ("w8a8", "float", True), "w8a8+int8head": ("w8a8", "int8", True),
             "w8a16+int8head": ("w8a16", "int8", True)}
-    llms = {k: make_llm(model, q, max(1, args.batch), h) for k, (q, h, _) in cfgs.items()}
+    llms = {k: make_llm(model, q, max(1, args.batch), h, decode_steps=1) for k, (q, h, _) in cfgs.items()}
 else:
     head = "int8" if args.int8_head else "float"
     cfgs = {"fused": (args.scheme, head, True), "op-by-op": (args.scheme, head, False)}
-    one = make_llm(model, args.scheme, max(1, args.batch), head)
+    one = make_llm(model, args.scheme, max(1, args.batch), head, decode_steps=1)
     llms = {k: one for k in cfgs}
 best = {f"{k} {w}": 0.0 for k in cfgs for w in ["stream"] + (["batched"] if args.batch else [])}
 cpu = dict.fromkeys(best, float("inf"))  # least process CPU ms per token: what contention inflates least

@@ -16,7 +16,9 @@ bound: triad bandwidth / weight bytes a token) and 8 reads of the bytes a step r
 at the stream's mean position) by tools/membw.py's probe (8 prefetched streams a thread, the best read found
 here: the stricter bound); a share of a bound is sum(probe seconds) / sum(step seconds). llama.cpp's harness
 does the same (--probe-bytes, --triad-bytes). One stream's "decode" rate leaves each prompt's prefill out
-(tokens after the first over the time from the first to the last); "stream" is end to end.
+(tokens after the first over the time from the first to the last); "stream" is end to end. Our one stream runs
+with the engine's multi-step bursts (decodeSteps, default 4: engine.multi_step; ``--decode-steps 1`` for a step
+a call); a burst of n tokens is paired with n probes.
 
     PYTHONPATH=$PWD .venv/bin/python tools/bench_real.py --llama-python /work/peers/venv/bin/python
 """
@@ -93,8 +95,12 @@ def workload(tok: object, n: int, seed: int) -> tuple[list[list[int]], list[int]
     return prompts, [rng.randint(16, 128) for _ in range(n)]
 
 
-def make_llm(model: str, q: str | None, batch: int, head: str = "float") -> LLM:
-    over = {"quantize_lm_head": True} if head == "int8" else {}
+def make_llm(model: str, q: str | None, batch: int, head: str = "float", decode_steps: int | None = None) -> LLM:
+    """``decode_steps``: the engine's multi-step bursts (None: its default); the tools that pair each step with a
+    probe pass 1."""
+    over: dict[str, Any] = {"quantize_lm_head": True} if head == "int8" else {}
+    if decode_steps is not None:
+        over["decode_steps"] = decode_steps
     return LLM(model, dtype="float32", max_batch_size=batch, cache_block_size=16, quantization=q,
                max_seq_len=512, **over)
 
@@ -125,10 +131,11 @@ def probed_stream(llm: LLM, prompts: list[list[int]], nbytes: float, weights: in
             events = eng.step()
             dt = time.perf_counter() - t
             done = any(getattr(ev, "finish_reason", None) is not None for ev in events)
-            if started:
-                step_s, steps, owed = step_s + dt, steps + 1, owed + 1
+            if started:  # a multi-step burst is several tokens: each owes a probe
+                n = sum(1 for ev in events if hasattr(ev, "token"))
+                step_s, steps, owed = step_s + dt, steps + n, owed + n
             started = started or bool(events)
-            if owed == membw.PAIR_STEPS or (done and owed):
+            if owed >= membw.PAIR_STEPS or (done and owed):
                 probe_s += sum(probe.read() for _ in range(owed))
                 triad_s += sum(probe.triad() for _ in range(owed))
                 owed = 0
@@ -137,7 +144,7 @@ def probed_stream(llm: LLM, prompts: list[list[int]], nbytes: float, weights: in
 
 
 def ours(model: str, q: str | None, ids: list[list[int]], outs: list[int], head: str = "float",
-         stream_only: bool = False) -> dict[str, Any]:
+         stream_only: bool = False, decode_steps: int | None = None) -> dict[str, Any]:
     """Batched tok/s (a fresh engine: no prefix cache) and one stream (4 prompts x 128, sequential)."""
     batched = 0.0
     if not stream_only:
@@ -145,7 +152,7 @@ def ours(model: str, q: str | None, ids: list[list[int]], outs: list[int], head:
         timed_generate(llm, [ids[-1][:20], ids[-2][:20]], [4, 4])  # warm-up
         batched = sum(outs) / timed_generate(llm, ids, outs)[0]
         del llm
-    llm = make_llm(model, q, 1, head)
+    llm = make_llm(model, q, 1, head, decode_steps)
     timed_generate(llm, [ids[0][:20]], [4])
     singles = ids[1:5]
 
@@ -287,6 +294,8 @@ def main() -> None:
     ap.add_argument("--gguf-dir", default="/work/peers/gguf")
     ap.add_argument("--slots", type=int, nargs="+", default=[8, 16, 32])
     ap.add_argument("--stream-only", action="store_true", help="one stream only (no batched runs)")
+    ap.add_argument("--decode-steps", type=int, default=None,
+                    help="our one stream's multi-step bursts (default: the engine's, decodeSteps 4; 1: a step a call)")
     args = ap.parse_args()
     model = args.model or str(shipped_gguf())
     probe = make_llm(model, None, 2)
@@ -301,7 +310,7 @@ def main() -> None:
     runs = [(s, SCHEMES[s], "float") for s in args.schemes] + ([("w8a8+int8head", "w8a8", "int8")]
                                                                if args.int8_head else [])
     for name, q, head in runs:
-        res[name] = r = ours(model, q, ids, outs, head, args.stream_only)
+        res[name] = r = ours(model, q, ids, outs, head, args.stream_only, args.decode_steps)
         print(f"  ours {name}: batched {r['batched']:.1f}, stream {r['stream']:.1f}, decode {r['decode']:.1f} tok/s",
               flush=True)
     if args.llama_types and Path(args.llama_python).exists():

@@ -96,7 +96,7 @@ def start(llm: Any, ids: list[list[int]], steps: int) -> Any:
 
 
 def profile(model: str, quant_scheme: str | None, seqs: int, steps: int, head: str) -> str:
-    llm = make_llm(model, quant_scheme, max(seqs, 2), head)
+    llm = make_llm(model, quant_scheme, max(seqs, 2), head, decode_steps=1)
     ids, _ = workload(llm.tokenizer, max(seqs, 2), 0)
     eng = start(llm, ids[:seqs], steps)
     t = Timers()
