@@ -26,6 +26,7 @@ from mindie_service.engine.grammar_step import GrammarFailed, GrammarStep, engin
 from mindie_service.engine.output import OutputProcessor
 from mindie_service.engine.parallel.launcher import ParallelRunner, RankGroup
 from mindie_service.engine.model_runner import ModelRunner, kv_bytes_per_block
+from mindie_service.engine.multi_step import BurstPacer
 from mindie_service.engine.sampler import LOGPROB_FLOOR, NonFiniteRows, SampleResult, Sampler
 from mindie_service.engine.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SequenceGroup
@@ -98,8 +99,10 @@ class LLMEngine:
         self.beams = BeamSearch(self.scheduler, self.outputs, self.eos_token_ids, self.sessions)
         self.spec = build_speculator(cfg.speculative_config, cfg, self.device, parts.num_blocks, self.vocab_size,
                                      self.tokenizer)
-        if self.spec is not None or self.ranks is not None:  # verify steps yield runs already; ranks step alike
-            self.scheduler.decode_steps = 1
+        # multi-step bursts (engine.multi_step), paced by the measured step time; none beside verify steps (they
+        # yield runs already) or with ranks (they would have to step alike)
+        self.bursts = BurstPacer(1 if self.spec is not None or self.ranks is not None else cfg.decode_steps)
+        self.scheduler.decode_steps = 1  # until a decode step has been timed
         self._done: dict[str, Sequence] = {}  # requests finished this step (the speculator learns their text)
         self.spill = None  # ScheduleConfig.sessionSpillDir: kept sessions on disk (engine.session_spill)
         if cfg.session_spill_dir and cfg.world_size == 1 and self.sessions.enabled:
@@ -244,6 +247,8 @@ class LLMEngine:
         outcomes, events = self._execute(out)
         if self.spec is not None:
             self.spec.observe_step(out.num_tokens, time.perf_counter() - t0)
+        if out.num_decodes == len(out.chunks):  # a decode-only step paces the bursts
+            self.scheduler.decode_steps = self.bursts.observe(time.perf_counter() - t0, out.chunks[0].steps)
         sampled: dict[str, list[int]] = {}
         finished: dict[str, str] = {}
         beam_rows: dict[SequenceGroup, dict[Sequence, Any]] = {}

@@ -49,8 +49,8 @@ class EngineConfig:
     # (None = no bound).
     batch_prefill_tokens: int | None = 64
     batch_tokens_beside_online: int | None = 8
-    # Decode steps one runner call runs for a few plain greedy decodes with nothing waiting (engine.multi_step);
-    # 1 = one step a call. Tokens then stream in bursts of up to this many.
+    # Decode steps one runner call runs for a few plain greedy decodes with nothing waiting, while that many
+    # measured steps fit in 25 ms (engine.multi_step); 1 = one step a call. Tokens stream in bursts.
     decode_steps: int = 4
     num_kv_blocks: int | None = None  # fixes the KV pool size; None = size it from memory
     kv_cache_memory_gb: float = -1.0  # npuMemSize / cpuMemSize: -1 = size automatically
@@ -121,8 +121,8 @@ class EngineConfig:
               "max_queue_delay_microseconds", "an integer >= 0", self.max_queue_delay_microseconds)
         check(isinstance(self.swap_space_gb, (int, float)) and self.swap_space_gb >= 0, "swap_space_gb",
               "a number >= 0 (GB)", self.swap_space_gb)
-        check(isinstance(self.decode_steps, int) and 1 <= self.decode_steps <= 64, "decode_steps", "an integer in [1, 64]",
-              self.decode_steps)
+        check(isinstance(self.decode_steps, int) and 1 <= self.decode_steps <= 64, "decode_steps",
+              "an integer in [1, 64]", self.decode_steps)
         for name in ("batch_prefill_tokens", "batch_tokens_beside_online"):
             v = getattr(self, name)
             check(v is None or (isinstance(v, int) and v >= 1), name, "an integer >= 1 or None", v)

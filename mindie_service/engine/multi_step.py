@@ -8,8 +8,9 @@ the same kernels, the same first-maximum argmax; the engine cuts a burst at the 
 request (EOS, a stop string, max_tokens) and the scheduler trims the slots past it, as for rejected drafts.
 
 Taken only where nothing else would notice: at most ``MAX_ROWS`` decodes, no prefill in the step and nothing
-waiting or swapped (a request arriving during a burst waits at most its length), and every row plain greedy
-(no logprobs, penalties, bias, grammar, LoRA, beams or drafts). Plain Python (no torch): the scheduler's side."""
+waiting or swapped, every row plain greedy (no logprobs, penalties, bias, grammar, LoRA, beams or drafts), and
+steps fast enough that a burst stays within BURST_BUDGET_S (a request arriving during one waits at most that).
+Plain Python (no torch): the scheduler's side."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -20,6 +21,24 @@ if TYPE_CHECKING:
     from mindie_service.engine.scheduler import Scheduler
 
 MAX_ROWS = 4  # with more rows a step's Python is spread over them, and bursts would delay more requests
+# A burst's wall time at most: what a request arriving during one may wait. Bursts pay off where a step is a few
+# milliseconds (the engine's Python is then a tenth of it); a slower model's steps run one a call.
+BURST_BUDGET_S = 0.025
+
+
+class BurstPacer:
+    """The steps a burst may take now: ``configured`` while the decode steps measured lately (a moving average)
+    fit that many in BURST_BUDGET_S, else 1."""
+
+    def __init__(self, configured: int) -> None:
+        self.configured = configured
+        self.step_s = 0.0
+
+    def observe(self, seconds: float, steps: int) -> int:
+        """A decode-only step of ``steps`` steps took ``seconds``: the steps the next may take."""
+        per = seconds / max(1, steps)
+        self.step_s = per if self.step_s == 0.0 else 0.8 * self.step_s + 0.2 * per
+        return self.configured if self.step_s * self.configured <= BURST_BUDGET_S else 1
 
 
 def eligible(seq: Sequence) -> bool:

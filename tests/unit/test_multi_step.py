@@ -3,6 +3,7 @@ log-probabilities, texts and finishes are the ones single steps give (bursts cut
 max_tokens), no slot is left behind, and anything else runs one step a call."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from mindie_service import LLM, SamplingParams
 from mindie_service.engine.contract import EngineRequest
 from mindie_service.engine.engine_config import EngineConfig
+from mindie_service.engine.multi_step import BURST_BUDGET_S, BurstPacer
 from mindie_service.errors import ConfigError, MindieError
 from mindie_service.models import fused_layers
 from tests.unit.test_config import load, sched, shipped
@@ -106,3 +108,23 @@ def test_decode_steps_reaches_the_engine_and_bad_values_are_refused(tmp_path):
         load(tmp_path, doc)
     with pytest.raises(MindieError, match="decode_steps"):
         EngineConfig(model="x", decode_steps=65).validate()
+
+
+def test_bursts_are_paced_by_the_measured_step_time(tiny_model):
+    """A burst stays within BURST_BUDGET_S: steps slower than a quarter of it run one a call (a request arriving
+    meanwhile waits no longer), and bursts come back once the steps are fast again."""
+    pacer = BurstPacer(4)
+    assert pacer.observe(0.004 * 4, 4) == 4 and pacer.observe(0.005, 1) == 4
+    assert [pacer.observe(0.030, 1) for _ in range(3)][-1] == 1
+    assert [pacer.observe(0.002, 1) for _ in range(12)][-1] == 4
+    llm = _llm(tiny_model, 4)
+    execute = llm.engine.runner.execute
+
+    def slow(out):
+        time.sleep(1.2 * BURST_BUDGET_S / 4)
+        return execute(out)
+
+    llm.engine.runner.execute = slow
+    sp = [SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)]
+    got, steps = _generate(llm, sp)
+    assert set(steps) == {1} and got == _generate(_llm(tiny_model, 1), sp)[0]
