@@ -50,7 +50,7 @@ class EngineConfig:
     batch_prefill_tokens: int | None = 64
     batch_tokens_beside_online: int | None = 8
     # Decode steps one runner call runs for a few plain greedy decodes with nothing waiting, while that many
-    # measured steps fit in 25 ms (engine.multi_step); 1 = one step a call. Tokens stream in bursts.
+    # measured steps fit in 40 ms (engine.multi_step); 1 = one step a call. Tokens stream in bursts.
     decode_steps: int = 4
     num_kv_blocks: int | None = None  # fixes the KV pool size; None = size it from memory
     kv_cache_memory_gb: float = -1.0  # npuMemSize / cpuMemSize: -1 = size automatically

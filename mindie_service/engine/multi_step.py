@@ -21,9 +21,10 @@ if TYPE_CHECKING:
     from mindie_service.engine.scheduler import Scheduler
 
 MAX_ROWS = 4  # with more rows a step's Python is spread over them, and bursts would delay more requests
-# A burst's wall time at most: what a request arriving during one may wait. Bursts pay off where a step is a few
-# milliseconds (the engine's Python is then a tenth of it); a slower model's steps run one a call.
-BURST_BUDGET_S = 0.025
+# A burst's wall time at most: what a request arriving during one may wait (a short prompt's time to first token
+# is about 30 ms here). Bursts pay off where a step is a few milliseconds (the engine's Python is then a tenth of
+# it); a slower model's steps run one a call.
+BURST_BUDGET_S = 0.040
 
 
 class BurstPacer:
