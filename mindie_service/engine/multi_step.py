@@ -13,6 +13,8 @@ steps fast enough that a burst stays within BURST_BUDGET_S (a request arriving d
 Plain Python (no torch): the scheduler's side."""
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from typing import TYPE_CHECKING
 
 from mindie_service.engine.sequence import Sequence
@@ -28,17 +30,23 @@ BURST_BUDGET_S = 0.040
 
 
 class BurstPacer:
-    """The steps a burst may take now: ``configured`` while the decode steps measured lately (a moving average)
-    fit that many in BURST_BUDGET_S, else 1."""
+    """The steps a burst may take now: ``configured`` while the median of the last decode steps measured fits that
+    many in BURST_BUDGET_S, else 1 (a median: a one-off slow step, such as the first one that builds the fused
+    step's tables or a kernel library, does not hold bursts off)."""
+
+    WINDOW = 5
 
     def __init__(self, configured: int) -> None:
         self.configured = configured
-        self.step_s = 0.0
+        self.recent: deque[float] = deque(maxlen=self.WINDOW)
+
+    @property
+    def step_s(self) -> float:
+        return statistics.median(self.recent) if self.recent else 0.0
 
     def observe(self, seconds: float, steps: int) -> int:
         """A decode-only step of ``steps`` steps took ``seconds``: the steps the next may take."""
-        per = seconds / max(1, steps)
-        self.step_s = per if self.step_s == 0.0 else 0.8 * self.step_s + 0.2 * per
+        self.recent.append(seconds / max(1, steps))
         return self.configured if self.step_s * self.configured <= BURST_BUDGET_S else 1
 
 

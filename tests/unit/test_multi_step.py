@@ -114,9 +114,11 @@ def test_bursts_are_paced_by_the_measured_step_time(tiny_model):
     """A burst stays within BURST_BUDGET_S: steps slower than a quarter of it run one a call (a request arriving
     meanwhile waits no longer), and bursts come back once the steps are fast again."""
     pacer = BurstPacer(4)
-    assert pacer.observe(0.004 * 4, 4) == 4 and pacer.observe(0.005, 1) == 4
-    assert [pacer.observe(0.030, 1) for _ in range(3)][-1] == 1
-    assert [pacer.observe(0.002, 1) for _ in range(12)][-1] == 4
+    assert pacer.observe(0.5, 1) == 1  # a first step that built the tables
+    assert [pacer.observe(0.004, 1) for _ in range(2)] == [1, 4]  # outvoted by the next two
+    assert pacer.observe(0.004 * 4, 4) == 4 and pacer.observe(0.030, 1) == 4  # one slow step among fast ones
+    assert [pacer.observe(0.030, 1) for _ in range(2)] == [4, 1]  # slow steps take over
+    assert [pacer.observe(0.002, 1) for _ in range(3)] == [1, 1, 4]
     llm = _llm(tiny_model, 4)
     execute = llm.engine.runner.execute
 
