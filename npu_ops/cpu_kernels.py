@@ -15,7 +15,6 @@ the reason logged and shown by ``describe()``."""
 from __future__ import annotations
 
 import ctypes
-from array import array
 import hashlib
 import logging
 import os
@@ -23,6 +22,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from array import array
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path

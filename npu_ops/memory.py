@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import mmap
 import sys
 from functools import lru_cache
@@ -49,12 +50,13 @@ def _advise_huge(t: torch.Tensor) -> None:
 
 
 def _fresh(nbytes: int) -> torch.Tensor:
-    """``nbytes`` uint8 on memory never touched before, from a huge page's start where THP applies: a private
+    """``nbytes`` uint8 from a huge page's start, on memory never touched before where THP applies: a private
     anonymous mapping of its own (released with the last tensor that views it), else ``torch.empty``."""
     flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-    if not sys.platform.startswith("linux") or not flags:
-        return torch.empty(nbytes, dtype=torch.uint8)
-    buf = torch.frombuffer(mmap.mmap(-1, nbytes + _HUGE, flags=flags), dtype=torch.uint8)  # holds the mapping
+    if sys.platform.startswith("linux") and flags:
+        buf = torch.frombuffer(mmap.mmap(-1, nbytes + _HUGE, flags=flags), dtype=torch.uint8)  # holds the mapping
+    else:
+        buf = torch.empty(nbytes + _HUGE, dtype=torch.uint8)
     start = -buf.data_ptr() % _HUGE
     t = buf[start:start + nbytes]
     _advise_huge(t)
@@ -65,10 +67,7 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
     """``torch.zeros`` whose CPU memory is advised to huge pages before it is first touched."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    n = 1
-    for d in shape:
-        n *= d
-    t = _fresh(n * torch.empty(0, dtype=dtype).element_size()).view(dtype).view(shape)
+    t = _fresh(math.prod(shape) * dtype.itemsize).view(dtype).view(shape)
     return t.zero_()  # zeros, not empty: first touch here faults the huge pages in
 
 
@@ -79,9 +78,8 @@ class HugeArena:
 
     def __init__(self, nbytes: int, align: int = 64) -> None:
         self.align = align
-        self.buf = _fresh(nbytes + _HUGE)
-        self.start = self.used = -self.buf.data_ptr() % _HUGE  # from a huge page's start: the first weights too
-        self.end = self.start + nbytes
+        self.buf = _fresh(nbytes)  # from a huge page's start: the first weights too
+        self.used, self.end = 0, nbytes
 
     @staticmethod
     def room(tensors: list[torch.Tensor], align: int = 64) -> int:

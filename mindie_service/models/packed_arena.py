@@ -29,6 +29,5 @@ def gather_packed(model: nn.Module) -> int:
     arena = memory.HugeArena(memory.HugeArena.room([m.packed for m in mods]))
     for m in mods:  # each original is freed as its copy goes in
         m.packed = arena.copy_in(m.packed)
-    nbytes = arena.used - arena.start
-    logger.info("packed weights in one %.1f MB huge-page arena (%d tensors)", nbytes / 1e6, len(mods))
-    return nbytes
+    logger.info("packed weights in one %.1f MB huge-page arena (%d tensors)", arena.used / 1e6, len(mods))
+    return arena.used
