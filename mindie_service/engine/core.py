@@ -102,7 +102,6 @@ class LLMEngine:
         # multi-step bursts (engine.multi_step), paced by the measured step time; none beside verify steps (they
         # yield runs already) or with ranks (they would have to step alike)
         self.bursts = BurstPacer(1 if self.spec is not None or self.ranks is not None else cfg.decode_steps)
-        self.scheduler.decode_steps = 1  # until a decode step has been timed
         self._done: dict[str, Sequence] = {}  # requests finished this step (the speculator learns their text)
         self.spill = None  # ScheduleConfig.sessionSpillDir: kept sessions on disk (engine.session_spill)
         if cfg.session_spill_dir and cfg.world_size == 1 and self.sessions.enabled:

@@ -65,7 +65,7 @@ class Scheduler:
         self.seqs: dict[str, Sequence] = {}
         self.num_preemptions = 0
         self.batch_turns = 0  # turns batch lines took beside a waiting online request (engine.batch_bound)
-        self.decode_steps = cfg.decode_steps  # engine.multi_step (the engine sets 1 beside speculative decoding)
+        self.decode_steps = 1  # a burst's steps (engine.multi_step): the engine's pacer sets it after each decode step
         self.num_swap_outs = 0  # sequences (not blocks) moved to the host pool, and back
         self.num_swap_ins = 0
 
