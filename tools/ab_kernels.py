@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--ref", default="HEAD")
     ap.add_argument("--quant", default=None, choices=[None, "w8a8", "w8a16"])
     ap.add_argument("--int8-head", action="store_true")
+    ap.add_argument("--kv-int8", action="store_true", help="an int8 KV cache (kvCacheDtype int8)")
     ap.add_argument("--cflags", default="", help="extra compiler flags for B (macros of an experiment: -DX=4)")
     ap.add_argument("--steps", type=int, default=200, help="decode steps per build")
     args = ap.parse_args()
@@ -61,14 +62,15 @@ def main() -> None:
     libs = {"A": build(args.ref, tmp / "a"), "B": build(None, tmp / "b", tuple(args.cflags.split()))}
     current = {"lib": libs["A"]}
     cpu_kernels.load = lambda: current["lib"]  # type: ignore[assignment]  # every kernel call goes through load()
-    llm = make_llm(str(shipped_gguf()), args.quant, 1, "int8" if args.int8_head else "float", decode_steps=1)
+    llm = make_llm(str(shipped_gguf()), args.quant, 1, "int8" if args.int8_head else "float", decode_steps=1,
+                   kv="int8" if args.kv_int8 else "auto")
     prompt = workload(llm.tokenizer, 4, 0)[0][1]
     eng = llm.engine
     eng.add_request(EngineRequest("ab", tuple(prompt), SamplingParams(max_tokens=2 * args.steps + 8, temperature=0.0,
                                                                       ignore_eos=True)))
     for _ in range(4):
         eng.step()
-    nbytes = weight_bytes(llm) + kv_bytes(llm, [prompt], 4)
+    nbytes = weight_bytes(llm) + kv_bytes(llm, [prompt], "int8" if args.kv_int8 else "auto")
     probe = membw.Probe(int(nbytes), torch.get_num_threads())
     step = {"A": [], "B": []}
     read = {"A": [], "B": []}

@@ -53,7 +53,8 @@ import membw  # noqa: E402
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 STREAM_TOKENS = 128
 SCHEMES = {"fp32": None, "w8a16": "w8a16", "w8a8": "w8a8"}
-PEER = {"fp32": "llama.cpp f32", "w8a16": "llama.cpp q8_0", "w8a8": "llama.cpp q8_0", "w8a8+int8head": "llama.cpp q8_0"}
+PEER = {"fp32": "llama.cpp f32", "w8a16": "llama.cpp q8_0", "w8a8": "llama.cpp q8_0", "w8a8+int8head": "llama.cpp q8_0",
+        "w8a8+int8head+kv8": "llama.cpp q8_0"}
 
 
 def shipped_gguf() -> Path:
@@ -95,10 +96,13 @@ def workload(tok: object, n: int, seed: int) -> tuple[list[list[int]], list[int]
     return prompts, [rng.randint(16, 128) for _ in range(n)]
 
 
-def make_llm(model: str, q: str | None, batch: int, head: str = "float", decode_steps: int | None = None) -> LLM:
+def make_llm(model: str, q: str | None, batch: int, head: str = "float", decode_steps: int | None = None,
+             kv: str = "auto") -> LLM:
     """``decode_steps``: the engine's multi-step bursts (None: its default); the tools that pair each step with a
-    probe pass 1."""
+    probe pass 1. ``kv``: the KV cache's dtype (kvCacheDtype: auto or int8)."""
     over: dict[str, Any] = {"quantize_lm_head": True} if head == "int8" else {}
+    if kv != "auto":
+        over["kv_cache_dtype"] = kv
     if decode_steps is not None:
         over["decode_steps"] = decode_steps
     return LLM(model, dtype="float32", max_batch_size=batch, cache_block_size=16, quantization=q,
@@ -144,30 +148,33 @@ def probed_stream(llm: LLM, prompts: list[list[int]], nbytes: float, weights: in
 
 
 def ours(model: str, q: str | None, ids: list[list[int]], outs: list[int], head: str = "float",
-         stream_only: bool = False, decode_steps: int | None = None) -> dict[str, Any]:
+         stream_only: bool = False, decode_steps: int | None = None, kv: str = "auto") -> dict[str, Any]:
     """Batched tok/s (a fresh engine: no prefix cache) and one stream (4 prompts x 128, sequential)."""
     batched = 0.0
     if not stream_only:
-        llm = make_llm(model, q, len(ids), head)
+        llm = make_llm(model, q, len(ids), head, kv=kv)
         timed_generate(llm, [ids[-1][:20], ids[-2][:20]], [4, 4])  # warm-up
         batched = sum(outs) / timed_generate(llm, ids, outs)[0]
         del llm
-    llm = make_llm(model, q, 1, head, decode_steps)
+    llm = make_llm(model, q, 1, head, decode_steps, kv)
     timed_generate(llm, [ids[0][:20]], [4])
     singles = ids[1:5]
 
     parts = [timed_generate(llm, [p], [STREAM_TOKENS]) for p in singles]
-    row = {"batched": batched, "bytes": weight_bytes(llm), "kv_bytes": kv_bytes(llm, singles, 4),
+    row = {"batched": batched, "bytes": weight_bytes(llm), "kv_bytes": kv_bytes(llm, singles, kv),
+           "kv_values": kv_bytes(llm, singles, "values"),
            "stream": STREAM_TOKENS * len(singles) / sum(x[0] for x in parts),
            "decode": sum(x[2] for x in parts) / sum(x[1] for x in parts)}
     row["paired"] = probed_stream(llm, singles, row["bytes"] + row["kv_bytes"], row["bytes"])
     return row
 
 
-def kv_bytes(llm: LLM, singles: list[list[int]], elem: int) -> float:
-    """KV cache bytes one decode step reads at the one-stream run's mean position (``elem`` bytes a value)."""
+def kv_bytes(llm: LLM, singles: list[list[int]], kv: str) -> float:
+    """KV cache bytes one decode step reads at the one-stream run's mean position: ``kv`` "auto" (fp32), "int8"
+    (npu_ops/quant_kv.py's rows: head_dim bytes and a 4-byte scale) or "values" (one byte a value)."""
     d = llm.engine.runner.model.dims
     pos = sum(len(p) + STREAM_TOKENS / 2 for p in singles) / len(singles)
+    elem = {"auto": 4.0, "int8": (d.head_dim + 4) / d.head_dim, "values": 1.0}[kv]
     return d.layers * 2 * d.kv_heads * d.head_dim * elem * pos
 
 
@@ -286,6 +293,7 @@ def main() -> None:
                     help="safetensors copy of the model for llama.cpp's converter (made when missing)")
     ap.add_argument("--schemes", nargs="*", default=list(SCHEMES))
     ap.add_argument("--int8-head", action="store_true", help="also w8a8 with the int8 LM head")
+    ap.add_argument("--kv-int8", action="store_true", help="also w8a8 with the int8 LM head and an int8 KV cache")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--llama-python", default="/work/peers/venv/bin/python")
@@ -307,14 +315,15 @@ def main() -> None:
     gflops = gemm_gflops(torch.get_num_threads())
     print(f"bandwidth at the start: triad {membw.triad()}, read-only {membw.read_only()}", flush=True)
     res: dict[str, dict] = {}
-    runs = [(s, SCHEMES[s], "float") for s in args.schemes] + ([("w8a8+int8head", "w8a8", "int8")]
-                                                               if args.int8_head else [])
-    for name, q, head in runs:
-        res[name] = r = ours(model, q, ids, outs, head, args.stream_only, args.decode_steps)
+    runs = [(s, SCHEMES[s], "float", "auto") for s in args.schemes] + (
+        [("w8a8+int8head", "w8a8", "int8", "auto")] if args.int8_head else []) + (
+        [("w8a8+int8head+kv8", "w8a8", "int8", "int8")] if args.kv_int8 else [])
+    for name, q, head, kv in runs:
+        res[name] = r = ours(model, q, ids, outs, head, args.stream_only, args.decode_steps, kv)
         print(f"  ours {name}: batched {r['batched']:.1f}, stream {r['stream']:.1f}, decode {r['decode']:.1f} tok/s",
               flush=True)
     if args.llama_types and Path(args.llama_python).exists():
-        kv_f16 = next(iter(res.values()))["kv_bytes"] / 2 if res else 0.0
+        kv_f16 = next(iter(res.values()))["kv_values"] * 2 if res else 0.0
         res.update(llamacpp(args, hf_folder(shipped_gguf(), Path(args.folder)), ids, outs, kv_f16))
     report(res, sum(map(len, ids)) + sum(outs), sum(outs), params, gflops)
     print(f"load average at the end {os.getloadavg()[0]:.1f}")

@@ -6,11 +6,14 @@ there (issue 27). The C side runs the same compiled kernels as the op-by-op path
 residual adds in the o/down projections' epilogues and silu(gate) * up in gate/up's, so its output is
 bit-identical to that path's. A projection may hold int8 weights packed for the CPU (W8A16 or W8A8,
 npu_ops/quant.py): the C loop calls the same int8 kernels as the op-by-op path (issue 27). Used only where
-nothing needs the op-by-op path: every projection packed for the C kernels, no LoRA, no tensor parallelism, an fp32 KV cache, the row metadata present.
+nothing needs the op-by-op path: every projection packed for the C kernels, no LoRA, no tensor parallelism, an fp32
+or int8 KV cache (the int8 rows quantized in the C loop as npu_ops/quant_kv.py does), the row metadata present.
 ``set_enabled(False)`` keeps every step on the op-by-op path (A/B measurements, tests)."""
 from __future__ import annotations
 
 import logging
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,16 +44,20 @@ class FusedLayers:
 
     key: tuple[int, ...] = ()
     usable: bool = False
-    table: torch.Tensor | None = None  # int64 [layers, 20]: layers_f32.c's layer_f32 structs
+    table: torch.Tensor | None = None  # int64 [layers, 21]: layers_f32.c's layer_f32 structs
     keep: list[torch.Tensor] = field(default_factory=list)  # what the table points into
     work: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    cache: Callable[[], torch.Tensor | None] = lambda: None  # a weak reference to the pool's first cache
 
     def refresh(self, model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
         """(Re)build the table when the model's packing or the KV pool changed; whether the fused path applies."""
         first, last = model.layers[0].self_attn.qkv_proj, model.layers[-1].mlp.down_proj
-        key = (id(kv_caches), kv_caches[0][0].data_ptr(), id(first.packed), id(last.packed), len(model.layers))
-        if key != self.key:
-            self.key = key
+        kc = kv_caches[0][0]
+        key = (id(kv_caches), kc.data_ptr(), kc.dtype, id(first.packed), id(last.packed), len(model.layers))
+        # the table holds the packed weights (their ids stay theirs) but not the pool: a pool freed and another
+        # allocated in its place (same id, same address, an int8 pool for an fp32 one) must not pass for it
+        if key != self.key or self.cache() is not kc:
+            self.key, self.cache = key, weakref.ref(kc)
             self.usable, self.table, self.keep = _build_table(model, kv_caches)
         return self.usable
 
@@ -77,6 +84,18 @@ def _lin_row(m: Any, ptr: Any) -> list[int]:
     return [ptr(m.packed), ptr(m.bias), 0, 0]
 
 
+_KV_I8_MAX_D = 512  # attention_i8.h's KV_I8_MAX_D
+
+
+def _cache_ok(kc: torch.Tensor, vc: torch.Tensor, kv_heads: int, head_dim: int) -> bool:
+    """An fp32 cache, or an int8 one (npu_ops/quant_kv.py's rows, quantized in the C loop as quant_kv does)."""
+    if not (kc.is_contiguous() and vc.is_contiguous() and kc.dtype == vc.dtype and kc.shape == vc.shape):
+        return False
+    if quant_kv.is_quantized(kc):
+        return kc.shape[2:] == (kv_heads, quant_kv.row_bytes(head_dim)) and head_dim <= _KV_I8_MAX_D
+    return kc.dtype == torch.float32 and kc.shape[2:] == (kv_heads, head_dim)
+
+
 def _build_table(model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
                  ) -> tuple[bool, torch.Tensor | None, list[torch.Tensor]]:
     if cpu_kernels.load() is None:
@@ -96,14 +115,13 @@ def _build_table(model: Any, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
         at, mlp = layer.self_attn, layer.mlp
         linears = (at.qkv_proj, at.o_proj, mlp.gate_up_proj, mlp.down_proj)
         if (not all(_packed(m) for m in linears) or at.reduce is not None or mlp.reduce is not None
-                or quant_kv.is_quantized(kc) or kc.dtype != torch.float32 or not kc.is_contiguous()
-                or not vc.is_contiguous() or kc.shape[2:] != (d.kv_heads, d.head_dim) or d.head_dim % 2):
+                or not _cache_ok(kc, vc, d.kv_heads, d.head_dim) or d.head_dim % 2):
             return False, None, []
         norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
         if any(w.dtype != torch.float32 or w.device.type != "cpu" for w in norms):
             return False, None, []
         rows.append([ptr(norms[0]), ptr(norms[1]), *(v for m in linears for v in _lin_row(m, ptr)),
-                     kc.data_ptr(), vc.data_ptr()])
+                     kc.data_ptr(), vc.data_ptr(), int(quant_kv.is_quantized(kc))])
     logger.info("decoder layers fused into one CPU kernel call per step (%d layers)", len(rows))
     return True, torch.tensor(rows, dtype=torch.int64), keep
 

@@ -8,22 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_i8.h"
 #include "vec_math.h"
 
-static inline float row_scale(const int8_t *row, int64_t D) {
-    float s;
-    memcpy(&s, row + D, sizeof s);
-    return s;
-}
-
-#ifdef __AVX2__
-static inline __m256 load8_i8(const int8_t *p) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
-#endif
-
 /* s[j] = q . k_j * scale_j * scale for the n rows k_j = k + j * stride (bytes) */
-static void score_rows_i8(const float *restrict q, const int8_t *restrict k, int64_t stride, int64_t n, int64_t D,
+void attn_score_rows_i8(const float *restrict q, const int8_t *restrict k, int64_t stride, int64_t n, int64_t D,
                           float scale, float *restrict s) {
     int64_t j0 = 0;
 #ifdef __AVX2__
@@ -61,7 +50,8 @@ static void score_rows_i8(const float *restrict q, const int8_t *restrict k, int
     }
 }
 
-/* acc[0:D] += sum_j p[j] * scale_j * v_j */
+/* acc[0:D] += sum_j p[j] * scale_j * v_j: per element, w_j = p[j] * scale_j then one fused multiply-add per row
+ * in row order (attention_lone_i8.c's V passes give each element the same) */
 static void accumulate_rows_i8(const float *restrict p, const int8_t *restrict v, int64_t stride, int64_t n,
                                int64_t D, float *restrict acc) {
 #ifdef __AVX2__
@@ -92,22 +82,21 @@ static void accumulate_rows_i8(const float *restrict p, const int8_t *restrict v
     }
 }
 
+/* query heads [h0, h1) of nrows consecutive rows of one sequence from position pos0 (attention.c's attend over
+ * int8 rows: each row's scores, softmax and sums take the same operations whatever the task split) */
 static void attend_i8(const float *restrict q, const int8_t *restrict k_cache, const int8_t *restrict v_cache,
                       const int32_t *restrict bt, int64_t pos0, int64_t nrows, float *restrict out, int64_t h0,
                       int64_t h1, int64_t H, int64_t G, int64_t D, int64_t BS, int64_t tok_stride,
                       int64_t blk_stride, int64_t row, float scale, float *restrict scores, float *restrict acc) {
-    const int64_t nh = (h1 - h0) * G, L = pos0 + nrows;
+    const int64_t nh = h1 - h0, L = pos0 + nrows;
     for (int64_t start = 0; start < L; start += BS) {
         const int8_t *kb = k_cache + (int64_t)bt[start / BS] * blk_stride;
         for (int64_t i = 0; i < nrows; ++i) {
             const int64_t len = pos0 + i + 1 - start, n = len < BS ? len : BS;
             if (n <= 0) continue;
-            for (int64_t kh = h0; kh < h1; ++kh)
-                for (int64_t g = 0; g < G; ++g) {
-                    const int64_t r = i * nh + (kh - h0) * G + g;
-                    score_rows_i8(q + i * H * D + (kh * G + g) * D, kb + kh * row, tok_stride, n, D, scale,
-                                  scores + r * L + start);
-                }
+            for (int64_t h = h0; h < h1; ++h)
+                attn_score_rows_i8(q + i * H * D + h * D, kb + (h / G) * row, tok_stride, n, D, scale,
+                                   scores + (i * nh + h - h0) * L + start);
         }
     }
     for (int64_t i = 0; i < nrows; ++i)
@@ -118,15 +107,47 @@ static void attend_i8(const float *restrict q, const int8_t *restrict k_cache, c
         for (int64_t i = 0; i < nrows; ++i) {
             const int64_t len = pos0 + i + 1 - start, n = len < BS ? len : BS;
             if (n <= 0) continue;
-            for (int64_t kh = h0; kh < h1; ++kh)
-                for (int64_t g = 0; g < G; ++g) {
-                    const int64_t r = i * nh + (kh - h0) * G + g;
-                    accumulate_rows_i8(scores + r * L + start, vb + kh * row, tok_stride, n, D, acc + r * D);
-                }
+            for (int64_t h = h0; h < h1; ++h)
+                accumulate_rows_i8(scores + (i * nh + h - h0) * L + start, vb + (h / G) * row, tok_stride, n, D,
+                                   acc + (i * nh + h - h0) * D);
         }
     }
     for (int64_t i = 0; i < nrows; ++i)
-        memcpy(out + i * H * D + h0 * G * D, acc + i * nh * D, sizeof(float) * (size_t)(nh * D));
+        memcpy(out + i * H * D + h0 * D, acc + i * nh * D, sizeof(float) * (size_t)(nh * D));
+}
+
+/* The rows of a plan (attention.c's attn_plan_f32: its tiles and query-head split) over int8 pages, by the
+ * calling team (orphaned: ends on the team's barrier); a lone row goes to attend_lone_row_i8. */
+void attn_rows_i8_team(const attn_plan *pl, const float *q, const int8_t *k_cache, const int8_t *v_cache,
+                       const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
+                       int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB, float scale, float *scores,
+                       float *acc) {
+    const int64_t row = D + 4, tok_stride = KVH * row, blk_stride = BS * KVH * row;
+    if (pl->shared != NULL && lone_i8_supported(H, KVH, D)) {
+        attend_lone_row_i8(pl, q, k_cache, v_cache, block_tables + (int64_t)row_seq[0] * MB, row_pos[0], out, H,
+                           KVH, D, BS, scale);
+        return;
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = pl->ntiles * pl->split - 1; task >= 0; --task) {
+        const int64_t tile = task / pl->split, h0 = (task % pl->split) * pl->per, t = pl->tiles[tile];
+        attend_i8(q + t * H * D, k_cache, v_cache, block_tables + (int64_t)row_seq[t] * MB, row_pos[t],
+                  pl->tiles[tile + 1] - t, out + t * H * D, h0, h0 + pl->per, H, pl->G, D, BS, tok_stride,
+                  blk_stride, row, scale, scores, acc);
+    }
+}
+
+/* One cache row from D floats, as npu_ops/quant_kv.py's quantize writes it: symmetric, scale = amax / 127
+ * (1 for a zero row), values round(x / scale) half to even, then the scale's 4 bytes. */
+void kv_quantize_row_i8(const float *restrict x, int64_t D, int8_t *restrict out) {
+    float amax = 0.f;
+    for (int64_t d = 0; d < D; ++d) amax = fabsf(x[d]) > amax ? fabsf(x[d]) : amax;
+    const float s = amax > 0.f ? amax / 127.f : 1.f;
+    for (int64_t d = 0; d < D; ++d) {
+        const float r = nearbyintf(x[d] / s);
+        out[d] = (int8_t)(r > 127.f ? 127.f : r < -127.f ? -127.f : r);
+    }
+    memcpy(out + D, &s, sizeof s);
 }
 
 #define TILE_ROWS_I8 8
@@ -167,8 +188,8 @@ int paged_attention_rows_i8(const float *q, const int8_t *k_cache, const int8_t 
             if (scores == NULL || acc == NULL) continue;
             const int64_t tile = task / split, h0 = (task % split) * per, t = tiles[tile];
             attend_i8(q + t * H * D, k_cache, v_cache, block_tables + (int64_t)row_seq[t] * MB, row_pos[t],
-                      tiles[tile + 1] - t, out + t * H * D, h0, h0 + per, H, G, D, BS, tok_stride, blk_stride, row,
-                      scale, scores, acc);
+                      tiles[tile + 1] - t, out + t * H * D, h0 * G, (h0 + per) * G, H, G, D, BS, tok_stride,
+                      blk_stride, row, scale, scores, acc);
         }
         free(scores);
         free(acc);

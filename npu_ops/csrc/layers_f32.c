@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_i8.h"
 #include "gemm_tile.h"
 #include "layers_f32.h"
 
@@ -32,7 +33,8 @@ typedef struct {
 typedef struct layer_f32 {
     const float *in_norm, *post_norm;
     lin_desc qkv, o, gu, down;
-    float *k_cache, *v_cache;
+    void *k_cache, *v_cache; /* fp32 rows, or int8 rows with their scale (attention_i8.h) where kv_i8 */
+    int64_t kv_i8;
 } layer_f32;
 
 typedef struct {
@@ -87,18 +89,40 @@ static void lin(const dims_f32 *d, const lin_desc *ln, const float *x, int64_t K
                              d->T == 1 ? own->xs : s->xs, s->zero, add);
 }
 
-/* rotary on the q heads of each row into q, on its k heads straight into the cache slot; v copied there */
+/* rotary on the q heads of each row into q, on its k heads straight into the cache slot; v copied there. An int8
+ * cache takes each K/V head's row quantized as npu_ops/quant_kv.py does (k rotated first, as the op-by-op path). */
 static void rope_and_cache(const dims_f32 *d, const float *qkv, const float *cos_, const float *sin_,
-                           const int64_t *slots, float *q, float *k_cache, float *v_cache) {
-    const int64_t QD = d->H * d->D, KD = d->KVH * d->D, QKV = QD + 2 * KD, D = d->D;
+                           const int64_t *slots, float *q, const layer_f32 *ly) {
+    const int64_t QD = d->H * d->D, KD = d->KVH * d->D, QKV = QD + 2 * KD, D = d->D, row = D + 4;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < d->T; ++t) {
         const float *r = qkv + t * QKV, *c = cos_ + t * D, *s = sin_ + t * D;
         for (int64_t h = 0; h < d->H; ++h) rotary_head_f32(r + h * D, c, s, q + t * QD + h * D, D / 2);
-        float *kd = k_cache + slots[t] * KD;
+        if (ly->kv_i8) {
+            int8_t *kd = (int8_t *)ly->k_cache + slots[t] * d->KVH * row, *vd = (int8_t *)ly->v_cache + slots[t] * d->KVH * row;
+            float k[KV_I8_MAX_D];
+            for (int64_t h = 0; h < d->KVH; ++h) {
+                rotary_head_f32(r + QD + h * D, c, s, k, D / 2);
+                kv_quantize_row_i8(k, D, kd + h * row);
+                kv_quantize_row_i8(r + QD + KD + h * D, D, vd + h * row);
+            }
+            continue;
+        }
+        float *kd = (float *)ly->k_cache + slots[t] * KD;
         for (int64_t h = 0; h < d->KVH; ++h) rotary_head_f32(r + QD + h * D, c, s, kd + h * D, D / 2);
-        memcpy(v_cache + slots[t] * KD, r + QD + KD, sizeof(float) * (size_t)KD);
+        memcpy((float *)ly->v_cache + slots[t] * KD, r + QD + KD, sizeof(float) * (size_t)KD);
     }
+}
+
+static void attention(const attn_plan *pl, const dims_f32 *d, const layer_f32 *ly, const float *q,
+                      const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *att,
+                      float *scores, float *acc) {
+    if (ly->kv_i8)
+        attn_rows_i8_team(pl, q, ly->k_cache, ly->v_cache, block_tables, row_seq, row_pos, att, d->H, d->KVH, d->D,
+                          d->BS, d->MB, d->scale, scores, acc);
+    else
+        attn_rows_f32_team(pl, q, ly->k_cache, ly->v_cache, block_tables, row_seq, row_pos, att, d->H, d->KVH, d->D,
+                           d->BS, d->MB, d->scale, scores, acc);
 }
 
 /* The rows of x normed into out; one row by every thread into its own copy (no barrier): returns the rows. */
@@ -147,6 +171,8 @@ int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, in
                      const int32_t *row_pos, int64_t BS, float scale, float *work, int nthreads) {
     if (T <= 0) return 0;
     if (D % 2) return 1;
+    for (int64_t l = 0; l < L; ++l)
+        if (layers[l].kv_i8 && D > KV_I8_MAX_D) return 1;
     attn_plan pl;
     const int rc = attn_plan_f32(&pl, row_seq, row_pos, T, S, H, KVH, D, BS, MB, nthreads);
     if (rc != 0) return rc;
@@ -172,9 +198,8 @@ int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, in
             const layer_f32 *ly = layers + l;
             const float *xin = norm_rows(&d, x, ly->in_norm, xn, &own);
             lin(&d, &ly->qkv, xin, hidden, QD + 2 * KVH * D, qkv, 0, &s8, &own);
-            rope_and_cache(&d, qkv, cos_, sin_, slots, q, ly->k_cache, ly->v_cache);
-            attn_rows_f32_team(&pl, q, ly->k_cache, ly->v_cache, block_tables, row_seq, row_pos, att, H, KVH, D, BS,
-                               MB, scale, scores, acc);
+            rope_and_cache(&d, qkv, cos_, sin_, slots, q, ly);
+            attention(&pl, &d, ly, q, block_tables, row_seq, row_pos, att, scores, acc);
             lin(&d, &ly->o, att, QD, hidden, x, 1, &s8, &own);
             mlp(&d, ly, norm_rows(&d, x, ly->post_norm, xn, &own), h, gu, x, &s8, &own);
         }

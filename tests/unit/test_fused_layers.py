@@ -10,16 +10,17 @@ import torch.nn.functional as F
 
 from mindie_service.models import fused_layers
 from mindie_service.models.llama import LlamaDims, LlamaForCausalLM, StepContext
-from npu_ops import cpu_kernels, ops
+from npu_ops import cpu_kernels, ops, quant_kv
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here")
 
 BS = 4  # KV block size
 
 
-def _model(inter: int, bias: bool, seed: int) -> LlamaForCausalLM:
-    d = LlamaDims(hidden=40, heads=6, kv_heads=2, head_dim=10, intermediate=inter, layers=3, vocab=37, eps=1e-5,
-                  qkv_bias=bias, o_bias=bias, mlp_bias=bias, tie_embeddings=False)
+def _model(inter: int, bias: bool, seed: int, d: LlamaDims | None = None) -> LlamaForCausalLM:
+    """Random weights, packed for the C kernels; default dims odd (hidden 40, 6 heads over 2 KV heads of 10)."""
+    d = d or LlamaDims(hidden=40, heads=6, kv_heads=2, head_dim=10, intermediate=inter, layers=3, vocab=37,
+                       eps=1e-5, qkv_bias=bias, o_bias=bias, mlp_bias=bias, tie_embeddings=False)
     g = torch.Generator().manual_seed(seed)
     inv = 1.0 / 10000 ** (torch.arange(0, d.head_dim, 2).float() / d.head_dim)
     ang = torch.outer(torch.arange(64).float(), inv)
@@ -27,7 +28,7 @@ def _model(inter: int, bias: bool, seed: int) -> LlamaForCausalLM:
     model = LlamaForCausalLM(d, ang.cos(), ang.sin())
     with torch.no_grad():
         for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.dim() == 1 and p.shape[0] == 40 else 0.0))
+            p.copy_(torch.randn(p.shape, generator=g) * 0.3 + (1.0 if p.dim() == 1 and p.shape[0] == d.hidden else 0.0))
     for m in model.modules():
         if hasattr(m, "pack"):
             assert m.pack(8, keep_dense=True)
@@ -46,16 +47,23 @@ def _steps() -> list[tuple[list[int], list[int]]]:
 TABLES = [[3, 7], [0, 5, 9, 2], [4]]  # blocks of sequences 0, 1, 2 (16 blocks in the pool)
 
 
-def _run(model: LlamaForCausalLM, pool: torch.Tensor, fused: bool) -> list[torch.Tensor]:
+Steps = list[tuple[list[int], list[int]]]
+
+
+def _run(model: LlamaForCausalLM, pool: torch.Tensor, fused: bool, steps: Steps | None = None,
+         blocks: list[list[int]] = TABLES) -> list[torch.Tensor]:
+    """The steps' outputs (default _steps() over TABLES, whose rows the steps after the first take in the order
+    0, 2, 1)."""
     fused_layers.set_enabled(fused)
     kv = [(pool[i, 0], pool[i, 1]) for i in range(model.dims.layers)]
     g = torch.Generator().manual_seed(5)
     outs = []
+    mb = max(map(len, blocks))
     try:
-        for step, (seqs, pos) in enumerate(_steps()):
+        for step, (seqs, pos) in enumerate(steps or _steps()):
             order = [0, 1, 2] if step == 0 else [0, 2, 1]
-            tables = torch.tensor([TABLES[s] + [0] * (4 - len(TABLES[s])) for s in order], dtype=torch.int32)
-            slots = torch.tensor([TABLES[order[s]][p // BS] * BS + p % BS for s, p in zip(seqs, pos)])
+            tables = torch.tensor([blocks[s] + [0] * (mb - len(blocks[s])) for s in order], dtype=torch.int32)
+            slots = torch.tensor([blocks[order[s]][p // BS] * BS + p % BS for s, p in zip(seqs, pos)])
             meta = ops.AttentionMetadata(slots=slots, block_tables=tables, row_seq=torch.tensor(seqs, dtype=torch.int32),
                                          row_pos=torch.tensor(pos, dtype=torch.int32))
             ids = torch.randint(0, model.dims.vocab, (len(seqs),), generator=g)
@@ -108,21 +116,25 @@ def test_fused_layers_equal_the_op_by_op_path_and_the_reference(inter, bias):
         torch.testing.assert_close(a, want, rtol=1e-4, atol=1e-4)
 
 
-def fused_and_op_by_op(model: LlamaForCausalLM) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def fused_and_op_by_op(model: LlamaForCausalLM, kv_int8: bool = False, steps: Steps | None = None,
+                       blocks: list[list[int]] = TABLES) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Both steps' outputs through the fused call (asserted taken, once per step) and through the op-by-op
-    path, each into its own KV pool; the two pools must end equal (the same K/V in the same slots)."""
+    path, each into its own KV pool (fp32, or npu_ops/quant_kv.py's int8 rows); the two pools must end equal
+    (the same K/V in the same slots)."""
     d = model.dims
-    pools = [torch.zeros(d.layers, 2, 16, BS, d.kv_heads, d.head_dim) for _ in range(2)]
+    nblocks = max(max(b) for b in blocks) + 1
+    pools = [torch.zeros(d.layers, 2, nblocks, BS, d.kv_heads, quant_kv.row_bytes(d.head_dim), dtype=torch.int8)
+             if kv_int8 else torch.zeros(d.layers, 2, nblocks, BS, d.kv_heads, d.head_dim) for _ in range(2)]
     calls = []
     lib = cpu_kernels.load()
     real = lib.llama_layers_f32
     try:
         lib.llama_layers_f32 = lambda *a: calls.append(1) or real(*a)
-        fused = _run(model, pools[0], True)
+        fused = _run(model, pools[0], True, steps, blocks)
     finally:
         lib.llama_layers_f32 = real
-    assert len(calls) == len(_steps())  # every step took the fused path
-    op_by_op = _run(model, pools[1], False)
+    assert len(calls) == len(steps or _steps())  # every step took the fused path
+    op_by_op = _run(model, pools[1], False, steps, blocks)
     assert torch.equal(pools[0], pools[1])
     return fused, op_by_op
 

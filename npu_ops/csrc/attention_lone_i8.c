@@ -1,0 +1,136 @@
+/* Attention for a lone row (a one-stream decode step) over the int8 KV cache, by the whole team: attention_lone.c's
+ * split (key blocks for the scores, heads for the softmax, KV heads and columns for the weighted sum of V) over
+ * int8 rows (attention_i8.h). Every score, softmax and output element takes the operations attention_int8.c's
+ * attend_i8 gives it, in the same order, so the row has the bits it has inside a batch. A row moves 68 bytes
+ * where fp32 moves 256 (head_dim 64): one stream's attention reads about a quarter of the bytes. */
+#include <stdint.h>
+#include <string.h>
+
+#include "attention_i8.h"
+
+#ifdef __AVX2__
+/* Blocks a V pass asks for ahead (attention_lone.c's V_AHEAD) */
+#define VI_AHEAD 3
+
+/* both cache lines a row of KV head g may touch, for the n rows of a block from v */
+static inline void prefetch_rows_i8(const int8_t *v, int64_t stride, int64_t n, int64_t row) {
+    for (int64_t j = 0; j < n; ++j) {
+        __builtin_prefetch(v + j * stride, 0, 1);
+        __builtin_prefetch(v + j * stride + row - 1, 0, 1);
+    }
+}
+
+/* out[h, c0 + 8 i] for the G query heads h of KV head g and NC vectors of columns from c0: per element, from zero,
+ * w = p_h[j] * scale_j and one fused multiply-add per key in key order, as accumulate_rows_i8 gives it; a row's
+ * values are widened once for the G heads and the sums stay in registers over every key. */
+static inline __attribute__((always_inline)) void vi_group_pass(const int G, const int NC, const float *restrict scores,
+                                                                int64_t L, const int8_t *restrict v_cache,
+                                                                const int32_t *restrict bt, int64_t g, int64_t D,
+                                                                int64_t BS, int64_t tok_stride, int64_t blk_stride,
+                                                                int64_t c0, float *restrict out) {
+    const int64_t row = D + 4, nblk = (L + BS - 1) / BS;
+    __m256 a[4][4];
+#pragma GCC unroll 4
+    for (int h = 0; h < G; ++h)
+#pragma GCC unroll 4
+        for (int i = 0; i < NC; ++i) a[h][i] = _mm256_setzero_ps();
+    const float *p = scores + g * G * L;
+    for (int64_t b = 1; b < VI_AHEAD && b < nblk; ++b)
+        prefetch_rows_i8(v_cache + (int64_t)bt[b] * blk_stride + g * row, tok_stride, BS, row);
+    for (int64_t b = 0; b < nblk; ++b) {
+        const int64_t start = b * BS, n = L - start < BS ? L - start : BS;
+        const int8_t *vb = v_cache + (int64_t)bt[b] * blk_stride + g * row;
+        if (b + VI_AHEAD < nblk) /* blocks sit beyond the hardware prefetcher */
+            prefetch_rows_i8(v_cache + (int64_t)bt[b + VI_AHEAD] * blk_stride + g * row, tok_stride, BS, row);
+        for (int64_t j = 0; j < n; ++j) {
+            const int8_t *vr = vb + j * tok_stride;
+            const float sc = row_scale(vr, D);
+            __m256 v[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < NC; ++i) v[i] = load8_i8(vr + c0 + 8 * i);
+#pragma GCC unroll 4
+            for (int h = 0; h < G; ++h) {
+                const __m256 w = _mm256_set1_ps(p[h * L + start + j] * sc);
+#pragma GCC unroll 4
+                for (int i = 0; i < NC; ++i) a[h][i] = _mm256_fmadd_ps(w, v[i], a[h][i]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < G; ++h)
+#pragma GCC unroll 4
+        for (int i = 0; i < NC; ++i) _mm256_storeu_ps(out + (g * G + h) * D + c0 + 8 * i, a[h][i]);
+}
+
+typedef void (*vi_pass_fn)(const float *, int64_t, const int8_t *, const int32_t *, int64_t, int64_t, int64_t, int64_t,
+                           int64_t, int64_t, float *);
+#define VI_PASS(G_, NC_)                                                                                             \
+    static void vi_pass_##G_##_##NC_(const float *scores, int64_t L, const int8_t *v_cache, const int32_t *bt,      \
+                                     int64_t g, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride,      \
+                                     int64_t c0, float *out) {                                                       \
+        vi_group_pass(G_, NC_, scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, c0, out);                   \
+    }
+#define VI_PASSES(G_) VI_PASS(G_, 1) VI_PASS(G_, 2) VI_PASS(G_, 4)
+VI_PASSES(1)
+VI_PASSES(2)
+VI_PASSES(3)
+VI_PASS(4, 1)
+VI_PASS(4, 2)
+/* [G][log2 NC]: the widest pass has G * NC accumulators within the registers (at most 12 of the 16) */
+static const vi_pass_fn VI_PASSES_BY[5][3] = {{0},
+                                              {vi_pass_1_1, vi_pass_1_2, vi_pass_1_4},
+                                              {vi_pass_2_1, vi_pass_2_2, vi_pass_2_4},
+                                              {vi_pass_3_1, vi_pass_3_2, vi_pass_3_4},
+                                              {vi_pass_4_1, vi_pass_4_2, NULL}};
+
+/* the weighted sum of V shared over the team by KV head and vector of 8 columns (every query head of the group at
+ * once, so the split is even); a thread's run of units in one KV head goes in the widest passes that fit it */
+static void lone_v_sum_i8(const float *scores, int64_t L, const int8_t *v_cache, const int32_t *bt, int64_t KVH,
+                          int64_t G, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride, float *out) {
+    int64_t u0, u1;
+    team_share(KVH * D / 8, &u0, &u1);
+    for (int64_t u = u0; u < u1;) {
+        const int64_t g = u * 8 / D, left = (g + 1) * D / 8 - u, rest = u1 - u, run = left < rest ? left : rest;
+        int k = 2;
+        while (VI_PASSES_BY[G][k] == NULL || (1 << k) > run) --k;
+        VI_PASSES_BY[G][k](scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, u * 8 - g * D, out);
+        u += 1 << k;
+    }
+}
+
+void attend_lone_row_i8(const attn_plan *pl, const float *restrict q, const int8_t *restrict k_cache,
+                        const int8_t *restrict v_cache, const int32_t *restrict bt, int64_t pos, float *restrict out,
+                        int64_t H, int64_t KVH, int64_t D, int64_t BS, float scale) {
+    const int64_t L = pos + 1, nblk = (L + BS - 1) / BS, G = H / KVH, row = D + 4, tok_stride = KVH * row,
+                  blk_stride = BS * tok_stride;
+    float *scores = pl->shared;
+    int64_t b0, b1;
+    team_share(nblk, &b0, &b1);
+    for (int64_t b = b0; b < b1; ++b) {
+        const int64_t start = b * BS, n = L - start < BS ? L - start : BS;
+        const int8_t *kb = k_cache + (int64_t)bt[b] * blk_stride;
+        /* the next block's lines a share before each head's scores (attention_lone.c) */
+        const int8_t *nb = b + 1 < b1 ? k_cache + (int64_t)bt[b + 1] * blk_stride : NULL;
+        const int64_t per = (blk_stride + 64 * H - 1) / (64 * H) * 64;
+        for (int64_t h = 0; h < H; ++h) {
+            if (nb != NULL)
+                for (int64_t i = h * per; i < h * per + per && i < blk_stride; i += 64) __builtin_prefetch(nb + i, 0, 1);
+            attn_score_rows_i8(q + h * D, kb + (h / G) * row, tok_stride, n, D, scale, scores + h * L + start);
+        }
+    }
+#pragma omp barrier
+    int64_t h0, h1;
+    team_share(H, &h0, &h1);
+    for (int64_t h = h0; h < h1; ++h) softmax_inplace(scores + h * L, L);
+#pragma omp barrier
+    lone_v_sum_i8(scores, L, v_cache, bt, KVH, G, D, BS, tok_stride, blk_stride, out);
+#pragma omp barrier
+}
+#else
+void attend_lone_row_i8(const attn_plan *pl, const float *restrict q, const int8_t *restrict k_cache,
+                        const int8_t *restrict v_cache, const int32_t *restrict bt, int64_t pos, float *restrict out,
+                        int64_t H, int64_t KVH, int64_t D, int64_t BS, float scale) {
+    (void)pl, (void)q, (void)k_cache, (void)v_cache, (void)bt, (void)pos, (void)out, (void)H, (void)KVH, (void)D,
+        (void)BS, (void)scale; /* lone_i8_supported is false without AVX2: never called */
+}
+#endif
