@@ -62,6 +62,64 @@ static inline __attribute__((always_inline)) void vi_group_pass(const int G, con
         for (int i = 0; i < NC; ++i) _mm256_storeu_ps(out + (g * G + h) * D + c0 + 8 * i, a[h][i]);
 }
 
+/* s[h * L + j] for the G query heads h of one KV head (q: their rows, [G, D]) and its n rows k_j = k + j * stride:
+ * attn_score_rows_i8's operations for each head and row (rows in whole fours: one multiply-add chain over D; the
+ * rest: two chains, even and odd vectors), with a row widened once for the G heads instead of once for each. */
+static inline __attribute__((always_inline)) void score_group_i8(const int G, const float *restrict q,
+                                                                 const int8_t *restrict k, int64_t stride, int64_t n,
+                                                                 int64_t D, float scale, float *restrict s, int64_t L) {
+    const int64_t fours = n / 4 * 4;
+    int64_t j = 0;
+    for (; j < fours; j += 2) {
+        const int8_t *k0 = k + j * stride, *k1 = k0 + stride;
+        __m256 a[4][2];
+#pragma GCC unroll 4
+        for (int h = 0; h < G; ++h) a[h][0] = a[h][1] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+            const __m256 x0 = load8_i8(k0 + d), x1 = load8_i8(k1 + d);
+#pragma GCC unroll 4
+            for (int h = 0; h < G; ++h) {
+                const __m256 qv = _mm256_loadu_ps(q + h * D + d);
+                a[h][0] = _mm256_fmadd_ps(qv, x0, a[h][0]);
+                a[h][1] = _mm256_fmadd_ps(qv, x1, a[h][1]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < G; ++h) {
+            s[h * L + j] = hsum256(a[h][0]) * row_scale(k0, D) * scale;
+            s[h * L + j + 1] = hsum256(a[h][1]) * row_scale(k1, D) * scale;
+        }
+    }
+    for (; j < n; ++j) {
+        const int8_t *kr = k + j * stride;
+        __m256 a0[4], a1[4];
+#pragma GCC unroll 4
+        for (int h = 0; h < G; ++h) a0[h] = a1[h] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 16) { /* D a multiple of 64 here: no scalar rest */
+            const __m256 x0 = load8_i8(kr + d), x1 = load8_i8(kr + d + 8);
+#pragma GCC unroll 4
+            for (int h = 0; h < G; ++h) {
+                a0[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * D + d), x0, a0[h]);
+                a1[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * D + d + 8), x1, a1[h]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < G; ++h) s[h * L + j] = hsum256(_mm256_add_ps(a0[h], a1[h])) * row_scale(kr, D) * scale;
+    }
+}
+
+#define SCORE_GROUP(G_)                                                                                              \
+    static void score_group_##G_(const float *q, const int8_t *k, int64_t stride, int64_t n, int64_t D, float scale, \
+                                 float *s, int64_t L) {                                                              \
+        score_group_i8(G_, q, k, stride, n, D, scale, s, L);                                                         \
+    }
+SCORE_GROUP(1)
+SCORE_GROUP(2)
+SCORE_GROUP(3)
+SCORE_GROUP(4)
+typedef void (*score_fn)(const float *, const int8_t *, int64_t, int64_t, int64_t, float, float *, int64_t);
+static const score_fn SCORE_GROUPS[5] = {NULL, score_group_1, score_group_2, score_group_3, score_group_4};
+
 typedef void (*vi_pass_fn)(const float *, int64_t, const int8_t *, const int32_t *, int64_t, int64_t, int64_t, int64_t,
                            int64_t, int64_t, float *);
 #define VI_PASS(G_, NC_)                                                                                             \
@@ -109,13 +167,13 @@ void attend_lone_row_i8(const attn_plan *pl, const float *restrict q, const int8
     for (int64_t b = b0; b < b1; ++b) {
         const int64_t start = b * BS, n = L - start < BS ? L - start : BS;
         const int8_t *kb = k_cache + (int64_t)bt[b] * blk_stride;
-        /* the next block's lines a share before each head's scores (attention_lone.c) */
+        /* the next block's lines a share before each KV head's scores (attention_lone.c) */
         const int8_t *nb = b + 1 < b1 ? k_cache + (int64_t)bt[b + 1] * blk_stride : NULL;
-        const int64_t per = (blk_stride + 64 * H - 1) / (64 * H) * 64;
-        for (int64_t h = 0; h < H; ++h) {
+        const int64_t per = (blk_stride + 64 * KVH - 1) / (64 * KVH) * 64;
+        for (int64_t g = 0; g < KVH; ++g) {
             if (nb != NULL)
-                for (int64_t i = h * per; i < h * per + per && i < blk_stride; i += 64) __builtin_prefetch(nb + i, 0, 1);
-            attn_score_rows_i8(q + h * D, kb + (h / G) * row, tok_stride, n, D, scale, scores + h * L + start);
+                for (int64_t i = g * per; i < g * per + per && i < blk_stride; i += 64) __builtin_prefetch(nb + i, 0, 1);
+            SCORE_GROUPS[G](q + g * G * D, kb + g * row, tok_stride, n, D, scale, scores + g * G * L + start, L);
         }
     }
 #pragma omp barrier
