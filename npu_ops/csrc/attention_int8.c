@@ -89,14 +89,20 @@ static void attend_i8(const float *restrict q, const int8_t *restrict k_cache, c
                       int64_t h1, int64_t H, int64_t G, int64_t D, int64_t BS, int64_t tok_stride,
                       int64_t blk_stride, int64_t row, float scale, float *restrict scores, float *restrict acc) {
     const int64_t nh = h1 - h0, L = pos0 + nrows;
+    const int grouped = groups_i8(G, D, h0, h1); /* a row widened once for a KV head's query heads */
     for (int64_t start = 0; start < L; start += BS) {
         const int8_t *kb = k_cache + (int64_t)bt[start / BS] * blk_stride;
         for (int64_t i = 0; i < nrows; ++i) {
             const int64_t len = pos0 + i + 1 - start, n = len < BS ? len : BS;
             if (n <= 0) continue;
-            for (int64_t h = h0; h < h1; ++h)
-                attn_score_rows_i8(q + i * H * D + h * D, kb + (h / G) * row, tok_stride, n, D, scale,
-                                   scores + (i * nh + h - h0) * L + start);
+            if (grouped)
+                for (int64_t h = h0; h < h1; h += G)
+                    attn_score_group_i8(G, q + i * H * D + h * D, kb + (h / G) * row, tok_stride, n, D, scale,
+                                        scores + (i * nh + h - h0) * L + start, L);
+            else
+                for (int64_t h = h0; h < h1; ++h)
+                    attn_score_rows_i8(q + i * H * D + h * D, kb + (h / G) * row, tok_stride, n, D, scale,
+                                       scores + (i * nh + h - h0) * L + start);
         }
     }
     for (int64_t i = 0; i < nrows; ++i)
@@ -107,9 +113,14 @@ static void attend_i8(const float *restrict q, const int8_t *restrict k_cache, c
         for (int64_t i = 0; i < nrows; ++i) {
             const int64_t len = pos0 + i + 1 - start, n = len < BS ? len : BS;
             if (n <= 0) continue;
-            for (int64_t h = h0; h < h1; ++h)
-                accumulate_rows_i8(scores + (i * nh + h - h0) * L + start, vb + (h / G) * row, tok_stride, n, D,
-                                   acc + (i * nh + h - h0) * D);
+            if (grouped)
+                for (int64_t h = h0; h < h1; h += G)
+                    attn_acc_group_i8(G, scores + (i * nh + h - h0) * L + start, L, vb + (h / G) * row, tok_stride, n,
+                                      D, acc + (i * nh + h - h0) * D);
+            else
+                for (int64_t h = h0; h < h1; ++h)
+                    accumulate_rows_i8(scores + (i * nh + h - h0) * L + start, vb + (h / G) * row, tok_stride, n, D,
+                                       acc + (i * nh + h - h0) * D);
         }
     }
     for (int64_t i = 0; i < nrows; ++i)

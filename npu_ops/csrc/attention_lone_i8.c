@@ -120,6 +120,59 @@ SCORE_GROUP(4)
 typedef void (*score_fn)(const float *, const int8_t *, int64_t, int64_t, int64_t, float, float *, int64_t);
 static const score_fn SCORE_GROUPS[5] = {NULL, score_group_1, score_group_2, score_group_3, score_group_4};
 
+void attn_score_group_i8(int64_t G, const float *q, const int8_t *k, int64_t stride, int64_t n, int64_t D, float scale,
+                         float *s, int64_t L) {
+    SCORE_GROUPS[G](q, k, stride, n, D, scale, s, L);
+}
+
+/* acc[h * D + c] += sum_j p_h[j] * scale_j * v_j[c] for the G query heads h of one KV head (p: their score rows, L
+ * apart) and its n rows v_j = v + j * stride: accumulate_rows_i8's operations for each head, with a row widened once
+ * for the group (32 columns at a time: the G x 4 sums stay in registers over the rows). */
+static inline __attribute__((always_inline)) void acc_group_i8(const int G, const float *restrict p, int64_t L,
+                                                               const int8_t *restrict v, int64_t stride, int64_t n,
+                                                               int64_t D, float *restrict acc) {
+    for (int64_t d0 = 0; d0 < D; d0 += 32) {
+        __m256 a[4][4];
+#pragma GCC unroll 4
+        for (int h = 0; h < G; ++h)
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; ++i) a[h][i] = _mm256_loadu_ps(acc + h * D + d0 + 8 * i);
+        for (int64_t j = 0; j < n; ++j) {
+            const int8_t *vr = v + j * stride;
+            const float sc = row_scale(vr, D);
+            __m256 x[4];
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; ++i) x[i] = load8_i8(vr + d0 + 8 * i);
+#pragma GCC unroll 4
+            for (int h = 0; h < G; ++h) {
+                const __m256 w = _mm256_set1_ps(p[h * L + j] * sc);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; ++i) a[h][i] = _mm256_fmadd_ps(w, x[i], a[h][i]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < G; ++h)
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; ++i) _mm256_storeu_ps(acc + h * D + d0 + 8 * i, a[h][i]);
+    }
+}
+
+#define ACC_GROUP(G_)                                                                                                \
+    static void acc_group_##G_(const float *p, int64_t L, const int8_t *v, int64_t stride, int64_t n, int64_t D,    \
+                               float *acc) {                                                                         \
+        acc_group_i8(G_, p, L, v, stride, n, D, acc);                                                                \
+    }
+ACC_GROUP(1)
+ACC_GROUP(2)
+ACC_GROUP(3)
+typedef void (*acc_fn)(const float *, int64_t, const int8_t *, int64_t, int64_t, int64_t, float *);
+static const acc_fn ACC_GROUPS[4] = {NULL, acc_group_1, acc_group_2, acc_group_3};
+
+void attn_acc_group_i8(int64_t G, const float *p, int64_t L, const int8_t *v, int64_t stride, int64_t n, int64_t D,
+                       float *acc) {
+    ACC_GROUPS[G](p, L, v, stride, n, D, acc);
+}
+
 typedef void (*vi_pass_fn)(const float *, int64_t, const int8_t *, const int32_t *, int64_t, int64_t, int64_t, int64_t,
                            int64_t, int64_t, float *);
 #define VI_PASS(G_, NC_)                                                                                             \
@@ -185,6 +238,14 @@ void attend_lone_row_i8(const attn_plan *pl, const float *restrict q, const int8
 #pragma omp barrier
 }
 #else
+void attn_score_group_i8(int64_t G, const float *q, const int8_t *k, int64_t stride, int64_t n, int64_t D, float scale,
+                         float *s, int64_t L) {
+    (void)G, (void)q, (void)k, (void)stride, (void)n, (void)D, (void)scale, (void)s, (void)L; /* never called */
+}
+void attn_acc_group_i8(int64_t G, const float *p, int64_t L, const int8_t *v, int64_t stride, int64_t n, int64_t D,
+                       float *acc) {
+    (void)G, (void)p, (void)L, (void)v, (void)stride, (void)n, (void)D, (void)acc; /* never called */
+}
 void attend_lone_row_i8(const attn_plan *pl, const float *restrict q, const int8_t *restrict k_cache,
                         const int8_t *restrict v_cache, const int32_t *restrict bt, int64_t pos, float *restrict out,
                         int64_t H, int64_t KVH, int64_t D, int64_t BS, float scale) {
