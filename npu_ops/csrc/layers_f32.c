@@ -8,11 +8,12 @@
  * bit-identical to the op-by-op path. A projection may hold int8 weights (W8A16: gemm_int8.c, W8A8:
  * gemm_w8a8.c, activations quantized in the call), the residual added in its epilogue as the op-by-op path
  * adds it. One row (a one-stream decode step) is normed and quantized by every thread into its own copy, so
- * the team meets at a barrier only where a projection needs another thread's output. The caller keeps LoRA,
- * tensor parallelism, an int8 KV cache and other devices on that path.
+ * the team meets at a barrier only where a projection needs another thread's output. An int8 KV cache
+ * (npu_ops/quant_kv.py's rows) takes each step's K/V rows quantized here and is read in place (attention_int8.c,
+ * attention_lone_i8.c). The caller keeps LoRA, tensor parallelism and other devices on the op-by-op path.
  *
  * layers[l]: pointers of layer l (each projection's packed weight as its kernel packs it, its bias or NULL,
- * its per-column scale for int8 kinds, its kind); x [T, hidden]
+ * its per-column scale for int8 kinds, its kind; its K and V caches and whether they hold int8 rows); x [T, hidden]
  * is updated in place; cos, sin [T, D]; slots [T] int64; block tables, rows and positions as attention.c
  * takes them; work: llama_layers_f32_work(...) floats. Returns 0 or attention.c's error codes. */
 #include <stdlib.h>
