@@ -16,6 +16,7 @@
  * its per-column scale for int8 kinds, its kind; its K and V caches and whether they hold int8 rows); x [T, hidden]
  * is updated in place; cos, sin [T, D]; slots [T] int64; block tables, rows and positions as attention.c
  * takes them; work: llama_layers_f32_work(...) floats. Returns 0 or attention.c's error codes. */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,21 +60,21 @@ int64_t llama_layers_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH,
     return T * (hidden + (H + 2 * KVH) * D + 2 * H * D + inter + 2 * inter) + T + (bytes + 3) / 4;
 }
 
-/* A thread's own copies for a step of one row (a one-stream decode step): the normed row and its W8A8
- * quantization. Every thread computes them itself (the same code, so the same bits) instead of one thread
- * computing them while the others wait at a barrier: two barriers fewer a projection. */
+/* A thread's own copies for a step of one row (a one-stream decode step): the normed row, its W8A8
+ * quantization and the rotated q. Every thread computes them itself (the same code, so the same bits) instead of
+ * one thread computing them while the others wait at a barrier: two barriers fewer a projection, one a layer. */
 typedef struct {
-    float *xn, *xs;
+    float *xn, *xs, *q;
     int8_t *xq;
 } own_row;
 
-static int own_row_alloc(own_row *o, int64_t T, int64_t hidden, int64_t kp) {
-    o->xn = o->xs = NULL;
+static int own_row_alloc(own_row *o, int64_t T, int64_t hidden, int64_t kp, int64_t QD) {
+    o->xn = o->xs = o->q = NULL;
     o->xq = NULL;
     if (T != 1) return 0;
-    o->xn = malloc(sizeof(float) * (size_t)(hidden + 1));
+    o->xn = malloc(sizeof(float) * (size_t)(hidden + 1 + QD));
     o->xq = malloc((size_t)kp);
-    if (o->xn != NULL) o->xs = o->xn + hidden;
+    if (o->xn != NULL) o->xs = o->xn + hidden, o->q = o->xs + 1;
     return o->xn == NULL || o->xq == NULL;
 }
 
@@ -90,29 +91,44 @@ static void lin(const dims_f32 *d, const lin_desc *ln, const float *x, int64_t K
                              d->T == 1 ? own->xs : s->xs, s->zero, add);
 }
 
-/* rotary on the q heads of each row into q, on its k heads straight into the cache slot; v copied there. An int8
- * cache takes each K/V head's row quantized as npu_ops/quant_kv.py does (k rotated first, as the op-by-op path). */
-static void rope_and_cache(const dims_f32 *d, const float *qkv, const float *cos_, const float *sin_,
-                           const int64_t *slots, float *q, const layer_f32 *ly) {
-    const int64_t QD = d->H * d->D, KD = d->KVH * d->D, QKV = QD + 2 * KD, D = d->D, row = D + 4;
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < d->T; ++t) {
-        const float *r = qkv + t * QKV, *c = cos_ + t * D, *s = sin_ + t * D;
-        for (int64_t h = 0; h < d->H; ++h) rotary_head_f32(r + h * D, c, s, q + t * QD + h * D, D / 2);
-        if (ly->kv_i8) {
-            int8_t *kd = (int8_t *)ly->k_cache + slots[t] * d->KVH * row, *vd = (int8_t *)ly->v_cache + slots[t] * d->KVH * row;
-            float k[KV_I8_MAX_D];
-            for (int64_t h = 0; h < d->KVH; ++h) {
-                rotary_head_f32(r + QD + h * D, c, s, k, D / 2);
-                kv_quantize_row_i8(k, D, kd + h * row);
-                kv_quantize_row_i8(r + QD + KD + h * D, D, vd + h * row);
-            }
-            continue;
+/* rotary on the q heads of row r into qr; with kv, on its k heads straight into the cache slot and v copied there.
+ * An int8 cache takes each K/V head's row quantized as npu_ops/quant_kv.py does (k rotated first, as the op-by-op
+ * path). */
+static void rope_row(const dims_f32 *d, const float *r, const float *c, const float *s, int64_t slot, float *qr,
+                     const layer_f32 *ly, int kv) {
+    const int64_t QD = d->H * d->D, KD = d->KVH * d->D, D = d->D, row = D + 4;
+    for (int64_t h = 0; h < d->H; ++h) rotary_head_f32(r + h * D, c, s, qr + h * D, D / 2);
+    if (!kv) return;
+    if (ly->kv_i8) {
+        int8_t *kd = (int8_t *)ly->k_cache + slot * d->KVH * row, *vd = (int8_t *)ly->v_cache + slot * d->KVH * row;
+        float k[KV_I8_MAX_D];
+        for (int64_t h = 0; h < d->KVH; ++h) {
+            rotary_head_f32(r + QD + h * D, c, s, k, D / 2);
+            kv_quantize_row_i8(k, D, kd + h * row);
+            kv_quantize_row_i8(r + QD + KD + h * D, D, vd + h * row);
         }
-        float *kd = (float *)ly->k_cache + slots[t] * KD;
-        for (int64_t h = 0; h < d->KVH; ++h) rotary_head_f32(r + QD + h * D, c, s, kd + h * D, D / 2);
-        memcpy((float *)ly->v_cache + slots[t] * KD, r + QD + KD, sizeof(float) * (size_t)KD);
+        return;
     }
+    float *kd = (float *)ly->k_cache + slot * KD;
+    for (int64_t h = 0; h < d->KVH; ++h) rotary_head_f32(r + QD + h * D, c, s, kd + h * D, D / 2);
+    memcpy((float *)ly->v_cache + slot * KD, r + QD + KD, sizeof(float) * (size_t)KD);
+}
+
+/* Rotary and the cache writes of every row, shared over the team (ends on its barrier); returns q. A lone row that
+ * the team's lone attention takes (own != NULL) goes without the barrier: every thread rotates q into its own
+ * copy, and the last thread, the one that scores the last key block, writes the row's K and V (the V sums read
+ * them only after the scores' barrier). */
+static const float *rope_rows(const dims_f32 *d, const float *qkv, const float *cos_, const float *sin_,
+                              const int64_t *slots, float *q, const layer_f32 *ly, const own_row *own) {
+    const int64_t QD = d->H * d->D, QKV = QD + 2 * d->KVH * d->D;
+    if (own != NULL) {
+        rope_row(d, qkv, cos_, sin_, slots[0], own->q, ly, omp_get_thread_num() == omp_get_num_threads() - 1);
+        return own->q;
+    }
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < d->T; ++t)
+        rope_row(d, qkv + t * QKV, cos_ + t * d->D, sin_ + t * d->D, slots[t], q + t * QD, ly, 1);
+    return q;
 }
 
 static void attention(const attn_plan *pl, const dims_f32 *d, const layer_f32 *ly, const float *q,
@@ -190,7 +206,7 @@ int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, in
     {
         float *scores = malloc(sizeof(float) * (size_t)pl.scores_len), *acc = malloc(sizeof(float) * (size_t)pl.acc_len);
         own_row own;
-        if (scores == NULL || acc == NULL || own_row_alloc(&own, T, hidden, kp)) {
+        if (scores == NULL || acc == NULL || own_row_alloc(&own, T, hidden, kp, QD)) {
 #pragma omp atomic write
             failed = 3;
         }
@@ -199,8 +215,10 @@ int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, in
             const layer_f32 *ly = layers + l;
             const float *xin = norm_rows(&d, x, ly->in_norm, xn, &own);
             lin(&d, &ly->qkv, xin, hidden, QD + 2 * KVH * D, qkv, 0, &s8, &own);
-            rope_and_cache(&d, qkv, cos_, sin_, slots, q, ly);
-            attention(&pl, &d, ly, q, block_tables, row_seq, row_pos, att, scores, acc);
+            /* a lone row whose attention the whole team shares (attention.c, attention_int8.c) */
+            const int lone = pl.shared != NULL && (!ly->kv_i8 || lone_i8_supported(H, KVH, D));
+            const float *qr = rope_rows(&d, qkv, cos_, sin_, slots, q, ly, lone ? &own : NULL);
+            attention(&pl, &d, ly, qr, block_tables, row_seq, row_pos, att, scores, acc);
             lin(&d, &ly->o, att, QD, hidden, x, 1, &s8, &own);
             mlp(&d, ly, norm_rows(&d, x, ly->post_norm, xn, &own), h, gu, x, &s8, &own);
         }
