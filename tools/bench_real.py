@@ -17,7 +17,7 @@ at the stream's mean position) by tools/membw.py's probe (8 prefetched streams a
 here: the stricter bound); a share of a bound is sum(probe seconds) / sum(step seconds). llama.cpp's harness
 does the same (--probe-bytes, --triad-bytes). One stream's "decode" rate leaves each prompt's prefill out
 (tokens after the first over the time from the first to the last); "stream" is end to end. Our one stream runs
-with the engine's multi-step bursts (decodeSteps, default 4: engine.multi_step; ``--decode-steps 1`` for a step
+with the engine's multi-step bursts (decodeSteps, default 8: engine.multi_step; ``--decode-steps 1`` for a step
 a call); a burst of n tokens is paired with n probes.
 
     PYTHONPATH=$PWD .venv/bin/python tools/bench_real.py --llama-python /work/peers/venv/bin/python
@@ -303,7 +303,7 @@ def main() -> None:
     ap.add_argument("--slots", type=int, nargs="+", default=[8, 16, 32])
     ap.add_argument("--stream-only", action="store_true", help="one stream only (no batched runs)")
     ap.add_argument("--decode-steps", type=int, default=None,
-                    help="our one stream's multi-step bursts (default: the engine's, decodeSteps 4; 1: a step a call)")
+                    help="our one stream's multi-step bursts (default: the engine's, decodeSteps 8; 1: a step a call)")
     args = ap.parse_args()
     model = args.model or str(shipped_gguf())
     probe = make_llm(model, None, 2)

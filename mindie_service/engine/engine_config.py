@@ -51,7 +51,7 @@ class EngineConfig:
     batch_tokens_beside_online: int | None = 8
     # Decode steps one runner call runs for a few plain greedy decodes with nothing waiting, while that many
     # measured steps fit in 40 ms (engine.multi_step); 1 = one step a call. Tokens stream in bursts.
-    decode_steps: int = 4
+    decode_steps: int = 8
     num_kv_blocks: int | None = None  # fixes the KV pool size; None = size it from memory
     kv_cache_memory_gb: float = -1.0  # npuMemSize / cpuMemSize: -1 = size automatically
     swap_space_gb: float = 5.0  # cpuMemSize: host pool for preempted requests' K/V (engine.swap); 0 = recompute

@@ -30,9 +30,9 @@ BURST_BUDGET_S = 0.040
 
 
 class BurstPacer:
-    """The steps a burst may take now: ``configured`` while the median of the last decode steps measured fits that
-    many in BURST_BUDGET_S, else 1 (a median: a one-off slow step, such as the first one that builds the fused
-    step's tables or a kernel library, does not hold bursts off)."""
+    """The steps a burst may take now: as many as the median of the last decode steps measured fits in
+    BURST_BUDGET_S, at most ``configured`` and at least 1 (a median: a one-off slow step, such as the first one that
+    builds the fused step's tables or a kernel library, does not hold bursts off)."""
 
     WINDOW = 5
 
@@ -47,7 +47,9 @@ class BurstPacer:
     def observe(self, seconds: float, steps: int) -> int:
         """A decode-only step of ``steps`` steps took ``seconds``: the steps the next may take."""
         self.recent.append(seconds / max(1, steps))
-        return self.configured if self.step_s * self.configured <= BURST_BUDGET_S else 1
+        step = self.step_s
+        fit = int(BURST_BUDGET_S / step) if step > 0 else self.configured
+        return max(1, min(self.configured, fit))
 
 
 def eligible(seq: Sequence) -> bool:

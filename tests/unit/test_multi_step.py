@@ -100,7 +100,7 @@ def test_rows_that_ask_more_than_the_argmax_run_one_step_a_call(tiny_model, para
 
 def test_decode_steps_reaches_the_engine_and_bad_values_are_refused(tmp_path):
     doc = shipped()
-    assert load(tmp_path, doc).engine_config().decode_steps == 4
+    assert load(tmp_path, doc).engine_config().decode_steps == 8
     sched(doc).update(decodeSteps=1)
     assert load(tmp_path, doc).engine_config().decode_steps == 1
     sched(doc).update(decodeSteps=0)
@@ -111,22 +111,33 @@ def test_decode_steps_reaches_the_engine_and_bad_values_are_refused(tmp_path):
 
 
 def test_bursts_are_paced_by_the_measured_step_time(tiny_model):
-    """A burst stays within BURST_BUDGET_S: steps slower than a quarter of it run one a call (a request arriving
-    meanwhile waits no longer), and bursts come back once the steps are fast again."""
-    pacer = BurstPacer(4)
+    """A burst stays within BURST_BUDGET_S: as many steps as the measured step time fits in it (so a request
+    arriving meanwhile waits no longer), one a call when a step takes more than half of it, and bursts grow back
+    once the steps are fast again."""
+    pacer = BurstPacer(8)
     assert pacer.observe(0.5, 1) == 1  # a first step that built the tables
-    assert [pacer.observe(0.004, 1) for _ in range(2)] == [1, 4]  # outvoted by the next two
-    assert pacer.observe(0.004 * 4, 4) == 4 and pacer.observe(0.030, 1) == 4  # one slow step among fast ones
-    assert [pacer.observe(0.030, 1) for _ in range(2)] == [4, 1]  # slow steps take over
-    assert [pacer.observe(0.002, 1) for _ in range(3)] == [1, 1, 4]
-    llm = _llm(tiny_model, 4)
+    assert [pacer.observe(0.004, 1) for _ in range(2)] == [1, 8]  # outvoted by the next two
+    assert pacer.observe(0.004 * 8, 8) == 8 and pacer.observe(0.030, 1) == 8  # one slow step among fast ones
+    assert [pacer.observe(0.012, 1) for _ in range(3)] == [8, 3, 3]  # 12 ms steps: 3 fit in 40 ms
+    assert [pacer.observe(0.030, 1) for _ in range(3)] == [3, 3, 1]  # slow steps take over
+    assert [pacer.observe(0.002, 1) for _ in range(3)] == [1, 1, 8]
+    single = _generate(_llm(tiny_model, 1), _PLAIN)[0]
+    got, calls = _generate(_slowed(_llm(tiny_model, 8), 0.9 * BURST_BUDGET_S), _PLAIN)  # 36 ms a step
+    assert got == single and set(calls) == {1}
+    got, calls = _generate(_slowed(_llm(tiny_model, 8), 0.3 * BURST_BUDGET_S), _PLAIN)  # 12 ms a step: 3 fit
+    assert got == single and max(calls) == 3 and calls[2:-1] == [3] * (len(calls) - 3)  # after prefill, 1st step
+
+
+_PLAIN = [SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)]
+
+
+def _slowed(llm: LLM, per_step: float) -> LLM:
+    """The runner made slower by ``per_step`` seconds for every step a call runs."""
     execute = llm.engine.runner.execute
 
-    def slow(out):
-        time.sleep(1.2 * BURST_BUDGET_S / 4)
+    def slow(out: Any) -> Any:
+        time.sleep(per_step * (out.chunks[0].steps if out.chunks else 1))
         return execute(out)
 
     llm.engine.runner.execute = slow
-    sp = [SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)]
-    got, steps = _generate(llm, sp)
-    assert set(steps) == {1} and got == _generate(_llm(tiny_model, 1), sp)[0]
+    return llm
