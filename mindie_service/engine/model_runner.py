@@ -145,8 +145,8 @@ class ModelRunner:
         """``steps`` greedy decode steps of every chunk (engine.multi_step): the fused C step where it applies,
         else a forward a step. Where step 0's logits are not all finite they go back as a plain step's, for the
         sampler to name the bad rows; a later such step ends the burst before it."""
-        slots = [[self._slot(c.block_table, c.start + s) for c in decodes] for s in range(steps)]
         if self.fused is not None and self.fused.usable(len(decodes)):
+            slots = [[self._slot(c.block_table, c.start + s) for c in decodes] for s in range(steps)]
             got = self.fused.run_steps([c.token_ids[0] for c in decodes], [c.start for c in decodes], slots,
                                        [c.block_table for c in decodes])
         else:

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_i8.h"
 #include "attention_rows.h"
 #include "layers_f32.h"
 #include "vec_math.h"
@@ -210,10 +211,22 @@ void attn_rows_f32_team(const attn_plan *pl, const float *q, const float *k_cach
     }
 }
 
-int paged_attention_rows_f32(const float *q, const float *k_cache, const float *v_cache,
-                             const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
-                             int64_t T, int64_t S, int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB,
-                             float scale, int nthreads) {
+void attn_rows_team(const attn_plan *pl, int kv_i8, const float *q, const void *k_cache, const void *v_cache,
+                    const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out, int64_t H,
+                    int64_t KVH, int64_t D, int64_t BS, int64_t MB, float scale, float *scores, float *acc) {
+    if (kv_i8)
+        attn_rows_i8_team(pl, q, k_cache, v_cache, block_tables, row_seq, row_pos, out, H, KVH, D, BS, MB, scale,
+                          scores, acc);
+    else
+        attn_rows_f32_team(pl, q, k_cache, v_cache, block_tables, row_seq, row_pos, out, H, KVH, D, BS, MB, scale,
+                           scores, acc);
+}
+
+/* The standalone attention-rows kernels' body (fp32 pages, or int8 ones: attention_int8.c): the plan, one team
+ * and its scratch, the rows by attn_rows_team. */
+int attn_rows_standalone(const float *q, const void *k_cache, const void *v_cache, const int32_t *block_tables,
+                         const int32_t *row_seq, const int32_t *row_pos, float *out, int64_t T, int64_t S, int64_t H,
+                         int64_t KVH, int64_t D, int64_t BS, int64_t MB, float scale, int nthreads, int kv_i8) {
     if (T <= 0) return 0;
     attn_plan pl;
     const int rc = attn_plan_f32(&pl, row_seq, row_pos, T, S, H, KVH, D, BS, MB, nthreads);
@@ -231,11 +244,19 @@ int paged_attention_rows_f32(const float *q, const float *k_cache, const float *
         }
 #pragma omp barrier
         if (!failed)
-            attn_rows_f32_team(&pl, q, k_cache, v_cache, block_tables, row_seq, row_pos, out, H, KVH, D, BS, MB,
-                               scale, scores, acc);
+            attn_rows_team(&pl, kv_i8, q, k_cache, v_cache, block_tables, row_seq, row_pos, out, H, KVH, D, BS, MB,
+                           scale, scores, acc);
         free(scores);
         free(acc);
     }
     attn_plan_free(&pl);
     return failed;
+}
+
+int paged_attention_rows_f32(const float *q, const float *k_cache, const float *v_cache,
+                             const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
+                             int64_t T, int64_t S, int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB,
+                             float scale, int nthreads) {
+    return attn_rows_standalone(q, k_cache, v_cache, block_tables, row_seq, row_pos, out, T, S, H, KVH, D, BS, MB,
+                                scale, nthreads, 0);
 }

@@ -1,11 +1,10 @@
-/* Paged attention for the CPU over an int8 KV cache (npu_ops/quant_kv.py): the same row contract and
- * task split as attention.c (see there), but every cache row (one token, one KV head) is D int8
- * values followed by their fp32 scale, read in place: scores are scale_k * (q . k_int8) and the
- * output sums p * scale_v * v_int8, widening eight int8 lanes at a time. A quarter of the bytes of
- * an fp32 cache pass through memory. q and out stay fp32. */
+/* Paged attention for the CPU over an int8 KV cache (npu_ops/quant_kv.py): the same row contract, plan (tiles
+ * and head split) and standalone driver as attention.c (see there; a lone row: attention_lone_i8.c), but every
+ * cache row (one token, one KV head) is D int8 values followed by their fp32 scale, read in place: scores are
+ * scale_k * (q . k_int8) and the output sums p * scale_v * v_int8, widening eight int8 lanes at a time. A
+ * quarter of the bytes of an fp32 cache pass through memory. q and out stay fp32. */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "attention_i8.h"
@@ -161,50 +160,10 @@ void kv_quantize_row_i8(const float *restrict x, int64_t D, int8_t *restrict out
     memcpy(out + D, &s, sizeof s);
 }
 
-#define TILE_ROWS_I8 8
-
 int paged_attention_rows_i8(const float *q, const int8_t *k_cache, const int8_t *v_cache,
                             const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
                             int64_t T, int64_t S, int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB,
                             float scale, int nthreads) {
-    if (T <= 0) return 0;
-    if (KVH <= 0 || H % KVH != 0 || nthreads < 1) return 1;
-    const int64_t G = H / KVH, row = D + 4, tok_stride = KVH * row, blk_stride = BS * KVH * row;
-    int64_t max_len = 1;
-    for (int64_t t = 0; t < T; ++t) {
-        if (row_seq[t] < 0 || row_seq[t] >= S || row_pos[t] < 0 || row_pos[t] >= MB * BS) return 2;
-        if (row_pos[t] + 1 > max_len) max_len = row_pos[t] + 1;
-    }
-    int64_t *tiles = malloc(sizeof(int64_t) * (size_t)(T + 1)), ntiles = 0, max_rows = 1;
-    if (tiles == NULL) return 3;
-    for (int64_t t = 0; t < T; ++t)
-        if (t == 0 || row_seq[t] != row_seq[t - 1] || row_pos[t] != row_pos[t - 1] + 1 ||
-            t - tiles[ntiles - 1] >= TILE_ROWS_I8)
-            tiles[ntiles++] = t;
-        else if (t - tiles[ntiles - 1] + 1 > max_rows)
-            max_rows = t - tiles[ntiles - 1] + 1;
-    tiles[ntiles] = T;
-    const int64_t split = ntiles >= 4 * (int64_t)nthreads ? 1 : KVH, per = KVH / split;
-    int failed = 0;
-#pragma omp parallel num_threads(nthreads)
-    {
-        float *scores = malloc(sizeof(float) * (size_t)(max_rows * per * G * max_len));
-        float *acc = malloc(sizeof(float) * (size_t)(max_rows * per * G * D));
-        if (scores == NULL || acc == NULL) {
-#pragma omp atomic write
-            failed = 3;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = ntiles * split - 1; task >= 0; --task) {
-            if (scores == NULL || acc == NULL) continue;
-            const int64_t tile = task / split, h0 = (task % split) * per, t = tiles[tile];
-            attend_i8(q + t * H * D, k_cache, v_cache, block_tables + (int64_t)row_seq[t] * MB, row_pos[t],
-                      tiles[tile + 1] - t, out + t * H * D, h0 * G, (h0 + per) * G, H, G, D, BS, tok_stride,
-                      blk_stride, row, scale, scores, acc);
-        }
-        free(scores);
-        free(acc);
-    }
-    free(tiles);
-    return failed;
+    return attn_rows_standalone(q, k_cache, v_cache, block_tables, row_seq, row_pos, out, T, S, H, KVH, D, BS, MB,
+                                scale, nthreads, 1);
 }

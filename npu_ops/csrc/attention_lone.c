@@ -96,10 +96,8 @@ static inline __attribute__((always_inline)) void v_group_pass(const int G, cons
         for (int i = 0; i < NC; ++i) V_STORE(out + (g * G + h) * D + c0 + VW * i, a[h][i]);
 }
 
-typedef void (*v_pass_fn)(const float *, int64_t, const float *, const int32_t *, int64_t, int64_t, int64_t, int64_t,
-                          int64_t, int64_t, float *);
 #define V_GROUP_PASS(G_, NC_)                                                                                        \
-    static void v_pass_##G_##_##NC_(const float *scores, int64_t L, const float *v_cache, const int32_t *bt,        \
+    static void v_pass_##G_##_##NC_(const float *scores, int64_t L, const void *v_cache, const int32_t *bt,         \
                                     int64_t g, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride,       \
                                     int64_t c0, float *out) {                                                        \
         v_group_pass(G_, NC_, scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, c0, out);                    \
@@ -112,28 +110,26 @@ V_GROUP_PASS(1, 8)
 V_GROUP_PASS(4, 1)
 V_GROUP_PASS(4, 2)
 /* [G][log2 NC]: the widest pass has G * NC accumulators within the registers (at most 12 of the 16) */
-static const v_pass_fn V_PASSES[5][4] = {{0},
-                                         {v_pass_1_1, v_pass_1_2, v_pass_1_4, v_pass_1_8},
-                                         {v_pass_2_1, v_pass_2_2, v_pass_2_4, NULL},
-                                         {v_pass_3_1, v_pass_3_2, v_pass_3_4, NULL},
-                                         {v_pass_4_1, v_pass_4_2, NULL, NULL}};
+static const lone_v_pass V_PASSES[5][4] = {{0},
+                                           {v_pass_1_1, v_pass_1_2, v_pass_1_4, v_pass_1_8},
+                                           {v_pass_2_1, v_pass_2_2, v_pass_2_4, NULL},
+                                           {v_pass_3_1, v_pass_3_2, v_pass_3_4, NULL},
+                                           {v_pass_4_1, v_pass_4_2, NULL, NULL}};
+#endif
 
-/* A lone row's weighted sum of V shared over the team by KV head and vector of VW columns (every query head of
- * the group at once: a unit's work is the same for each, so the split is even); G <= 4, D a multiple of 64. A
- * thread's run of units in one KV head goes in the widest passes that fit it. */
-static void lone_v_sum_grouped(const float *scores, int64_t L, const float *v_cache, const int32_t *bt, int64_t KVH,
-                               int64_t G, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride, float *out) {
+void lone_v_units(const lone_v_pass *passes, int npasses, const float *scores, int64_t L, const void *v_cache,
+                  const int32_t *bt, int64_t KVH, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride,
+                  float *out) {
     int64_t u0, u1;
-    team_share(KVH * D / VW, &u0, &u1);
+    team_share(KVH * D / 8, &u0, &u1);
     for (int64_t u = u0; u < u1;) {
-        const int64_t g = u * VW / D, left = (g + 1) * D / VW - u, rest = u1 - u, run = left < rest ? left : rest;
-        int k = 3;
-        while (V_PASSES[G][k] == NULL || (1 << k) > run) --k;
-        V_PASSES[G][k](scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, u * VW - g * D, out);
+        const int64_t g = u * 8 / D, left = (g + 1) * D / 8 - u, rest = u1 - u, run = left < rest ? left : rest;
+        int k = npasses - 1;
+        while (passes[k] == NULL || (1 << k) > run) --k;
+        passes[k](scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, u * 8 - g * D, out);
         u += 1 << k;
     }
 }
-#endif
 
 /* A lone row's weighted sum of V shared over the team by query head and column span (any group size and D). */
 static void lone_v_sum_heads(const float *scores, int64_t L, const float *v_cache, const int32_t *bt, int64_t H,
@@ -195,7 +191,7 @@ void attend_lone_row(const attn_plan *pl, const float *restrict q, const float *
 #pragma omp barrier
 #ifdef __AVX2__
     if (D % 64 == 0 && G <= 4)
-        lone_v_sum_grouped(scores, L, v_cache, bt, H / G, G, D, BS, tok_stride, blk_stride, out);
+        lone_v_units(V_PASSES[G], 4, scores, L, v_cache, bt, H / G, D, BS, tok_stride, blk_stride, out);
     else
 #endif
         lone_v_sum_heads(scores, L, v_cache, bt, H, G, D, BS, tok_stride, blk_stride, out);

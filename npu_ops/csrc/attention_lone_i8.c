@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "attention_i8.h"
+#include "attention_rows.h"
 
 #ifdef __AVX2__
 /* Blocks a V pass asks for ahead (attention_lone.c's V_AHEAD) */
@@ -173,10 +174,8 @@ void attn_acc_group_i8(int64_t G, const float *p, int64_t L, const int8_t *v, in
     ACC_GROUPS[G](p, L, v, stride, n, D, acc);
 }
 
-typedef void (*vi_pass_fn)(const float *, int64_t, const int8_t *, const int32_t *, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, float *);
 #define VI_PASS(G_, NC_)                                                                                             \
-    static void vi_pass_##G_##_##NC_(const float *scores, int64_t L, const int8_t *v_cache, const int32_t *bt,      \
+    static void vi_pass_##G_##_##NC_(const float *scores, int64_t L, const void *v_cache, const int32_t *bt,        \
                                      int64_t g, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride,      \
                                      int64_t c0, float *out) {                                                       \
         vi_group_pass(G_, NC_, scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, c0, out);                   \
@@ -188,26 +187,11 @@ VI_PASSES(3)
 VI_PASS(4, 1)
 VI_PASS(4, 2)
 /* [G][log2 NC]: the widest pass has G * NC accumulators within the registers (at most 12 of the 16) */
-static const vi_pass_fn VI_PASSES_BY[5][3] = {{0},
-                                              {vi_pass_1_1, vi_pass_1_2, vi_pass_1_4},
-                                              {vi_pass_2_1, vi_pass_2_2, vi_pass_2_4},
-                                              {vi_pass_3_1, vi_pass_3_2, vi_pass_3_4},
-                                              {vi_pass_4_1, vi_pass_4_2, NULL}};
-
-/* the weighted sum of V shared over the team by KV head and vector of 8 columns (every query head of the group at
- * once, so the split is even); a thread's run of units in one KV head goes in the widest passes that fit it */
-static void lone_v_sum_i8(const float *scores, int64_t L, const int8_t *v_cache, const int32_t *bt, int64_t KVH,
-                          int64_t G, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride, float *out) {
-    int64_t u0, u1;
-    team_share(KVH * D / 8, &u0, &u1);
-    for (int64_t u = u0; u < u1;) {
-        const int64_t g = u * 8 / D, left = (g + 1) * D / 8 - u, rest = u1 - u, run = left < rest ? left : rest;
-        int k = 2;
-        while (VI_PASSES_BY[G][k] == NULL || (1 << k) > run) --k;
-        VI_PASSES_BY[G][k](scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, u * 8 - g * D, out);
-        u += 1 << k;
-    }
-}
+static const lone_v_pass VI_PASSES_BY[5][3] = {{0},
+                                               {vi_pass_1_1, vi_pass_1_2, vi_pass_1_4},
+                                               {vi_pass_2_1, vi_pass_2_2, vi_pass_2_4},
+                                               {vi_pass_3_1, vi_pass_3_2, vi_pass_3_4},
+                                               {vi_pass_4_1, vi_pass_4_2, NULL}};
 
 void attend_lone_row_i8(const attn_plan *pl, const float *restrict q, const int8_t *restrict k_cache,
                         const int8_t *restrict v_cache, const int32_t *restrict bt, int64_t pos, float *restrict out,
@@ -234,7 +218,7 @@ void attend_lone_row_i8(const attn_plan *pl, const float *restrict q, const int8
     team_share(H, &h0, &h1);
     for (int64_t h = h0; h < h1; ++h) softmax_inplace(scores + h * L, L);
 #pragma omp barrier
-    lone_v_sum_i8(scores, L, v_cache, bt, KVH, G, D, BS, tok_stride, blk_stride, out);
+    lone_v_units(VI_PASSES_BY[G], 3, scores, L, v_cache, bt, KVH, D, BS, tok_stride, blk_stride, out);
 #pragma omp barrier
 }
 #else

@@ -11,6 +11,16 @@ void attn_score_rows(const float *restrict q, const float *restrict k, int64_t s
                      float scale, float *restrict s);
 /* the n floats from p on their way to the cache (a K/V block the hardware prefetcher cannot foresee) */
 void attn_prefetch_block(const float *p, int64_t n);
+/* One V pass of a lone row (attention_lone.c over fp32 rows, attention_lone_i8.c over int8 ones): out[h, c0 ..
+ * c0 + 8 * 2^k) for the query heads h of KV head g, summed over every key; v_cache as the pass reads it. */
+typedef void (*lone_v_pass)(const float *scores, int64_t L, const void *v_cache, const int32_t *bt, int64_t g,
+                            int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride, int64_t c0, float *out);
+/* a lone row's weighted sum of V shared over the team by KV head and vector of 8 columns (every query head of the
+ * group at once: a unit's work is the same for each, so the split is even); a thread's run of units in one KV head
+ * goes in the widest passes that fit it. passes[k]: the pass of 2^k vectors (NULL: none), k < npasses. */
+void lone_v_units(const lone_v_pass *passes, int npasses, const float *scores, int64_t L, const void *v_cache,
+                  const int32_t *bt, int64_t KVH, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride,
+                  float *out);
 /* a lone row by every thread of the team (orphaned; ends on the team's barrier); scores: pl->shared */
 void attend_lone_row(const attn_plan *pl, const float *restrict q, const float *restrict k_cache,
                      const float *restrict v_cache, const int32_t *restrict bt, int64_t pos, float *restrict out,

@@ -131,17 +131,6 @@ static const float *rope_rows(const dims_f32 *d, const float *qkv, const float *
     return q;
 }
 
-static void attention(const attn_plan *pl, const dims_f32 *d, const layer_f32 *ly, const float *q,
-                      const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *att,
-                      float *scores, float *acc) {
-    if (ly->kv_i8)
-        attn_rows_i8_team(pl, q, ly->k_cache, ly->v_cache, block_tables, row_seq, row_pos, att, d->H, d->KVH, d->D,
-                          d->BS, d->MB, d->scale, scores, acc);
-    else
-        attn_rows_f32_team(pl, q, ly->k_cache, ly->v_cache, block_tables, row_seq, row_pos, att, d->H, d->KVH, d->D,
-                           d->BS, d->MB, d->scale, scores, acc);
-}
-
 /* The rows of x normed into out; one row by every thread into its own copy (no barrier): returns the rows. */
 static const float *norm_rows(const dims_f32 *d, const float *x, const float *w, float *out, const own_row *own) {
     if (d->T == 1) {
@@ -218,7 +207,8 @@ int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, in
             /* a lone row whose attention the whole team shares (attention.c, attention_int8.c) */
             const int lone = pl.shared != NULL && (!ly->kv_i8 || lone_i8_supported(H, KVH, D));
             const float *qr = rope_rows(&d, qkv, cos_, sin_, slots, q, ly, lone ? &own : NULL);
-            attention(&pl, &d, ly, qr, block_tables, row_seq, row_pos, att, scores, acc);
+            attn_rows_team(&pl, (int)ly->kv_i8, qr, ly->k_cache, ly->v_cache, block_tables, row_seq, row_pos, att, H,
+                           KVH, D, BS, MB, scale, scores, acc);
             lin(&d, &ly->o, att, QD, hidden, x, 1, &s8, &own);
             mlp(&d, ly, norm_rows(&d, x, ly->post_norm, xn, &own), h, gu, x, &s8, &own);
         }

@@ -22,9 +22,9 @@ def _smollm_heads(layers: int = 2) -> LlamaDims:
 
 # sequence 0 prefills 45 tokens (11+ blocks of 4) with sequences 1 (3) and 2 (6), then a step of three decode rows
 # (tasks by KV head: a row widened once for its query heads), sequence 0 alone (the lone row over blocks shared
-# unevenly by the team), two decode rows (with two threads, tasks of one query head each: the op-by-op kernel's
-# tasks go by KV head, so the two arithmetics meet), and the lone row again. Rows after the first step name the
-# sequences in the order 0, 2, 1.
+# unevenly by the team), two decode rows (with two threads, tasks of one query head each), and the lone row again
+# (test_quant_kernels.py holds the task splits against each other). Rows after the first step name the sequences
+# in the order 0, 2, 1.
 LONG = [([0] * 45 + [1] * 3 + [2] * 6, list(range(45)) + list(range(3)) + list(range(6))),
         ([0, 1, 2], [45, 6, 3]), ([0], [46]), ([0, 1], [47, 7]), ([0], [48])]
 LONG_BLOCKS = [[13, 2, 7, 0, 9, 4, 11, 1, 15, 6, 3, 14, 16], [5, 17], [8, 10]]

@@ -270,6 +270,26 @@ def test_int8_attention_kernel_matches_dequantizing_reference(batch, heads, kv_h
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@needs_kernel
+@pytest.mark.parametrize("batch", [1, 3])
+def test_int8_attention_rows_have_the_same_bits_for_any_task_split(batch):
+    """The kernel's tasks follow the rows and the threads (attention.c's plan): with 1, 2 and 3 threads one decode
+    row goes to tasks of one query head, then to the team's lone row (attention_lone_i8.c); three rows go to tasks
+    of a KV head's query heads (a row widened once for the group), then of one query head. Each score and sum takes
+    the same operations in every task, so every split gives the same bits."""
+    q, kc, vc, meta = _int8_case(batch, 9, 3, 64, 16, seed=batch)
+    threads = torch.get_num_threads()
+    outs = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            outs.append(quant_kv.paged_attention_rows(q, kc, vc, meta.block_tables, meta.row_seq, meta.row_pos, 0.125))
+    finally:
+        torch.set_num_threads(threads)
+    assert int(meta.row_pos.max()) >= 32  # over several blocks of 16
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
 def test_write_kv_quantizes_into_an_int8_cache():
     kc = torch.zeros(4, 2, 2, 36, dtype=torch.int8)
     vc = torch.zeros_like(kc)
