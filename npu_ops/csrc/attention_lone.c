@@ -7,6 +7,7 @@
 #include "attention_rows.h"
 #include "layers_f32.h"
 #include "vec_math.h"
+#include "team_sync.h"
 
 static inline void prefetch_span(const float *v, int64_t stride, int64_t n, int64_t c0, int64_t c1) {
     for (int64_t j = 0; j < n; ++j)
@@ -184,17 +185,17 @@ void attend_lone_row(const attn_plan *pl, const float *restrict q, const float *
             attn_score_rows(q + h * D, kb + (h / G) * D, tok_stride, n, D, scale, scores + h * L + start);
         }
     }
-#pragma omp barrier
+    team_barrier();
     int64_t h0, h1;
     team_share(H, &h0, &h1);
     for (int64_t h = h0; h < h1; ++h) softmax_inplace(scores + h * L, L);
-#pragma omp barrier
+    team_barrier();
 #ifdef __AVX2__
     if (D % 64 == 0 && G <= 4)
         lone_v_units(V_PASSES[G], 4, scores, L, v_cache, bt, H / G, D, BS, tok_stride, blk_stride, out);
     else
 #endif
         lone_v_sum_heads(scores, L, v_cache, bt, H, G, D, BS, tok_stride, blk_stride, out);
-#pragma omp barrier
+    team_barrier();
 }
 

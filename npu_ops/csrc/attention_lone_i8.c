@@ -8,6 +8,7 @@
 
 #include "attention_i8.h"
 #include "attention_rows.h"
+#include "team_sync.h"
 
 #ifdef __AVX2__
 /* Blocks a V pass asks for ahead (attention_lone.c's V_AHEAD) */
@@ -213,13 +214,13 @@ void attend_lone_row_i8(const attn_plan *pl, const float *restrict q, const int8
             SCORE_GROUPS[G](q + g * G * D, kb + g * row, tok_stride, n, D, scale, scores + g * G * L + start, L);
         }
     }
-#pragma omp barrier
+    team_barrier();
     int64_t h0, h1;
     team_share(H, &h0, &h1);
     for (int64_t h = h0; h < h1; ++h) softmax_inplace(scores + h * L, L);
-#pragma omp barrier
+    team_barrier();
     lone_v_units(VI_PASSES_BY[G], 3, scores, L, v_cache, bt, KVH, D, BS, tok_stride, blk_stride, out);
-#pragma omp barrier
+    team_barrier();
 }
 #else
 void attn_score_group_i8(int64_t G, const float *q, const int8_t *k, int64_t stride, int64_t n, int64_t D, float scale,

@@ -14,6 +14,7 @@
 
 #include "gemm_tile.h"
 #include "layers_f32.h"
+#include "team_sync.h"
 
 #define NR F32_TILE_NR
 #define MR F32_TILE_MR
@@ -185,7 +186,7 @@ void linear_f32_team(const float *x, int64_t M, int64_t K, const float *wp, int6
         int64_t p0, p1;
         team_share(np, &p0, &p1);
         row_panels(x, K, wp, p0, p1, N, bias, y, add);
-#pragma omp barrier
+        team_barrier();
         return;
     }
     for (int64_t m0 = 0; m0 < M; m0 += MC) {
@@ -238,7 +239,7 @@ void gate_up_silu_f32_team(const float *x, int64_t M, int64_t K, const float *wp
     const int64_t half = inter / NR;
     if (M == 1) {
         gate_up_row(x, K, wp, inter, bias, h);
-#pragma omp barrier
+        team_barrier();
         return;
     }
     for (int64_t m0 = 0; m0 < M; m0 += MC) {

@@ -19,6 +19,7 @@
 
 #include "gemm_tile.h"
 #include "layers_f32.h"
+#include "team_sync.h"
 
 #define QNR F32_TILE_NR /* W8A16 panel width: gemm.c's, so that a widened panel runs its fp32 tile */
 #define QMR F32_TILE_MR
@@ -223,7 +224,7 @@ void linear_w8a16_f32_team(const float *x, int64_t M, int64_t K, const int8_t *w
     const int64_t np = (N + QNR - 1) / QNR;
     if (M == 1) {
         w8a16_row(x, K, wp, scale, N, bias, y, add);
-#pragma omp barrier
+        team_barrier();
         return;
     }
     /* Without AVX-512, more rows than one tile: widen each panel to fp32 once (it stays in L2) and run

@@ -24,6 +24,7 @@
 
 #include "layers_f32.h"
 #include "quantize_rows.h"
+#include "team_sync.h"
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -270,7 +271,7 @@ static void w8a8_rows_team(const int8_t *xr, const float *xs, int64_t M, int64_t
     const int32_t *comp = W8A8_VNNI ? (const int32_t *)(wp + np * ANR * K4 * 4) : NULL;
     if (M == 1) {
         w8a8_row(xr, xs, K, wp, ws, N, bias, y, zero, add);
-#pragma omp barrier
+        team_barrier();
         return;
     }
     for (int64_t m0 = 0; m0 < M; m0 += MC) {

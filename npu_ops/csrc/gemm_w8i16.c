@@ -23,6 +23,7 @@
 
 #include "layers_f32.h"
 #include "quantize_rows.h"
+#include "team_sync.h"
 
 #define HNR 16  /* panel width */
 #define HCH 512 /* k pairs a chunk */
@@ -185,7 +186,7 @@ static void w8i16_rows_team(const int16_t *xq, const float *xs, int64_t M, int64
     const int64_t K2 = k2_of(K), np = hpanels(N);
     if (M == 1) {
         w8i16_row(xq, xs, K2, wp, ws, N, bias, y);
-#pragma omp barrier
+        team_barrier();
         return;
     }
 #pragma omp for schedule(static)

@@ -23,6 +23,7 @@
 #include "attention_i8.h"
 #include "gemm_tile.h"
 #include "layers_f32.h"
+#include "team_sync.h"
 
 enum { LIN_F32 = 0, LIN_W8A16 = 1, LIN_W8A8 = 2 };
 
@@ -91,43 +92,46 @@ static void lin(const dims_f32 *d, const lin_desc *ln, const float *x, int64_t K
                              d->T == 1 ? own->xs : s->xs, s->zero, add);
 }
 
-/* rotary on the q heads of row r into qr; with kv, on its k heads straight into the cache slot and v copied there.
- * An int8 cache takes each K/V head's row quantized as npu_ops/quant_kv.py does (k rotated first, as the op-by-op
- * path). */
+enum { ROW_K = 1, ROW_V = 2 }; /* the cache rows a rope_row call writes */
+
+/* rotary on the q heads of row r into qr; with ROW_K in kv, on its k heads straight into the cache slot; with ROW_V,
+ * v copied there. An int8 cache takes each K/V head's row quantized as npu_ops/quant_kv.py does (k rotated first, as
+ * the op-by-op path). */
 static void rope_row(const dims_f32 *d, const float *r, const float *c, const float *s, int64_t slot, float *qr,
                      const layer_f32 *ly, int kv) {
     const int64_t QD = d->H * d->D, KD = d->KVH * d->D, D = d->D, row = D + 4;
     for (int64_t h = 0; h < d->H; ++h) rotary_head_f32(r + h * D, c, s, qr + h * D, D / 2);
-    if (!kv) return;
     if (ly->kv_i8) {
         int8_t *kd = (int8_t *)ly->k_cache + slot * d->KVH * row, *vd = (int8_t *)ly->v_cache + slot * d->KVH * row;
         float k[KV_I8_MAX_D];
-        for (int64_t h = 0; h < d->KVH; ++h) {
+        for (int64_t h = 0; h < d->KVH && (kv & ROW_K); ++h) {
             rotary_head_f32(r + QD + h * D, c, s, k, D / 2);
             kv_quantize_row_i8(k, D, kd + h * row);
-            kv_quantize_row_i8(r + QD + KD + h * D, D, vd + h * row);
         }
+        for (int64_t h = 0; h < d->KVH && (kv & ROW_V); ++h) kv_quantize_row_i8(r + QD + KD + h * D, D, vd + h * row);
         return;
     }
     float *kd = (float *)ly->k_cache + slot * KD;
-    for (int64_t h = 0; h < d->KVH; ++h) rotary_head_f32(r + QD + h * D, c, s, kd + h * D, D / 2);
-    memcpy((float *)ly->v_cache + slot * KD, r + QD + KD, sizeof(float) * (size_t)KD);
+    for (int64_t h = 0; h < d->KVH && (kv & ROW_K); ++h) rotary_head_f32(r + QD + h * D, c, s, kd + h * D, D / 2);
+    if (kv & ROW_V) memcpy((float *)ly->v_cache + slot * KD, r + QD + KD, sizeof(float) * (size_t)KD);
 }
 
 /* Rotary and the cache writes of every row, shared over the team (ends on its barrier); returns q. A lone row that
  * the team's lone attention takes (own != NULL) goes without the barrier: every thread rotates q into its own
- * copy, and the last thread, the one that scores the last key block, writes the row's K and V (the V sums read
- * them only after the scores' barrier). */
+ * copy, the last thread, the one that scores the last key block, writes the row's K, and the first its V (the V
+ * sums read it only after the scores' barrier; the last thread, writing both, made the scores wait ~1 us a layer). */
 static const float *rope_rows(const dims_f32 *d, const float *qkv, const float *cos_, const float *sin_,
                               const int64_t *slots, float *q, const layer_f32 *ly, const own_row *own) {
     const int64_t QD = d->H * d->D, QKV = QD + 2 * d->KVH * d->D;
     if (own != NULL) {
-        rope_row(d, qkv, cos_, sin_, slots[0], own->q, ly, omp_get_thread_num() == omp_get_num_threads() - 1);
+        const int me = omp_get_thread_num();
+        rope_row(d, qkv, cos_, sin_, slots[0], own->q, ly,
+                 (me == omp_get_num_threads() - 1 ? ROW_K : 0) | (me == 0 ? ROW_V : 0));
         return own->q;
     }
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < d->T; ++t)
-        rope_row(d, qkv + t * QKV, cos_ + t * d->D, sin_ + t * d->D, slots[t], q + t * QD, ly, 1);
+        rope_row(d, qkv + t * QKV, cos_ + t * d->D, sin_ + t * d->D, slots[t], q + t * QD, ly, ROW_K | ROW_V);
     return q;
 }
 
@@ -147,12 +151,14 @@ static const float *norm_rows(const dims_f32 *d, const float *x, const float *w,
 static void silu_rows(const dims_f32 *d, const float *gu, float *h) {
     const int64_t inter = d->inter;
     if (d->T == 1) {
-        const int64_t chunk = 64, nc = (inter + chunk - 1) / chunk;
-#pragma omp for schedule(static)
-        for (int64_t c = 0; c < nc; ++c) {
+        const int64_t chunk = 64;
+        int64_t c0, c1;
+        team_share((inter + chunk - 1) / chunk, &c0, &c1);
+        for (int64_t c = c0; c < c1; ++c) {
             const int64_t j0 = c * chunk, j1 = j0 + chunk < inter ? j0 + chunk : inter;
             silu_mul_row_f32(gu + j0, gu + inter + j0, h + j0, j1 - j0);
         }
+        team_barrier();
         return;
     }
 #pragma omp for schedule(static)
@@ -191,15 +197,17 @@ int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, in
     const int8_scratch s8 = {xs, xq, xq + T * kp};
     memset(s8.zero, 0, (size_t)w8a8_zero_bytes(kp));
     int failed = 0;
+    team_sync *sync = team_sync_new(nthreads); /* NULL: the team meets at `omp barrier`s instead */
 #pragma omp parallel num_threads(nthreads)
     {
+        team_sync_join(omp_get_num_threads() == nthreads ? sync : NULL);
         float *scores = malloc(sizeof(float) * (size_t)pl.scores_len), *acc = malloc(sizeof(float) * (size_t)pl.acc_len);
         own_row own;
         if (scores == NULL || acc == NULL || own_row_alloc(&own, T, hidden, kp, QD)) {
 #pragma omp atomic write
             failed = 3;
         }
-#pragma omp barrier
+        team_barrier();
         for (int64_t l = 0; l < L && !failed; ++l) {
             const layer_f32 *ly = layers + l;
             const float *xin = norm_rows(&d, x, ly->in_norm, xn, &own);
@@ -216,7 +224,9 @@ int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, in
         free(acc);
         free(own.xn);
         free(own.xq);
+        team_sync_leave();
     }
+    team_sync_free(sync);
     attn_plan_free(&pl);
     return failed;
 }
