@@ -194,6 +194,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.llama_decode_f32.argtypes, lib.llama_decode_f32.restype = [ctypes.c_void_p], ctypes.c_int
     lib.llama_decode_steps_f32.argtypes = [ctypes.c_void_p, _I64] + [ctypes.c_void_p] * 4
     lib.llama_decode_steps_f32.restype = ctypes.c_int
+    # the fused decoder team's barrier, checked (csrc/team_sync.c)
+    lib.team_sync_check.argtypes, lib.team_sync_check.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return lib
 
 

@@ -20,4 +20,7 @@ void team_sync_join(team_sync *s);
 void team_sync_leave(void);
 /* every thread of the team waits for the others; writes before it are seen by every thread after it */
 void team_barrier(void);
+/* the barrier held to its contract by a team of nthreads over `rounds` rounds: the reads that saw a stale value (0),
+ * or -1 where the team could not be had */
+int team_sync_check(int nthreads, int rounds);
 #endif
