@@ -170,6 +170,8 @@ static void mlp(const dims_f32 *d, const layer_f32 *ly, const float *xn, float *
     const int64_t inter = d->inter;
     if (ly->gu.kind == LIN_F32 && inter % F32_TILE_NR == 0) {
         gate_up_silu_f32_team(xn, d->T, d->hidden, ly->gu.w, inter, ly->gu.bias, h);
+    } else if (ly->gu.kind == LIN_W8A8 && d->T == 1 && inter % w8a8_panel_width() == 0) {
+        gate_up_silu_w8a8_team(xn, d->hidden, ly->gu.w, ly->gu.scale, inter, ly->gu.bias, h, own->xq, own->xs);
     } else {
         lin(d, &ly->gu, xn, d->hidden, 2 * inter, gu, 0, s, own);
         silu_rows(d, gu, h);

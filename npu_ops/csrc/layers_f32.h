@@ -22,6 +22,13 @@ void linear_w8a16_f32_team(const float *x, int64_t M, int64_t K, const int8_t *w
 void linear_w8a8_f32_team(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
                           const float *bias, float *y, int8_t *xq, float *xs, const int8_t *zero, int add);
 int64_t w8a8_zero_bytes(int64_t K);
+/* the packed W8A8 panels' width: a [gate | up] projection whose `inter` it divides takes gate_up_silu_w8a8_team */
+int w8a8_panel_width(void);
+/* one row's silu(gate) * up into h from the packed W8A8 [gate | up] projection (gemm_w8a8_row.c): every thread of the
+ * team, x quantized into its own xq / xs; the bits of linear_w8a8_f32_team then silu_mul_row_f32. Ends on the
+ * team's barrier. */
+void gate_up_silu_w8a8_team(const float *x, int64_t K, const int8_t *wp, const float *ws, int64_t inter,
+                            const float *bias, float *h, int8_t *xq, float *xs);
 
 /* every decoder layer of a step (layers_f32.c) and the head's single-op kernels (gemm.c, gemm_w8i16.c), for the
  * fused decode step (decode_f32.c) */

@@ -1,0 +1,201 @@
+/* The W8A8 integer tiles (gemm_w8a8.c: the layout, the batched and whole-row kernels; gemm_w8a8_row.c: one row
+ * by a team) and their epilogue: one source for both files, so both round alike. */
+#ifndef MINDIE_GEMM_W8A8_TILE_H
+#define MINDIE_GEMM_W8A8_TILE_H
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#include "layers_f32.h"
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512F__)
+#define W8A8_VNNI 1
+#define ANR 16
+#define AMR 8
+#else
+#define W8A8_VNNI 0
+#define ANR 8
+#define AMR 4
+#endif
+#define TW (2 * ANR) /* a tile's columns: two panels */
+#define MC 96
+
+static inline int64_t k4_of(int64_t K) { return (K + 3) / 4; }
+static inline int64_t npanels(int64_t N) { return (N + ANR - 1) / ANR; }
+
+
+/* c[R][TW] (int32) = rows a (lda bytes apart, in this core's activation format) . panels b0, b1 */
+#if W8A8_VNNI
+static inline __attribute__((always_inline)) void atile_r(const int R, const int8_t *restrict a, int64_t lda,
+                                                          const int8_t *restrict b0p, const int8_t *restrict b1p,
+                                                          int64_t K4, int32_t *restrict c) {
+    __m512i c0[AMR], c1[AMR];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm512_setzero_si512();
+    for (int64_t q = 0; q < K4; ++q) {
+        const __m512i w0 = _mm512_loadu_si512(b0p + q * 64), w1 = _mm512_loadu_si512(b1p + q * 64);
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+            int32_t quad;
+            memcpy(&quad, a + r * lda + q * 4, 4);
+            const __m512i xv = _mm512_set1_epi32(quad); /* 4 unsigned (offset) bytes of row r */
+            c0[r] = _mm512_dpbusd_epi32(c0[r], xv, w0);
+            c1[r] = _mm512_dpbusd_epi32(c1[r], xv, w1);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+        _mm512_storeu_si512(c + r * TW, c0[r]);
+        _mm512_storeu_si512(c + r * TW + 16, c1[r]);
+    }
+}
+#elif defined(__AVX2__)
+static inline __attribute__((always_inline)) void atile_r(const int R, const int8_t *restrict a, int64_t lda,
+                                                          const int8_t *restrict b0p, const int8_t *restrict b1p,
+                                                          int64_t K4, int32_t *restrict c) {
+    __m256i c0[AMR], c1[AMR];
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) c0[r] = c1[r] = _mm256_setzero_si256();
+    for (int64_t q = 0; q < K4; ++q) {
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(b0p + q * 32));
+        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(b1p + q * 32));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) {
+            int32_t quad;
+            memcpy(&quad, a + r * lda + q * 4, 4);
+            const __m256i xv = _mm256_set1_epi32(quad), ax = _mm256_abs_epi8(xv);
+            /* sign(w, x): w negated where x < 0, zeroed where x == 0; |x| then carries no sign */
+            const __m256i p0 = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w0, xv));
+            const __m256i p1 = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w1, xv));
+            c0[r] = _mm256_add_epi32(c0[r], _mm256_madd_epi16(p0, ones));
+            c1[r] = _mm256_add_epi32(c1[r], _mm256_madd_epi16(p1, ones));
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+        _mm256_storeu_si256((__m256i *)(c + r * TW), c0[r]);
+        _mm256_storeu_si256((__m256i *)(c + r * TW + 8), c1[r]);
+    }
+}
+#endif
+
+#ifdef __AVX2__
+#define ATILE(R)                                                                                          \
+    static void atile##R(const int8_t *a, int64_t lda, const int8_t *b0, const int8_t *b1, int64_t K4,  \
+                         int32_t *c) {                                                                    \
+        atile_r(R, a, lda, b0, b1, K4, c);                                                                \
+    }
+ATILE(1)
+ATILE(2)
+ATILE(3)
+ATILE(4)
+#if AMR > 4
+ATILE(5)
+ATILE(6)
+ATILE(7)
+ATILE(8)
+#endif
+typedef void (*atile_fn)(const int8_t *, int64_t, const int8_t *, const int8_t *, int64_t, int32_t *);
+#if AMR > 4
+static const atile_fn ATILES[AMR + 1] = {0, atile1, atile2, atile3, atile4, atile5, atile6, atile7, atile8};
+#else
+static const atile_fn ATILES[AMR + 1] = {0, atile1, atile2, atile3, atile4};
+#endif
+#endif
+
+/* c[r * TW + j]: j < ANR from panel b0, j >= ANR from b1; rows in this core's activation format. */
+static inline void atile(int mr, const int8_t *a, int64_t lda, const int8_t *b0, const int8_t *b1, int64_t K4, int32_t *c) {
+#ifdef __AVX2__
+    ATILES[mr](a, lda, b0, b1, K4, c);
+#else
+    memset(c, 0, sizeof(int32_t) * (size_t)(mr * TW));
+    for (int r = 0; r < mr; ++r)
+        for (int64_t q = 0; q < K4; ++q)
+            for (int j = 0; j < TW; ++j) {
+                const int8_t *bp = (j < ANR ? b0 : b1) + (q * ANR + j % ANR) * 4;
+                for (int i = 0; i < 4; ++i) c[r * TW + j] += (int32_t)a[r * lda + q * 4 + i] * (int32_t)bp[i];
+            }
+#endif
+}
+
+/* One row against GQ panel pairs in lockstep (2 * GQ streams from memory: a one-stream decode step is
+ * bandwidth-bound, and one pair a thread left memory idle part of the time): c[g * TW + j] as atile's c for
+ * pair g. Integer sums: the same values whatever the order. */
+#define GQ 4
+#if W8A8_VNNI
+static inline void arow_multi(const int8_t *restrict a, const int8_t *const *bp, int64_t K4, int32_t *restrict c) {
+    __m512i acc[2 * GQ];
+#pragma GCC unroll 8
+    for (int i = 0; i < 2 * GQ; ++i) acc[i] = _mm512_setzero_si512();
+    for (int64_t q = 0; q < K4; ++q) {
+        int32_t quad;
+        memcpy(&quad, a + q * 4, 4);
+        const __m512i xv = _mm512_set1_epi32(quad);
+#pragma GCC unroll 8
+        for (int i = 0; i < 2 * GQ; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], xv, _mm512_loadu_si512(bp[i] + q * 64));
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 2 * GQ; ++i) _mm512_storeu_si512(c + i * ANR, acc[i]);
+}
+#elif defined(__AVX2__)
+static inline void arow_multi(const int8_t *restrict a, const int8_t *const *bp, int64_t K4, int32_t *restrict c) {
+    __m256i acc[2 * GQ];
+    const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 8
+    for (int i = 0; i < 2 * GQ; ++i) acc[i] = _mm256_setzero_si256();
+    for (int64_t q = 0; q < K4; ++q) {
+        int32_t quad;
+        memcpy(&quad, a + q * 4, 4);
+        const __m256i xv = _mm256_set1_epi32(quad), ax = _mm256_abs_epi8(xv);
+#pragma GCC unroll 8
+        for (int i = 0; i < 2 * GQ; ++i) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(bp[i] + q * 32));
+            acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, xv)), ones));
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 2 * GQ; ++i) _mm256_storeu_si256((__m256i *)(c + i * ANR), acc[i]);
+}
+#else
+static inline void arow_multi(const int8_t *a, const int8_t *const *bp, int64_t K4, int32_t *c) {
+    for (int g = 0; g < GQ; ++g) atile(1, a, K4 * 4, bp[2 * g], bp[2 * g + 1], K4, c + g * TW);
+}
+#endif
+
+/* y[r, 0:ncols] = (c[r] - comp) * xs[r] * ws (+ bias): the reference's float ops in its order; with add,
+ * y += that (the residual stream: PyTorch's `x + linear(h)` rounds the same). */
+static inline void epilogue(const int32_t *c, int mr, const float *xs, const int32_t *comp, const float *ws,
+                     const float *bias, float *y, int64_t ldy, int64_t ncols, int add) {
+    for (int r = 0; r < mr; ++r) {
+        float *yr = y + r * ldy;
+        const int32_t *cr = c + r * TW;
+        int64_t j = 0;
+#if W8A8_VNNI
+        const __m512 sx = _mm512_set1_ps(xs[r]);
+        for (; j < ncols; j += 16) {
+            const __mmask16 mk = ncols - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (ncols - j)) - 1);
+            const __m512i acc = _mm512_sub_epi32(_mm512_loadu_si512(cr + j), _mm512_loadu_si512(comp + j));
+            __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc), sx), _mm512_maskz_loadu_ps(mk, ws + j));
+            if (bias != NULL) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mk, bias + j));
+            if (add) v = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, yr + j), v);
+            _mm512_mask_storeu_ps(yr + j, mk, v);
+        }
+#endif
+        for (; j < ncols; ++j) {
+            const float v = (float)(cr[j] - (comp != NULL ? comp[j] : 0)) * xs[r] * ws[j] + (bias != NULL ? bias[j] : 0.f);
+            yr[j] = add ? yr[j] + v : v;
+        }
+    }
+}
+
+/* one row by every thread of a team (gemm_w8a8_row.c): this thread's share of y, no barrier */
+void w8a8_row(const int8_t *xr, const float *xs, int64_t K, const int8_t *wp, const float *ws, int64_t N,
+              const float *bias, float *y, const int8_t *zero, int add);
+#endif
