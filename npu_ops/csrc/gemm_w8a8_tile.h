@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include "layers_f32.h"
+#include "stream_ahead.h"
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -127,7 +128,7 @@ static inline void atile(int mr, const int8_t *a, int64_t lda, const int8_t *b0,
 
 /* One row against GQ panel pairs in lockstep (2 * GQ streams from memory: a one-stream decode step is
  * bandwidth-bound, and one pair a thread left memory idle part of the time): c[g * TW + j] as atile's c for
- * pair g. Integer sums: the same values whatever the order. */
+ * pair g. Integer sums: the same values whatever the order. Each stream asks for its lines ahead (stream_ahead.h). */
 #define GQ 4
 #if W8A8_VNNI
 static inline void arow_multi(const int8_t *restrict a, const int8_t *const *bp, int64_t K4, int32_t *restrict c) {
@@ -138,6 +139,8 @@ static inline void arow_multi(const int8_t *restrict a, const int8_t *const *bp,
         int32_t quad;
         memcpy(&quad, a + q * 4, 4);
         const __m512i xv = _mm512_set1_epi32(quad);
+#pragma GCC unroll 8
+        for (int i = 0; i < 2 * GQ; ++i) stream_ahead(bp[i] + q * 64);
 #pragma GCC unroll 8
         for (int i = 0; i < 2 * GQ; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], xv, _mm512_loadu_si512(bp[i] + q * 64));
     }
@@ -154,6 +157,9 @@ static inline void arow_multi(const int8_t *restrict a, const int8_t *const *bp,
         int32_t quad;
         memcpy(&quad, a + q * 4, 4);
         const __m256i xv = _mm256_set1_epi32(quad), ax = _mm256_abs_epi8(xv);
+        if ((q & 1) == 0) /* a line every other step */
+#pragma GCC unroll 8
+            for (int i = 0; i < 2 * GQ; ++i) stream_ahead(bp[i] + q * 32);
 #pragma GCC unroll 8
         for (int i = 0; i < 2 * GQ; ++i) {
             const __m256i w = _mm256_loadu_si256((const __m256i *)(bp[i] + q * 32));
