@@ -14,28 +14,55 @@ static void pair_store(const int32_t *c, int64_t pp, int64_t N, const float *xs,
              add);
 }
 
-/* One row: this thread's share of the panel pairs (split by hand, balanced to one pair), GQ pairs at a time. */
+/* A thread's n pairs of one row in rounds of up to GQ streams (gemm_w8a8_tile.h's row_rounds): at(ctx, k, b) points
+ * b[0], b[1] at pair k's two panels, put(ctx, k, c) takes its sums. */
+typedef void (*pair_at)(const void *ctx, int64_t k, const int8_t **b);
+typedef void (*pair_put)(const void *ctx, int64_t k, const int32_t *c);
+
+static void row_pairs(const int8_t *xr, int64_t K4, int64_t n, pair_at at, pair_put put, const void *ctx) {
+    int32_t c[GQ * TW];
+    const int8_t *bp[2 * GQ], *nbp[2 * GQ];
+    const int64_t rounds = row_rounds(n);
+    for (int64_t i = 0; i < rounds; ++i) {
+        const int G = row_streams(n, i), nG = i + 1 < rounds ? row_streams(n, i + 1) : 0;
+        for (int g = 0; g < G; ++g) at(ctx, row_pair(n, g, i), bp + 2 * g);
+        for (int g = 0; g < nG; ++g) at(ctx, row_pair(n, g, i + 1), nbp + 2 * g);
+        arow_multi(G, xr, bp, nG > 0 ? nbp : NULL, nG, K4, c);
+        for (int g = 0; g < G; ++g) put(ctx, row_pair(n, g, i), c + g * TW);
+    }
+}
+
+typedef struct {
+    const int8_t *wp, *zero;
+    const float *xs, *ws, *bias;
+    const int32_t *comp;
+    float *y;
+    int64_t q0, np, psz, N; /* q0: the share's first pair; gate/up: np is gate's panels (the `half`) */
+    int add;
+} row_job;
+
+/* pair q0 + k of a linear: panels 2 (q0 + k) and the next (zero past an odd last one) */
+static void linear_pair_at(const void *ctx, int64_t k, const int8_t **b) {
+    const row_job *j = ctx;
+    const int64_t p = 2 * (j->q0 + k);
+    b[0] = j->wp + p * j->psz;
+    b[1] = p + 1 < j->np ? b[0] + j->psz : j->zero;
+}
+
+static void linear_pair_put(const void *ctx, int64_t k, const int32_t *c) {
+    const row_job *j = ctx;
+    pair_store(c, j->q0 + k, j->N, j->xs, j->comp, j->ws, j->bias, j->y, j->add);
+}
+
+/* One row: this thread's share of the panel pairs (split by hand, balanced to one pair), in rounds of GQ streams. */
 void w8a8_row(const int8_t *xr, const float *xs, int64_t K, const int8_t *wp, const float *ws, int64_t N,
-                     const float *bias, float *y, const int8_t *zero, int add) {
+              const float *bias, float *y, const int8_t *zero, int add) {
     const int64_t K4 = k4_of(K), np = npanels(N), npair = (np + 1) / 2, psz = K4 * ANR * 4;
-    const int32_t *comp = W8A8_VNNI ? (const int32_t *)(wp + np * psz) : NULL;
     int64_t q0, q1;
     team_share(npair, &q0, &q1);
-    int32_t c[GQ * TW];
-    /* GQ pairs at a time, one from each GQ-th of the share (streams far apart: gemm.c's row_panels); a last
-     * pair with an odd panel (zero for its second) goes with the rest, one by one */
-    const int64_t whole = q1 == npair && np % 2 ? q1 - 1 : q1, q = whole > q0 ? (whole - q0) / GQ : 0;
-    for (int64_t i = 0; i < q; ++i) {
-        const int8_t *bp[2 * GQ];
-        for (int g = 0; g < GQ; ++g) bp[2 * g] = wp + 2 * (q0 + g * q + i) * psz, bp[2 * g + 1] = bp[2 * g] + psz;
-        arow_multi(xr, bp, K4, c);
-        for (int g = 0; g < GQ; ++g) pair_store(c + g * TW, q0 + g * q + i, N, xs, comp, ws, bias, y, add);
-    }
-    for (int64_t pp = q0 + GQ * q; pp < q1; ++pp) {
-        const int8_t *b0 = wp + 2 * pp * psz, *b1 = 2 * pp + 1 < np ? b0 + psz : zero;
-        atile(1, xr, K4 * 4, b0, b1, K4, c);
-        pair_store(c, pp, N, xs, comp, ws, bias, y, add);
-    }
+    const row_job job = {wp, zero, xs, ws, bias, W8A8_VNNI ? (const int32_t *)(wp + np * psz) : NULL, y, q0, np, psz,
+                         N, add};
+    row_pairs(xr, K4, q1 - q0, linear_pair_at, linear_pair_put, &job);
 }
 
 /* gate/up panel pair p's single-row sums c (gate's ANR columns, then up's) -> silu(gate) * up into h's columns
@@ -51,25 +78,28 @@ static void gate_up_store(const int32_t *c, int64_t p, int64_t inter, const floa
     silu_mul_row_f32(g, u, h + n0, ANR);
 }
 
+/* gate/up pair q0 + k: gate panel p and up panel half + p */
+static void gate_up_pair_at(const void *ctx, int64_t k, const int8_t **b) {
+    const row_job *j = ctx;
+    b[0] = j->wp + (j->q0 + k) * j->psz;
+    b[1] = b[0] + j->np * j->psz;
+}
+
+static void gate_up_pair_put(const void *ctx, int64_t k, const int32_t *c) {
+    const row_job *j = ctx;
+    gate_up_store(c, j->q0 + k, j->N, j->xs, j->comp, j->ws, j->bias, j->y);
+}
+
 void gate_up_silu_w8a8_team(const float *x, int64_t K, const int8_t *wp, const float *ws, int64_t inter,
                             const float *bias, float *h, int8_t *xq, float *xs) {
     const int64_t K4 = k4_of(K), half = inter / ANR, psz = K4 * ANR * 4;
-    const int32_t *comp = W8A8_VNNI ? (const int32_t *)(wp + npanels(2 * inter) * psz) : NULL;
     quantize_row_i8(x, K, K4 * 4, xq, xs, W8A8_VNNI ? (int8_t)0x80 : 0);
     int64_t p0, p1;
     team_share(half, &p0, &p1);
-    int32_t c[GQ * TW];
-    /* GQ pairs at a time, one from each GQ-th of the share: a pair is gate panel p and up panel half + p */
-    const int64_t q = (p1 - p0) / GQ;
-    for (int64_t i = 0; i < q; ++i) {
-        const int8_t *bp[2 * GQ];
-        for (int g = 0; g < GQ; ++g) bp[2 * g] = wp + (p0 + g * q + i) * psz, bp[2 * g + 1] = bp[2 * g] + half * psz;
-        arow_multi(xq, bp, K4, c);
-        for (int g = 0; g < GQ; ++g) gate_up_store(c + g * TW, p0 + g * q + i, inter, xs, comp, ws, bias, h);
-    }
-    for (int64_t p = p0 + GQ * q; p < p1; ++p) {
-        atile(1, xq, K4 * 4, wp + p * psz, wp + (half + p) * psz, K4, c);
-        gate_up_store(c, p, inter, xs, comp, ws, bias, h);
-    }
+    /* N: inter (gate_up_store's); np: gate's panels */
+    const row_job job = {wp, NULL, xs, ws, bias,
+                         W8A8_VNNI ? (const int32_t *)(wp + npanels(2 * inter) * psz) : NULL, h, p0, half, psz,
+                         inter, 0};
+    row_pairs(xq, K4, p1 - p0, gate_up_pair_at, gate_up_pair_put, &job);
     team_barrier();
 }

@@ -126,54 +126,105 @@ static inline void atile(int mr, const int8_t *a, int64_t lda, const int8_t *b0,
 #endif
 }
 
-/* One row against GQ panel pairs in lockstep (2 * GQ streams from memory: a one-stream decode step is
+/* One row against G <= GQ panel pairs in lockstep (2 * G streams from memory: a one-stream decode step is
  * bandwidth-bound, and one pair a thread left memory idle part of the time): c[g * TW + j] as atile's c for
- * pair g. Integer sums: the same values whatever the order. Each stream asks for its lines ahead (stream_ahead.h). */
+ * pair g. Integer sums: the same values whatever the order. Each stream asks for its lines STREAM_AHEAD bytes ahead
+ * (stream_ahead.h); over its last STREAM_AHEAD bytes it asks for the first ones of the next round's streams nbp
+ * (2 * nG of them, NULL: none): their starts are not where the hardware prefetchers would look. */
 #define GQ 4
 #if W8A8_VNNI
-static inline void arow_multi(const int8_t *restrict a, const int8_t *const *bp, int64_t K4, int32_t *restrict c) {
-    __m512i acc[2 * GQ];
-#pragma GCC unroll 8
-    for (int i = 0; i < 2 * GQ; ++i) acc[i] = _mm512_setzero_si512();
-    for (int64_t q = 0; q < K4; ++q) {
-        int32_t quad;
-        memcpy(&quad, a + q * 4, 4);
-        const __m512i xv = _mm512_set1_epi32(quad);
-#pragma GCC unroll 8
-        for (int i = 0; i < 2 * GQ; ++i) stream_ahead(bp[i] + q * 64);
-#pragma GCC unroll 8
-        for (int i = 0; i < 2 * GQ; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], xv, _mm512_loadu_si512(bp[i] + q * 64));
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < 2 * GQ; ++i) _mm512_storeu_si512(c + i * ANR, acc[i]);
-}
+#define ROW_Q_BYTES 64 /* a panel's bytes a step of k */
+#define ROW_STEP(q)                                                                                                   \
+    do {                                                                                                              \
+        int32_t quad;                                                                                                 \
+        memcpy(&quad, a + (q) * 4, 4);                                                                                \
+        const __m512i xv = _mm512_set1_epi32(quad);                                                                  \
+        _Pragma("GCC unroll 8") for (int i = 0; i < 2 * G; ++i) acc[i] =                                              \
+            _mm512_dpbusd_epi32(acc[i], xv, _mm512_loadu_si512(bp[i] + (q) * 64));                                   \
+    } while (0)
+#define ROW_ACC __m512i acc[2 * GQ]
+#define ROW_ZERO(i) acc[i] = _mm512_setzero_si512()
+#define ROW_STORE(i) _mm512_storeu_si512(c + (i) * ANR, acc[i])
 #elif defined(__AVX2__)
-static inline void arow_multi(const int8_t *restrict a, const int8_t *const *bp, int64_t K4, int32_t *restrict c) {
-    __m256i acc[2 * GQ];
-    const __m256i ones = _mm256_set1_epi16(1);
+#define ROW_Q_BYTES 32
+#define ROW_STEP(q)                                                                                                   \
+    do {                                                                                                              \
+        int32_t quad;                                                                                                 \
+        memcpy(&quad, a + (q) * 4, 4);                                                                                \
+        const __m256i xv = _mm256_set1_epi32(quad), ax = _mm256_abs_epi8(xv);                                       \
+        _Pragma("GCC unroll 8") for (int i = 0; i < 2 * G; ++i) {                                                     \
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(bp[i] + (q) * 32));                               \
+            acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, xv)),  \
+                                                                 _mm256_set1_epi16(1)));                             \
+        }                                                                                                             \
+    } while (0)
+#define ROW_ACC __m256i acc[2 * GQ]
+#define ROW_ZERO(i) acc[i] = _mm256_setzero_si256()
+#define ROW_STORE(i) _mm256_storeu_si256((__m256i *)(c + (i) * ANR), acc[i])
+#endif
+
+#ifdef ROW_STEP
+static inline __attribute__((always_inline)) void arow_g(const int G, const int8_t *restrict a,
+                                                         const int8_t *const *bp, const int8_t *const *nbp, int nG,
+                                                         int64_t K4, int32_t *restrict c) {
+    ROW_ACC;
 #pragma GCC unroll 8
-    for (int i = 0; i < 2 * GQ; ++i) acc[i] = _mm256_setzero_si256();
-    for (int64_t q = 0; q < K4; ++q) {
-        int32_t quad;
-        memcpy(&quad, a + q * 4, 4);
-        const __m256i xv = _mm256_set1_epi32(quad), ax = _mm256_abs_epi8(xv);
-        if ((q & 1) == 0) /* a line every other step */
+    for (int i = 0; i < 2 * G; ++i) ROW_ZERO(i);
+    /* a line a stream every 64 / ROW_Q_BYTES steps */
+    const int64_t every = 64 / ROW_Q_BYTES, ahead = STREAM_AHEAD / ROW_Q_BYTES, split = K4 > ahead ? K4 - ahead : 0;
+    int64_t q = 0;
+    for (; q < split; ++q) {
+        if (q % every == 0)
 #pragma GCC unroll 8
-            for (int i = 0; i < 2 * GQ; ++i) stream_ahead(bp[i] + q * 32);
-#pragma GCC unroll 8
-        for (int i = 0; i < 2 * GQ; ++i) {
-            const __m256i w = _mm256_loadu_si256((const __m256i *)(bp[i] + q * 32));
-            acc[i] = _mm256_add_epi32(acc[i], _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(w, xv)), ones));
-        }
+            for (int i = 0; i < 2 * G; ++i) stream_ahead(bp[i] + q * ROW_Q_BYTES);
+        ROW_STEP(q);
+    }
+    for (; q < K4; ++q) {
+        if (nbp != NULL && (q - split) % every == 0)
+            for (int i = 0; i < 2 * nG; ++i) stream_at(nbp[i] + (q - split) * ROW_Q_BYTES);
+        ROW_STEP(q);
     }
 #pragma GCC unroll 8
-    for (int i = 0; i < 2 * GQ; ++i) _mm256_storeu_si256((__m256i *)(c + i * ANR), acc[i]);
+    for (int i = 0; i < 2 * G; ++i) ROW_STORE(i);
+}
+#define AROW(G_)                                                                                                     \
+    static void arow_##G_(const int8_t *a, const int8_t *const *bp, const int8_t *const *nbp, int nG, int64_t K4,    \
+                          int32_t *c) {                                                                               \
+        arow_g(G_, a, bp, nbp, nG, K4, c);                                                                           \
+    }
+AROW(1)
+AROW(2)
+AROW(3)
+AROW(4)
+typedef void (*arow_fn)(const int8_t *, const int8_t *const *, const int8_t *const *, int, int64_t, int32_t *);
+static const arow_fn AROWS[GQ + 1] = {NULL, arow_1, arow_2, arow_3, arow_4};
+
+static inline void arow_multi(int G, const int8_t *a, const int8_t *const *bp, const int8_t *const *nbp, int nG,
+                              int64_t K4, int32_t *c) {
+    AROWS[G](a, bp, nbp, nG, K4, c);
 }
 #else
-static inline void arow_multi(const int8_t *a, const int8_t *const *bp, int64_t K4, int32_t *c) {
-    for (int g = 0; g < GQ; ++g) atile(1, a, K4 * 4, bp[2 * g], bp[2 * g + 1], K4, c + g * TW);
+static inline void arow_multi(int G, const int8_t *a, const int8_t *const *bp, const int8_t *const *nbp, int nG,
+                              int64_t K4, int32_t *c) {
+    (void)nbp, (void)nG;
+    for (int g = 0; g < G; ++g) atile(1, a, K4 * 4, bp[2 * g], bp[2 * g + 1], K4, c + g * TW);
 }
 #endif
+
+/* A thread's n panel pairs as W <= GQ streams, each a run of consecutive pairs, far apart (gemm.c's row_panels), in
+ * R = ceil(n / GQ) rounds: W = ceil(n / R), so that every round has W streams or, the last, a few fewer (9 pairs:
+ * 3 rounds of 3, not 4 + 4 + 1). Round i takes pair row_pair(n, g, i) of each stream g < row_streams(n, i). */
+static inline int64_t row_rounds(int64_t n) { return (n + GQ - 1) / GQ; }
+static inline int64_t row_width(int64_t n) { return n > 0 ? (n + row_rounds(n) - 1) / row_rounds(n) : 0; }
+/* the streams R pairs long (the rest are R - 1) */
+static inline int64_t row_full(int64_t n) { return n - row_width(n) * (row_rounds(n) - 1); }
+static inline int row_streams(int64_t n, int64_t i) {
+    return (int)(i < row_rounds(n) - 1 ? row_width(n) : row_full(n));
+}
+static inline int64_t row_pair(int64_t n, int g, int64_t i) {
+    const int64_t e = row_full(n);
+    return g * (row_rounds(n) - 1) + (g < e ? g : e) + i;
+}
 
 /* y[r, 0:ncols] = (c[r] - comp) * xs[r] * ws (+ bias): the reference's float ops in its order; with add,
  * y += that (the residual stream: PyTorch's `x + linear(h)` rounds the same). */
