@@ -97,12 +97,7 @@ static inline __attribute__((always_inline)) void v_group_pass(const int G, cons
         for (int i = 0; i < NC; ++i) V_STORE(out + (g * G + h) * D + c0 + VW * i, a[h][i]);
 }
 
-#define V_GROUP_PASS(G_, NC_)                                                                                        \
-    static void v_pass_##G_##_##NC_(const float *scores, int64_t L, const void *v_cache, const int32_t *bt,         \
-                                    int64_t g, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride,       \
-                                    int64_t c0, float *out) {                                                        \
-        v_group_pass(G_, NC_, scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, c0, out);                    \
-    }
+#define V_GROUP_PASS(G_, NC_) LONE_V_PASS(v_pass, v_group_pass, G_, NC_)
 #define V_GROUP_PASSES(G_) V_GROUP_PASS(G_, 1) V_GROUP_PASS(G_, 2) V_GROUP_PASS(G_, 4)
 V_GROUP_PASSES(1)
 V_GROUP_PASSES(2)

@@ -175,12 +175,7 @@ void attn_acc_group_i8(int64_t G, const float *p, int64_t L, const int8_t *v, in
     ACC_GROUPS[G](p, L, v, stride, n, D, acc);
 }
 
-#define VI_PASS(G_, NC_)                                                                                             \
-    static void vi_pass_##G_##_##NC_(const float *scores, int64_t L, const void *v_cache, const int32_t *bt,        \
-                                     int64_t g, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride,      \
-                                     int64_t c0, float *out) {                                                       \
-        vi_group_pass(G_, NC_, scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, c0, out);                   \
-    }
+#define VI_PASS(G_, NC_) LONE_V_PASS(vi_pass, vi_group_pass, G_, NC_)
 #define VI_PASSES(G_) VI_PASS(G_, 1) VI_PASS(G_, 2) VI_PASS(G_, 4)
 VI_PASSES(1)
 VI_PASSES(2)

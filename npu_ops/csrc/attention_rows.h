@@ -15,6 +15,13 @@ void attn_prefetch_block(const float *p, int64_t n);
  * c0 + 8 * 2^k) for the query heads h of KV head g, summed over every key; v_cache as the pass reads it. */
 typedef void (*lone_v_pass)(const float *scores, int64_t L, const void *v_cache, const int32_t *bt, int64_t g,
                             int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride, int64_t c0, float *out);
+/* the lone_v_pass prefix_G_NC: body(G_, NC_, ...) (an always-inline pass of G query heads and NC vectors) */
+#define LONE_V_PASS(prefix, body, G_, NC_)                                                                           \
+    static void prefix##_##G_##_##NC_(const float *scores, int64_t L, const void *v_cache, const int32_t *bt,       \
+                                      int64_t g, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride,     \
+                                      int64_t c0, float *out) {                                                      \
+        body(G_, NC_, scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, c0, out);                            \
+    }
 /* a lone row's weighted sum of V shared over the team by KV head and vector of 8 columns (every query head of the
  * group at once: a unit's work is the same for each, so the split is even); a thread's run of units in one KV head
  * goes in the widest passes that fit it. passes[k]: the pass of 2^k vectors (NULL: none), k < npasses. */
