@@ -35,12 +35,18 @@ static _Thread_local member self;
 #define SPIN_TIGHT 4096
 #define SPIN_PAUSED (SPIN_TIGHT + 2048)
 
+/* the CPUs this process may run on, asked once (a fused decode step builds a team_sync: no system call a step) */
 static int usable_cpus(void) {
+    static atomic_int known; /* 0: not asked yet */
+    int n = atomic_load_explicit(&known, memory_order_relaxed);
+    if (n > 0) return n;
 #ifdef CPU_COUNT
     cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+    n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
 #endif
-    return omp_get_num_procs();
+    if (n <= 0) n = omp_get_num_procs();
+    atomic_store_explicit(&known, n, memory_order_relaxed);
+    return n;
 }
 
 team_sync *team_sync_new(int n) {
