@@ -196,6 +196,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.llama_decode_steps_f32.restype = ctypes.c_int
     # the fused decoder team's barrier, checked (csrc/team_sync.c)
     lib.team_sync_check.argtypes, lib.team_sync_check.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    lib.team_work_check.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
+                                    ctypes.POINTER(ctypes.c_int64)]
+    lib.team_work_check.restype = ctypes.c_int
     return lib
 
 

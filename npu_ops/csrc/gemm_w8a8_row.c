@@ -1,5 +1,6 @@
 /* W8A8 linears of one row (a one-stream decode step) by every thread of a team: a share of the panels each, in
  * GQ groups of streams (gemm_w8a8_tile.h); the fused layers' gate/up projection with silu(gate) * up in its epilogue. */
+#include <omp.h>
 #include <stdint.h>
 
 #include "gemm_w8a8_tile.h"
@@ -14,21 +15,50 @@ static void pair_store(const int32_t *c, int64_t pp, int64_t N, const float *xs,
              add);
 }
 
-/* A thread's n pairs of one row in rounds of up to GQ streams (gemm_w8a8_tile.h's row_rounds): at(ctx, k, b) points
- * b[0], b[1] at pair k's two panels, put(ctx, k, c) takes its sums. */
-typedef void (*pair_at)(const void *ctx, int64_t k, const int8_t **b);
-typedef void (*pair_put)(const void *ctx, int64_t k, const int32_t *c);
+/* at(ctx, p, b) points b[0], b[1] at pair p's two panels, put(ctx, p, c) takes its sums. */
+typedef void (*pair_at)(const void *ctx, int64_t p, const int8_t **b);
+typedef void (*pair_put)(const void *ctx, int64_t p, const int32_t *c);
 
-static void row_pairs(const int8_t *xr, int64_t K4, int64_t n, pair_at at, pair_put put, const void *ctx) {
+/* unit u of a share of n pairs from q0: the units in round order (gemm_w8a8_tile.h's row_rounds), round i's
+ * stream g unit i * W + g, so that the front of a share is whole rounds and its back single pairs */
+static int64_t unit_pair(int64_t q0, int64_t n, int64_t u) {
+    const int64_t W = row_width(n), R = row_rounds(n), i = u / W < R - 1 ? u / W : R - 1;
+    return q0 + row_pair(n, (int)(u - i * W), i);
+}
+
+static void share_of(int64_t total, int t, int64_t *q0, int64_t *n) {
+    const int64_t nt = omp_get_num_threads();
+    *q0 = total * t / nt;
+    *n = total * (t + 1) / nt - *q0;
+}
+
+/* The total pairs of one row over the team (team_work_*): this thread's share in rounds of up to GQ streams, each
+ * round asking ahead for the next round's streams, then single pairs from the ends of the others' shares. */
+static void row_pairs(const int8_t *xr, int64_t K4, int64_t total, pair_at at, pair_put put, const void *ctx) {
     int32_t c[GQ * TW];
     const int8_t *bp[2 * GQ], *nbp[2 * GQ];
+    int64_t q0, n, got;
+    share_of(total, omp_get_thread_num(), &q0, &n);
+    team_work_open(n);
     const int64_t rounds = row_rounds(n);
-    for (int64_t i = 0; i < rounds; ++i) {
-        const int G = row_streams(n, i), nG = i + 1 < rounds ? row_streams(n, i + 1) : 0;
-        for (int g = 0; g < G; ++g) at(ctx, row_pair(n, g, i), bp + 2 * g);
-        for (int g = 0; g < nG; ++g) at(ctx, row_pair(n, g, i + 1), nbp + 2 * g);
+    int64_t u = team_work_front(rounds > 0 ? row_streams(n, 0) : 0, &got);
+    for (int64_t i = 0; got > 0; ++i) {
+        const int G = (int)got, nG = i + 1 < rounds ? row_streams(n, i + 1) : 0;
+        for (int g = 0; g < G; ++g) at(ctx, unit_pair(q0, n, u + g), bp + 2 * g);
+        for (int g = 0; g < nG; ++g) at(ctx, unit_pair(q0, n, u + G + g), nbp + 2 * g);
         arow_multi(G, xr, bp, nG > 0 ? nbp : NULL, nG, K4, c);
-        for (int g = 0; g < G; ++g) put(ctx, row_pair(n, g, i), c + g * TW);
+        for (int g = 0; g < G; ++g) put(ctx, unit_pair(q0, n, u + g), c + g * TW);
+        got = 0;
+        if (nG > 0) u = team_work_front(nG, &got);
+    }
+    int who;
+    int64_t unit;
+    while (team_work_steal(&who, &unit)) {
+        share_of(total, who, &q0, &n);
+        const int64_t p = unit_pair(q0, n, unit);
+        at(ctx, p, bp);
+        arow_multi(1, xr, bp, NULL, 0, K4, c);
+        put(ctx, p, c);
     }
 }
 
@@ -37,32 +67,29 @@ typedef struct {
     const float *xs, *ws, *bias;
     const int32_t *comp;
     float *y;
-    int64_t q0, np, psz, N; /* q0: the share's first pair; gate/up: np is gate's panels (the `half`) */
+    int64_t np, psz, N; /* gate/up: np is gate's panels (the `half`) */
     int add;
 } row_job;
 
-/* pair q0 + k of a linear: panels 2 (q0 + k) and the next (zero past an odd last one) */
-static void linear_pair_at(const void *ctx, int64_t k, const int8_t **b) {
+/* pair p of a linear: panels 2 p and the next (zero past an odd last one) */
+static void linear_pair_at(const void *ctx, int64_t p, const int8_t **b) {
     const row_job *j = ctx;
-    const int64_t p = 2 * (j->q0 + k);
-    b[0] = j->wp + p * j->psz;
-    b[1] = p + 1 < j->np ? b[0] + j->psz : j->zero;
+    b[0] = j->wp + 2 * p * j->psz;
+    b[1] = 2 * p + 1 < j->np ? b[0] + j->psz : j->zero;
 }
 
-static void linear_pair_put(const void *ctx, int64_t k, const int32_t *c) {
+static void linear_pair_put(const void *ctx, int64_t p, const int32_t *c) {
     const row_job *j = ctx;
-    pair_store(c, j->q0 + k, j->N, j->xs, j->comp, j->ws, j->bias, j->y, j->add);
+    pair_store(c, p, j->N, j->xs, j->comp, j->ws, j->bias, j->y, j->add);
 }
 
-/* One row: this thread's share of the panel pairs (split by hand, balanced to one pair), in rounds of GQ streams. */
+/* One row: the panel pairs over the team (row_pairs). */
 void w8a8_row(const int8_t *xr, const float *xs, int64_t K, const int8_t *wp, const float *ws, int64_t N,
               const float *bias, float *y, const int8_t *zero, int add) {
-    const int64_t K4 = k4_of(K), np = npanels(N), npair = (np + 1) / 2, psz = K4 * ANR * 4;
-    int64_t q0, q1;
-    team_share(npair, &q0, &q1);
-    const row_job job = {wp, zero, xs, ws, bias, W8A8_VNNI ? (const int32_t *)(wp + np * psz) : NULL, y, q0, np, psz,
-                         N, add};
-    row_pairs(xr, K4, q1 - q0, linear_pair_at, linear_pair_put, &job);
+    const int64_t K4 = k4_of(K), np = npanels(N), psz = K4 * ANR * 4;
+    const row_job job = {wp, zero, xs, ws, bias, W8A8_VNNI ? (const int32_t *)(wp + np * psz) : NULL, y, np, psz, N,
+                         add};
+    row_pairs(xr, K4, (np + 1) / 2, linear_pair_at, linear_pair_put, &job);
 }
 
 /* gate/up panel pair p's single-row sums c (gate's ANR columns, then up's) -> silu(gate) * up into h's columns
@@ -78,28 +105,25 @@ static void gate_up_store(const int32_t *c, int64_t p, int64_t inter, const floa
     silu_mul_row_f32(g, u, h + n0, ANR);
 }
 
-/* gate/up pair q0 + k: gate panel p and up panel half + p */
-static void gate_up_pair_at(const void *ctx, int64_t k, const int8_t **b) {
+/* gate/up pair p: gate panel p and up panel half + p */
+static void gate_up_pair_at(const void *ctx, int64_t p, const int8_t **b) {
     const row_job *j = ctx;
-    b[0] = j->wp + (j->q0 + k) * j->psz;
+    b[0] = j->wp + p * j->psz;
     b[1] = b[0] + j->np * j->psz;
 }
 
-static void gate_up_pair_put(const void *ctx, int64_t k, const int32_t *c) {
+static void gate_up_pair_put(const void *ctx, int64_t p, const int32_t *c) {
     const row_job *j = ctx;
-    gate_up_store(c, j->q0 + k, j->N, j->xs, j->comp, j->ws, j->bias, j->y);
+    gate_up_store(c, p, j->N, j->xs, j->comp, j->ws, j->bias, j->y);
 }
 
 void gate_up_silu_w8a8_team(const float *x, int64_t K, const int8_t *wp, const float *ws, int64_t inter,
                             const float *bias, float *h, int8_t *xq, float *xs) {
     const int64_t K4 = k4_of(K), half = inter / ANR, psz = K4 * ANR * 4;
     quantize_row_i8(x, K, K4 * 4, xq, xs, W8A8_VNNI ? (int8_t)0x80 : 0);
-    int64_t p0, p1;
-    team_share(half, &p0, &p1);
     /* N: inter (gate_up_store's); np: gate's panels */
     const row_job job = {wp, NULL, xs, ws, bias,
-                         W8A8_VNNI ? (const int32_t *)(wp + npanels(2 * inter) * psz) : NULL, h, p0, half, psz,
-                         inter, 0};
-    row_pairs(xq, K4, p1 - p0, gate_up_pair_at, gate_up_pair_put, &job);
+                         W8A8_VNNI ? (const int32_t *)(wp + npanels(2 * inter) * psz) : NULL, h, half, psz, inter, 0};
+    row_pairs(xq, K4, half, gate_up_pair_at, gate_up_pair_put, &job);
     team_barrier();
 }

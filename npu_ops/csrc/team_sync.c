@@ -5,13 +5,20 @@
 #include <omp.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 #ifdef __x86_64__
 #include <immintrin.h>
 #endif
 
 typedef struct {
     _Alignas(64) atomic_long arrived; /* barriers this thread has reached */
+    /* its share of the phase's shared work (team_work_open): the phase (the barriers before it + 1) << 40 | the
+     * units taken from the back << 20 | those taken from the front; one atomic word, so that every claim sees the
+     * other end's claims. A line of its own: the owner claims here every round, the others only at the end. */
+    _Alignas(64) _Atomic uint64_t work;
+    int64_t work_n; /* its units (written before `work` is released) */
 } sync_slot;
 
 struct team_sync {
@@ -20,11 +27,14 @@ struct team_sync {
     sync_slot *slots;
 };
 
-/* the thread's membership: its team, its slot and the barriers it has reached */
+/* the thread's membership: its team, its slot and the barriers it has reached; its share of the phase's work
+ * where it claims alone (no team, or a share too large for the word's fields) */
 typedef struct {
     team_sync *s;
     int me;
     long count;
+    int64_t front, n;
+    int alone;
 } member;
 
 static _Thread_local member self;
@@ -57,7 +67,11 @@ team_sync *team_sync_new(int n) {
         free(slots);
         return NULL;
     }
-    for (int i = 0; i < n; ++i) atomic_init(&slots[i].arrived, 0);
+    for (int i = 0; i < n; ++i) {
+        atomic_init(&slots[i].arrived, 0);
+        atomic_init(&slots[i].work, 0); /* phase 0: no phase's */
+        slots[i].work_n = 0;
+    }
     const int spin = n <= usable_cpus();
     *s = (team_sync){n, spin ? SPIN_TIGHT : 0, spin ? SPIN_PAUSED : 0, slots};
     return s;
@@ -69,9 +83,9 @@ void team_sync_free(team_sync *s) {
     free(s);
 }
 
-void team_sync_join(team_sync *s) { self = (member){s, omp_get_thread_num(), 0}; }
+void team_sync_join(team_sync *s) { self = (member){s, omp_get_thread_num(), 0, 0, 0, 0}; }
 
-void team_sync_leave(void) { self = (member){NULL, 0, 0}; }
+void team_sync_leave(void) { self = (member){NULL, 0, 0, 0, 0, 0}; }
 
 static inline void relax(const team_sync *s, long spins) {
     if (spins < s->spin_tight) return;
@@ -96,6 +110,65 @@ void team_barrier(void) {
         long spins = 0;
         while (atomic_load_explicit(&m->s->slots[t].arrived, memory_order_acquire) < e) relax(m->s, spins++);
     }
+}
+
+#define WORK_BITS 20
+#define WORK_MASK ((UINT64_C(1) << WORK_BITS) - 1)
+#define WORK_MAX (INT64_C(1) << (WORK_BITS - 2)) /* room for the claims that overshoot the end */
+
+static inline uint64_t work_phase(const member *m) { return (uint64_t)(m->count + 1) << (2 * WORK_BITS); }
+
+void team_work_open(int64_t n) {
+    member *m = &self;
+    m->front = 0;
+    m->n = n;
+    m->alone = m->s == NULL || n >= WORK_MAX;
+    if (m->s == NULL) return;
+    sync_slot *sl = &m->s->slots[m->me];
+    sl->work_n = m->alone ? 0 : n; /* a share too large to publish is not stolen from */
+    atomic_store_explicit(&sl->work, work_phase(m), memory_order_release);
+}
+
+int64_t team_work_front(int64_t want, int64_t *got) {
+    member *m = &self;
+    int64_t f, left;
+    if (m->alone) {
+        f = m->front;
+        left = m->n - f;
+    } else {
+        /* relaxed: the claims only split the indices; what the units write is published by the phase's barrier */
+        const uint64_t v = atomic_fetch_add_explicit(&m->s->slots[m->me].work, (uint64_t)want, memory_order_relaxed);
+        f = (int64_t)(v & WORK_MASK);
+        left = m->n - f - (int64_t)((v >> WORK_BITS) & WORK_MASK);
+    }
+    *got = left <= 0 ? 0 : left < want ? left : want;
+    m->front = f + *got;
+    return f;
+}
+
+int team_work_steal(int *who, int64_t *unit) {
+    member *m = &self;
+    if (m->s == NULL) return 0;
+    const uint64_t phase = work_phase(m);
+    for (int k = 1; k < m->s->n; ++k) {
+        const int t = (m->me + k) % m->s->n;
+        sync_slot *sl = &m->s->slots[t];
+        uint64_t v;
+        long spins = 0; /* a thread that has not opened this phase's share yet will before the barrier */
+        while (((v = atomic_load_explicit(&sl->work, memory_order_acquire)) & ~(WORK_MASK | WORK_MASK << WORK_BITS)) !=
+               phase)
+            relax(m->s, spins++);
+        const int64_t n = sl->work_n;
+        if ((int64_t)(v & WORK_MASK) + (int64_t)((v >> WORK_BITS) & WORK_MASK) >= n) continue; /* none left */
+        v = atomic_fetch_add_explicit(&sl->work, UINT64_C(1) << WORK_BITS, memory_order_relaxed);
+        const int64_t back = n - 1 - (int64_t)((v >> WORK_BITS) & WORK_MASK);
+        if (back >= (int64_t)(v & WORK_MASK)) {
+            *who = t;
+            *unit = back;
+            return 1;
+        }
+    }
+    return 0;
 }
 
 /* The barrier's contract, checked (tests/unit/test_team_sync.py): a team of nthreads over `rounds` rounds, each
@@ -129,5 +202,57 @@ int team_sync_check(int nthreads, int rounds) {
     }
     team_sync_free(s);
     free(vals);
+    return short_team ? -1 : wrong;
+}
+
+/* team_work_*'s contract, checked: a team of nthreads shares `total` units (team_share's split) over three phases,
+ * each thread claiming `want` at a time from the front of its share, thread 0 sleeping delay_us after each claim so
+ * that the others steal from it. Returns the units not taken exactly once a phase (0), or -1 without memory or the
+ * team; *stolen: the units taken from another thread's share. */
+int team_work_check(int nthreads, int64_t total, int64_t want, int delay_us, int64_t *stolen) {
+    enum { PHASES = 3 };
+    team_sync *s = team_sync_new(nthreads);
+    atomic_int *seen = calloc((size_t)(total > 0 ? total : 1), sizeof(atomic_int));
+    *stolen = 0;
+    if (s == NULL || seen == NULL) {
+        team_sync_free(s);
+        free(seen);
+        return -1;
+    }
+    int short_team = 0;
+    int64_t steals = 0;
+#pragma omp parallel num_threads(nthreads) reduction(+ : steals)
+    {
+        const int me = omp_get_thread_num(), nt = omp_get_num_threads();
+        if (nt != nthreads) {
+#pragma omp atomic write
+            short_team = 1;
+        } else {
+            team_sync_join(s);
+            const int64_t lo = total * me / nt, hi = total * (me + 1) / nt;
+            const struct timespec pause = {0, 1000L * delay_us};
+            for (int phase = 0; phase < PHASES; ++phase) {
+                team_work_open(hi - lo);
+                int64_t got, u;
+                while ((u = team_work_front(want, &got)), got > 0) {
+                    if (me == 0 && delay_us > 0) nanosleep(&pause, NULL);
+                    for (int64_t k = 0; k < got; ++k) atomic_fetch_add(&seen[lo + u + k], 1);
+                }
+                int who;
+                int64_t unit;
+                while (team_work_steal(&who, &unit)) {
+                    atomic_fetch_add(&seen[total * who / nt + unit], 1);
+                    ++steals;
+                }
+                team_barrier();
+            }
+            team_sync_leave();
+        }
+    }
+    int wrong = 0;
+    for (int64_t i = 0; i < total; ++i) wrong += atomic_load(&seen[i]) != PHASES;
+    team_sync_free(s);
+    free(seen);
+    *stolen = steals;
     return short_team ? -1 : wrong;
 }

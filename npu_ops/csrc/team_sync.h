@@ -10,6 +10,8 @@
 #ifndef MINDIE_TEAM_SYNC_H
 #define MINDIE_TEAM_SYNC_H
 
+#include <stdint.h>
+
 typedef struct team_sync team_sync;
 
 /* a barrier for n threads, or NULL without memory */
@@ -20,7 +22,20 @@ void team_sync_join(team_sync *s);
 void team_sync_leave(void);
 /* every thread of the team waits for the others; writes before it are seen by every thread after it */
 void team_barrier(void);
+/* Work shared with stealing, for a phase whose shares the memory system serves unevenly (two threads streaming
+ * weights: one often gets 10-30% less bandwidth, and the other waited for it at the barrier). Every thread of the
+ * team opens its share of n units in the phase (at most one such share between two barriers: the phase ends on the
+ * team's barrier), takes its units from the front in claims of `want`, and when it has none left takes single units
+ * from the back of the others' shares. Outside a team (or with n >= 2^18) a thread takes its own units only.
+ * team_work_front returns the first unit of a claim and *got its length (0: none left); team_work_steal returns 1
+ * with a unit of thread *who's share, 0 when no thread has one left. */
+void team_work_open(int64_t n);
+int64_t team_work_front(int64_t want, int64_t *got);
+int team_work_steal(int *who, int64_t *unit);
 /* the barrier held to its contract by a team of nthreads over `rounds` rounds: the reads that saw a stale value (0),
  * or -1 where the team could not be had */
 int team_sync_check(int nthreads, int rounds);
+/* team_work_*'s contract held over three phases (team_sync.c): the units not taken exactly once a phase (0), or -1;
+ * *stolen: the units stolen */
+int team_work_check(int nthreads, int64_t total, int64_t want, int delay_us, int64_t *stolen);
 #endif
