@@ -199,6 +199,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.team_work_check.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
                                     ctypes.POINTER(ctypes.c_int64)]
     lib.team_work_check.restype = ctypes.c_int
+    lib.team_work_slow.argtypes, lib.team_work_slow.restype = [ctypes.c_int, ctypes.c_int], None
+    lib.team_work_stolen.argtypes, lib.team_work_stolen.restype = [], ctypes.c_long
     return lib
 
 

@@ -116,6 +116,24 @@ void team_barrier(void) {
 #define WORK_MASK ((UINT64_C(1) << WORK_BITS) - 1)
 #define WORK_MAX (INT64_C(1) << (WORK_BITS - 2)) /* room for the claims that overshoot the end */
 
+/* tests (team_work_slow): a thread that sleeps before each claim from its own front but the first, so that the others
+ * steal the rest */
+static atomic_int slow_thread = -1, slow_us;
+static atomic_long stolen_units; /* units taken from another thread's share, all teams */
+
+void team_work_slow(int thread, int us) {
+    atomic_store(&slow_us, us);
+    atomic_store(&slow_thread, thread);
+}
+
+long team_work_stolen(void) { return atomic_load_explicit(&stolen_units, memory_order_relaxed); }
+
+static void slow_claim(const member *m) {
+    if (m->me != atomic_load_explicit(&slow_thread, memory_order_relaxed)) return;
+    const struct timespec pause = {0, 1000L * atomic_load_explicit(&slow_us, memory_order_relaxed)};
+    nanosleep(&pause, NULL);
+}
+
 static inline uint64_t work_phase(const member *m) { return (uint64_t)(m->count + 1) << (2 * WORK_BITS); }
 
 void team_work_open(int64_t n) {
@@ -136,6 +154,7 @@ int64_t team_work_front(int64_t want, int64_t *got) {
         f = m->front;
         left = m->n - f;
     } else {
+        if (m->front > 0) slow_claim(m); /* its first claim at once: a share split between owner and thieves */
         /* relaxed: the claims only split the indices; what the units write is published by the phase's barrier */
         const uint64_t v = atomic_fetch_add_explicit(&m->s->slots[m->me].work, (uint64_t)want, memory_order_relaxed);
         f = (int64_t)(v & WORK_MASK);
@@ -163,6 +182,7 @@ int team_work_steal(int *who, int64_t *unit) {
         v = atomic_fetch_add_explicit(&sl->work, UINT64_C(1) << WORK_BITS, memory_order_relaxed);
         const int64_t back = n - 1 - (int64_t)((v >> WORK_BITS) & WORK_MASK);
         if (back >= (int64_t)(v & WORK_MASK)) {
+            atomic_fetch_add_explicit(&stolen_units, 1, memory_order_relaxed);
             *who = t;
             *unit = back;
             return 1;

@@ -12,6 +12,7 @@ import shutil
 import pytest
 import torch
 
+from mindie_service.models.llama import LlamaDims
 from npu_ops import cpu_kernels, quant, quant_cpu
 from tests.unit.test_fused_layers import BS, _model, _run, fused_and_op_by_op
 
@@ -55,3 +56,27 @@ def _check(scheme: str, inter: int, bias: bool) -> None:
         assert torch.equal(a, b)
         assert not torch.equal(a, f)  # the int8 weights were used
         assert (a - f).norm() < 0.1 * f.norm()  # and stay near the fp32 weights' output
+
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="stealing needs a team of two")
+def test_a_lone_w8a8_row_with_a_slow_thread_has_the_same_bits():
+    """A lone row's W8A8 projections split their panel pairs by stealing (team_work_* in team_sync.c): with thread 0
+    sleeping before each claim of its own but the first, the others take the rest of its share from the back
+    (counted), and every output keeps the op-by-op path's bits. Dims wide enough for shares of two rounds (qkv 500,
+    o and down 300, gate/up 2 x 320 columns) in both kinds of pairs: a linear's and gate/up's."""
+    d = LlamaDims(hidden=300, heads=6, kv_heads=2, head_dim=50, intermediate=320, layers=2, vocab=37, eps=1e-5,
+                  qkv_bias=True, o_bias=True, mlp_bias=True, tie_embeddings=False)
+    model = _model(d.intermediate, True, seed=11, d=d)
+    assert quant.quantize_model(model, "w8a8", keep_float=("lm_head",)) == 4 * d.layers
+    assert quant.pack_quantized(model) == 4 * d.layers
+    lib = cpu_kernels.load()
+    before = lib.team_work_stolen()
+    lib.team_work_slow(0, 200)
+    try:
+        fused, op_by_op = fused_and_op_by_op(model)
+    finally:
+        lib.team_work_slow(-1, 0)
+    assert lib.team_work_stolen() > before
+    for a, b in zip(fused, op_by_op):
+        assert torch.equal(a, b)
