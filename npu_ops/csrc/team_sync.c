@@ -191,19 +191,10 @@ int team_work_steal(int *who, int64_t *unit) {
     return 0;
 }
 
-/* The barrier's contract, checked (tests/unit/test_team_sync.py): a team of nthreads over `rounds` rounds, each
- * thread publishing a value a round with plain stores and reading every other thread's after the barrier. Returns
- * the reads that saw another round's value (0), or -1 without memory. */
-int team_sync_check(int nthreads, int rounds) {
-    team_sync *s = team_sync_new(nthreads);
-    long *vals = calloc((size_t)nthreads * 16, sizeof(long)); /* a cache line a thread */
-    if (s == NULL || vals == NULL) {
-        team_sync_free(s);
-        free(vals);
-        return -1;
-    }
-    int wrong = 0, short_team = 0;
-#pragma omp parallel num_threads(nthreads) reduction(+ : wrong)
+/* body(me, nt, ctx) by every thread of a team of nthreads, each joined to s: 0, or -1 where the team was smaller */
+static int with_team(int nthreads, team_sync *s, void (*body)(int, int, void *), void *ctx) {
+    int short_team = 0;
+#pragma omp parallel num_threads(nthreads)
     {
         const int me = omp_get_thread_num(), nt = omp_get_num_threads();
         if (nt != nthreads) {
@@ -211,18 +202,74 @@ int team_sync_check(int nthreads, int rounds) {
             short_team = 1;
         } else {
             team_sync_join(s);
-            for (long r = 1; r <= rounds; ++r) {
-                vals[me * 16] = r * nt + me;
-                team_barrier();
-                for (int t = 0; t < nt; ++t) wrong += vals[t * 16] != r * nt + t;
-                team_barrier(); /* nobody writes round r + 1 before everyone has read round r */
-            }
+            body(me, nt, ctx);
             team_sync_leave();
         }
     }
+    return -short_team;
+}
+
+typedef struct {
+    long *vals; /* a cache line a thread */
+    long rounds;
+    int wrong;
+} barrier_check;
+
+static void barrier_rounds(int me, int nt, void *ctx) {
+    barrier_check *c = ctx;
+    int wrong = 0;
+    for (long r = 1; r <= c->rounds; ++r) {
+        c->vals[me * 16] = r * nt + me;
+        team_barrier();
+        for (int t = 0; t < nt; ++t) wrong += c->vals[t * 16] != r * nt + t;
+        team_barrier(); /* nobody writes round r + 1 before everyone has read round r */
+    }
+#pragma omp atomic
+    c->wrong += wrong;
+}
+
+/* The barrier's contract, checked (tests/unit/test_team_sync.py): a team of nthreads over `rounds` rounds, each
+ * thread publishing a value a round with plain stores and reading every other thread's after the barrier. Returns
+ * the reads that saw another round's value (0), or -1 without memory. */
+int team_sync_check(int nthreads, int rounds) {
+    team_sync *s = team_sync_new(nthreads);
+    barrier_check c = {calloc((size_t)nthreads * 16, sizeof(long)), rounds, 0};
+    const int rc = s == NULL || c.vals == NULL ? -1 : with_team(nthreads, s, barrier_rounds, &c);
     team_sync_free(s);
-    free(vals);
-    return short_team ? -1 : wrong;
+    free(c.vals);
+    return rc != 0 ? rc : c.wrong;
+}
+
+enum { WORK_PHASES = 3 };
+
+typedef struct {
+    atomic_int *seen; /* a count a unit */
+    int64_t total, want, stolen;
+    int delay_us;
+} work_check;
+
+static void work_phases(int me, int nt, void *ctx) {
+    work_check *c = ctx;
+    const int64_t lo = c->total * me / nt, hi = c->total * (me + 1) / nt;
+    const struct timespec pause = {0, 1000L * c->delay_us};
+    int64_t stolen = 0;
+    for (int phase = 0; phase < WORK_PHASES; ++phase) {
+        team_work_open(hi - lo);
+        int64_t got, u;
+        while ((u = team_work_front(c->want, &got)), got > 0) {
+            if (me == 0 && c->delay_us > 0) nanosleep(&pause, NULL);
+            for (int64_t k = 0; k < got; ++k) atomic_fetch_add(&c->seen[lo + u + k], 1);
+        }
+        int who;
+        int64_t unit;
+        while (team_work_steal(&who, &unit)) {
+            atomic_fetch_add(&c->seen[c->total * who / nt + unit], 1);
+            ++stolen;
+        }
+        team_barrier();
+    }
+#pragma omp atomic
+    c->stolen += stolen;
 }
 
 /* team_work_*'s contract, checked: a team of nthreads shares `total` units (team_share's split) over three phases,
@@ -230,49 +277,12 @@ int team_sync_check(int nthreads, int rounds) {
  * that the others steal from it. Returns the units not taken exactly once a phase (0), or -1 without memory or the
  * team; *stolen: the units taken from another thread's share. */
 int team_work_check(int nthreads, int64_t total, int64_t want, int delay_us, int64_t *stolen) {
-    enum { PHASES = 3 };
     team_sync *s = team_sync_new(nthreads);
-    atomic_int *seen = calloc((size_t)(total > 0 ? total : 1), sizeof(atomic_int));
-    *stolen = 0;
-    if (s == NULL || seen == NULL) {
-        team_sync_free(s);
-        free(seen);
-        return -1;
-    }
-    int short_team = 0;
-    int64_t steals = 0;
-#pragma omp parallel num_threads(nthreads) reduction(+ : steals)
-    {
-        const int me = omp_get_thread_num(), nt = omp_get_num_threads();
-        if (nt != nthreads) {
-#pragma omp atomic write
-            short_team = 1;
-        } else {
-            team_sync_join(s);
-            const int64_t lo = total * me / nt, hi = total * (me + 1) / nt;
-            const struct timespec pause = {0, 1000L * delay_us};
-            for (int phase = 0; phase < PHASES; ++phase) {
-                team_work_open(hi - lo);
-                int64_t got, u;
-                while ((u = team_work_front(want, &got)), got > 0) {
-                    if (me == 0 && delay_us > 0) nanosleep(&pause, NULL);
-                    for (int64_t k = 0; k < got; ++k) atomic_fetch_add(&seen[lo + u + k], 1);
-                }
-                int who;
-                int64_t unit;
-                while (team_work_steal(&who, &unit)) {
-                    atomic_fetch_add(&seen[total * who / nt + unit], 1);
-                    ++steals;
-                }
-                team_barrier();
-            }
-            team_sync_leave();
-        }
-    }
-    int wrong = 0;
-    for (int64_t i = 0; i < total; ++i) wrong += atomic_load(&seen[i]) != PHASES;
+    work_check c = {calloc((size_t)(total > 0 ? total : 1), sizeof(atomic_int)), total, want, 0, delay_us};
+    int rc = s == NULL || c.seen == NULL ? -1 : with_team(nthreads, s, work_phases, &c);
+    for (int64_t i = 0; rc == 0 && i < total; ++i) rc += atomic_load(&c.seen[i]) != WORK_PHASES;
     team_sync_free(s);
-    free(seen);
-    *stolen = steals;
-    return short_team ? -1 : wrong;
+    free(c.seen);
+    *stolen = c.stolen;
+    return rc;
 }
