@@ -124,8 +124,10 @@ def test_bursts_are_paced_by_the_measured_step_time(tiny_model):
     single = _generate(_llm(tiny_model, 1), _PLAIN)[0]
     got, calls = _generate(_slowed(_llm(tiny_model, 8), 0.9 * BURST_BUDGET_S), _PLAIN)  # 36 ms a step
     assert got == single and set(calls) == {1}
-    got, calls = _generate(_slowed(_llm(tiny_model, 8), 0.3 * BURST_BUDGET_S), _PLAIN)  # 12 ms a step: 3 fit
-    assert got == single and max(calls) == 3 and calls[2:-1] == [3] * (len(calls) - 3)  # after prefill, 1st step
+    # 14 ms a step plus the step itself: 2 fit while the median step stays under 20 ms (a 12 ms sleep for 3 left
+    # 1.3 ms for the step and the machine's jitter, and failed once in a make test)
+    got, calls = _generate(_slowed(_llm(tiny_model, 8), 0.35 * BURST_BUDGET_S), _PLAIN)
+    assert got == single and max(calls) == 2 and calls[2:-1] == [2] * (len(calls) - 3)  # after prefill, 1st step
 
 
 _PLAIN = [SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True)]
