@@ -138,11 +138,13 @@ static void store_tile(float *cr, const float *bias, int64_t p, int64_t N, float
 }
 
 /* This thread's share [lo, hi) of n items when a team splits them by hand (balanced to one item). */
-void team_share(int64_t n, int64_t *lo, int64_t *hi) {
-    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-    *lo = n * me / nt;
-    *hi = n * (me + 1) / nt;
+void team_share_of(int64_t n, int t, int64_t *lo, int64_t *hi) {
+    const int64_t nt = omp_get_num_threads();
+    *lo = n * t / nt;
+    *hi = n * (t + 1) / nt;
 }
+
+void team_share(int64_t n, int64_t *lo, int64_t *hi) { team_share_of(n, omp_get_thread_num(), lo, hi); }
 
 /* Panels [p0, p1) of one row x[K]: GP at a time, one from each GP-th of the range (streams far apart read
  * faster than adjacent panels: tools/ab_kernels.py), the rest one by one. */

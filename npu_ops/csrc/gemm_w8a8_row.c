@@ -26,10 +26,11 @@ static int64_t unit_pair(int64_t q0, int64_t n, int64_t u) {
     return q0 + row_pair(n, (int)(u - i * W), i);
 }
 
+/* thread t's share of the pairs: its first and how many */
 static void share_of(int64_t total, int t, int64_t *q0, int64_t *n) {
-    const int64_t nt = omp_get_num_threads();
-    *q0 = total * t / nt;
-    *n = total * (t + 1) / nt - *q0;
+    int64_t q1;
+    team_share_of(total, t, q0, &q1);
+    *n = q1 - *q0;
 }
 
 /* The total pairs of one row over the team (team_work_*): this thread's share in rounds of up to GQ streams, each
