@@ -245,21 +245,17 @@ enum { WORK_PHASES = 3 };
 typedef struct {
     atomic_int *seen; /* a count a unit */
     int64_t total, want, stolen;
-    int delay_us;
 } work_check;
 
 static void work_phases(int me, int nt, void *ctx) {
     work_check *c = ctx;
     const int64_t lo = c->total * me / nt, hi = c->total * (me + 1) / nt;
-    const struct timespec pause = {0, 1000L * c->delay_us};
     int64_t stolen = 0;
     for (int phase = 0; phase < WORK_PHASES; ++phase) {
         team_work_open(hi - lo);
         int64_t got, u;
-        while ((u = team_work_front(c->want, &got)), got > 0) {
-            if (me == 0 && c->delay_us > 0) nanosleep(&pause, NULL);
+        while ((u = team_work_front(c->want, &got)), got > 0)
             for (int64_t k = 0; k < got; ++k) atomic_fetch_add(&c->seen[lo + u + k], 1);
-        }
         int who;
         int64_t unit;
         while (team_work_steal(&who, &unit)) {
@@ -273,13 +269,15 @@ static void work_phases(int me, int nt, void *ctx) {
 }
 
 /* team_work_*'s contract, checked: a team of nthreads shares `total` units (team_share's split) over three phases,
- * each thread claiming `want` at a time from the front of its share, thread 0 sleeping delay_us after each claim so
- * that the others steal from it. Returns the units not taken exactly once a phase (0), or -1 without memory or the
+ * each thread claiming `want` at a time from the front of its share, thread 0 slowed by team_work_slow(0, delay_us)
+ * so that the others steal from it. Returns the units not taken exactly once a phase (0), or -1 without memory or the
  * team; *stolen: the units taken from another thread's share. */
 int team_work_check(int nthreads, int64_t total, int64_t want, int delay_us, int64_t *stolen) {
     team_sync *s = team_sync_new(nthreads);
-    work_check c = {calloc((size_t)(total > 0 ? total : 1), sizeof(atomic_int)), total, want, 0, delay_us};
+    work_check c = {calloc((size_t)(total > 0 ? total : 1), sizeof(atomic_int)), total, want, 0};
+    team_work_slow(0, delay_us);
     int rc = s == NULL || c.seen == NULL ? -1 : with_team(nthreads, s, work_phases, &c);
+    team_work_slow(-1, 0);
     for (int64_t i = 0; rc == 0 && i < total; ++i) rc += atomic_load(&c.seen[i]) != WORK_PHASES;
     team_sync_free(s);
     free(c.seen);

@@ -58,7 +58,6 @@ def _check(scheme: str, inter: int, bias: bool) -> None:
         assert (a - f).norm() < 0.1 * f.norm()  # and stay near the fp32 weights' output
 
 
-
 @pytest.mark.skipif(torch.get_num_threads() < 2, reason="stealing needs a team of two")
 def test_a_lone_w8a8_row_with_a_slow_thread_has_the_same_bits():
     """A lone row's W8A8 projections split their panel pairs by stealing (team_work_* in team_sync.c): with thread 0
