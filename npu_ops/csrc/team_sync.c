@@ -2,6 +2,8 @@
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "team_sync.h"
 
+#include "layers_f32.h" /* team_share_of: the kernels' split, which team_work_check shares out */
+
 #include <omp.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -249,8 +251,9 @@ typedef struct {
 
 static void work_phases(int me, int nt, void *ctx) {
     work_check *c = ctx;
-    const int64_t lo = c->total * me / nt, hi = c->total * (me + 1) / nt;
-    int64_t stolen = 0;
+    (void)nt;
+    int64_t lo, hi, stolen = 0;
+    team_share_of(c->total, me, &lo, &hi);
     for (int phase = 0; phase < WORK_PHASES; ++phase) {
         team_work_open(hi - lo);
         int64_t got, u;
@@ -259,7 +262,9 @@ static void work_phases(int me, int nt, void *ctx) {
         int who;
         int64_t unit;
         while (team_work_steal(&who, &unit)) {
-            atomic_fetch_add(&c->seen[c->total * who / nt + unit], 1);
+            int64_t wlo, whi;
+            team_share_of(c->total, who, &wlo, &whi);
+            atomic_fetch_add(&c->seen[wlo + unit], 1);
             ++stolen;
         }
         team_barrier();
