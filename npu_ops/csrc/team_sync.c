@@ -232,7 +232,7 @@ static void barrier_rounds(int me, int nt, void *ctx) {
 
 /* The barrier's contract, checked (tests/unit/test_team_sync.py): a team of nthreads over `rounds` rounds, each
  * thread publishing a value a round with plain stores and reading every other thread's after the barrier. Returns
- * the reads that saw another round's value (0), or -1 without memory. */
+ * the reads that saw another round's value (0), or -1 without memory or the team. */
 int team_sync_check(int nthreads, int rounds) {
     team_sync *s = team_sync_new(nthreads);
     barrier_check c = {calloc((size_t)nthreads * 16, sizeof(long)), rounds, 0};
