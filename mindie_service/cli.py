@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args.config, cli_wiring(args.prepare))
     if args.command == "worker":
         from mindie_service.config import load_config
-        from mindie_service.engine.parallel.join import join_instance
+        from mindie_service.engine.runner.parallel.join import join_instance
         try:
             join_instance(load_config(args.config).engine_config(0, instance=args.instance), args.rank)
         except ValueError as exc:  # a bad config or rendezvous setting: one line, not a traceback

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence as Seq
 
 from mindie_service.engine.async_engine import input_facts
-from mindie_service.engine.engine_config import EngineConfig
+from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.core import LLMEngine
 from mindie_service.engine.contract import EngineRequest, FailedEvent
 from mindie_service.errors import GenerationError, check

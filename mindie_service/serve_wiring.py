@@ -15,7 +15,7 @@ from pathlib import Path
 
 from mindie_service.config import ServiceConfig
 from mindie_service.engine.client import EngineClient
-from mindie_service.engine.engine_config import EngineConfig
+from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.errors import ConfigError
 from mindie_service.models.packaged_models import PACKAGED_MODELS, has_checkpoint, place_packaged
 from mindie_service.server.auth import read_key_file

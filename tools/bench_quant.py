@@ -33,7 +33,7 @@ import torch  # noqa: E402
 
 from mindie_service import LLM, SamplingParams  # noqa: E402
 from mindie_service.devkit.presets import build_demo_model  # noqa: E402
-from mindie_service.engine.model_runner import kv_bytes_per_block  # noqa: E402
+from mindie_service.engine.runner.model_runner import kv_bytes_per_block  # noqa: E402
 from mindie_service.engine.contract import EngineRequest  # noqa: E402
 from mindie_service.models import llama as llama_mod  # noqa: E402
 from npu_ops import linear as linear_mod, quant  # noqa: E402

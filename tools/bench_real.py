@@ -17,7 +17,7 @@ at the stream's mean position) by tools/membw.py's probe (8 prefetched streams a
 here: the stricter bound); a share of a bound is sum(probe seconds) / sum(step seconds). llama.cpp's harness
 does the same (--probe-bytes, --triad-bytes). One stream's "decode" rate leaves each prompt's prefill out
 (tokens after the first over the time from the first to the last); "stream" is end to end. Our one stream runs
-with the engine's multi-step bursts (decodeSteps, default 8: engine.multi_step; ``--decode-steps 1`` for a step
+with the engine's multi-step bursts (decodeSteps, default 8: engine.sched.bursts; ``--decode-steps 1`` for a step
 a call); a burst of n tokens is paired with n probes.
 
     PYTHONPATH=$PWD .venv/bin/python tools/bench_real.py --llama-python /work/peers/venv/bin/python

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The cost of sending one step to the tensor-parallel workers, two ways, in one run (gloo, 2 ranks).
 
-- ours (engine/parallel/comm.py): the pickled StepMessage in one broadcast of a fixed 16 KiB buffer
+- ours (engine/runner/parallel/comm.py): the pickled StepMessage in one broadcast of a fixed 16 KiB buffer
   (a second broadcast only for larger messages);
 - torch.distributed.broadcast_object_list: a size broadcast, then the payload.
 
@@ -26,7 +26,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from mindie_service.engine.parallel.comm import Dist, StepMessage  # noqa: E402
+from mindie_service.engine.runner.parallel.comm import Dist, StepMessage  # noqa: E402
 from mindie_service.engine.step import ScheduledChunk, SchedulerOutput  # noqa: E402
 
 

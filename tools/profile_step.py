@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 from mindie_service import SamplingParams  # noqa: E402
 from mindie_service.engine.contract import EngineRequest  # noqa: E402
-from mindie_service.engine import sampler as sampler_mod  # noqa: E402
+from mindie_service.engine.sample import sampler as sampler_mod  # noqa: E402
 from mindie_service.models import fused_layers, llama as llama_mod  # noqa: E402
 from npu_ops import cpu_kernels, linear as linear_mod, quant  # noqa: E402
 from bench_real import make_llm, shipped_gguf, workload  # noqa: E402

@@ -21,8 +21,8 @@ from mindie_service.catalog.fit_estimate import estimate
 from mindie_service.catalog.model_json import ModelRecord, check_model_id, read_model_json
 from mindie_service.catalog.shared_files import first_user
 from mindie_service.engine.client import EngineClient
-from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.instances import build_instances, instance_configs
+from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.fleet.instances import build_instances, instance_configs
 from mindie_service.errors import ConflictError, ModelNotFoundError, UnhealthyError, ValidationError
 from mindie_service.params.defaults import RequestDefaults
 

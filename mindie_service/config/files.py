@@ -72,7 +72,7 @@ def _is_gguf(path: str) -> bool:
 
 
 def _world_size_problems(key: str, folder: str, world_size: int) -> list[str]:
-    """Tensor parallelism splits the attention heads evenly over the ranks (engine.parallel)."""
+    """Tensor parallelism splits the attention heads evenly over the ranks (engine.runner.parallel)."""
     if world_size <= 1:
         return []
     try:

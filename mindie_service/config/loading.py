@@ -20,9 +20,9 @@ from mindie_service.config.rules import cross_key_problems
 from mindie_service.config.schema import load_schema
 from mindie_service.config.settings import (BackendSettings, LogSettings, ModelSettings, ScheduleSettings,
                                             ServerSettings, ServiceConfig, TlsSettings)
-from mindie_service.engine.engine_config import LoraModuleSpec
-from mindie_service.engine.kv_event_types import KVEventsConfig
-from mindie_service.engine.spec_config import SpeculativeConfig
+from mindie_service.engine.configs.engine_config import LoraModuleSpec
+from mindie_service.engine.configs.kv_events_config import KVEventsConfig
+from mindie_service.engine.configs.spec_config import SpeculativeConfig
 from mindie_service.errors import ConfigError
 from mindie_service.structured.backend import StructuredLimits
 

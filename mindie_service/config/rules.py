@@ -1,7 +1,7 @@
 """Cross-key checks of config.json, each run only when the keys it reads passed the schema.
 
 The schedule and deploy rules the engine shares are written once, in
-``engine.engine_config.cross_field_problems``; here they are fed the file's values and worded with
+``engine.configs.engine_config.cross_field_problems``; here they are fed the file's values and worded with
 MindIE key paths. The rest (addresses, model and adapter names, device groups, the KV pool
 holding one maxSeqLen sequence) only make sense for a served config."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 
 from mindie_service.config.messages import D, S, SC, label, show
 from mindie_service.config.schema import load_schema
-from mindie_service.engine.engine_config import cross_field_problems
-from mindie_service.engine.spec_config import SpeculativeConfig
+from mindie_service.engine.configs.engine_config import cross_field_problems
+from mindie_service.engine.configs.spec_config import SpeculativeConfig
 from mindie_service.errors import ValidationError
 
 # EngineConfig field -> the config.json key it comes from.

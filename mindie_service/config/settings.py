@@ -5,9 +5,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mindie_service.engine.engine_config import EngineConfig, LoraModuleSpec
-from mindie_service.engine.kv_event_types import KVEventsConfig
-from mindie_service.engine.spec_config import SpeculativeConfig
+from mindie_service.engine.configs.engine_config import EngineConfig, LoraModuleSpec
+from mindie_service.engine.configs.kv_events_config import KVEventsConfig
+from mindie_service.engine.configs.spec_config import SpeculativeConfig
 from mindie_service.structured.backend import StructuredLimits
 
 STANDARD_MOCK = "StandardMock"
@@ -129,7 +129,7 @@ class BackendSettings:
     models_dir: str = ""  # the model catalog's folder (resolved); "" = models/ beside the config
     max_model_download_mb: int = 65536  # GET /v1/models/download/{id}: bytes fetched and unpacked, at most
     kv_events: KVEventsConfig | None = None  # kvEventsConfig; per instance: KVEventsConfig.for_instance
-    instance_routing: str = "prefix"  # instanceRouting: "prefix" | "leastLoaded" (engine.prefix_routing)
+    instance_routing: str = "prefix"  # instanceRouting: "prefix" | "leastLoaded" (fleet.prefix_routing)
     structured: StructuredLimits = field(default_factory=StructuredLimits)  # ModelDeployConfig.structuredOutput
 
 
@@ -150,7 +150,7 @@ class ScheduleSettings:
     num_kv_blocks: int | None
     batch_prefill_tokens: int | None  # None = maxPrefillTokens
     batch_tokens_beside_online: int | None  # None = no bound
-    decode_steps: int  # decodeSteps (engine.multi_step)
+    decode_steps: int  # decodeSteps (engine.sched.bursts)
     enable_prefix_caching: bool
     max_sessions: int = 1024
     session_kv_share: float = 0.25

@@ -11,7 +11,7 @@ import random
 import secrets
 from typing import Any, AsyncIterator
 
-from mindie_service.engine.engine_config import EngineConfig
+from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.contract import (FINISH_LENGTH, FINISH_STOP, EngineRequest, EngineStats, InputFacts,
                                             TokenEvent, TokenInfo)
 from mindie_service.errors import ValidationError

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from mindie_service.engine.model_runner import ModelRunner
+from mindie_service.engine.runner.model_runner import ModelRunner
 from mindie_service.engine.step import ScheduledChunk, SchedulerOutput
 from mindie_service.models.loader import load_model
 

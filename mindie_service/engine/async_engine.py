@@ -13,7 +13,7 @@ import threading
 from collections import deque
 from typing import Any, AsyncIterator
 
-from mindie_service.engine.engine_config import EngineConfig
+from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.core import Event, LLMEngine
 from mindie_service.engine.contract import EngineRequest, EngineStats, FailedEvent, InputFacts, TokenEvent
 from mindie_service.errors import GenerationError, IncompleteGenerationError, MindieError, UnhealthyError
@@ -62,7 +62,7 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout=30)
         if hasattr(self.engine, "shutdown"):
-            self.engine.shutdown()  # a tensor-parallel engine's worker ranks (engine.parallel)
+            self.engine.shutdown()  # a tensor-parallel engine's worker ranks (engine.runner.parallel)
 
     def healthy(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and self._dead is None

@@ -92,7 +92,7 @@ class EngineStats:
     # Of running / waiting: batch-job lines (PRIORITY_BATCH), counted apart for /v1/status and the metrics.
     batch_running: int = 0
     batch_waiting: int = 0
-    # Speculative decoding (engine.speculative), totals since start: verify rows that carried drafts, the
+    # Speculative decoding (engine.spec.speculator), totals since start: verify rows that carried drafts, the
     # draft tokens they carried, those accepted; and the tokens a verify row yields on average (1 + accepted).
     spec_num_drafts: int = 0
     spec_num_draft_tokens: int = 0
@@ -101,7 +101,7 @@ class EngineStats:
 
 
 class SessionTokens(Protocol):
-    """An engine's kept sessions, as input processing reads them (engine.sessions.SessionStore)."""
+    """An engine's kept sessions, as input processing reads them (engine.sessions.session_store.SessionStore)."""
 
     def tokens(self, session_id: str) -> tuple[int, ...] | None: ...  # None: no finished session by that key
 

@@ -15,26 +15,27 @@ import logging
 import secrets
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
-from mindie_service.engine.beam import BeamSearch, check_beam_request
-from mindie_service.engine.block_manager import BlockManager
-from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.engine_parts import load_parts
-from mindie_service.engine.kv_event_types import BlockEventSink, FanOutSink
-from mindie_service.engine.grammar_step import GrammarFailed, GrammarStep, engine_hooks, fail_event
-from mindie_service.engine.output import OutputProcessor
-from mindie_service.engine.parallel.launcher import ParallelRunner, RankGroup
-from mindie_service.engine.model_runner import ModelRunner, kv_bytes_per_block
-from mindie_service.engine.multi_step import BurstPacer
-from mindie_service.engine.sampler import LOGPROB_FLOOR, NonFiniteRows, SampleResult, Sampler
-from mindie_service.engine.scheduler import Scheduler
+from mindie_service.engine.sample.beam import BeamSearch, check_beam_request
+from mindie_service.engine.kv.block_manager import BlockManager
+from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.engine.runner.engine_parts import load_parts
+from mindie_service.engine.kv.kv_event_types import BlockEventSink, FanOutSink
+from mindie_service.engine.sample.grammar_masks import GrammarFailed, GrammarMasks, engine_hooks, fail_event
+from mindie_service.engine.output.output_processor import OutputProcessor
+from mindie_service.engine.runner.parallel.launcher import ParallelRunner, RankGroup
+from mindie_service.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
+from mindie_service.engine.sched.bursts import BurstPacer
+from mindie_service.engine.sample.sampler import LOGPROB_FLOOR, NonFiniteRows, SampleResult, Sampler
+from mindie_service.engine.sched.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SequenceGroup
-from mindie_service.engine.sessions import SessionStore
-from mindie_service.engine.spec_accept import row_dists
-from mindie_service.engine.speculative import build_speculator, verify_rows
+from mindie_service.engine.sessions.session_store import SessionStore
+from mindie_service.engine.sample.spec_accept import row_dists
+from mindie_service.engine.spec.speculator import build_speculator, draft_block_bytes, verify_rows
 from mindie_service.engine.step import ModelOutput, SchedulerOutput
-from mindie_service.engine.swap import HostBlockPool, host_pool_blocks
+from mindie_service.engine.kv.swap import HostBlockPool, host_pool_blocks
 from mindie_service.engine.contract import PRIORITY_ONLINE, EngineRequest, EngineStats, FailedEvent, TokenEvent
 from mindie_service.errors import EngineDeadError, check
 from mindie_service.lora.manager import LoraManager
@@ -53,7 +54,7 @@ class LLMEngine:
     def __init__(self, cfg: EngineConfig) -> None:
         cfg.validate()
         self.cfg = cfg
-        # worldSize > 1: start (or wait for) the worker ranks; this process is rank 0 (engine.parallel).
+        # worldSize > 1: start (or wait for) the worker ranks; this process is rank 0 (engine.runner.parallel).
         self.ranks = RankGroup(cfg) if cfg.world_size > 1 else None
         try:
             self._build(cfg)
@@ -66,7 +67,8 @@ class LLMEngine:
             self.runner = ParallelRunner(self.runner, self.ranks, self.lora)
 
     def _build(self, cfg: EngineConfig) -> None:
-        parts = load_parts(cfg, self.ranks.shard if self.ranks is not None else None)
+        draft = partial(draft_block_bytes, cfg.speculative_config, cfg.dtype, cfg.cache_block_size)
+        parts = load_parts(cfg, self.ranks.shard if self.ranks is not None else None, draft)
         self.device_info, self.device = parts.device_info, parts.device_info.torch_device
         loaded = parts.loaded
         self.model, self.hf_config, self.dtype, self.architecture = (loaded.model, loaded.hf_config, loaded.dtype,
@@ -75,9 +77,9 @@ class LLMEngine:
         self.tokenizer, self.eos_token_ids = parts.tokenizer, parts.eos_token_ids
         self.vocab_size = int(self.model.dims.vocab)
         self.blocks = BlockManager(parts.num_blocks, cfg.cache_block_size, cfg.enable_prefix_caching)
-        self.kv_events = None  # BackendConfig.kvEventsConfig: the prefix cache's changes over ZMQ (engine.kv_events)
+        self.kv_events = None  # BackendConfig.kvEventsConfig: the prefix cache's changes over ZMQ (engine.kv.kv_events)
         if cfg.kv_events is not None and cfg.kv_events.active:
-            from mindie_service.engine.kv_events import KVEvents  # pyzmq only when switched on
+            from mindie_service.engine.kv.kv_events import KVEvents  # pyzmq only when switched on
             self.kv_events = KVEvents(cfg.kv_events, cfg.cache_block_size)
             self.add_block_sink(self.kv_events.recorder)
         self.lora = LoraManager(self.model, cfg.max_loras, cfg.max_lora_rank, self.device, self.dtype,
@@ -99,17 +101,17 @@ class LLMEngine:
         self.beams = BeamSearch(self.scheduler, self.outputs, self.eos_token_ids, self.sessions)
         self.spec = build_speculator(cfg.speculative_config, cfg, self.device, parts.num_blocks, self.vocab_size,
                                      self.tokenizer)
-        # multi-step bursts (engine.multi_step), paced by the measured step time; none beside verify steps (they
+        # multi-step bursts (engine.sched.bursts), paced by the measured step time; none beside verify steps (they
         # yield runs already) or with ranks (they would have to step alike)
         self.bursts = BurstPacer(1 if self.spec is not None or self.ranks is not None else cfg.decode_steps)
         self._done: dict[str, Sequence] = {}  # requests finished this step (the speculator learns their text)
-        self.spill = None  # ScheduleConfig.sessionSpillDir: kept sessions on disk (engine.session_spill)
+        self.spill = None  # ScheduleConfig.sessionSpillDir: kept sessions on disk (engine.sessions.session_spill)
         if cfg.session_spill_dir and cfg.world_size == 1 and self.sessions.enabled:
-            from mindie_service.engine.session_spill import SessionSpill, spill_cap
+            from mindie_service.engine.sessions.session_spill import SessionSpill, spill_cap
             self.spill = SessionSpill(self, cfg.session_spill_dir, spill_cap(self, cfg))
             self.sessions.on_evict = self.spill.on_evict
             self.spill.restore_all()
-        self.grammar = GrammarStep(build_compiler(self.tokenizer, self.eos_token_ids, cfg.structured, self.vocab_size),
+        self.grammar = GrammarMasks(build_compiler(self.tokenizer, self.eos_token_ids, cfg.structured, self.vocab_size),
                                    self.vocab_size, self.eos_token_ids, cfg.structured.forced_runs,
                                    cfg.structured.overlap_fill)
 
@@ -279,7 +281,7 @@ class LLMEngine:
 
     def _emit(self, seq: Sequence, chunk: Any, sample: SampleResult, first: int, sampled: dict[str, list[int]],
               finished: dict[str, str]) -> list[TokenEvent]:
-        """The events of one sampling chunk: one token, or a verify chunk's accepted run (engine.speculative),
+        """The events of one sampling chunk: one token, or a verify chunk's accepted run (engine.spec.speculator),
         cut at the token that finishes the request."""
         tokens = sample.token_ids[first:first + chunk.out_rows]
         run = self.spec.accept(seq, chunk, tokens) if chunk.num_draft else tokens
@@ -305,7 +307,7 @@ class LLMEngine:
             result = self.runner.execute(out)
         finally:
             self.grammar.join_fill()
-        if result.tokens is not None:  # a multi-step burst (engine.multi_step): its rows' greedy tokens
+        if result.tokens is not None:  # a multi-step burst (engine.sched.bursts): its rows' greedy tokens
             lps, n = result.token_logprobs or [], len(result.tokens[0])
             if n < out.chunks[0].steps:  # cut short (a step's logits not finite): every row ran n steps
                 out = replace(out, chunks=[replace(c, steps=n) for c in out.chunks])

@@ -14,7 +14,7 @@ from mindie_service.sampling_params import SamplingParams
 class SeqStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
-    SWAPPED = "swapped"  # preempted with its K/V copied to the host pool (engine.swap); resumes where it was
+    SWAPPED = "swapped"  # preempted with its K/V copied to the host pool (engine.kv.swap); resumes where it was
     FINISHED = "finished"
 
 
@@ -28,7 +28,7 @@ class Sequence:
     cache_key: bytes = b""  # adapter identity + media hashes: folded into every prefix-cache block hash
     adapter_slot: int = 0  # LoRA pool slot (0 = base model)
     priority: int = 0  # engine.contract.PRIORITY_*: online first, batch-job lines after (and preempted first)
-    batch_turn: int = 0  # a batch line: its last turn decoding beside a waiting online request (engine.batch_bound)
+    batch_turn: int = 0  # a batch line: its last turn decoding beside a waiting online request (engine.sched.batch_bound)
     mm_inputs: Any = None
     output_token_ids: list[int] = field(default_factory=list)
     status: SeqStatus = SeqStatus.WAITING
@@ -42,13 +42,13 @@ class Sequence:
     host_blocks: list[int] = field(default_factory=list)  # while SWAPPED: host-pool blocks holding its K/V
     finish_reason: str | None = None
     aborted: bool = False
-    session_id: str | None = None  # kept for continuation under this key when it finishes (engine.sessions)
+    session_id: str | None = None  # kept for continuation under this key when it finishes (engine.sessions.session_store)
     group: SequenceGroup | None = None  # the group this sequence is a member of (a beam); None: on its own
-    # Speculative decoding (engine.speculative): this step's draft tokens, proposed before scheduling (the
+    # Speculative decoding (engine.spec.speculator): this step's draft tokens, proposed before scheduling (the
     # scheduler keeps as many as its budget and blocks allow), and the proposer's per-sequence state.
     draft_token_ids: list[int] = field(default_factory=list)
     spec: Any = None
-    grammar: Any = None  # structured output: its engine.grammar_step.GrammarState (matcher, cached mask); None: free
+    grammar: Any = None  # structured output: its engine.sample.grammar_masks.GrammarState (matcher, cached mask); None: free
 
     @property
     def num_tokens(self) -> int:

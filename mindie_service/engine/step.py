@@ -33,7 +33,7 @@ class ScheduledChunk:
     # Speculative decoding: the last ``num_draft`` tokens are drafts to verify; a sampling chunk then has
     # 1 + num_draft logits rows (its last rows), one per draft position plus the one after the last.
     num_draft: int = 0
-    # Multi-step decode (engine.multi_step): a greedy decode run ``steps`` times in one call, each step's argmax
+    # Multi-step decode (engine.sched.bursts): a greedy decode run ``steps`` times in one call, each step's argmax
     # the next one's token (slots reserved for positions start .. start + steps - 1); its run of tokens comes
     # back in ModelOutput.tokens, cut by the engine at the token that finishes the request.
     steps: int = 1
@@ -59,7 +59,7 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     num_decodes: int = 0
     preempted: list[str] = field(default_factory=list)  # request ids moved back to the waiting (or swapped) queue
-    # KV block copies the runner makes before this step's forward, swap-outs first (engine.swap):
+    # KV block copies the runner makes before this step's forward, swap-outs first (engine.kv.swap):
     # (device block, host block) pairs to save, then (host block, device block) pairs to restore.
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)

@@ -123,7 +123,7 @@ class FusedDecode:
 
     def run_steps(self, ids: list[int], positions: list[int], slots: list[list[int]],
                   tables: list[tuple[int, ...]]) -> tuple[list[list[int]], list[list[float]]] | torch.Tensor:
-        """``len(slots)`` greedy decode steps in one C call (engine.multi_step; ``slots[s]``: each row's slot at
+        """``len(slots)`` greedy decode steps in one C call (engine.sched.bursts; ``slots[s]``: each row's slot at
         step s), each step's first maxima the next step's tokens. Returns each row's tokens and their
         log-probabilities; where step 0's logits are not all finite, those logits instead (the sampler names the
         bad rows), and a later such step ends the run before it."""

@@ -10,7 +10,7 @@ from typing import Any, Callable
 from mindie_service.catalog.catalog import Catalog
 from mindie_service.config import ServiceConfig
 from mindie_service.engine.client import EngineClient
-from mindie_service.engine.instances import InstanceStatus, instances_of
+from mindie_service.fleet.instances import InstanceStatus, instances_of
 from mindie_service.jobs.runner import JobRunner
 from mindie_service.jobs.store import JobStore
 from mindie_service.engine.contract import EngineStats
@@ -20,7 +20,7 @@ from mindie_service.protocol.request import ProtocolLimits
 from mindie_service.serving import Frontend, Timeouts
 from mindie_service.serving.admission_queue import AdmissionQueue
 from mindie_service.serving.model_lookup import engine_for
-from mindie_service.engine.gateway_state import gateway_state
+from mindie_service.fleet.gateway_view import gateway_state
 from mindie_service.server.gateway_metrics import GatewayCollector
 from mindie_service.server.metrics import ServiceMetrics
 from multimodal import MediaPolicy

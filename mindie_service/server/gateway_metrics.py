@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from mindie_service.engine.gateway_state import GatewayState
+from mindie_service.fleet.gateway_view import GatewayState
 from mindie_service.server.metric_family import model_families
 
 

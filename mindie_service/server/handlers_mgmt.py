@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 
 from tornado.httputil import HTTPServerRequest
 
-from mindie_service.engine.gateway_state import gateway_state
-from mindie_service.engine.instances import InstanceStatus
+from mindie_service.fleet.gateway_view import gateway_state
+from mindie_service.fleet.instances import InstanceStatus
 from mindie_service.errors import ForbiddenError, UnhealthyError
 from mindie_service.server.gateway_metrics import gateway_json
 from mindie_service.server.handlers_base import BaseHandler

@@ -1,6 +1,6 @@
 """Management routes moving a kept /api/* session between replicas (ScheduleConfig.sessionSpillDir must be set):
 
-``GET /v1/sessions/{request_id}``  the session's file (engine.session_file: tokens and KV blocks, versioned,
+``GET /v1/sessions/{request_id}``  the session's file (engine.sessions.session_file: tokens and KV blocks, versioned,
                                    checksummed, tied to the model), application/octet-stream; 404 when
                                    neither memory nor the spill folder holds it
 ``PUT /v1/sessions/{request_id}``  keep the file's session here (its KV into free blocks when it is this model's,
@@ -44,7 +44,7 @@ class SessionHandler(BaseHandler):
 
     async def put(self, request_id: str) -> None:
         spill = spill_of(self.ctx.loaded_engine)
-        from mindie_service.engine.session_file import decode
+        from mindie_service.engine.sessions.session_file import decode
 
         body = self.body()
         f = decode(body, spill.identity, spill.max_bytes)  # ValidationError (422): refused before the engine

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from mindie_service.config import ServiceConfig, load_config
-from mindie_service.engine.engine_config import EngineConfig
+from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.client import EngineClient
 from mindie_service.errors import ConfigError
 from mindie_service.inputs import InputProcessor, TextPrompt
@@ -77,9 +77,9 @@ class ServeWiring:
 def build_engine(cfg: ServiceConfig, wiring: ServeWiring) -> EngineClient:
     """The engine for the first model (runs in a worker thread: it loads weights): its
     BackendConfig.modelInstanceNumber instances, behind one router when there are several."""
-    from mindie_service.engine.instances import build_instances, instance_configs
+    from mindie_service.fleet.instances import build_instances, instance_configs
 
-    from mindie_service.engine.prefix_routing import use_prefix_routing
+    from mindie_service.fleet.prefix_routing import use_prefix_routing
 
     mock = cfg.models[0].mock
     return use_prefix_routing(build_instances(instance_configs(cfg, 0), lambda ec: wiring.model_engine(ec, mock)),

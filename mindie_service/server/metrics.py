@@ -40,7 +40,7 @@ class _EngineCollector(Collector):
                  instances: Callable[[], Any] | None = None) -> None:
         self.model_name = model_name
         self.stats = stats
-        self.instances = instances  # () -> [InstanceStatus] (engine/instances.py) or None while loading
+        self.instances = instances  # () -> [InstanceStatus] (fleet/instances.py) or None while loading
 
     def collect(self) -> Iterator[Metric]:
         s = self.stats()

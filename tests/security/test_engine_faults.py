@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mindie_service import LLM, SamplingParams
-from mindie_service.engine.sampler import LOGPROB_FLOOR, NonFiniteRows, Sampler
+from mindie_service.engine.sample.sampler import LOGPROB_FLOOR, NonFiniteRows, Sampler
 from mindie_service.engine.sequence import Sequence
 from mindie_service.engine.contract import FailedEvent
 from mindie_service.errors import ValidationError

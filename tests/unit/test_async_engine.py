@@ -9,7 +9,7 @@ import pytest
 
 from mindie_service.engine.async_engine import AsyncEngine
 from mindie_service.engine.client import EngineClient
-from mindie_service.engine.engine_config import EngineConfig
+from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.contract import EngineRequest
 from mindie_service.devkit import faults
 from mindie_service.errors import (ConfigError, EngineDeadError, GenerationError, IncompleteGenerationError,

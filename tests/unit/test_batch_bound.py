@@ -1,4 +1,4 @@
-"""Batch-job lines beside online traffic (engine.batch_bound, issue #27): the scheduler's rule on hand-made
+"""Batch-job lines beside online traffic (engine.sched.batch_bound, issue #27): the scheduler's rule on hand-made
 steps (no model, no clock). ScheduleConfig.batchPrefillTokens bounds batch prompt tokens in any step;
 batchTokensBesideOnline bounds all batch tokens of a step while an online request waits or prefills, and
 the batch lines still take turns (no starvation)."""
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from mindie_service.engine.block_manager import BlockManager
+from mindie_service.engine.kv.block_manager import BlockManager
 from mindie_service.engine.contract import PRIORITY_BATCH
-from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.scheduler import Scheduler
+from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.engine.sched.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SeqStatus
 from mindie_service.engine.step import SchedulerOutput
 from mindie_service.errors import ConfigError, MindieError

@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 from hypothesis import given, settings, strategies as st
 
-from mindie_service.engine.beam import BeamSearch
-from mindie_service.engine.block_manager import BlockManager
-from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.scheduler import Scheduler
+from mindie_service.engine.sample.beam import BeamSearch
+from mindie_service.engine.kv.block_manager import BlockManager
+from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.engine.sched.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SeqStatus
 from mindie_service.engine.contract import FINISH_EOS, FINISH_LENGTH, TokenEvent, TokenInfo
 from mindie_service.sampling_params import SamplingParams

@@ -1,7 +1,7 @@
 """KV block pool: allocation, prefix sharing by content + cache key, reference counts, LRU eviction."""
 from __future__ import annotations
 
-from mindie_service.engine.block_manager import BlockManager
+from mindie_service.engine.kv.block_manager import BlockManager
 from mindie_service.engine.sequence import Sequence
 from mindie_service.sampling_params import SamplingParams
 

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from mindie_service.config import ServerSettings, ServiceConfig, load_config, load_schema
-from mindie_service.engine.engine_config import EngineConfig, LoraModuleSpec
+from mindie_service.engine.configs.engine_config import EngineConfig, LoraModuleSpec
 from mindie_service.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
-from mindie_service.engine.detokenizer import DetokState, TokenDecoder, flush, step
+from mindie_service.engine.output.detokenizer import DetokState, TokenDecoder, flush, step
 
 
 @pytest.fixture(scope="module")

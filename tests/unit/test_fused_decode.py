@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mindie_service import LLM, SamplingParams
-from mindie_service.engine.model_runner import ModelRunner
+from mindie_service.engine.runner.model_runner import ModelRunner
 from npu_ops import cpu_kernels
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here")

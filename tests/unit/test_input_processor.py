@@ -15,7 +15,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from mindie_service.devkit import synth
-from mindie_service.engine.engine_config import EngineConfig
+from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.errors import ValidationError
 from mindie_service.inputs import (InputLimits, InputProcessor, PartsPrompt, TextPrompt, TokensPrompt, fit_prompt,
                                    hf_tokenize)

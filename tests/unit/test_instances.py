@@ -1,5 +1,5 @@
 """Model instances: the router picks the least outstanding work, keeps sessions on their instance, loads
-adapters on every instance, and sums the instances' stats (engine/instances.py)."""
+adapters on every instance, and sums the instances' stats (fleet/instances.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -9,8 +9,8 @@ from typing import Any, AsyncIterator
 import pytest
 
 from mindie_service.engine.client import EngineClient
-from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.instances import (InstanceRouter, build_instances, instances_of, split_threads,
+from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.fleet.instances import (InstanceRouter, build_instances, instances_of, split_threads,
                                              sum_stats)
 from mindie_service.engine.contract import (FINISH_LENGTH, EngineRequest, EngineStats, InputFacts, TokenEvent,
                                             TokenInfo)
@@ -315,8 +315,8 @@ def test_instance_configs_follow_model_instance_number(tmp_path, monkeypatch):
     import json
 
     from mindie_service.config import load_config
-    from mindie_service.engine import instances
-    from mindie_service.engine.instances import instance_configs
+    from mindie_service.fleet import instances
+    from mindie_service.fleet.instances import instance_configs
 
     cfg = {"ServerConfig": {"httpsEnabled": False},
            "BackendConfig": {"modelInstanceNumber": 2, "npuDeviceIds": [[0], [1]], "ModelDeployConfig": {

@@ -1,4 +1,4 @@
-"""KV-cache events in vLLM's wire format (engine.kv_events): a subscriber with plain pyzmq + msgspec rebuilds
+"""KV-cache events in vLLM's wire format (engine.kv.kv_events): a subscriber with plain pyzmq + msgspec rebuilds
 the engine's prefix cache from them while a mixed workload runs (prefix hits, evictions, preemption, a LoRA
 adapter, a session), the replay socket gives the same batches back, and a full queue drops, never blocks."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 
 from mindie_service import LLM, SamplingParams
 from mindie_service.devkit.lora import build_demo_lora
-from mindie_service.engine.kv_event_types import KVEventsConfig
-from mindie_service.engine.kv_event_wire import KVEventBatch, decode_batch, external_hash
-from mindie_service.engine.kv_events import ZmqKVEventPublisher
+from mindie_service.engine.configs.kv_events_config import KVEventsConfig
+from mindie_service.engine.kv.kv_event_wire import KVEventBatch, decode_batch, external_hash
+from mindie_service.engine.kv.kv_events import ZmqKVEventPublisher
 from mindie_service.inputs import TextPrompt
 from tests.kv_event_client import Subscriber, free_port, rebuild
 

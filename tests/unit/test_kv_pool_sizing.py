@@ -10,7 +10,7 @@ import torch
 
 from mindie_service import LLM, SamplingParams
 from mindie_service.config import load_config
-from mindie_service.engine.engine_parts import auto_num_blocks
+from mindie_service.engine.runner.engine_parts import auto_num_blocks
 from npu_ops import platform
 from tests.server_utils import write_config
 

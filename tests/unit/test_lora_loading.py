@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from mindie_service import LLM, SamplingParams
 from mindie_service.engine.async_engine import AsyncEngine
-from mindie_service.engine.engine_config import EngineConfig, LoraModuleSpec
+from mindie_service.engine.configs.engine_config import EngineConfig, LoraModuleSpec
 from mindie_service.engine.contract import EngineRequest
 from mindie_service.devkit.lora import build_demo_lora
 from mindie_service.errors import ConflictError, NotFoundError, ValidationError

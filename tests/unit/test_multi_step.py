@@ -1,4 +1,4 @@
-"""Multi-step decode (engine.multi_step): a few plain greedy decodes run several steps a call. The tokens,
+"""Multi-step decode (engine.sched.bursts): a few plain greedy decodes run several steps a call. The tokens,
 log-probabilities, texts and finishes are the ones single steps give (bursts cut at EOS, a stop string and
 max_tokens), no slot is left behind, and anything else runs one step a call."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 
 from mindie_service import LLM, SamplingParams
 from mindie_service.engine.contract import EngineRequest
-from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.multi_step import BURST_BUDGET_S, BurstPacer
+from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.engine.sched.bursts import BURST_BUDGET_S, BurstPacer
 from mindie_service.errors import ConfigError, MindieError
 from mindie_service.models import fused_layers
 from tests.unit.test_config import load, sched, shipped

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from mindie_service.engine.block_manager import BlockManager
-from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.scheduler import Scheduler
+from mindie_service.engine.kv.block_manager import BlockManager
+from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.engine.sched.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SeqStatus
 from mindie_service.engine.step import SchedulerOutput
 from mindie_service.engine.contract import PRIORITY_BATCH

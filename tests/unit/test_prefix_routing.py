@@ -1,11 +1,11 @@
-"""Prefix-aware instance routing (engine.prefix_routing): each instance's index follows its block manager's
+"""Prefix-aware instance routing (fleet.prefix_routing): each instance's index follows its block manager's
 prefix-cache events; a request goes to the instance holding the longest cached prefix of its prompt unless
 that instance is much more loaded (LOAD_SLACK), adapters and evictions included."""
 from __future__ import annotations
 
-from mindie_service.engine.block_manager import BlockManager
-from mindie_service.engine.instances import InstanceRouter
-from mindie_service.engine.prefix_routing import LOAD_SLACK, PrefixIndex, PrefixRouter
+from mindie_service.engine.kv.block_manager import BlockManager
+from mindie_service.fleet.instances import InstanceRouter
+from mindie_service.fleet.prefix_routing import LOAD_SLACK, PrefixIndex, PrefixRouter
 from mindie_service.engine.sequence import Sequence
 from mindie_service.engine.contract import EngineRequest
 from mindie_service.sampling_params import SamplingParams

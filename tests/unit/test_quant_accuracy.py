@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from mindie_service import LLM, SamplingParams
 from mindie_service.devkit.lora import build_demo_lora
-from mindie_service.engine.engine_config import LoraModuleSpec
+from mindie_service.engine.configs.engine_config import LoraModuleSpec
 from mindie_service.models.loader import load_model
 from mindie_service.devkit.quant_eval import evaluate
 from npu_ops.quant import QuantLinear

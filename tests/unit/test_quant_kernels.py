@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.model_runner import kv_bytes_per_block
+from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.engine.runner.model_runner import kv_bytes_per_block
 from npu_ops import cpu_kernels, ops, quant, quant_cpu, quant_kv
 
 needs_kernel = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C compiler: CPU kernel not built")

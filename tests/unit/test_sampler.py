@@ -12,7 +12,7 @@ import torch
 from transformers import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
                           TopKLogitsWarper, TopPLogitsWarper, TypicalLogitsWarper)
 
-from mindie_service.engine.sampler import Sampler
+from mindie_service.engine.sample.sampler import Sampler
 from mindie_service.engine.sequence import Sequence
 from mindie_service.sampling_params import SamplingParams
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from mindie_service.engine.sampler import Sampler
+from mindie_service.engine.sample.sampler import Sampler
 from mindie_service.engine.sequence import Sequence
 from mindie_service.sampling_params import SamplingParams
 

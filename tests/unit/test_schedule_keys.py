@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from mindie_service.config import load_config
-from mindie_service.engine.block_manager import BlockManager
-from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.scheduler import Scheduler
+from mindie_service.engine.kv.block_manager import BlockManager
+from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.engine.sched.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence
 from mindie_service.errors import ConfigError
 from mindie_service.sampling_params import SamplingParams

@@ -4,9 +4,9 @@ Each step is the engine's contract without the model: ``schedule()``, then ``upd
 sampled token for every chunk that samples (what a runner + sampler would return)."""
 from __future__ import annotations
 
-from mindie_service.engine.block_manager import BlockManager
-from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.scheduler import Scheduler
+from mindie_service.engine.kv.block_manager import BlockManager
+from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.engine.sched.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SeqStatus
 from mindie_service.engine.step import SchedulerOutput
 from mindie_service.engine.contract import PRIORITY_BATCH

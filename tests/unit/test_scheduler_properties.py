@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from mindie_service.engine.block_manager import BlockManager
-from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.scheduler import Scheduler, _prefilling
+from mindie_service.engine.kv.block_manager import BlockManager
+from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.engine.sched.scheduler import Scheduler, _prefilling
 from mindie_service.engine.sequence import Sequence, SeqStatus
-from mindie_service.engine.swap import HostBlockPool
+from mindie_service.engine.kv.swap import HostBlockPool
 from mindie_service.engine.contract import PRIORITY_BATCH, PRIORITY_ONLINE
 from mindie_service.sampling_params import SamplingParams
 

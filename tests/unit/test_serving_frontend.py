@@ -8,7 +8,7 @@ import time
 import pytest
 
 from mindie_service.devkit.mock_engine import MockEngine
-from mindie_service.engine.engine_config import EngineConfig
+from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.errors import ConflictError, OverloadedError, TimeoutError_
 from mindie_service.inputs import TextPrompt
 from mindie_service.sampling_params import SamplingParams

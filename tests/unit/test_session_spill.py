@@ -1,4 +1,4 @@
-"""Sessions on disk and between replicas (engine.session_spill): a spilled session continues after a restart
+"""Sessions on disk and between replicas (engine.sessions.session_spill): a spilled session continues after a restart
 without recomputing its prefix and equals an uninterrupted greedy generation; a damaged or another model's
 file never feeds the model (tokens only, or refused); a session moves between two engines token-identical."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mindie_service import LLM, SamplingParams
-from mindie_service.engine.session_spill import SUFFIX, SessionSpill
+from mindie_service.engine.sessions.session_spill import SUFFIX, SessionSpill
 from mindie_service.inputs import TextPrompt
 
 PROMPT = "The river runs past the old mill and the stone bridge, where the miller keeps his"
@@ -117,7 +117,7 @@ def test_an_evicted_session_is_written_off_the_engine_thread(tiny_model, tmp_pat
     is written the session's bytes are exported from memory."""
     import threading
 
-    from mindie_service.engine import spill_writer
+    from mindie_service.engine.sessions import spill_writer
 
     gate, real = threading.Event(), spill_writer.write_atomic
     monkeypatch.setattr(spill_writer, "write_atomic", lambda path, data: (gate.wait(30), real(path, data)))

@@ -1,13 +1,13 @@
-"""Continue a finished generation by its session key (engine.sessions): tokens are the truth, pinned
+"""Continue a finished generation by its session key (engine.sessions.session_store): tokens are the truth, pinned
 prefix-cache blocks only a cache, bounded and released least recently used first."""
 from __future__ import annotations
 
 import pytest
 
 from mindie_service import LLM, SamplingParams
-from mindie_service.engine.block_manager import BlockManager
+from mindie_service.engine.kv.block_manager import BlockManager
 from mindie_service.engine.sequence import Sequence
-from mindie_service.engine.sessions import SessionStore
+from mindie_service.engine.sessions.session_store import SessionStore
 from mindie_service.inputs import TextPrompt
 
 PROMPT = "The river runs past the old mill and"

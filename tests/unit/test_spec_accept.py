@@ -1,4 +1,4 @@
-"""Rejection sampling of a sampled draft (engine.spec_accept) keeps the target's distribution exactly: by
+"""Rejection sampling of a sampled draft (engine.sample.spec_accept) keeps the target's distribution exactly: by
 enumeration over every draft token of a tiny vocabulary (analytically, for many (p, q) pairs, supports that
 overlap partly or not at all, one-hot drafts), and by Monte-Carlo draws through verify_draft itself."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from scipy.stats import chisquare
 
-from mindie_service.engine.spec_accept import acceptance, output_distribution, residual, verify_draft
+from mindie_service.engine.sample.spec_accept import acceptance, output_distribution, residual, verify_draft
 
 VOCAB = 6
 

@@ -2,7 +2,7 @@
 tokens of a fixed prompt, speculated, against 2,000 unspeculated ones with other seeds, chi-square homogeneity
 of each position's token counts at 0.1%. Both proposers: n-gram (one-hot drafts, draw and compare) and a
 sampled draft model (models/tiny-draft's drafts drawn from its own distribution, rejection-sampled against the
-target's: engine.spec_accept). Small blocks: the shared prompt is a prefix-cache hit, so prefills cost little."""
+target's: engine.sample.spec_accept). Small blocks: the shared prompt is a prefix-cache hit, so prefills cost little."""
 from __future__ import annotations
 
 from collections import Counter

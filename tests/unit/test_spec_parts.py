@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mindie_service.engine.block_manager import BlockManager
-from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.scheduler import Scheduler
+from mindie_service.engine.kv.block_manager import BlockManager
+from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.engine.sched.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence
-from mindie_service.engine.spec_config import SpeculativeConfig
-from mindie_service.engine.spec_ngram import DRAFTS_PER_MATCHED, NgramIndex, NgramProposer
-from mindie_service.engine.spec_policy import SeqSpec, StepCostModel, depth, probe_interval
-from mindie_service.engine.speculative import accepted_run
+from mindie_service.engine.configs.spec_config import SpeculativeConfig
+from mindie_service.engine.spec.spec_ngram import DRAFTS_PER_MATCHED, NgramIndex, NgramProposer
+from mindie_service.engine.spec.spec_policy import SeqSpec, StepCostModel, depth, probe_interval
+from mindie_service.engine.spec.speculator import accepted_run
 from mindie_service.engine.step import ScheduledChunk, SchedulerOutput
 from mindie_service.errors import ValidationError
 from mindie_service.sampling_params import SamplingParams

@@ -129,19 +129,19 @@ def test_drafts_the_grammar_forbids_are_cut_and_the_rest_verified(tiny_model, ba
 
 
 def test_verify_row_masks_are_the_states_after_the_drafts_and_the_matcher_is_left_as_it_came(tiny_model):
-    """GrammarStep's verify-row masks (one native call for the batch) equal consuming the drafts one by one and
+    """GrammarMasks's verify-row masks (one native call for the batch) equal consuming the drafts one by one and
     filling each state's mask; one draft and several; the matcher's state is unchanged afterwards."""
     import torch
     from transformers import AutoTokenizer
 
-    from mindie_service.engine.grammar_step import GrammarState, GrammarStep
-    from mindie_service.engine.speculative import DraftRow
+    from mindie_service.engine.sample.grammar_masks import GrammarState, GrammarMasks
+    from mindie_service.engine.spec.speculator import DraftRow
     from mindie_service.structured.compiler import build_compiler
     from mindie_service.structured.grammar_spec import json_spec
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
     comp = build_compiler(tok, [tok.eos_token_id], StructuredLimits())
-    step = GrammarStep(comp, comp.vocab_size, frozenset([tok.eos_token_id]), True)
+    step = GrammarMasks(comp, comp.vocab_size, frozenset([tok.eos_token_id]), True)
     text = tok.encode('{"name":"Ada","age":36,"tags":["red"],"ok":true}', add_special_tokens=False)
     seqs, want, matchers = [], [], []
     for start, k in ((0, 5), (3, 1), (6, 4)):

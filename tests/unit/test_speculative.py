@@ -104,7 +104,7 @@ def test_preemption_in_a_small_pool(tiny_model, tiny_draft, baseline, proposer, 
 def test_lora_adapter_verifies_under_the_adapter(tiny_model, tmp_path_factory):
     path = str(build_demo_lora(str(tiny_model), str(tmp_path_factory.mktemp("lora") / "a"), rank=8, seed=3))
     mods = ({"name": "a", "path": path},)
-    from mindie_service.engine.engine_config import LoraModuleSpec
+    from mindie_service.engine.configs.engine_config import LoraModuleSpec
     loras = tuple(LoraModuleSpec(m["name"], m["path"]) for m in mods)
     prompts, params = parity_prompts()[:8], _params()[:8]
     ref = LLM(str(tiny_model), **POOL, lora_modules=loras).generate(prompts, params, use_tqdm=False, adapter_id="a")
@@ -126,7 +126,7 @@ REPEAT = "river mountain city garden river mountain city garden river mountain c
 
 def test_seeded_sampling_draws_as_without_speculation(tiny_model, tiny_draft, baseline):
     """n-gram (one-hot drafts): same seeds, same tokens as without speculation (the second pass drafts from the
-    first's text, held in its memory). A sampled draft model rejection-samples (engine.spec_accept), which
+    first's text, held in its memory). A sampled draft model rejection-samples (engine.sample.spec_accept), which
     draws other tokens from the same distribution (tests/unit/test_spec_distribution.py), and is deterministic
     per seed: the same tokens on every pass and in a fresh engine."""
     ref = _sampled(baseline[0], REPEAT, range(40))

@@ -1,14 +1,14 @@
-"""Swapping preempted requests' K/V to the host pool (ModelConfig.cpuMemSize, engine.swap): the scheduler's
+"""Swapping preempted requests' K/V to the host pool (ModelConfig.cpuMemSize, engine.kv.swap): the scheduler's
 plain-data decisions, and the real engine giving the same greedy tokens as with a roomy pool."""
 from __future__ import annotations
 
 import pytest
 
-from mindie_service.engine.block_manager import BlockManager
-from mindie_service.engine.engine_config import EngineConfig
-from mindie_service.engine.scheduler import Scheduler
+from mindie_service.engine.kv.block_manager import BlockManager
+from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.engine.sched.scheduler import Scheduler
 from mindie_service.engine.sequence import Sequence, SeqStatus
-from mindie_service.engine.swap import HostBlockPool, host_pool_blocks
+from mindie_service.engine.kv.swap import HostBlockPool, host_pool_blocks
 from mindie_service.engine.contract import EngineRequest
 from mindie_service.llm import LLM
 from mindie_service.sampling_params import SamplingParams

@@ -22,7 +22,7 @@ from mindie_service import LLM, SamplingParams
 from mindie_service.config import load_config
 from mindie_service.devkit.lora import build_demo_lora
 from mindie_service.engine.async_engine import AsyncEngine
-from mindie_service.engine.engine_config import EngineConfig
+from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.devkit.presets import build_demo_model
 from mindie_service.errors import EngineDeadError
 from tests.prompts import word_prompts

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mindie_service.config import load_config
-from mindie_service.engine.engine_config import EngineConfig
+from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.errors import ConfigError, ValidationError
 from mindie_service.models.llama import LlamaDims
 from mindie_service.models.shard import ShardPlan, _column, _row

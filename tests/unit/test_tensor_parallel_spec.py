@@ -8,8 +8,8 @@ import pytest
 
 from mindie_service import LLM, SamplingParams
 from mindie_service.devkit.presets import build_demo_model
-from mindie_service.engine.model_runner import ModelRunner
-from mindie_service.engine.parallel.launcher import ParallelRunner
+from mindie_service.engine.runner.model_runner import ModelRunner
+from mindie_service.engine.runner.parallel.launcher import ParallelRunner
 from tests.conftest import ROOT
 from tests.unit.test_tensor_parallel import KW, parity_prompts
 

@@ -1,0 +1,79 @@
+"""How much batch-job work (PRIORITY_BATCH lines) one step may carry, so that online requests do not wait
+behind it (issue #27). Plain Python (no torch).
+
+Two bounds, both ScheduleConfig keys:
+
+- ``batchPrefillTokens``: batch lines' prompt tokens in any one step (their prompts are chunked over steps).
+  An online request arrives at any moment and waits for the step in flight: no step may be a long batch
+  prefill.
+- ``batchTokensBesideOnline``: while an online request waits for admission or is still prefilling, the
+  step carries at most this many batch tokens in all (a decoding line counts one, a prompt chunk its
+  length): its first token is not computed beside the whole batch. Decoding lines go first, those that ran
+  least recently first (so every line progresses), then prompt tokens; at least one token, so batch
+  work never stops while online traffic keeps arriving."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from mindie_service.engine.contract import PRIORITY_ONLINE
+from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.engine.sequence import Sequence
+from mindie_service.engine.sched.chunks import prefilling
+
+
+@dataclass
+class BatchAllowance:
+    """One step's allowance of batch-line tokens (``schedule()`` spends it as it picks rows). Online requests
+    are never bounded by it."""
+
+    prompt_left: int  # batch prompt tokens still allowed this step
+    total_left: int | None = None  # batch tokens of any kind still allowed; None: no online request waits
+    decodes: set[str] = field(default_factory=set)  # with total_left: the running batch lines that decode
+
+    def runs(self, seq: Sequence) -> bool:
+        """Whether ``seq``, running and decoding, decodes this step (False: it skips the step, keeping its
+        blocks)."""
+        return (seq.priority == PRIORITY_ONLINE or self.total_left is None or seq.group is not None
+                or seq.request_id in self.decodes)
+
+    def room(self, seq: Sequence, n: int, prompt: bool = True) -> int:
+        """Of ``n`` more tokens ``seq`` would compute this step (prompt tokens, or a decode's draft tokens /
+        a resumed line's decode with ``prompt`` False), how many it may."""
+        if seq.priority == PRIORITY_ONLINE:
+            return n
+        if prompt:
+            n = min(n, self.prompt_left)
+        return max(0, n if self.total_left is None else min(n, self.total_left))
+
+    def spend(self, seq: Sequence, n: int, prompt: bool = True) -> None:
+        if seq.priority == PRIORITY_ONLINE:
+            return
+        if prompt:
+            self.prompt_left -= n
+        if self.total_left is not None:
+            self.total_left -= n
+
+
+def online_pressed(running: Iterable[Sequence], head: Sequence | None) -> bool:
+    """An online request waits for admission (``head``: the next to admit; the queues keep online requests
+    ahead of batch lines) or is still prefilling."""
+    return ((head is not None and head.priority == PRIORITY_ONLINE)
+            or any(s.priority == PRIORITY_ONLINE and prefilling(s) for s in running))
+
+
+def step_allowance(cfg: EngineConfig, running: list[Sequence], pressed: bool, turns: int) -> BatchAllowance:
+    """This step's allowance; with ``pressed`` (online_pressed), the batch lines that decode are chosen now,
+    least recently chosen first (round robin), and given turns ``turns + 1``, ``turns + 2``..."""
+    prompt = cfg.max_prefill_tokens if cfg.batch_prefill_tokens is None else cfg.batch_prefill_tokens
+    if not pressed or cfg.batch_tokens_beside_online is None:
+        return BatchAllowance(prompt)
+    bound = cfg.batch_tokens_beside_online
+    lines = [s for s in running if s.priority != PRIORITY_ONLINE and s.group is None and not prefilling(s)]
+    lines.sort(key=lambda s: s.batch_turn)  # stable: oldest first among equals
+    for i, s in enumerate(lines[:bound]):
+        s.batch_turn = turns + 1 + i
+    for s in lines[bound:]:
+        s.draft_token_ids.clear()  # it skips this step
+    chosen = lines[:bound]
+    return BatchAllowance(prompt, bound - len(chosen), {s.request_id for s in chosen})
