@@ -24,6 +24,7 @@ from mindie_service.engine.client import EngineClient
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.fleet.instances import build_instances, instance_configs
 from mindie_service.errors import ConflictError, ModelNotFoundError, UnhealthyError, ValidationError
+from mindie_service.netguard import FetchPolicy
 from mindie_service.params.defaults import RequestDefaults
 
 logger = logging.getLogger(__name__)
@@ -300,7 +301,7 @@ class Catalog:
         return first_user(folder, users)
 
     # -- download --------------------------------------------------------------------------------
-    async def download(self, model_id: str, policy: Any, cap: int) -> CatalogEntry:
+    async def download(self, model_id: str, policy: FetchPolicy, cap: int) -> CatalogEntry:
         """Check the model's source (SSRF guard, allowed folders) now, fetch it in the background."""
         from mindie_service.catalog.download import check_source  # tornado's client only when downloading
 
@@ -317,7 +318,7 @@ class Catalog:
         self._spawn(self._download(e, src, policy, cap, before))
         return e
 
-    async def _download(self, e: CatalogEntry, src: Any, policy: Any, cap: int, before: str) -> None:
+    async def _download(self, e: CatalogEntry, src: Any, policy: FetchPolicy, cap: int, before: str) -> None:
         from mindie_service.catalog import download as dl
 
         target = self.folder_of(e.id)

@@ -2,7 +2,8 @@
 ``.gguf`` file (a GGUF model), or of each file in ``assets``; or a local path (a folder, an archive, a ``.gguf``
 file) under the allowed folders.
 
-The guard (``mindie_service.netguard``) applies, with the downloader's own limits (``download_limits``): one DNS resolution
+The guard (``mindie_service.netguard``) applies, with the downloader's own limits (``download_limits``, from the
+server's ``FetchPolicy``): one DNS resolution
 checked against private/loopback/metadata addresses and pinned for the connection, no redirects,
 connect/read timeouts, a byte cap (checked on Content-Length and while streaming to disk, never holding the
 body in memory); a local source must lie in the allowed folders after symlinks are resolved. Archive entries must stay inside the folder:
@@ -24,8 +25,8 @@ from urllib.parse import unquote, urlsplit
 
 from mindie_service.catalog.checkpoint_kind import detect
 from mindie_service.errors import MediaError, ValidationError
-from mindie_service.netguard import CheckedURL, PathLimits, UrlLimits, check_url, lexical_path, pinned_get, real_path_inside
-from multimodal import MediaPolicy
+from mindie_service.netguard import (CheckedURL, FetchPolicy, PathLimits, UrlLimits, check_url, lexical_path,
+                                     pinned_get, real_path_inside)
 
 logger = logging.getLogger(__name__)
 
@@ -52,15 +53,15 @@ def _refuse(msg: str, status: int = 422, field: str = "source_url") -> MediaErro
     return MediaError(f"{field}: {msg}", status)
 
 
-def download_limits(policy: MediaPolicy, cap: int) -> UrlLimits:
+def download_limits(policy: FetchPolicy, cap: int) -> UrlLimits:
     """The downloader's limits: the server's outbound rules (hosts, private addresses, timeouts) with the
     download's own cap and a longer read timeout."""
-    return policy.fetch_limits(cap, "download", read_timeout=policy.read_timeout * READ_TIMEOUT_FACTOR)
+    return policy.url_limits(cap, "download", read_timeout=policy.read_timeout * READ_TIMEOUT_FACTOR)
 
 
-def source_path_limits(policy: MediaPolicy) -> PathLimits:
+def source_path_limits(policy: FetchPolicy) -> PathLimits:
     """The folders a local source may lie in (the server's allowed local folders)."""
-    return PathLimits(roots=policy.allowed_local_paths, max_bytes=0, cap_name="download", roots_hint=ROOTS_HINT)
+    return policy.path_limits(0, "download", roots_hint=ROOTS_HINT)
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class Source:
     path: Path | None = None
 
 
-async def check_source(ref: str, policy: MediaPolicy, field: str = "source_url") -> Source:
+async def check_source(ref: str, policy: FetchPolicy, field: str = "source_url") -> Source:
     """The SSRF and path checks, before anything is fetched (the route answers their errors at once).
     ``field`` names the request field in error messages."""
     if not isinstance(ref, str) or not ref:
@@ -103,7 +104,7 @@ class _FileSink:
         self.f.write(chunk)
 
 
-async def fetch_to_file(src: Source, url: str, dest: Path, cap: int, policy: MediaPolicy, progress: Progress,
+async def fetch_to_file(src: Source, url: str, dest: Path, cap: int, policy: FetchPolicy, progress: Progress,
                         field: str = "source_url") -> None:
     """GET ``url`` (its host already checked: ``src``) into ``dest``, streamed, at most ``cap`` bytes."""
     limits = download_limits(policy, cap)
@@ -171,7 +172,7 @@ def _is(ref: str, suffixes: tuple[str, ...] | str) -> bool:
     return urlsplit(ref).path.lower().endswith(suffixes) if "://" in ref else ref.lower().endswith(suffixes)
 
 
-async def fetch_into(model_id: str, assets: list[str], src: Source, staging: Path, cap: int, policy: MediaPolicy,
+async def fetch_into(model_id: str, assets: list[str], src: Source, staging: Path, cap: int, policy: FetchPolicy,
                      prog: Progress) -> None:
     """Fetch a checked source into ``staging`` (an empty folder): a folder or archive as its files, a ``.gguf``
     as that one file, an URL of neither as each file of ``assets``. At most ``cap`` bytes in all."""
@@ -203,7 +204,7 @@ async def fetch_into(model_id: str, assets: list[str], src: Source, staging: Pat
         await fetch_to_file(asrc, url, staging / name, cap - prog.bytes_done, policy, prog, field="assets")
 
 
-def _copy_local(path: Path, staging: Path, cap: int, policy: MediaPolicy) -> None:
+def _copy_local(path: Path, staging: Path, cap: int, policy: FetchPolicy) -> None:
     """A local source (already checked to lie in the allowed folders): a folder copied (its links followed only
     where they resolve inside the allowed folders, as a Hugging Face cache snapshot's do), an archive
     extracted, a ``.gguf`` file copied."""

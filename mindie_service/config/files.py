@@ -1,4 +1,6 @@
-"""The files a loaded config names: checked apart from loading (after ``serve --prepare`` made them)."""
+"""The files a loaded config names: checked apart from loading (after ``serve --prepare`` made them), by whoever
+loads the config to serve it (``server.main.serve``). This module reads the settings' dataclasses; they never
+import it (``.importlinter``: config-settings-no-files)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +13,9 @@ from mindie_service.errors import ConfigError
 
 
 def check_files(cfg: ServiceConfig) -> None:
-    """Raise ConfigError naming every missing file or folder, each with its config key."""
+    """Raise ConfigError naming every missing file or folder, each with its config key: model checkpoints
+    (config.json with torch_dtype/dtype and vocab_size), TLS files when HTTPS is on, LoRA folders, local
+    media folders."""
     problems: list[str] = []
     for i, m in enumerate(cfg.models):
         if not m.mock:

@@ -16,7 +16,7 @@ from typing import Any
 
 from mindie_service.config.gen_defaults import generation_defaults
 from mindie_service.config.messages import S, schema_problems
-from mindie_service.config.rules import cross_key_problems
+from mindie_service.config.rules import PluginParams, cross_key_problems, parse_plugin_params
 from mindie_service.config.schema import load_schema
 from mindie_service.config.settings import (BackendSettings, LogSettings, ModelSettings, ScheduleSettings,
                                             ServerSettings, ServiceConfig, TlsSettings)
@@ -40,13 +40,15 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Servi
     data = copy.deepcopy(raw)
     sources = _apply_env(data, env)
     problems, bad = schema_problems(data, sources)
+    plugins: dict[int, PluginParams] = {}
     if isinstance(data, dict):
         _fill_defaults(load_schema(), data)
-        problems += cross_key_problems(data, bad, sources)
+        plugins = parse_plugin_params(data, bad)  # once: the checks word its errors, _build keeps its values
+        problems += cross_key_problems(data, bad, sources, plugins)
     if problems:
         raise ConfigError([f"{path}: {p}" for p in problems])
     logger.debug("loaded %s (env overrides: %s)", cfg_path, sorted(sources.values()) or "none")
-    built = _build(cfg_path, data, raw)
+    built = _build(cfg_path, data, raw, plugins)
     gen = generation_defaults(cfg_path, data.get("GenerationDefaults") or {}, env, built.models[0].weight_path)
     return dataclasses.replace(built, generation_defaults=gen)
 
@@ -224,15 +226,16 @@ def _schedule(sch: dict[str, Any], base: Path) -> ScheduleSettings:
         session_spill_dir=None if sch.get("sessionSpillDir") is None else _resolve(base, sch["sessionSpillDir"]))
 
 
-def _speculative(m: dict[str, Any], dep: dict[str, Any], base: Path) -> SpeculativeConfig | None:
-    """ModelConfig.plugin_params (checked by config.rules) -> the engine's speculative decoding settings."""
-    spec = SpeculativeConfig.from_plugin_params(m.get("plugin_params", ""), dep.get("speculationGamma"))
+def _speculative(parsed: PluginParams | None, base: Path) -> SpeculativeConfig | None:
+    """ModelConfig.plugin_params, parsed and checked by config.rules -> the engine's speculative decoding
+    settings, the draft model's path resolved."""
+    spec = None if parsed is None else parsed.spec
     if spec is not None and spec.model is not None:
         spec = dataclasses.replace(spec, model=_resolve(base, spec.model))
     return spec
 
 
-def _build(cfg_path: Path, d: dict[str, Any], raw: dict[str, Any]) -> ServiceConfig:
+def _build(cfg_path: Path, d: dict[str, Any], raw: dict[str, Any], plugins: dict[int, PluginParams]) -> ServiceConfig:
     base = cfg_path.parent
     be, log = d["BackendConfig"], d["LogConfig"]
     dep = be["ModelDeployConfig"]
@@ -240,7 +243,8 @@ def _build(cfg_path: Path, d: dict[str, Any], raw: dict[str, Any]) -> ServiceCon
         instance_type=m["modelInstanceType"], name=m["modelName"], weight_path=_resolve(base, m["modelWeightPath"]),
         world_size=int(m["worldSize"]), cpu_mem_size_gb=int(m["cpuMemSize"]), npu_mem_size_gb=int(m["npuMemSize"]),
         backend_type=m["backendType"], trust_remote_code=m["trustRemoteCode"], quantization=m["quantization"],
-        kv_cache_dtype=m["kvCacheDtype"], speculative=_speculative(m, dep, base)) for m in dep["ModelConfig"])
+        kv_cache_dtype=m["kvCacheDtype"], speculative=_speculative(plugins.get(i), base))
+        for i, m in enumerate(dep["ModelConfig"]))
     loras = tuple(LoraModuleSpec(name=lo["name"], path=_resolve(base, lo["path"]),
                                  base_model_name=lo.get("baseModelName") or models[0].name)
                   for lo in dep["LoraModules"])

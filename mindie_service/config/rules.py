@@ -3,12 +3,16 @@
 The schedule and deploy rules the engine shares are written once, in
 ``engine.configs.engine_config.cross_field_problems``; here they are fed the file's values and worded with
 MindIE key paths. The rest (addresses, model and adapter names, device groups, the KV pool
-holding one maxSeqLen sequence) only make sense for a served config."""
+holding one maxSeqLen sequence) only make sense for a served config.
+
+A value that must be parsed to be checked (``plugin_params``) is parsed once per load by
+``parse_plugin_params``: the checks word its error, the loader keeps its value."""
 from __future__ import annotations
 
 import ipaddress
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from mindie_service.config.messages import D, S, SC, label, show
@@ -47,7 +51,35 @@ def _engine_values(data: Mapping[str, Any], bad: set[str]) -> dict[str, Any]:
     return out
 
 
-def cross_key_problems(data: dict[str, Any], bad: set[str], sources: Mapping[str, str]) -> list[str]:
+@dataclass(frozen=True)
+class PluginParams:
+    """One ModelConfig entry's plugin_params (with speculationGamma), parsed: the settings, or why not (the
+    error names the key path)."""
+
+    spec: SpeculativeConfig | None = None
+    error: ValidationError | None = None
+
+
+def parse_plugin_params(data: Mapping[str, Any], bad: set[str]) -> dict[int, PluginParams]:
+    """ModelConfig index -> its parsed plugin_params; entries whose keys failed the schema are left out."""
+    dep = _section(data, "BackendConfig", "ModelDeployConfig")
+    models = dep.get("ModelConfig") if isinstance(dep.get("ModelConfig"), list) else []
+    gamma = dep.get("speculationGamma") if f"{D}.speculationGamma" not in bad else None
+    out: dict[int, PluginParams] = {}
+    for i, m in enumerate(models):
+        key = f"{D}.ModelConfig[{i}].plugin_params"
+        if not isinstance(m, dict) or key in bad or not isinstance(m.get("plugin_params"), str):
+            continue
+        try:
+            out[i] = PluginParams(spec=SpeculativeConfig.from_plugin_params(m["plugin_params"], gamma, key=key))
+        except ValidationError as exc:
+            out[i] = PluginParams(error=exc)
+    return out
+
+
+def cross_key_problems(data: dict[str, Any], bad: set[str], sources: Mapping[str, str],
+                       plugins: Mapping[int, PluginParams]) -> list[str]:
+    """Every cross-key problem; ``plugins`` is ``parse_plugin_params``'s result for the same ``data``."""
     values = _engine_values(data, bad)
     p = [f"{ENGINE_KEYS[fp.field]} must be {fp.rule(ENGINE_KEYS.__getitem__)}, got {show(fp.value)}"
          for fp in cross_field_problems(values)]
@@ -64,6 +96,7 @@ def cross_key_problems(data: dict[str, Any], bad: set[str], sources: Mapping[str
         p.append(f"{S}.managementRoutesOnBusinessPort needs an admin key: set {S}.managementApiKeys "
                  f"(or {S}.apiKeyFile)")
     p += _model_problems(_section(data, "BackendConfig"), _section(data, "BackendConfig", "ModelDeployConfig"), bad)
+    p += _plugin_problems(plugins)
     return p
 
 
@@ -141,22 +174,15 @@ def _model_problems(backend: dict[str, Any], dep: dict[str, Any], bad: set[str])
         p.append("BackendConfig.interNodeTLSEnabled must be false when BackendConfig.multiNodesInferEnabled is true "
                  "(torch.distributed's transports carry no TLS: keep rank traffic on a private network), got true")
     p += _lora_problems(dep, names, bad)
-    p += _plugin_problems(models, dep, bad)
     return p
 
 
-def _plugin_problems(models: list[Any], dep: dict[str, Any], bad: set[str]) -> list[str]:
+def _plugin_problems(plugins: Mapping[int, PluginParams]) -> list[str]:
     """ModelConfig[i].plugin_params: a JSON-encoded speculative decoding plugin, with speculationGamma."""
     p: list[str] = []
-    gamma = dep.get("speculationGamma") if f"{D}.speculationGamma" not in bad else None
-    for i, m in enumerate(models):
-        key = f"{D}.ModelConfig[{i}].plugin_params"
-        if not isinstance(m, dict) or key in bad or not isinstance(m.get("plugin_params"), str):
-            continue
-        try:
-            SpeculativeConfig.from_plugin_params(m["plugin_params"], gamma, key=key)
-        except ValidationError as exc:
-            msg = str(exc).replace("Parameter speculationGamma", f"{D}.speculationGamma")
+    for i in sorted(plugins):
+        if plugins[i].error is not None:
+            msg = str(plugins[i].error).replace("Parameter speculationGamma", f"{D}.speculationGamma")
             p.append(msg.replace("Parameter ", "", 1) if msg.startswith("Parameter ") else msg)
     return p
 

@@ -219,11 +219,3 @@ class ServiceConfig:
             kv_events=None if b.kv_events is None else b.kv_events.for_instance(
                 model_index * b.model_instance_number + instance),
             speculative_config=m.speculative, structured=b.structured)
-
-    def check_files(self) -> None:
-        """Raise ConfigError naming every missing file the config points at: model checkpoints
-        (config.json with torch_dtype/dtype and vocab_size), TLS files when HTTPS is on, LoRA
-        folders, local media folders."""
-        from mindie_service.config.files import check_files  # files reads these dataclasses
-
-        check_files(self)

@@ -16,8 +16,7 @@ from urllib.parse import urlsplit
 
 from mindie_service.errors import ValidationError
 from mindie_service.jobs.spec import PathSpec, decode_raw
-from mindie_service.netguard import PathLimits, UrlLimits, lexical_path, read_regular
-from multimodal import MediaPolicy
+from mindie_service.netguard import FetchPolicy, PathLimits, UrlLimits, lexical_path, read_regular
 
 logger = logging.getLogger(__name__)
 
@@ -40,14 +39,14 @@ class JobInputLimits:
     url: UrlLimits
 
     @classmethod
-    def build(cls, policy: MediaPolicy, jobs_dir: str, max_bytes: int = MAX_INPUT_BYTES) -> JobInputLimits:
+    def build(cls, policy: FetchPolicy, jobs_dir: str, max_bytes: int = MAX_INPUT_BYTES) -> JobInputLimits:
         """The server's outbound rules (``policy``: folders, hosts, private addresses, timeouts) with the
         input file's own cap and a longer read timeout."""
         roots = policy.allowed_local_paths
         return cls(
             files=PathLimits((*roots, jobs_dir), max_bytes, CAP_NAME, "ServerConfig.allowedLocalMediaPaths or batchJobsDir"),
-            uri_files=PathLimits(roots, max_bytes, CAP_NAME, "ServerConfig.allowedLocalMediaPaths"),
-            url=policy.fetch_limits(max_bytes, CAP_NAME, read_timeout=policy.read_timeout * READ_TIMEOUT_FACTOR))
+            uri_files=policy.path_limits(max_bytes, CAP_NAME, "ServerConfig.allowedLocalMediaPaths"),
+            url=policy.url_limits(max_bytes, CAP_NAME, read_timeout=policy.read_timeout * READ_TIMEOUT_FACTOR))
 
 
 def _data_uri(ref: str, max_bytes: int) -> bytes:

@@ -9,8 +9,7 @@ import json
 from typing import Any
 
 from mindie_service.errors import ValidationError
-from mindie_service.inputs.types import ChatMessage, ChatPrompt
-from multimodal import MediaItem
+from mindie_service.inputs import ChatMessage, ChatPrompt, MediaItem
 
 ROLES = ("system", "user", "assistant")
 MEDIA_KINDS = ("image", "video", "audio")

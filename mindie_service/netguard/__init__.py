@@ -8,9 +8,12 @@
     path = lexical_path(ref, is_file_uri, plimits, label)                  # absolute, no '..', no file://host
     data = read_regular(path, plimits, label)                               # in a thread: realpath, regular file
 
-Callers (``multimodal`` for media, ``mindie_service.catalog.download`` for weights, ``mindie_service.jobs``
-for batch input files) each build their own limits. Every refusal is a ``MediaError`` (a 4xx) whose message
-starts with the caller's ``label``. Modules: ``guard_limits`` (the value objects, host allow-list), ``addresses``
+The server's outbound rules (allowed folders and hosts, the private-address switch, timeouts) are one
+``FetchPolicy``, built once from config; callers (``multimodal`` for media, ``mindie_service.catalog.download``
+for weights, ``mindie_service.jobs`` for batch input files) each turn it into their own limits with their own
+byte cap (``FetchPolicy.url_limits`` / ``path_limits``). Every refusal is a ``MediaError`` (a 4xx) whose message
+starts with the caller's ``label``. Modules: ``fetch_policy`` (the shared rules), ``guard_limits`` (the
+per-fetch value objects, host allow-list), ``addresses``
 (the private-address block, one checked lookup), ``urls`` (URL checks), ``pinned_http`` (the guarded GET;
 Tornado's HTTP client, so it loads on first use), ``paths`` (path checks and checked reads).
 
@@ -21,6 +24,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .addresses import METADATA_ADDRESSES, Address, refusal_reason, resolve_checked
+from .fetch_policy import FetchPolicy
 from .guard_limits import MB, USER_AGENT, PathLimits, UrlLimits, host_allowed, mb, normalize_hosts
 from .paths import is_inside, lexical_path, open_regular, read_fd, read_regular, real_path_inside
 from .urls import CheckedURL, check_url, url_host_port
@@ -30,9 +34,9 @@ if TYPE_CHECKING:
 
 _LAZY = {name: "pinned_http" for name in ("BytesSink", "PinnedResolver", "Sink", "pinned_get")}
 
-__all__ = sorted([*_LAZY, "Address", "CheckedURL", "MB", "METADATA_ADDRESSES", "PathLimits", "USER_AGENT",
-                  "UrlLimits", "check_url", "host_allowed", "is_inside", "lexical_path", "mb", "normalize_hosts",
-                  "open_regular", "read_fd", "read_regular", "real_path_inside", "refusal_reason",
+__all__ = sorted([*_LAZY, "Address", "CheckedURL", "FetchPolicy", "MB", "METADATA_ADDRESSES", "PathLimits",
+                  "USER_AGENT", "UrlLimits", "check_url", "host_allowed", "is_inside", "lexical_path", "mb",
+                  "normalize_hosts", "open_regular", "read_fd", "read_regular", "real_path_inside", "refusal_reason",
                   "resolve_checked", "url_host_port"])
 
 

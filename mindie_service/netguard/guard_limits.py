@@ -1,8 +1,8 @@
 """What one caller of the guard allows: a frozen value object each for URLs and for server-side paths.
 
 The guard has no defaults of its own that matter: media (``multimodal.MediaPolicy``), the catalog downloader
-and batch-job input files each build the limits they need and pass them on every call, so no request can
-widen them."""
+and batch-job input files each build the limits they need from the server's ``FetchPolicy``
+(``fetch_policy.py``) and pass them on every call, so no request can widen them."""
 from __future__ import annotations
 
 import os

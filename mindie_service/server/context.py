@@ -21,6 +21,7 @@ from mindie_service.serving import Frontend, Timeouts
 from mindie_service.serving.admission_queue import AdmissionQueue
 from mindie_service.serving.model_lookup import engine_for
 from mindie_service.fleet.gateway_view import gateway_state
+from mindie_service.netguard import FetchPolicy
 from mindie_service.server.gateway_metrics import GatewayCollector
 from mindie_service.server.metrics import ServiceMetrics
 from multimodal import MediaPolicy
@@ -43,10 +44,13 @@ class ServerContext:
         self.open_handlers = 0  # handlers begun and not finished (BaseHandler counts them)
         self.jobs: JobRunner | None = None  # batch jobs, once the default model is ready
         self.listeners: list[Any] = []  # the HTTP servers (main adds them): their open connections are counted
-        self.media_policy = MediaPolicy(
+        # Where any server-side fetch may go (media, catalog downloads, batch-job input files share it).
+        self.fetch_policy = FetchPolicy(
             allowed_local_paths=tuple(self.settings.allowed_local_media_paths),
             allow_private_urls=self.settings.allow_private_media_urls,
-            allowed_hosts=tuple(self.settings.media_url_allowed_hosts),
+            allowed_hosts=tuple(self.settings.media_url_allowed_hosts))
+        self.media_policy = MediaPolicy(
+            fetch=self.fetch_policy,
             max_items=self.settings.max_media_items, max_decoded_bytes=self.settings.max_decoded_media_bytes,
             max_aspect_ratio=self.settings.max_image_aspect_ratio,
             max_video_frames_decoded=self.settings.max_video_frames_decoded)

@@ -102,7 +102,7 @@ class SubmitJobHandler(_JobsHandler):
         await self.ctx.run_blocking(self.ctx.frontend.processor(engine).check_structured, structured)
 
     async def _read_input(self, path: PathSpec) -> bytes:
-        limits = JobInputLimits.build(self.ctx.media_policy, self.ctx.settings.batch_jobs_dir, MAX_INPUT_BYTES)
+        limits = JobInputLimits.build(self.ctx.fetch_policy, self.ctx.settings.batch_jobs_dir, MAX_INPUT_BYTES)
         return await read_job_input(path, limits, self.ctx.run_blocking)
 
 

@@ -126,7 +126,7 @@ class DownloadModelHandler(_CatalogHandler):
 
     async def get(self, model_id: str) -> None:
         cap = self.ctx.config.backend.max_model_download_mb * 1024 * 1024
-        await self.catalog.download(model_id, self.ctx.media_policy, cap)
+        await self.catalog.download(model_id, self.ctx.fetch_policy, cap)
         self.write_json({"message": f"Starting download {model_id}"})
 
 

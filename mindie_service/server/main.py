@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from mindie_service.config import ServiceConfig, load_config
+from mindie_service.config import ServiceConfig, check_files, load_config
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.client import EngineClient
 from mindie_service.errors import ConfigError
@@ -270,7 +270,7 @@ def serve(config_path: str, wiring: ServeWiring = ServeWiring()) -> int:
         _setup_file_logging(cfg)
         if wiring.prepare is not None:
             wiring.prepare(cfg)
-        cfg.check_files()
+        check_files(cfg)
         raise_open_files_limit(cfg.server.max_connections * len(cfg.server.listeners()))
         auth = Auth(cfg.server)  # API keys: a bad ServerConfig.apiKeyFile stops start-up
         contexts: dict[str, ssl.SSLContext] = {}

@@ -12,6 +12,7 @@ import pytest
 
 from mindie_service.devkit import synth
 from mindie_service.errors import MediaError
+from mindie_service.netguard import FetchPolicy
 from multimodal import MediaItem, MediaPolicy, load_media
 from multimodal.decode import decode_image, decode_video, sample_indices
 from multimodal.media_loader import DecodeOptions
@@ -102,7 +103,7 @@ def test_truncated_mp4_is_a_422(tmp_path: Path):
 
 
 def test_malformed_ipv6_url_is_a_422():
-    policy = MediaPolicy(allow_private_urls=True)
+    policy = MediaPolicy(FetchPolicy(allow_private_urls=True))
     with pytest.raises(MediaError) as err:
         _load([MediaItem(0, "image", "http://[::1/x.png")], policy)
     assert err.value.status == 422
@@ -165,8 +166,8 @@ def spool_watch(monkeypatch, tmp_path):
 
     monkeypatch.setattr(loader, "decode_video", spy)
     return {"stats": stats, "folder": folder, "seen": seen,
-            "policy": MediaPolicy(spool_bytes=SPOOL, spool_dir=str(folder), allow_private_urls=True,
-                                  allowed_local_paths=(str(tmp_path),))}
+            "policy": MediaPolicy(FetchPolicy(allow_private_urls=True, allowed_local_paths=(str(tmp_path),)),
+                                  spool_bytes=SPOOL, spool_dir=str(folder))}
 
 
 def _expected_frames() -> list[np.ndarray]:

@@ -10,12 +10,12 @@ import pytest
 
 from mindie_service.catalog.download import Progress, Source, fetch_into
 from mindie_service.errors import MediaError, ValidationError
-from multimodal import MediaPolicy
+from mindie_service.netguard import FetchPolicy
 
 
 def _fetch(src: Path, staging: Path, allowed: Path, cap: int = 1 << 20) -> Path:
     staging.mkdir()
-    policy = MediaPolicy(allowed_local_paths=(str(allowed),))
+    policy = FetchPolicy(allowed_local_paths=(str(allowed),))
     asyncio.run(fetch_into("m", [], Source(path=src), staging, cap, policy, Progress()))
     return staging / "ckpt"
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import jsonschema
 import pytest
 
-from mindie_service.config import ServerSettings, ServiceConfig, load_config, load_schema
+from mindie_service.config import ServerSettings, ServiceConfig, check_files, load_config, load_schema
 from mindie_service.engine.configs.engine_config import EngineConfig, LoraModuleSpec
 from mindie_service.errors import ConfigError
 
@@ -306,7 +306,7 @@ def test_check_files_names_every_missing_file(tmp_path: Path) -> None:
     doc = shipped()
     cfg = load(tmp_path, doc)
     with pytest.raises(ConfigError) as exc:
-        cfg.check_files()
+        check_files(cfg)
     text = str(exc.value)
     for key in ("modelWeightPath", f"{S}.tlsCaFile", f"{S}.tlsCert", f"{S}.tlsPk"):
         assert key in text
@@ -316,11 +316,11 @@ def test_check_files_names_every_missing_file(tmp_path: Path) -> None:
     for rel in ("security/ca/ca.pem", "security/certs/server.pem", "security/keys/server.key.pem"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x")
-    cfg.check_files()
+    check_files(cfg)
     server(doc)["httpsEnabled"] = False
     for rel in ("security/ca/ca.pem",):
         (tmp_path / rel).unlink()
-    load(tmp_path, doc).check_files()  # TLS files are not needed without HTTPS
+    check_files(load(tmp_path, doc))  # TLS files are not needed without HTTPS
 
 
 # --- defaults and the engine mapping ------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from mindie_service.errors import MindieError
 from mindie_service.jobs.input_file import JobInputLimits, read_job_input
 from mindie_service.jobs.spec import PathSpec
-from multimodal import MediaPolicy
+from mindie_service.netguard import FetchPolicy
 
 
 async def _inline(fn: Any, *args: Any) -> Any:
@@ -18,7 +18,7 @@ async def _inline(fn: Any, *args: Any) -> Any:
 
 
 def _read(value: str, jobs_dir: str) -> bytes:
-    limits = JobInputLimits.build(MediaPolicy(), jobs_dir)
+    limits = JobInputLimits.build(FetchPolicy(), jobs_dir)
     return asyncio.run(read_job_input(PathSpec(value, "filepath"), limits, _inline))
 
 

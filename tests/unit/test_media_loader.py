@@ -15,6 +15,7 @@ from PIL import Image
 
 from mindie_service.devkit import synth
 from mindie_service.errors import MediaError
+from mindie_service.netguard import FetchPolicy
 from multimodal import (
     DecodeOptions,
     LoadedPart,
@@ -112,7 +113,7 @@ def media_dir(tmp_path: Any) -> Any:
 
 
 def test_load_media_decodes_every_kind_in_order_in_the_executor(media_dir: Any) -> None:
-    policy = MediaPolicy(allowed_local_paths=(str(media_dir),))
+    policy = MediaPolicy(FetchPolicy(allowed_local_paths=(str(media_dir),)))
     png = (media_dir / "a.png").read_bytes()
     wav = synth.audio_bytes(seconds=0.5, rate=16000, fmt="WAV")
     parts = parse_parts([
@@ -172,7 +173,7 @@ def test_one_failure_cancels_the_other_fetches_and_names_its_part(
 def test_decode_failure_names_the_part(media_dir: Any) -> None:
     jpeg = synth.image_bytes(64, 64, fmt="JPEG")
     (media_dir / "cut.jpg").write_bytes(jpeg[: len(jpeg) // 2])
-    policy = MediaPolicy(allowed_local_paths=(str(media_dir),))
+    policy = MediaPolicy(FetchPolicy(allowed_local_paths=(str(media_dir),)))
     parts = parse_parts([{"type": "text", "text": "a"}, {"type": "text", "text": "b"},
                          {"type": "image_url", "image_url": str(media_dir / "cut.jpg")}], policy)
     with ThreadPoolExecutor(1) as executor, pytest.raises(MediaError) as info:
@@ -182,7 +183,7 @@ def test_decode_failure_names_the_part(media_dir: Any) -> None:
 
 def test_request_byte_budget_spans_all_parts(media_dir: Any) -> None:
     size = (media_dir / "clip.mp4").stat().st_size
-    policy = MediaPolicy(allowed_local_paths=(str(media_dir),), max_request_bytes=size * 2)
+    policy = MediaPolicy(FetchPolicy(allowed_local_paths=(str(media_dir),)), max_request_bytes=size * 2)
     parts = parse_parts([{"type": "video_url", "video_url": str(media_dir / "clip.mp4")}] * 3,
                         policy)
     with ThreadPoolExecutor(1) as executor, pytest.raises(MediaError) as info:

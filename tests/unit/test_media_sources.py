@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from mindie_service.netguard import FetchPolicy
 from multimodal import MediaPolicy
 from mindie_service.devkit import synth
 from tests.media_helpers import PNG, fetch, refused
@@ -31,7 +32,7 @@ def folders(tmp_path: Any) -> dict[str, Any]:
     os.symlink(secret, allowed / "link_out.png")
     os.symlink(allowed / "sub" / "b.png", allowed / "link_in.png")
     os.symlink(tmp_path, allowed / "dir_out")
-    policy = MediaPolicy(allowed_local_paths=(str(allowed),))
+    policy = MediaPolicy(FetchPolicy(allowed_local_paths=(str(allowed),)))
     return {"allowed": allowed, "secret": secret, "policy": policy, "tmp": tmp_path}
 
 
@@ -96,7 +97,7 @@ def test_relative_path_and_directory_are_refused(folders: dict[str, Any]) -> Non
 
 
 def test_local_file_over_cap_is_refused_before_reading(folders: dict[str, Any]) -> None:
-    policy = MediaPolicy(allowed_local_paths=(str(folders["allowed"]),), max_image_bytes=4096)
+    policy = MediaPolicy(FetchPolicy(allowed_local_paths=(str(folders["allowed"]),)), max_image_bytes=4096)
     err = refused(str(folders["allowed"] / "big.png"), policy)
     assert err.status == 413
 

@@ -15,6 +15,7 @@ from tornado.netutil import bind_sockets
 from tornado.web import Application, RequestHandler
 
 from mindie_service.errors import MediaError
+from mindie_service.netguard import FetchPolicy
 from multimodal import MediaPolicy, fetch_media, refusal_reason
 from multimodal import sources
 from tests.media_helpers import PNG, netfetch, refused, run
@@ -104,8 +105,8 @@ async def with_server(body: Callable[[str, dict[str, Any]], Awaitable[Any]]) -> 
         await server.close_all_connections()
 
 
-LOOPBACK_OK = MediaPolicy(allow_private_urls=True, max_image_bytes=64_000,
-                          connect_timeout=2.0, read_timeout=2.0)
+LOOPBACK_OK = MediaPolicy(FetchPolicy(allow_private_urls=True, connect_timeout=2.0, read_timeout=2.0),
+                          max_image_bytes=64_000)
 
 
 def http_case(path: str, policy: MediaPolicy = LOOPBACK_OK, kind: str = "image"
@@ -164,22 +165,22 @@ def test_refusal_reason_allows_public_addresses() -> None:
 
 
 def test_host_allow_list(no_connect: None) -> None:
-    policy = MediaPolicy(allowed_hosts=("media.example.com", ".cdn.example.org"))
+    policy = MediaPolicy(FetchPolicy(allowed_hosts=("media.example.com", ".cdn.example.org")))
     err = refused("http://evil.example.net/a.png", policy)
     assert err.status == 403 and "allowed hosts" in err.message
-    assert policy.host_allowed("media.example.com")
-    assert policy.host_allowed("img.cdn.example.org")
-    assert not policy.host_allowed("cdn.example.org.evil.net")
-    assert not policy.host_allowed("xmedia.example.com")
+    assert policy.fetch.host_allowed("media.example.com")
+    assert policy.fetch.host_allowed("img.cdn.example.org")
+    assert not policy.fetch.host_allowed("cdn.example.org.evil.net")
+    assert not policy.fetch.host_allowed("xmedia.example.com")
 
 
 def test_allowed_host_still_needs_a_public_address(no_connect: None) -> None:
-    policy = MediaPolicy(allowed_hosts=("127.0.0.1",))
+    policy = MediaPolicy(FetchPolicy(allowed_hosts=("127.0.0.1",)))
     assert refused("http://127.0.0.1/a.png", policy).status == 403
 
 
 def test_url_shape_checks(no_connect: None) -> None:
-    policy = MediaPolicy(max_url_len=100)
+    policy = MediaPolicy(FetchPolicy(max_url_len=100))
     assert "over the limit" in refused("http://93.184.216.34/" + "a" * 100, policy).message
     assert "credentials" in refused("http://user:pw@93.184.216.34/a.png", policy).message
     assert refused("http://93.184.216.34/a b.png", policy).status == 422
@@ -276,7 +277,7 @@ def test_too_many_response_headers_is_refused() -> None:
 
 
 def test_slow_body_past_read_timeout_is_refused() -> None:
-    policy = MediaPolicy(allow_private_urls=True, connect_timeout=0.3, read_timeout=0.3)
+    policy = MediaPolicy(FetchPolicy(allow_private_urls=True, connect_timeout=0.3, read_timeout=0.3))
     err = http_case("/slow", policy)
     assert isinstance(err, MediaError) and err.status == 408
     assert "timed out" in err.message

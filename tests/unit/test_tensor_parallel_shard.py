@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mindie_service.config import load_config
+from mindie_service.config import check_files, load_config
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.errors import ConfigError, ValidationError
 from mindie_service.models.llama import LlamaDims
@@ -109,7 +109,7 @@ def test_world_size_not_dividing_the_heads_is_refused_with_the_config_key(tmp_pa
     doc["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]["worldSize"] = 3
     cfg_path.write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match=r"worldSize must divide the model's num_attention_heads \(4\).*got 3"):
-        load_config(cfg_path).check_files()
+        check_files(load_config(cfg_path))
 
 
 def test_device_ids_must_be_one_per_rank():
