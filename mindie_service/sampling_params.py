@@ -35,6 +35,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit (OpenAI's)
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    stop_token_ids: tuple[int, ...] = ()  # vLLM's: generating one of these ends the request (finish "stop")
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: bool = False
@@ -54,6 +55,7 @@ class SamplingParams:
             self.stop = []
         else:
             self.stop = list(self.stop)
+        self.stop_token_ids = tuple(self.stop_token_ids or ())
         self.structured_outputs = from_vllm(self.structured_outputs)
         self.validate()
 
@@ -78,6 +80,10 @@ class SamplingParams:
         for s in self.stop:
             check(isinstance(s, str) and 0 < len(s) <= MAX_STOP_LEN, "stop",
                   f"a list of non-empty strings of at most {MAX_STOP_LEN} characters", s)
+        check(len(self.stop_token_ids) <= MAX_STOP_STRINGS, "stop_token_ids",
+              f"at most {MAX_STOP_STRINGS} token ids", len(self.stop_token_ids))
+        for tid in self.stop_token_ids:
+            TOKEN_ID.checked(tid, "stop_token_ids")
         if self.structured_outputs is not None:
             check(self.num_beams == 1, "num_beams", "1 with structured output (beam search under a grammar is not "
                   "supported)", self.num_beams)

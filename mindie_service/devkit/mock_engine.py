@@ -89,7 +89,8 @@ class MockEngine:
         used = sum(math.ceil(n / bs) for n in self._active.values())
         return EngineStats(running=len(self._active), waiting=0, swapped=0, total_blocks=TOTAL_BLOCKS,
                            free_blocks=TOTAL_BLOCKS - used, cache_usage=used / TOTAL_BLOCKS,
-                           prefix_cache_hit_rate=0.0, num_preemptions=0)
+                           prefix_cache_hit_rate=0.0, num_preemptions=0, block_size=bs,
+                           max_loras=self.config.max_loras, prefix_caching=self.config.enable_prefix_caching)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenEvent]:
         p, ids, cfg = request.params, request.prompt_token_ids, self.config

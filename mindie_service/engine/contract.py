@@ -98,6 +98,18 @@ class EngineStats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_mean_accepted_length: float = 0.0
+    # What an inference gateway's endpoint picker reads (fleet.gateway_view): the adapters of running and of
+    # waiting (or swapped) requests, the host pool for swapped-out K/V, the KV-event publisher's batches, and the
+    # cache's shape (fixed for an engine's life).
+    running_adapters: tuple[str, ...] = ()
+    waiting_adapters: tuple[str, ...] = ()
+    host_blocks: int = 0
+    kv_events_published: int = 0
+    kv_events_dropped: int = 0
+    block_size: int = 0
+    max_loras: int = 0
+    kv_cache_dtype: str = "auto"
+    prefix_caching: bool = False
 
 
 class SessionTokens(Protocol):

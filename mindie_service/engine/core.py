@@ -14,33 +14,38 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mindie_service.engine.sample.beam import BeamSearch, check_beam_request
 from mindie_service.engine.kv.block_manager import BlockManager
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.runner.engine_parts import load_parts
 from mindie_service.engine.kv.kv_event_types import BlockEventSink, FanOutSink
-from mindie_service.engine.sample.grammar_masks import GrammarFailed, GrammarMasks, engine_hooks, fail_event
+from mindie_service.engine.sample.grammar_masks import GrammarFailed, GrammarMasks, fail_event
 from mindie_service.engine.output.output_processor import OutputProcessor
 from mindie_service.engine.runner.parallel.launcher import ParallelRunner, RankGroup
 from mindie_service.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from mindie_service.engine.sched.bursts import BurstPacer
 from mindie_service.engine.sample.sampler import LOGPROB_FLOOR, NonFiniteRows, SampleResult, Sampler
+from mindie_service.engine.sched.sched_stats import scheduler_stats
 from mindie_service.engine.sched.scheduler import Scheduler
-from mindie_service.engine.sequence import Sequence, SequenceGroup
+from mindie_service.engine.sequence import Sequence, SequenceGroup, SeqStatus
 from mindie_service.engine.sessions.session_store import SessionStore
 from mindie_service.engine.sample.spec_accept import row_dists
 from mindie_service.engine.spec.speculator import build_speculator, draft_block_bytes, verify_rows
-from mindie_service.engine.step import ModelOutput, SchedulerOutput
+from mindie_service.engine.step import ModelOutput, ScheduledChunk, SchedulerOutput
 from mindie_service.engine.kv.swap import HostBlockPool, host_pool_blocks
-from mindie_service.engine.contract import PRIORITY_ONLINE, EngineRequest, EngineStats, FailedEvent, TokenEvent
+from mindie_service.engine.contract import EngineRequest, EngineStats, FailedEvent, TokenEvent
 from mindie_service.errors import EngineDeadError, check
 from mindie_service.lora.manager import LoraManager
 from mindie_service.params.output_cap import output_cap
 from mindie_service.structured.compiler import build_compiler
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 logger = logging.getLogger(__name__)
 
@@ -107,8 +112,11 @@ class LLMEngine:
         self._done: dict[str, Sequence] = {}  # requests finished this step (the speculator learns their text)
         self.spill = None  # ScheduleConfig.sessionSpillDir: kept sessions on disk (engine.sessions.session_spill)
         if cfg.session_spill_dir and cfg.world_size == 1 and self.sessions.enabled:
-            from mindie_service.engine.sessions.session_spill import SessionSpill, spill_cap
-            self.spill = SessionSpill(self, cfg.session_spill_dir, spill_cap(self, cfg))
+            from mindie_service.engine.sessions.session_spill import SessionSpill, model_identity, spill_cap
+            pool = self.runner.kv_pool
+            identity = model_identity(cfg.model, str(self.dtype), cfg.cache_block_size, cfg.kv_cache_dtype, pool)
+            self.spill = SessionSpill(self.blocks, self.sessions, pool, identity, cfg.session_spill_dir,
+                                      spill_cap(pool, self.blocks, cfg.max_seq_len))
             self.sessions.on_evict = self.spill.on_evict
             self.spill.restore_all()
         self.grammar = GrammarMasks(build_compiler(self.tokenizer, self.eos_token_ids, cfg.structured, self.vocab_size),
@@ -207,22 +215,22 @@ class LLMEngine:
         return self.lora.list()
 
     def stats(self) -> EngineStats:
-        s, ss = self.scheduler, self.sessions.stats()
-        return EngineStats(running=len(s.running), waiting=len(s.waiting), swapped=len(s.swapped),
-                           total_blocks=self.blocks.num_blocks, free_blocks=self.blocks.num_free_blocks,
-                           cache_usage=self.blocks.usage, prefix_cache_hit_rate=self.blocks.prefix_hit_rate,
-                           num_preemptions=s.num_preemptions, sessions_held=ss.held, session_hits=ss.hits,
+        """Read off the engine thread (engine.sched.sched_stats copes with queues that change meanwhile)."""
+        q, ss, b, cfg = scheduler_stats(self.scheduler.running, self.scheduler.waiting, self.scheduler.swapped,
+                                        self.scheduler.num_preemptions), self.sessions.stats(), self.blocks, self.cfg
+        kv = self.kv_events.stats() if self.kv_events is not None else None
+        return EngineStats(running=q.running, waiting=q.waiting, swapped=q.swapped, total_blocks=b.num_blocks,
+                           free_blocks=b.num_free_blocks, cache_usage=b.usage, prefix_cache_hit_rate=b.prefix_hit_rate,
+                           num_preemptions=q.num_preemptions, sessions_held=ss.held, session_hits=ss.hits,
                            session_evictions=ss.evictions, session_pinned_blocks=ss.pinned_blocks,
-                           batch_running=sum(1 for q in s.running if q.priority != PRIORITY_ONLINE),
-                           batch_waiting=sum(1 for q in s.waiting if q.priority != PRIORITY_ONLINE),
-                           **self._spec_stats())
-
-    def _spec_stats(self) -> dict[str, Any]:
-        if self.spec is None:
-            return {}
-        c = self.spec.counters
-        return {"spec_num_drafts": c.num_drafts, "spec_num_draft_tokens": c.num_draft_tokens,
-                "spec_num_accepted_tokens": c.num_accepted_tokens, "spec_mean_accepted_length": c.mean_accepted_length}
+                           batch_running=q.batch_running, batch_waiting=q.batch_waiting,
+                           running_adapters=q.running_adapters, waiting_adapters=q.waiting_adapters,
+                           host_blocks=self.scheduler.host.num_blocks if self.scheduler.host else 0,
+                           kv_events_published=kv.published_batches if kv else 0,
+                           kv_events_dropped=kv.dropped_batches if kv else 0, block_size=cfg.cache_block_size,
+                           max_loras=cfg.max_loras, kv_cache_dtype=cfg.kv_cache_dtype,
+                           prefix_caching=cfg.enable_prefix_caching,
+                           **(self.spec.counters.stats_fields() if self.spec is not None else {}))
 
     # ------------------------------------------------------------ the step
     def step(self) -> list[Event]:
@@ -252,7 +260,7 @@ class LLMEngine:
             self.scheduler.decode_steps = self.bursts.observe(time.perf_counter() - t0, out.chunks[0].steps)
         sampled: dict[str, list[int]] = {}
         finished: dict[str, str] = {}
-        beam_rows: dict[SequenceGroup, dict[Sequence, Any]] = {}
+        beam_rows: dict[SequenceGroup, dict[Sequence, Tensor]] = {}
         for sub, result, sample in outcomes:
             for chunk in sub.prefills:
                 logits = result.prompt_logits.get(chunk.request_id)
@@ -273,13 +281,39 @@ class LLMEngine:
             for rid in finished:
                 self.spec.finished(self._done[rid])
             self._done.clear()
-        self.grammar.after_step(self.scheduler.seqs, sampled, *engine_hooks(self, events))
+        self.grammar.after_step(self.scheduler.seqs, sampled, *self._grammar_hooks(events))
         for group, rows in beam_rows.items():
             if self.beams.searching(group):
                 events.extend(self.beams.advance(group, rows))
         return events
 
-    def _emit(self, seq: Sequence, chunk: Any, sample: SampleResult, first: int, sampled: dict[str, list[int]],
+    def _grammar_hooks(self, events: list[Event]) -> tuple[Callable[[Sequence, int], bool],
+                                                           Callable[[Sequence, str], None]]:
+        """``GrammarMasks.after_step``'s ``force(seq, t)`` (append a token the grammar forces; False: it could not,
+        or the stop rule ended the request) and ``fail(seq, why)``; their events go to ``events``."""
+        def force(seq: Sequence, t: int) -> bool:
+            if seq.status is SeqStatus.RUNNING:  # slots for every token up to t (the sampled one has none yet)
+                if not self.blocks.slots_for(seq, seq.num_tokens + 1):
+                    return False
+            elif seq.status is not SeqStatus.WAITING or seq.block_table:
+                return False
+            ev = self.outputs.token(seq, t, 0.0, [])
+            events.append(ev)
+            if ev.finish_reason is not None:
+                self.scheduler.finish(seq, ev.finish_reason)
+                self.sampler.forget(seq.request_id)
+                return False
+            seq.output_token_ids.append(t)
+            return True
+
+        def fail(seq: Sequence, why: str) -> None:
+            logger.warning("request %s: structured output failed (%s)", seq.request_id, why)
+            self.abort_request(seq.request_id)
+            events.append(fail_event(seq.request_id, why))
+
+        return force, fail
+
+    def _emit(self, seq: Sequence, chunk: ScheduledChunk, sample: SampleResult, first: int, sampled: dict[str, list[int]],
               finished: dict[str, str]) -> list[TokenEvent]:
         """The events of one sampling chunk: one token, or a verify chunk's accepted run (engine.spec.speculator),
         cut at the token that finishes the request."""

@@ -6,9 +6,13 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mindie_service.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # each feature's per-sequence state, owned by its room
+    from mindie_service.engine.sample.grammar_masks import GrammarState
+    from mindie_service.engine.spec.spec_policy import SeqSpec
 
 
 class SeqStatus(enum.Enum):
@@ -47,8 +51,8 @@ class Sequence:
     # Speculative decoding (engine.spec.speculator): this step's draft tokens, proposed before scheduling (the
     # scheduler keeps as many as its budget and blocks allow), and the proposer's per-sequence state.
     draft_token_ids: list[int] = field(default_factory=list)
-    spec: Any = None
-    grammar: Any = None  # structured output: its engine.sample.grammar_masks.GrammarState (matcher, cached mask); None: free
+    spec: SeqSpec | None = None
+    grammar: GrammarState | None = None  # structured output: its matcher and cached mask; None: unconstrained
 
     @property
     def num_tokens(self) -> int:

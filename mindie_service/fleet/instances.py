@@ -283,11 +283,20 @@ class InstanceRouter:
         return self.engines[0].adapter_names()
 
 
+# EngineStats fields that are one instance's (the cache's shape) and sets over the instances (adapters).
+_SHAPE = ("block_size", "max_loras", "kv_cache_dtype", "prefix_caching")
+_ADAPTERS = ("running_adapters", "waiting_adapters")
+
+
 def sum_stats(parts: Sequence[EngineStats]) -> EngineStats:
     """The instances' stats as one engine's: counts summed, usage over all blocks, rates averaged."""
     total = sum(s.total_blocks for s in parts)
     free = sum(s.free_blocks for s in parts)
-    summed = {f.name: sum(getattr(s, f.name) for s in parts) for f in dataclasses.fields(EngineStats)}
+    first = parts[0]
+    summed = {f.name: sum(getattr(s, f.name) for s in parts) for f in dataclasses.fields(EngineStats)
+              if f.name not in _SHAPE and f.name not in _ADAPTERS}
+    summed |= {name: getattr(first, name) for name in _SHAPE}  # every instance has the same shape
+    summed |= {name: tuple(sorted({a for s in parts for a in getattr(s, name)})) for name in _ADAPTERS}
     summed["cache_usage"] = (total - free) / total if total else 0.0
     summed["prefix_cache_hit_rate"] = sum(s.prefix_cache_hit_rate for s in parts) / len(parts)
     return EngineStats(**summed)

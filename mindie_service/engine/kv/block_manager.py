@@ -33,9 +33,9 @@ class BlockManager:
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.reserved = 0  # free blocks promised to reserving owners (see the module docstring)
-        self._budget: dict[Any, int] = {}  # owner -> blocks it may hold in all
-        self._members: dict[Any, list[Sequence]] = {}  # owner -> its sequences holding blocks
-        self._promised: dict[Any, int] = {}  # owner -> blocks promised, not yet taken
+        self._budget: dict[Sequence | SequenceGroup, int] = {}  # owner -> blocks it may hold in all
+        self._members: dict[Sequence | SequenceGroup, list[Sequence]] = {}  # owner -> its sequences holding blocks
+        self._promised: dict[Sequence | SequenceGroup, int] = {}  # owner -> blocks promised, not yet taken
         self.events: BlockEventSink | None = None  # told of hashes entering / leaving the cache (kv_event_types)
 
     # ------------------------------------------------------------ queries
@@ -59,7 +59,9 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def _hash(self, parent: bytes, tokens: list[int], key: bytes) -> bytes:
+    def block_key(self, parent: bytes, tokens: list[int], key: bytes = b"") -> bytes:
+        """The prefix cache's key of a full block: its parent's key (b"" for the first), its tokens and the
+        sequence's cache key (adapter, media; b"" for the base model's text)."""
         h = hashlib.sha256(parent)
         h.update(array("q", tokens).tobytes())
         h.update(key)
@@ -73,7 +75,7 @@ class BlockManager:
         while len(hashes) < upto // bs:
             tokens = tokens or seq.token_ids()
             i = len(hashes)
-            hashes.append(self._hash(hashes[-1] if hashes else b"", tokens[i * bs:(i + 1) * bs], seq.cache_key))
+            hashes.append(self.block_key(hashes[-1] if hashes else b"", tokens[i * bs:(i + 1) * bs], seq.cache_key))
         return hashes[:upto // bs]
 
     # ------------------------------------------------------------ allocation
@@ -192,6 +194,15 @@ class BlockManager:
             seq.block_table.append(self._take_free())
         return True
 
+    def slots_for(self, seq: Sequence, num_tokens: int) -> bool:
+        """``ensure_slots`` for a sequence of this pool's scheduler (a token a grammar forces): its owner's
+        promise is refreshed as for any slot it takes."""
+        had = len(seq.block_table)
+        ok = self.ensure_slots(seq, num_tokens)
+        if len(seq.block_table) != had:
+            self._refresh(owner(seq))
+        return ok
+
     def trim(self, seq: Sequence) -> None:
         """Free the tail blocks past the one holding ``seq``'s next position (rejected drafts' slots). Their
         K/V was never registered (register_computed stops at num_computed_tokens), so no block holding a
@@ -257,6 +268,24 @@ class BlockManager:
         self._join(child, 0)
         return True
 
+    def holds(self, block: int, key: bytes) -> bool:
+        """Whether ``block`` still holds the full block cached under ``key``."""
+        return self.block_hash[block] == key
+
+    def cached_block(self, key: bytes) -> int | None:
+        return self.cached.get(key)
+
+    def adopt_block(self, key: bytes, parent: bytes | None, tokens: list[int]) -> int | None:
+        """A free block registered under ``key`` with one reference (the caller's pin), whose K/V the caller
+        fills (a session read back from disk); None when no block is free. Reported stored like a computed one."""
+        if self.num_available_blocks <= 0:
+            return None
+        b = self._take_free()
+        self.cached[key], self.block_hash[b] = b, key
+        if self.events is not None:
+            self.events.stored([key], parent, tokens, None)
+        return b
+
     def pin(self, block: int) -> None:
         """One more reference to a cached block held outside any sequence (a kept session)."""
         if self.ref_counts[block] == 0:
@@ -308,7 +337,7 @@ class BlockManager:
         self.reserved -= self._promised.pop(o, 0)
         del self._budget[o], self._members[o]
 
-    def _refresh(self, o: Any) -> None:
+    def _refresh(self, o: Sequence | SequenceGroup) -> None:
         budget = self._budget.get(o)
         if budget is None:
             return
@@ -318,6 +347,6 @@ class BlockManager:
         self._promised[o] = promised
 
 
-def owner(seq: Sequence) -> Any:
+def owner(seq: Sequence) -> Sequence | SequenceGroup:
     """Whose reservation a sequence's blocks count against: its beam group's, else its own."""
     return seq.group if seq.group is not None else seq

@@ -1,7 +1,7 @@
 """Output processing: a sampled token -> a TokenEvent (text delta, logprobs, finish reason).
 
 Owns each request's detokenizer state and the prompt logprobs gathered over its prefill chunks.
-It decides when a request finishes (EOS, a stop string, its output cap) but changes no engine
+It decides when a request finishes by the one stop rule (engine.output.stop_rule) but changes no engine
 state: the engine hands its verdicts to ``Scheduler.update``."""
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import torch
 from mindie_service.engine.output.detokenizer import DetokState, TokenDecoder, flush, step as detok_step
 from mindie_service.engine.sequence import Sequence
 from mindie_service.engine.step import ScheduledChunk
-from mindie_service.engine.contract import FINISH_EOS, FINISH_LENGTH, FINISH_STOP, TokenEvent, TokenInfo
+from mindie_service.engine.contract import TokenEvent, TokenInfo
+from mindie_service.engine.output.stop_rule import StopCheck, stop_reason
 
 
 @dataclass
@@ -66,13 +67,9 @@ class OutputProcessor:
         t = self.tracked[seq.request_id]
         delta = detok_step(self.decoder, t.detok, tid)
         n_out = len(seq.output_token_ids) + 1 + pending
-        finish = None
-        if tid in self.eos_token_ids and not seq.params.ignore_eos:
-            finish = FINISH_EOS
-        elif t.detok.stopped:
-            finish = FINISH_STOP
-        elif n_out >= seq.max_output:
-            finish = FINISH_LENGTH
+        p = seq.params
+        finish = stop_reason(StopCheck(tid, n_out, seq.max_output, t.detok.stopped), self.eos_token_ids,
+                             p.ignore_eos, p.stop_token_ids)
         ev = TokenEvent(seq.request_id, self._info(tid, logprob, top), delta, n_out - 1, finish)
         if not t.first_event_sent:
             t.first_event_sent = True

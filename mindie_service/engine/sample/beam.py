@@ -20,6 +20,7 @@ import torch
 
 from mindie_service.engine.sequence import Sequence, SequenceGroup, SeqStatus
 from mindie_service.engine.contract import FINISH_LENGTH, EngineRequest, TokenEvent
+from mindie_service.engine.output.stop_rule import length_reached
 from mindie_service.errors import check
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class BeamScorer:
         top_scores, top_idx = torch.topk(acc, keep)
         parents = (top_idx // vocab).tolist()
         tokens = (top_idx % vocab).tolist()
-        hit_list = [t in self.eos or self.gen_len + 1 >= self.max_new for t in tokens]
+        hit_list = [t in self.eos or length_reached(self.gen_len + 1, self.max_new) for t in tokens]
         hits = torch.tensor(hit_list, dtype=torch.bool)
         step_lp = [float(logp[p, t]) for p, t in zip(parents, tokens)]
 
@@ -239,7 +240,7 @@ class BeamSearch:
             events.append(ev)
             if ev.finish_reason is not None:
                 break
-        if events and events[-1].finish_reason is None:  # by construction the best ends on EOS or the cap
+        if events and events[-1].finish_reason is None:  # a search ended by its scorer (HF's finalize) short of the rule
             events[-1].finish_reason = FINISH_LENGTH
             self.outputs.drop(group.request_id)
         if view.session_id is not None and self.sessions is not None:

@@ -26,13 +26,21 @@ import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Union
 
 import torch
 
 from mindie_service.engine.contract import FailedEvent
 from mindie_service.engine.sequence import Sequence, SeqStatus
 from mindie_service.errors import ValidationError
+from mindie_service.structured.backend import Matcher
+from mindie_service.structured.compiler import GrammarCompiler
+
+if TYPE_CHECKING:
+    from mindie_service.engine.spec.speculator import DraftRow
+
+# A sampling row: a sequence, or a verify row past its first (speculative decoding).
+Row = Union[Sequence, "DraftRow"]
 
 logger = logging.getLogger(__name__)
 MAX_FORCED_PER_STEP = 256  # forced tokens one request may take in one step (the rest follow next step)
@@ -48,7 +56,7 @@ class GrammarFailed(RuntimeError):
 
 @dataclass(eq=False)
 class GrammarState:
-    matcher: Any  # structured.backend.Matcher
+    matcher: Matcher
     forced: bool  # forced runs on for this request (off when it asks for logprobs)
     mask: torch.Tensor | None = None  # int32 words of the current state's allowed tokens; None: not computed
 
@@ -92,7 +100,7 @@ def single_tokens(masks: torch.Tensor) -> list[int | None]:
 
 
 class GrammarMasks:
-    def __init__(self, compiler: Any, vocab_size: int, eos_token_ids: frozenset[int], forced_runs: bool,
+    def __init__(self, compiler: GrammarCompiler, vocab_size: int, eos_token_ids: frozenset[int], forced_runs: bool,
                  overlap_fill: bool = False) -> None:
         self.compiler = compiler  # structured.compiler.GrammarCompiler, or None (no fast tokenizer)
         self.vocab_size = vocab_size
@@ -190,7 +198,7 @@ class GrammarMasks:
         self.stats.apply_s += time.perf_counter() - t0
         return out
 
-    def _draft_masks(self, rows: list[tuple[int, Any]]) -> dict[int, torch.Tensor]:
+    def _draft_masks(self, rows: list[tuple[int, Row]]) -> dict[int, torch.Tensor]:
         """Masks of verify rows past the first (engine.spec.speculator.DraftRow): the row ``depth`` drafts in gets
         its parent's grammar state after those drafts. Per parent: its matcher takes the first draft, one
         native call (the batch's parents at once) fills the states after each further draft, then the
@@ -198,7 +206,7 @@ class GrammarMasks:
         if not rows:
             return {}
         t0 = time.perf_counter()
-        groups: dict[int, list[tuple[int, Any]]] = {}
+        groups: dict[int, list[tuple[int, Row]]] = {}
         for r, d in rows:
             groups.setdefault(id(d.parent), []).append((r, d))
         buf = torch.zeros(len(rows), self.words, dtype=torch.int32)
@@ -230,7 +238,7 @@ class GrammarMasks:
         return {r: buf[i] for r, i in where.items()}
 
     # ------------------------------------------------------------ after the step
-    def after_step(self, seqs: dict[str, Sequence], sampled: dict[str, Any], force: Callable[[Sequence, int], bool],
+    def after_step(self, seqs: dict[str, Sequence], sampled: dict[str, list[int]], force: Callable[[Sequence, int], bool],
                    fail: Callable[[Sequence, str], None]) -> None:
         """Consume each constrained row's sampled token, then force what the grammars force. ``force(seq, t)``
         appends ``t`` as a forced token (False: it could not, or the request finished); ``fail(seq, why)``."""
@@ -269,17 +277,17 @@ class GrammarMasks:
             active = nxt
 
 
-def _grammar(row: Any) -> GrammarState | None:
+def _grammar(row: Row) -> GrammarState | None:
     """The grammar masking a sampler row: a sequence's own, or for a draft row its parent's."""
     parent = getattr(row, "parent", None)
     return getattr(parent if parent is not None else row, "grammar", None)
 
 
-def _is_draft(row: Any) -> bool:
+def _is_draft(row: Row) -> bool:
     return getattr(row, "parent", None) is not None
 
 
-def _forced_rows_draw_nothing(seqs: list[Any], drafted: dict[int, torch.Tensor]) -> None:
+def _forced_rows_draw_nothing(seqs: list[Row], drafted: dict[int, torch.Tensor]) -> None:
     """A sampled row with forced runs does not draw where its grammar forces the token (the forced path appends
     it without a draw): a verify row at such a state takes its one allowed token greedily, so the request's
     generator draws what it would without speculation."""
@@ -295,44 +303,3 @@ def _forced_rows_draw_nothing(seqs: list[Any], drafted: dict[int, torch.Tensor])
 
 def fail_event(request_id: str, why: str) -> FailedEvent:
     return FailedEvent(request_id, f"Request {request_id} failed: structured output: {why}")
-
-
-
-
-def engine_hooks(engine: Any, events: list[Any]) -> tuple[Callable[[Sequence, int], bool],
-                                                           Callable[[Sequence, str], None]]:
-    """``after_step``'s ``force`` and ``fail`` over an LLMEngine's parts; their events go to ``events``."""
-    sched, blocks, outputs, sampler = engine.scheduler, engine.blocks, engine.outputs, engine.sampler
-
-    def finish(seq: Sequence, reason: str) -> None:
-        sched.finish(seq, reason)
-        sampler.forget(seq.request_id)
-
-    def force(seq: Sequence, t: int) -> bool:
-        if seq.status is SeqStatus.RUNNING:  # slots for every token up to t (the sampled one has none yet)
-            seq.output_token_ids.append(t)
-            ok = True
-            while len(seq.block_table) * blocks.block_size < seq.num_tokens:
-                if not blocks.can_append(seq):
-                    ok = False
-                    break
-                blocks.append_slot(seq)
-            seq.output_token_ids.pop()
-            if not ok:
-                return False
-        elif seq.status is not SeqStatus.WAITING or seq.block_table:
-            return False
-        ev = outputs.token(seq, t, 0.0, [])
-        events.append(ev)
-        if ev.finish_reason is not None:
-            finish(seq, ev.finish_reason)
-            return False
-        seq.output_token_ids.append(t)
-        return True
-
-    def fail(seq: Sequence, why: str) -> None:
-        logger.warning("request %s: structured output failed (%s)", seq.request_id, why)
-        engine.abort_request(seq.request_id)
-        events.append(fail_event(seq.request_id, why))
-
-    return force, fail

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from typing import TYPE_CHECKING
 
+from mindie_service.engine.kv.block_manager import BlockManager
 from mindie_service.engine.sequence import Sequence
-
-if TYPE_CHECKING:
-    from mindie_service.engine.sched.scheduler import Scheduler
 
 MAX_ROWS = 4  # with more rows a step's Python is spread over them, and bursts would delay more requests
 # A burst's wall time at most: what a request arriving during one may wait (a short prompt's time to first token
@@ -60,18 +57,17 @@ def eligible(seq: Sequence) -> bool:
             and seq.grammar is None and seq.group is None and not seq.adapter_slot and not seq.draft_token_ids)
 
 
-def plan(sched: "Scheduler", plain: list[Sequence], spec: list[Sequence], prefills: list) -> int:
-    """The steps this step's plain decodes run (1: a plain step). Slots for the extra positions are reserved
-    best effort (unpromised blocks only); every row runs as many steps as the row with the fewest got."""
-    k = sched.decode_steps
-    if (k <= 1 or spec or prefills or not plain or len(plain) > MAX_ROWS or sched.waiting or sched.swapped
-            or not all(eligible(s) for s in plain)):
+def plan(max_steps: int, others: bool, plain: list[Sequence], blocks: BlockManager) -> int:
+    """The steps this step's plain decodes run (1: a plain step): at most ``max_steps`` (the pacer's), none while
+    ``others`` (anything else in the step, waiting or swapped). Slots for the extra positions are reserved best
+    effort (unpromised blocks only); every row runs as many steps as the row with the fewest got."""
+    if max_steps <= 1 or others or not plain or len(plain) > MAX_ROWS or not all(eligible(s) for s in plain):
         return 1
-    got = [sched.blocks.extra_slots(s, max(0, min(k - 1, s.max_output - len(s.output_token_ids) - 1)))
+    got = [blocks.extra_slots(s, max(0, min(max_steps - 1, s.max_output - len(s.output_token_ids) - 1)))
            for s in plain]
     steps = 1 + min(got)
     if steps == 1:
         for s, g in zip(plain, got):
             if g:
-                sched.blocks.trim(s)
+                blocks.trim(s)
     return steps

@@ -19,8 +19,8 @@ would run does the oldest such decode preempt past the cap, so the engine always
 maximum output (a beam search for all its beams), so no running request ever lacks a block.
 Two preemptions are not scheduling decisions and do not count against the cap: an online request
 taking a batch-job line's slot or blocks (a priority rule, on even with 0: the line has nothing
-sent that it could lose and resumes later), and a beam search restarting because a fork found no
-block (engine.sample.beam). ``schedule()`` returns plain data (engine.step); ``update()`` applies a step's results."""
+sent that it could lose and resumes later), and a beam search restarting because a fork found no block
+(engine.sample.beam). ``schedule()`` returns plain data (engine.step); ``update()`` applies a step's results."""
 from __future__ import annotations
 
 import logging
@@ -66,8 +66,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.batch_turns = 0  # turns batch lines took beside a waiting online request (engine.sched.batch_bound)
         self.decode_steps = 1  # a burst's steps (engine.sched.bursts): the engine's pacer sets it after each decode step
-        self.num_swap_outs = 0  # sequences (not blocks) moved to the host pool, and back
-        self.num_swap_ins = 0
+        self.num_swap_outs = self.num_swap_ins = 0  # sequences (not blocks) moved to the host pool, and back
 
     # ------------------------------------------------------------ queue
     def add(self, seq: Sequence) -> None:
@@ -210,7 +209,8 @@ class Scheduler:
             prefills.sort(key=lambda p: p[0].adapter_slot)
         plain = [s for s in decodes if not s.draft_token_ids]
         spec = [s for s in decodes if s.draft_token_ids]  # verify rows: several tokens, after the plain decodes
-        steps = bursts.plan(self, plain, spec, prefills)  # a few greedy decodes: several steps a call
+        steps = bursts.plan(  # a few greedy decodes alone: several steps a call
+            self.decode_steps, bool(self.waiting or self.swapped or spec or prefills), plain, self.blocks)
         out.chunks = ([_chunk(s, 1, steps) for s in plain] + [_spec_chunk(s) for s in spec]
                       + [_chunk(s, n) for s, n in prefills])
         out.num_decodes = len(plain)

@@ -25,10 +25,10 @@ import hashlib
 import logging
 import threading
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from mindie_service.engine.kv.block_manager import BlockManager
 from mindie_service.engine.sessions.session_file import ModelIdentity, SessionFile, decode, encode
 from mindie_service.engine.sessions.session_store import Session, SessionStore
 from mindie_service.engine.sessions.spill_writer import SpillWriter, write_atomic
@@ -58,11 +58,19 @@ def weights_fingerprint(folder: str) -> str:
     return h.hexdigest()
 
 
-def spill_cap(engine: Any, cfg: Any) -> int:
+def spill_cap(kv_pool: torch.Tensor, blocks: BlockManager, max_seq_len: int) -> int:
     """Bytes of the largest session file this engine can write or read: maxSeqLen tokens and their blocks."""
-    pool = engine.runner.kv_pool
-    per_block = pool[:, :, 0].numel() * pool.element_size()
-    return 65536 + 8 * cfg.max_seq_len + per_block * engine.blocks.blocks_needed(cfg.max_seq_len)
+    per_block = kv_pool[:, :, 0].numel() * kv_pool.element_size()
+    return 65536 + 8 * max_seq_len + per_block * blocks.blocks_needed(max_seq_len)
+
+
+def model_identity(model_path: str, dtype: str, block_size: int, kv_dtype: str,
+                   kv_pool: torch.Tensor) -> ModelIdentity:
+    """What a session file must match to be read into this engine (the pool is [layers, 2, blocks, block_size,
+    kv_heads, row]: its shape without the block count)."""
+    shape = kv_pool.shape
+    return ModelIdentity(weights=weights_fingerprint(model_path), dtype=dtype, block_size=block_size,
+                         kv_dtype=kv_dtype, kv_shape=(shape[0], shape[1], *shape[3:]))
 
 
 def file_name(key: str) -> str:
@@ -70,31 +78,28 @@ def file_name(key: str) -> str:
 
 
 class SessionSpill:
-    def __init__(self, engine: Any, folder: str, max_bytes: int) -> None:
-        self.engine, self.folder, self.max_bytes = engine, Path(folder), max_bytes
+    """Kept sessions on disk: it reads the block manager, the session store and the KV pool it is handed, and
+    the model identity every file it writes or reads carries."""
+
+    def __init__(self, blocks: BlockManager, store: SessionStore, kv_pool: torch.Tensor, identity: ModelIdentity,
+                 folder: str, max_bytes: int) -> None:
+        self.blocks, self.store, self.kv_pool, self.identity = blocks, store, kv_pool, identity
+        self.folder, self.max_bytes = Path(folder), max_bytes
         self.folder.mkdir(parents=True, exist_ok=True)
-        pool = engine.runner.kv_pool  # [layers, 2, blocks, block_size, kv_heads, row]
-        cfg = engine.cfg
-        self.identity = ModelIdentity(weights=weights_fingerprint(cfg.model), dtype=str(engine.dtype),
-                                      block_size=cfg.cache_block_size, kv_dtype=cfg.kv_cache_dtype,
-                                      kv_shape=(pool.shape[0], pool.shape[1], *pool.shape[3:]))
         self._pending: list[tuple[SessionFile, threading.Event]] = []
         self._lock = threading.Lock()
         self.spilled = self.restored = self.refused = 0
         self.writer = SpillWriter()
 
-    @property
-    def store(self) -> SessionStore:
-        return self.engine.sessions
-
     # ------------------------------------------------------------ writing
     def _kv_blocks(self, s: Session) -> list[int]:
         """The leading pinned blocks that hold the base model's K/V of ``s``'s tokens."""
-        bm, bs = self.engine.blocks, self.engine.cfg.cache_block_size
+        bm = self.blocks
+        bs = bm.block_size
         parent, out = b"", []
         for i, b in enumerate(list(s.blocks)):
-            h = bm._hash(parent, list(s.token_ids[i * bs:(i + 1) * bs]), b"")
-            if bm.block_hash[b] != h:
+            h = bm.block_key(parent, list(s.token_ids[i * bs:(i + 1) * bs]))
+            if not bm.holds(b, h):
                 break
             out.append(b)
             parent = h
@@ -103,7 +108,7 @@ class SessionSpill:
     def snapshot(self, key: str, s: Session) -> bytes:
         pins = list(s.blocks)
         blocks = self._kv_blocks(s)
-        pool = self.engine.runner.kv_pool
+        pool = self.kv_pool
         kv = pool.index_select(2, torch.tensor(blocks, dtype=torch.long, device=pool.device)).movedim(2, 0).cpu() \
             if blocks else pool[:, :, :0].movedim(2, 0).cpu()
         if s.blocks != pins:  # the pins went while copying (export from another thread): tokens only
@@ -168,8 +173,8 @@ class SessionSpill:
         return len(pins)
 
     def _place(self, f: SessionFile) -> list[int]:
-        bm, bs = self.engine.blocks, self.engine.cfg.cache_block_size
-        pool = self.engine.runner.kv_pool
+        bm, pool = self.blocks, self.kv_pool
+        bs = bm.block_size
         try:
             kv = torch.frombuffer(bytearray(f.kv or b""), dtype=torch.uint8).view(pool.dtype).reshape(f.kv_shape)
         except RuntimeError:  # sizes the identity check let through but the bytes do not fill
@@ -178,18 +183,15 @@ class SessionSpill:
         parent: bytes | None = None
         for i in range(min(kv.shape[0], len(f.tokens) // bs)):
             tokens = list(f.tokens[i * bs:(i + 1) * bs])
-            h = bm._hash(parent or b"", tokens, b"")
-            b = bm.cached.get(h)
+            h = bm.block_key(parent or b"", tokens)
+            b = bm.cached_block(h)
             if b is not None:
                 bm.pin(b)
-            elif bm.num_available_blocks > 0:
-                b = bm._take_free()  # one reference: the session's pin
-                pool[:, :, b] = kv[i].to(pool.device)
-                bm.cached[h], bm.block_hash[b] = b, h
-                if bm.events is not None:
-                    bm.events.stored([h], parent, tokens, None)
             else:
-                break
+                b = bm.adopt_block(h, parent, tokens)  # one reference: the session's pin
+                if b is None:
+                    break
+                pool[:, :, b] = kv[i].to(pool.device)
             pins.append(b)
             parent = h
         return pins

@@ -108,7 +108,7 @@ class SessionStore:
             return []
         pins: list[int] = []
         for h in seq.block_hashes[:seq.num_registered_blocks]:
-            b = bm.cached.get(h)
+            b = bm.cached_block(h)
             if b is None:  # a chain link was handed out since: the blocks after it are unreachable
                 break
             bm.pin(b)

@@ -161,3 +161,9 @@ class SpecCounters:
     def mean_accepted_length(self) -> float:
         """Tokens a verify row yields on average: its accepted drafts plus the target's own token."""
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    def stats_fields(self) -> dict[str, int | float]:
+        """EngineStats' speculative-decoding fields."""
+        return {"spec_num_drafts": self.num_drafts, "spec_num_draft_tokens": self.num_draft_tokens,
+                "spec_num_accepted_tokens": self.num_accepted_tokens,
+                "spec_mean_accepted_length": self.mean_accepted_length}

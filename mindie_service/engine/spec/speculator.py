@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mindie_service.engine.sequence import Sequence
 from mindie_service.engine.configs.spec_config import DRAFT_MODEL, SpeculativeConfig
@@ -42,6 +42,14 @@ from mindie_service.engine.spec.spec_ngram import NgramIndex, NgramProposer
 from mindie_service.engine.spec.spec_policy import SeqSpec, SpecCounters, StepCostModel, depth
 from mindie_service.engine.step import ScheduledChunk
 from mindie_service.engine.sched.chunks import prefilling
+from mindie_service.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from mindie_service.engine.configs.engine_config import EngineConfig
+    from mindie_service.engine.spec.spec_draft import DraftModelProposer
 
 logger = logging.getLogger(__name__)
 
@@ -52,23 +60,23 @@ class DraftRow:
     as its output (penalties see them; the generator is the request's own)."""
 
     request_id: str
-    params: Any
+    params: SamplingParams
     seed: int
     prompt_token_ids: list[int]
     output_token_ids: list[int]
-    parent: Any = None  # the Sequence whose drafts this row checks (its grammar masks this row)
+    parent: Sequence | None = None  # the Sequence whose drafts this row checks (its grammar masks this row)
     depth: int = 0  # the drafts before this row: output_token_ids ends with that many of them
 
     def token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
 
-def verify_rows(chunks: list[ScheduledChunk], seqs: list[Sequence]) -> tuple[list[Any], list[int | None] | None]:
+def verify_rows(chunks: list[ScheduledChunk], seqs: list[Sequence]) -> tuple[list[Sequence | DraftRow], list[int | None] | None]:
     """The sampler's rows of a step (one per logits row) and, when any chunk verifies drafts, the draft
     each row's draw is checked against (None: the row ends its run)."""
     if not any(c.num_draft for c in chunks):
         return list(seqs), None
-    rows: list[Any] = []
+    rows: list[Sequence | DraftRow] = []
     drafts: list[int | None] = []
     for c, seq in zip(chunks, seqs):
         rows.append(seq)
@@ -96,7 +104,7 @@ def accepted_run(chunk: ScheduledChunk, tokens: list[int]) -> list[int]:
 
 
 class Speculator:
-    def __init__(self, cfg: SpeculativeConfig, draft: Any = None) -> None:
+    def __init__(self, cfg: SpeculativeConfig, draft: DraftModelProposer | None = None) -> None:
         self.cfg = cfg
         self.ngram = NgramProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max, cfg.memory)
         self.draft = draft  # a DraftModelProposer (engine.spec.spec_draft) for method draft_model
@@ -184,8 +192,8 @@ def _eligible(seq: Sequence) -> bool:
     return seq.group is None and bool(seq.output_token_ids) and not prefilling(seq)
 
 
-def build_speculator(cfg: SpeculativeConfig | None, engine_cfg: Any, device: Any, num_blocks: int,
-                     vocab: int, tokenizer: Any) -> Speculator | None:
+def build_speculator(cfg: SpeculativeConfig | None, engine_cfg: EngineConfig, device: torch.device,
+                     num_blocks: int, vocab: int, tokenizer: PreTrainedTokenizerBase) -> Speculator | None:
     """The engine's speculator (None when speculation is off); loads the draft model for draft_model."""
     if cfg is None:
         return None
@@ -202,7 +210,7 @@ def build_speculator(cfg: SpeculativeConfig | None, engine_cfg: Any, device: Any
     return Speculator(cfg, draft)
 
 
-def draft_block_bytes(cfg: SpeculativeConfig | None, dtype: str, block_size: int, device: Any) -> int:
+def draft_block_bytes(cfg: SpeculativeConfig | None, dtype: str, block_size: int, device: torch.device) -> int:
     """Bytes of one block of the draft model's KV pool (0 without a draft model): the engine takes its share out
     of the KV budget before either pool is built (engine.runner.engine_parts.load_parts)."""
     if cfg is None or cfg.method != DRAFT_MODEL or not cfg.model:

@@ -1,0 +1,40 @@
+"""The one stop rule: whether a sequence stops at the token it just got, and why.
+
+Every path that appends tokens asks it through the output processor (``OutputProcessor.token``): a sampled
+token, each token of a multi-step burst (engine.sched.bursts) and of an accepted speculative run
+(engine.spec.speculator), a token a grammar forces (engine.sample.grammar_masks), and a finished beam search's
+chosen beam (engine.sample.beam). The engine cuts a run at the first token the rule stops, and
+``Scheduler.update`` frees the sequences it stopped. A grammar's end is its EOS (the grammar allows nothing
+else), so it stops by the EOS clause; beam search ranks with ``length_reached`` as its hypotheses' cap."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mindie_service.engine.contract import FINISH_EOS, FINISH_LENGTH, FINISH_STOP
+
+
+@dataclass(frozen=True)
+class StopCheck:
+    """One token's facts, as the output processor has them after detokenizing it."""
+
+    token_id: int
+    num_output: int  # output tokens with this one
+    max_output: int  # min(max_tokens, maxIterTimes, maxSeqLen - prompt)
+    stop_string_hit: bool  # the detokenizer found a stop string in the text so far
+
+
+def length_reached(num_output: int, max_output: int) -> bool:
+    return num_output >= max_output
+
+
+def stop_reason(c: StopCheck, eos_token_ids: frozenset[int], ignore_eos: bool,
+                stop_token_ids: frozenset[int] | tuple[int, ...] = ()) -> str | None:
+    """``FINISH_EOS``, ``FINISH_STOP`` (a stop token id or stop string), ``FINISH_LENGTH`` or None (go on). EOS
+    wins over a stop string found by the same token, and either over the cap."""
+    if c.token_id in eos_token_ids and not ignore_eos:
+        return FINISH_EOS
+    if c.token_id in stop_token_ids or c.stop_string_hit:
+        return FINISH_STOP
+    if length_reached(c.num_output, c.max_output):
+        return FINISH_LENGTH
+    return None
