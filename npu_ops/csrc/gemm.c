@@ -137,15 +137,6 @@ static void store_tile(float *cr, const float *bias, int64_t p, int64_t N, float
         memcpy(yr, cr, sizeof(float) * (size_t)ncols);
 }
 
-/* This thread's share [lo, hi) of n items when a team splits them by hand (balanced to one item). */
-void team_share_of(int64_t n, int t, int64_t *lo, int64_t *hi) {
-    const int64_t nt = omp_get_num_threads();
-    *lo = n * t / nt;
-    *hi = n * (t + 1) / nt;
-}
-
-void team_share(int64_t n, int64_t *lo, int64_t *hi) { team_share_of(n, omp_get_thread_num(), lo, hi); }
-
 /* Panels [p0, p1) of one row x[K]: GP at a time, one from each GP-th of the range (streams far apart read
  * faster than adjacent panels: tools/ab_kernels.py), the rest one by one. */
 static void row_panels(const float *x, int64_t K, const float *wp, int64_t p0, int64_t p1, int64_t N,

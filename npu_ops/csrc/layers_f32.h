@@ -10,9 +10,6 @@ void silu_mul_row_f32(const float *restrict g, const float *restrict u, float *r
 void rotary_head_f32(const float *restrict x, const float *restrict c, const float *restrict s, float *restrict o,
                      int64_t half);
 
-void team_share(int64_t n, int64_t *lo, int64_t *hi);
-/* thread t's share, as team_share gives it to t (a thief's view of another thread's: team_work_steal) */
-void team_share_of(int64_t n, int t, int64_t *lo, int64_t *hi);
 void linear_f32_team(const float *x, int64_t M, int64_t K, const float *wp, int64_t N, const float *bias, float *y,
                      int add);
 void gate_up_silu_f32_team(const float *x, int64_t M, int64_t K, const float *wp, int64_t inter, const float *bias,

@@ -22,6 +22,10 @@ void team_sync_join(team_sync *s);
 void team_sync_leave(void);
 /* every thread of the team waits for the others; writes before it are seen by every thread after it */
 void team_barrier(void);
+/* this thread's share [lo, hi) of n items when a team splits them by hand (balanced to one item); team_share_of:
+ * thread t's, as team_share gives it to t (a thief's view of another thread's share: team_work_steal) */
+void team_share(int64_t n, int64_t *lo, int64_t *hi);
+void team_share_of(int64_t n, int t, int64_t *lo, int64_t *hi);
 /* Work shared with stealing, for a phase whose shares the memory system serves unevenly (two threads streaming
  * weights: one often gets 10-30% less bandwidth, and the other waited for it at the barrier). Every thread of the
  * team opens its share of n units in the phase (at most one such share between two barriers: the phase ends on the
