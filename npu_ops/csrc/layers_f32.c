@@ -20,10 +20,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attention_i8.h"
+#include "attention.h"
+#include "attention_int8.h"
+#include "attention_lone_i8.h"
 #include "gemm_tile.h"
 #include "layers_f32.h"
 #include "team_sync.h"
+
+/* the widest head the fused layers quantize into an int8 cache (a row is rotated on the stack first) */
+#define KV_I8_MAX_D 512
 
 enum { LIN_F32 = 0, LIN_W8A16 = 1, LIN_W8A8 = 2 };
 

@@ -46,27 +46,4 @@ int llama_layers_f32(const struct layer_f32 *layers, int64_t L, float *x, int64_
                      const int64_t *slots, const int32_t *block_tables, int64_t S, int64_t MB, const int32_t *row_seq,
                      const int32_t *row_pos, int64_t BS, float scale, float *work, int nthreads);
 
-typedef struct {
-    int64_t *tiles; /* [ntiles + 1] first row of each tile, then T */
-    int64_t ntiles, split, per, G;
-    int64_t scores_len, acc_len; /* floats of per-thread scratch */
-    float *shared;               /* a lone row's scores [H, L], shared by the team; NULL for other steps */
-} attn_plan;
-
-int attn_plan_f32(attn_plan *pl, const int32_t *row_seq, const int32_t *row_pos, int64_t T, int64_t S, int64_t H,
-                  int64_t KVH, int64_t D, int64_t BS, int64_t MB, int nthreads);
-void attn_plan_free(attn_plan *pl);
-/* the plan's rows by the calling team over fp32 pages (attn_rows_f32_team) or int8 ones (kv_i8: attention_int8.c's
- * attn_rows_i8_team); ends on the team's barrier */
-void attn_rows_team(const attn_plan *pl, int kv_i8, const float *q, const void *k_cache, const void *v_cache,
-                    const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out, int64_t H,
-                    int64_t KVH, int64_t D, int64_t BS, int64_t MB, float scale, float *scores, float *acc);
-/* a standalone kernel's plan, team and scratch around attn_rows_team */
-int attn_rows_standalone(const float *q, const void *k_cache, const void *v_cache, const int32_t *block_tables,
-                         const int32_t *row_seq, const int32_t *row_pos, float *out, int64_t T, int64_t S, int64_t H,
-                         int64_t KVH, int64_t D, int64_t BS, int64_t MB, float scale, int nthreads, int kv_i8);
-void attn_rows_f32_team(const attn_plan *pl, const float *q, const float *k_cache, const float *v_cache,
-                        const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
-                        int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB, float scale, float *scores,
-                        float *acc);
 #endif
