@@ -20,6 +20,7 @@
 #include "attention_int8.h"
 #include "attention_lone.h"
 #include "attention_rows.h"
+#include "kernels.h"
 #include "vec_math.h"
 
 /* acc[0:D] += sum_j p[j] * v_j for the n rows v_j = v + j * stride. With AVX2 and D a multiple of

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "kernels.h"
 #include "layers_f32.h"
 #include "vec_math.h"
 

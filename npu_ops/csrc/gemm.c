@@ -13,6 +13,7 @@
 #include <omp.h>
 
 #include "gemm_tile.h"
+#include "kernels.h"
 #include "layers_f32.h"
 #include "team_sync.h"
 

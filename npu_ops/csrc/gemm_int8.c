@@ -18,6 +18,7 @@
 #endif
 
 #include "gemm_tile.h"
+#include "kernels.h"
 #include "layers_f32.h"
 #include "team_sync.h"
 

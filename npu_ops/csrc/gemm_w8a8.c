@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "gemm_w8a8_tile.h"
+#include "kernels.h"
 #include "layers_f32.h"
 #include "quantize_rows.h"
 #include "team_sync.h"

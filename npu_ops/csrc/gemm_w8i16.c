@@ -21,6 +21,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels.h"
 #include "layers_f32.h"
 #include "quantize_rows.h"
 #include "team_sync.h"

@@ -24,6 +24,7 @@
 #include "attention_int8.h"
 #include "attention_lone_i8.h"
 #include "gemm_tile.h"
+#include "kernels.h"
 #include "layers_f32.h"
 #include "team_sync.h"
 

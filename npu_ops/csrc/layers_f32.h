@@ -21,29 +21,9 @@ void linear_w8a16_f32_team(const float *x, int64_t M, int64_t K, const int8_t *w
 void linear_w8a8_f32_team(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
                           const float *bias, float *y, int8_t *xq, float *xs, const int8_t *zero, int add);
 int64_t w8a8_zero_bytes(int64_t K);
-/* the packed W8A8 panels' width: a [gate | up] projection whose `inter` it divides takes gate_up_silu_w8a8_team */
-int w8a8_panel_width(void);
 /* one row's silu(gate) * up into h from the packed W8A8 [gate | up] projection (gemm_w8a8_row.c): every thread of the
  * team, x quantized into its own xq / xs; the bits of linear_w8a8_f32_team then silu_mul_row_f32. Ends on the
  * team's barrier. */
 void gate_up_silu_w8a8_team(const float *x, int64_t K, const int8_t *wp, const float *ws, int64_t inter,
                             const float *bias, float *h, int8_t *xq, float *xs);
-
-/* every decoder layer of a step (layers_f32.c) and the head's single-op kernels (gemm.c, gemm_w8i16.c), for the
- * fused decode step (decode_f32.c) */
-void linear_f32(const float *x, int64_t M, int64_t K, const float *wp, int64_t N, const float *bias, float *y,
-                int nthreads);
-/* the all-greedy sampler's rows (elementwise.c): first maxima and their log-probabilities; 1 if a logit is not
- * finite */
-int greedy_rows_f32(const float *restrict logits, int64_t rows, int64_t n, int64_t *restrict idx,
-                    float *restrict lp, int nthreads);
-int linear_w8i16_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
-                     const float *bias, float *y, int nthreads);
-struct layer_f32;
-int64_t llama_layers_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH, int64_t D, int64_t inter);
-int llama_layers_f32(const struct layer_f32 *layers, int64_t L, float *x, int64_t T, int64_t hidden, int64_t H,
-                     int64_t KVH, int64_t D, int64_t inter, float eps, const float *cos_, const float *sin_,
-                     const int64_t *slots, const int32_t *block_tables, int64_t S, int64_t MB, const int32_t *row_seq,
-                     const int32_t *row_pos, int64_t BS, float scale, float *work, int nthreads);
-
 #endif

@@ -2,6 +2,8 @@
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "team_sync.h"
 
+#include "kernels.h"
+
 #include <omp.h>
 #include <sched.h>
 #include <stdatomic.h>

@@ -36,14 +36,4 @@ void team_share_of(int64_t n, int t, int64_t *lo, int64_t *hi);
 void team_work_open(int64_t n);
 int64_t team_work_front(int64_t want, int64_t *got);
 int team_work_steal(int *who, int64_t *unit);
-/* tests: thread `thread` of every team sleeps `us` before each claim from its own front but the first (-1: none), so
- * that the others steal the rest of its share; team_work_stolen: the units stolen so far in this process */
-void team_work_slow(int thread, int us);
-long team_work_stolen(void);
-/* the barrier held to its contract by a team of nthreads over `rounds` rounds: the reads that saw a stale value (0),
- * or -1 where the team could not be had */
-int team_sync_check(int nthreads, int rounds);
-/* team_work_*'s contract held over three phases (team_sync.c): the units not taken exactly once a phase (0), or -1;
- * *stolen: the units stolen */
-int team_work_check(int nthreads, int64_t total, int64_t want, int delay_us, int64_t *stolen);
 #endif
