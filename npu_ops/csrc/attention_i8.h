@@ -20,4 +20,6 @@ static inline __m256 load8_i8(const int8_t *p) {
 }
 #endif
 
+/* the widest head the fused layers quantize into an int8 cache (a row is rotated on the stack first) */
+#define KV_I8_MAX_D 512
 #endif

@@ -9,8 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "decode_f32.h"
+#include "elementwise.h"
 #include "kernels.h"
-#include "layers_f32.h"
 
 enum { HEAD_F32 = 0, HEAD_W8I16 = 3 };
 

@@ -12,9 +12,10 @@
 #include <string.h>
 #include <omp.h>
 
+#include "elementwise.h"
+#include "gemm.h"
 #include "gemm_tile.h"
 #include "kernels.h"
-#include "layers_f32.h"
 #include "team_sync.h"
 
 #define NR F32_TILE_NR
