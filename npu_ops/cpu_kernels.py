@@ -170,7 +170,8 @@ def load() -> ctypes.CDLL | None:
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Argument and result types of every kernel entry point."""
+    """Argument and result types of every kernel entry point, as csrc/kernels.h declares them
+    (tests/unit/test_csrc_kernels_h.py holds the two together)."""
     fn = lib.paged_attention_rows_f32
     fn.argtypes = [_F32P, _F32P, _F32P, _I32P, _I32P, _I32P, _F32P, _I64, _I64, _I64, _I64, _I64, _I64, _I64,
                    ctypes.c_float, ctypes.c_int]
