@@ -1,4 +1,5 @@
-/* team_sync.h's barrier: arrival counts in cache lines of their own, release stores and acquire loads. */
+/* team_sync.h's barrier (arrival counts in cache lines of their own, release stores and acquire loads), the
+ * team's split of n items (team_share: every kernel's, and the work stealing's shares) and the stealing. */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "team_sync.h"
 
