@@ -3,7 +3,7 @@ loaded with ctypes: paged attention (attention.c reads each query row's context 
 the block tables: PyTorch has no paged op for the CPU, and gathering the blocks into padded tensors
 for SDPA cost more than the attention itself), the packed fp32 GEMM of the linears (gemm.c) and
 fused RMSNorm, rotary and SiLU-multiply (elementwise.c), and all of a step's fp32 decoder layers in one
-call (layers_f32.c).
+call (layers_f32.c); csrc/README.md maps the files.
 
 The engine calls ``configure(enabled, cache_dir)`` with its config (``cpu_kernels``,
 ``kernel_cache_dir``) before loading a model; ``MINDIE_CPU_KERNELS`` (0/1) and ``MINDIE_KERNEL_CACHE``
@@ -170,7 +170,8 @@ def load() -> ctypes.CDLL | None:
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Argument and result types of every kernel entry point."""
+    """Argument and result types of every kernel entry point, as csrc/kernels.h declares them
+    (tests/unit/test_csrc_kernels_h.py holds the two together)."""
     fn = lib.paged_attention_rows_f32
     fn.argtypes = [_F32P, _F32P, _F32P, _I32P, _I32P, _I32P, _F32P, _I64, _I64, _I64, _I64, _I64, _I64, _I64,
                    ctypes.c_float, ctypes.c_int]

@@ -17,6 +17,7 @@ _I64, _P = ctypes.c_int64, ctypes.c_void_p
 
 @lru_cache(maxsize=4)
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """The int8 linears' types, as csrc/kernels.h declares them."""
     lib.packed_w8a16_numel.argtypes, lib.packed_w8a16_numel.restype = [_I64, _I64], _I64
     lib.packed_w8a8_numel.argtypes, lib.packed_w8a8_numel.restype = [_I64, _I64], _I64
     lib.packed_w8i16_numel.argtypes, lib.packed_w8i16_numel.restype = [_I64, _I64], _I64

@@ -51,6 +51,7 @@ def dequantize(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 @lru_cache(maxsize=4)
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """The int8 attention kernel's types, as csrc/kernels.h declares them."""
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     fn = lib.paged_attention_rows_i8
     fn.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]

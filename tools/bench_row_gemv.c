@@ -13,10 +13,10 @@
 #include <string.h>
 #include <omp.h>
 #include <sys/mman.h>
-#include "layers_f32.h"
+#include "gemm_w8a8.h"
+#include "gemm_w8a8_row.h"
+#include "kernels.h"
 #include "team_sync.h"
-int64_t packed_w8a8_numel(int64_t N, int64_t K);
-void pack_w8a8(const int8_t *w, int64_t N, int64_t K, int8_t *wp);
 #define NL 30
 static void *huge(size_t n) { void *p = aligned_alloc(1 << 21, (n + (1 << 21) - 1) >> 21 << 21); madvise(p, n, MADV_HUGEPAGE); memset(p, 0, n); return p; }
 int main(int argc, char **argv) {

@@ -1,13 +1,16 @@
 /* Paged attention for the CPU over an int8 KV cache (npu_ops/quant_kv.py): the same row contract, plan (tiles
- * and head split) and standalone driver as attention.c (see there; a lone row: attention_lone_i8.c), but every
- * cache row (one token, one KV head) is D int8 values followed by their fp32 scale, read in place: scores are
- * scale_k * (q . k_int8) and the output sums p * scale_v * v_int8, widening eight int8 lanes at a time. A
- * quarter of the bytes of an fp32 cache pass through memory. q and out stay fp32. */
+ * and head split: attention_rows.c) and standalone driver (attention.c) as fp32 pages (a lone row:
+ * attention_lone_i8.c), but every cache row (one token, one KV head) is D int8 values followed by their fp32
+ * scale, read in place: scores are scale_k * (q . k_int8) and the output sums p * scale_v * v_int8, widening
+ * eight int8 lanes at a time. A quarter of the bytes of an fp32 cache pass through memory. q and out stay fp32. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "attention_i8.h"
+#include "attention_int8.h"
+#include "attention_lone_i8.h"
+#include "attention_rows.h"
 #include "vec_math.h"
 
 /* s[j] = q . k_j * scale_j * scale for the n rows k_j = k + j * stride (bytes) */
@@ -126,7 +129,7 @@ static void attend_i8(const float *restrict q, const int8_t *restrict k_cache, c
         memcpy(out + i * H * D + h0 * D, acc + i * nh * D, sizeof(float) * (size_t)(nh * D));
 }
 
-/* The rows of a plan (attention.c's attn_plan_f32: its tiles and query-head split) over int8 pages, by the
+/* The rows of a plan (attention_rows.c's attn_plan_f32: its tiles and query-head split) over int8 pages, by the
  * calling team (orphaned: ends on the team's barrier); a lone row goes to attend_lone_row_i8. */
 void attn_rows_i8_team(const attn_plan *pl, const float *q, const int8_t *k_cache, const int8_t *v_cache,
                        const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
@@ -158,12 +161,4 @@ void kv_quantize_row_i8(const float *restrict x, int64_t D, int8_t *restrict out
         out[d] = (int8_t)(r > 127.f ? 127.f : r < -127.f ? -127.f : r);
     }
     memcpy(out + D, &s, sizeof s);
-}
-
-int paged_attention_rows_i8(const float *q, const int8_t *k_cache, const int8_t *v_cache,
-                            const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
-                            int64_t T, int64_t S, int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB,
-                            float scale, int nthreads) {
-    return attn_rows_standalone(q, k_cache, v_cache, block_tables, row_seq, row_pos, out, T, S, H, KVH, D, BS, MB,
-                                scale, nthreads, 1);
 }

@@ -1,13 +1,13 @@
 /* Attention for a lone row (a one-stream decode step) by the whole team (attention.c's attn_rows_f32_team calls
- * it for a plan with pl->shared). The row primitives are attention.c's own (attention_rows.h): each element takes
+ * it for a plan with pl->shared). The row primitives are the batch rows' (attention_rows.c): each element takes
  * the operations a batch row's attention gives it, so a lone row has the bits it has in a batch. */
 #include <stdint.h>
 #include <string.h>
 
+#include "attention_lone.h"
 #include "attention_rows.h"
-#include "layers_f32.h"
-#include "vec_math.h"
 #include "team_sync.h"
+#include "vec_math.h"
 
 static inline void prefetch_span(const float *v, int64_t stride, int64_t n, int64_t c0, int64_t c1) {
     for (int64_t j = 0; j < n; ++j)
@@ -112,20 +112,6 @@ static const lone_v_pass V_PASSES[5][4] = {{0},
                                            {v_pass_3_1, v_pass_3_2, v_pass_3_4, NULL},
                                            {v_pass_4_1, v_pass_4_2, NULL, NULL}};
 #endif
-
-void lone_v_units(const lone_v_pass *passes, int npasses, const float *scores, int64_t L, const void *v_cache,
-                  const int32_t *bt, int64_t KVH, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride,
-                  float *out) {
-    int64_t u0, u1;
-    team_share(KVH * D / 8, &u0, &u1);
-    for (int64_t u = u0; u < u1;) {
-        const int64_t g = u * 8 / D, left = (g + 1) * D / 8 - u, rest = u1 - u, run = left < rest ? left : rest;
-        int k = npasses - 1;
-        while (passes[k] == NULL || (1 << k) > run) --k;
-        passes[k](scores, L, v_cache, bt, g, D, BS, tok_stride, blk_stride, u * 8 - g * D, out);
-        u += 1 << k;
-    }
-}
 
 /* A lone row's weighted sum of V shared over the team by query head and column span (any group size and D). */
 static void lone_v_sum_heads(const float *scores, int64_t L, const float *v_cache, const int32_t *bt, int64_t H,

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "attention_i8.h"
+#include "attention_lone_i8.h"
 #include "attention_rows.h"
 #include "team_sync.h"
 

@@ -1,10 +1,22 @@
-/* The fp32 attention row primitives that attention.c (batch rows) and attention_lone.c (a lone row shared by a
- * team) both run: one compiled copy, so both round alike. */
+/* What every paged-attention path shares (attention_rows.c): the plan of a step's rows, the fp32 score rows and
+ * block prefetch (attention.c's batch rows and attention_lone.c's lone row: one compiled copy, so both round
+ * alike), and a lone row's V units over the team (attention_lone.c, attention_lone_i8.c). */
 #ifndef MINDIE_ATTENTION_ROWS_H
 #define MINDIE_ATTENTION_ROWS_H
 #include <stdint.h>
 
-#include "layers_f32.h"
+typedef struct {
+    int64_t *tiles; /* [ntiles + 1] first row of each tile, then T */
+    int64_t ntiles, split, per, G;
+    int64_t scores_len, acc_len; /* floats of per-thread scratch */
+    float *shared;               /* a lone row's scores [H, L], shared by the team; NULL for other steps */
+} attn_plan;
+
+/* Checks the rows and cuts them into tiles (a lone row with nthreads > 1: pl->shared for the team's scores).
+ * Returns 0, or the kernels' error codes: 1 bad heads or threads, 2 a row outside its table, 3 no memory. */
+int attn_plan_f32(attn_plan *pl, const int32_t *row_seq, const int32_t *row_pos, int64_t T, int64_t S, int64_t H,
+                  int64_t KVH, int64_t D, int64_t BS, int64_t MB, int nthreads);
+void attn_plan_free(attn_plan *pl);
 
 /* s[j] = q . k_j * scale for the n rows k_j = k + j * stride */
 void attn_score_rows(const float *restrict q, const float *restrict k, int64_t stride, int64_t n, int64_t D,
@@ -28,8 +40,4 @@ typedef void (*lone_v_pass)(const float *scores, int64_t L, const void *v_cache,
 void lone_v_units(const lone_v_pass *passes, int npasses, const float *scores, int64_t L, const void *v_cache,
                   const int32_t *bt, int64_t KVH, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride,
                   float *out);
-/* a lone row by every thread of the team (orphaned; ends on the team's barrier); scores: pl->shared */
-void attend_lone_row(const attn_plan *pl, const float *restrict q, const float *restrict k_cache,
-                     const float *restrict v_cache, const int32_t *restrict bt, int64_t pos, float *restrict out,
-                     int64_t H, int64_t D, int64_t BS, int64_t tok_stride, int64_t blk_stride, float scale);
 #endif

@@ -9,11 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "layers_f32.h"
+#include "decode_f32.h"
+#include "elementwise.h"
+#include "kernels.h"
 
 enum { HEAD_F32 = 0, HEAD_W8I16 = 3 };
 
-typedef struct {
+typedef struct decode_f32_args {
     /* the model */
     const struct layer_f32 *layers;
     int64_t L, hidden, H, KVH, D, inter, vocab, BS, rope_len;

@@ -6,7 +6,8 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "layers_f32.h"
+#include "elementwise.h"
+#include "kernels.h"
 #include "vec_math.h"
 
 #define PAR_MIN_ELEMS 65536

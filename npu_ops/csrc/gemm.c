@@ -12,8 +12,10 @@
 #include <string.h>
 #include <omp.h>
 
+#include "elementwise.h"
+#include "gemm.h"
 #include "gemm_tile.h"
-#include "layers_f32.h"
+#include "kernels.h"
 #include "team_sync.h"
 
 #define NR F32_TILE_NR
@@ -136,15 +138,6 @@ static void store_tile(float *cr, const float *bias, int64_t p, int64_t N, float
     else
         memcpy(yr, cr, sizeof(float) * (size_t)ncols);
 }
-
-/* This thread's share [lo, hi) of n items when a team splits them by hand (balanced to one item). */
-void team_share_of(int64_t n, int t, int64_t *lo, int64_t *hi) {
-    const int64_t nt = omp_get_num_threads();
-    *lo = n * t / nt;
-    *hi = n * (t + 1) / nt;
-}
-
-void team_share(int64_t n, int64_t *lo, int64_t *hi) { team_share_of(n, omp_get_thread_num(), lo, hi); }
 
 /* Panels [p0, p1) of one row x[K]: GP at a time, one from each GP-th of the range (streams far apart read
  * faster than adjacent panels: tools/ab_kernels.py), the rest one by one. */

@@ -17,8 +17,10 @@
 #include <immintrin.h>
 #endif
 
+#include "gemm.h"
+#include "gemm_int8.h"
 #include "gemm_tile.h"
-#include "layers_f32.h"
+#include "kernels.h"
 #include "team_sync.h"
 
 #define QNR F32_TILE_NR /* W8A16 panel width: gemm.c's, so that a widened panel runs its fp32 tile */

@@ -20,8 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gemm_w8a8.h"
+#include "gemm_w8a8_row.h"
 #include "gemm_w8a8_tile.h"
-#include "layers_f32.h"
+#include "kernels.h"
 #include "quantize_rows.h"
 #include "team_sync.h"
 

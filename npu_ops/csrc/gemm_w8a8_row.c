@@ -3,8 +3,9 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include "elementwise.h"
+#include "gemm_w8a8_row.h"
 #include "gemm_w8a8_tile.h"
-#include "layers_f32.h"
 #include "quantize_rows.h"
 #include "team_sync.h"
 /* pair pp's single-row tile c scaled into y */

@@ -8,7 +8,6 @@
 #include <string.h>
 #include <omp.h>
 
-#include "layers_f32.h"
 #include "stream_ahead.h"
 
 #ifdef __AVX2__
@@ -252,7 +251,4 @@ static inline void epilogue(const int32_t *c, int mr, const float *xs, const int
     }
 }
 
-/* one row by every thread of a team (gemm_w8a8_row.c): this thread's share of y, no barrier */
-void w8a8_row(const int8_t *xr, const float *xs, int64_t K, const int8_t *wp, const float *ws, int64_t N,
-              const float *bias, float *y, const int8_t *zero, int add);
 #endif

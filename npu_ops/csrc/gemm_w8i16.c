@@ -21,7 +21,8 @@
 #include <immintrin.h>
 #endif
 
-#include "layers_f32.h"
+#include "gemm_w8i16.h"
+#include "kernels.h"
 #include "quantize_rows.h"
 #include "team_sync.h"
 

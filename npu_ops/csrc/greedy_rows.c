@@ -7,7 +7,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "layers_f32.h"
+#include "greedy_rows.h"
+#include "kernels.h"
 #include "vec_math.h"
 
 #define PAR_MIN_ELEMS 65536

@@ -4,7 +4,7 @@
  * down_proj with the residual. A thin model (SmolLM2-135M: 30 layers of hidden 576) spent about a third of a
  * one-sequence decode step between the kernels (Python dispatch, tensor allocation, ctypes calls, a thread
  * team forked and joined per op); here one OpenMP team lives for the whole step and the ops meet at its
- * barriers. Each op is the same compiled code as its single-op kernel (layers_f32.h), so the result is
+ * barriers. Each op is the same compiled code as its single-op kernel (its file's team half), so the result is
  * bit-identical to the op-by-op path. A projection may hold int8 weights (W8A16: gemm_int8.c, W8A8:
  * gemm_w8a8.c, activations quantized in the call), the residual added in its epilogue as the op-by-op path
  * adds it. One row (a one-stream decode step) is normed and quantized by every thread into its own copy, so
@@ -20,8 +20,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
 #include "attention_i8.h"
+#include "attention_int8.h"
+#include "attention_lone_i8.h"
+#include "elementwise.h"
+#include "gemm.h"
+#include "gemm_int8.h"
 #include "gemm_tile.h"
+#include "gemm_w8a8.h"
+#include "gemm_w8a8_row.h"
+#include "kernels.h"
 #include "layers_f32.h"
 #include "team_sync.h"
 

@@ -10,6 +10,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels.h"
 #include "quantize_rows.h"
 
 static float row_amax(const float *xr, int64_t K) {

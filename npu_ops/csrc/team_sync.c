@@ -1,8 +1,9 @@
-/* team_sync.h's barrier: arrival counts in cache lines of their own, release stores and acquire loads. */
+/* team_sync.h's barrier (arrival counts in cache lines of their own, release stores and acquire loads), the
+ * team's split of n items (team_share: every kernel's, and the work stealing's shares) and the stealing. */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "team_sync.h"
 
-#include "layers_f32.h" /* team_share_of: the kernels' split, which team_work_check shares out */
+#include "kernels.h"
 
 #include <omp.h>
 #include <sched.h>
@@ -113,6 +114,15 @@ void team_barrier(void) {
         while (atomic_load_explicit(&m->s->slots[t].arrived, memory_order_acquire) < e) relax(m->s, spins++);
     }
 }
+
+/* This thread's share [lo, hi) of n items when a team splits them by hand (balanced to one item). */
+void team_share_of(int64_t n, int t, int64_t *lo, int64_t *hi) {
+    const int64_t nt = omp_get_num_threads();
+    *lo = n * t / nt;
+    *hi = n * (t + 1) / nt;
+}
+
+void team_share(int64_t n, int64_t *lo, int64_t *hi) { team_share_of(n, omp_get_thread_num(), lo, hi); }
 
 #define WORK_BITS 20
 #define WORK_MASK ((UINT64_C(1) << WORK_BITS) - 1)

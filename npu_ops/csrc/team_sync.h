@@ -22,6 +22,10 @@ void team_sync_join(team_sync *s);
 void team_sync_leave(void);
 /* every thread of the team waits for the others; writes before it are seen by every thread after it */
 void team_barrier(void);
+/* this thread's share [lo, hi) of n items when a team splits them by hand (balanced to one item); team_share_of:
+ * thread t's, as team_share gives it to t (a thief's view of another thread's share: team_work_steal) */
+void team_share(int64_t n, int64_t *lo, int64_t *hi);
+void team_share_of(int64_t n, int t, int64_t *lo, int64_t *hi);
 /* Work shared with stealing, for a phase whose shares the memory system serves unevenly (two threads streaming
  * weights: one often gets 10-30% less bandwidth, and the other waited for it at the barrier). Every thread of the
  * team opens its share of n units in the phase (at most one such share between two barriers: the phase ends on the
@@ -32,14 +36,4 @@ void team_barrier(void);
 void team_work_open(int64_t n);
 int64_t team_work_front(int64_t want, int64_t *got);
 int team_work_steal(int *who, int64_t *unit);
-/* tests: thread `thread` of every team sleeps `us` before each claim from its own front but the first (-1: none), so
- * that the others steal the rest of its share; team_work_stolen: the units stolen so far in this process */
-void team_work_slow(int thread, int us);
-long team_work_stolen(void);
-/* the barrier held to its contract by a team of nthreads over `rounds` rounds: the reads that saw a stale value (0),
- * or -1 where the team could not be had */
-int team_sync_check(int nthreads, int rounds);
-/* team_work_*'s contract held over three phases (team_sync.c): the units not taken exactly once a phase (0), or -1;
- * *stolen: the units stolen */
-int team_work_check(int nthreads, int64_t total, int64_t want, int delay_us, int64_t *stolen);
 #endif

@@ -1,0 +1,86 @@
+/* Every entry point Python calls through ctypes, declared once: npu_ops/cpu_kernels.py, quant_cpu.py and
+ * quant_kv.py give each the argument and result types written here (tests/unit/test_csrc_kernels_h.py holds them to
+ * it), and each defining file includes this header, so the compiler holds the definitions to it too. Pointers
+ * cross from Python as plain integers (Tensor.data_ptr()); int results are 0 or an error code. */
+#ifndef MINDIE_KERNELS_H
+#define MINDIE_KERNELS_H
+#include <stdint.h>
+
+/* fused elementwise ops (elementwise.c; cpu_kernels.rms_norm, silu_mul, rotary) */
+void rms_norm_f32(const float *restrict x, const float *restrict w, float *restrict out, int64_t rows,
+                  int64_t dim, float eps, int nthreads);
+void silu_mul_f32(const float *restrict gu, float *restrict out, int64_t rows, int64_t inter, int nthreads);
+void rotary_f32(const float *restrict x, int64_t stride, const float *restrict cos_, const float *restrict sin_,
+                float *restrict out, int64_t rows, int64_t heads, int64_t d, int nthreads);
+
+/* paged attention rows over fp32 or int8 pages (attention.c; cpu_kernels.paged_attention_rows,
+ * quant_kv.paged_attention_rows): 1 bad heads or threads, 2 a row outside its table, 3 no memory */
+int paged_attention_rows_f32(const float *q, const float *k_cache, const float *v_cache,
+                             const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
+                             int64_t T, int64_t S, int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB,
+                             float scale, int nthreads);
+int paged_attention_rows_i8(const float *q, const int8_t *k_cache, const int8_t *v_cache,
+                            const int32_t *block_tables, const int32_t *row_seq, const int32_t *row_pos, float *out,
+                            int64_t T, int64_t S, int64_t H, int64_t KVH, int64_t D, int64_t BS, int64_t MB,
+                            float scale, int nthreads);
+
+/* the packed fp32 linear (gemm.c; cpu_kernels.pack_weight, linear) */
+int64_t packed_weight_numel(int64_t N, int64_t K);
+void pack_weight_f32(const float *w, int64_t N, int64_t K, float *wp);
+void linear_f32(const float *x, int64_t M, int64_t K, const float *wp, int64_t N, const float *bias, float *y,
+                int nthreads);
+
+/* the int8 linears (quant_cpu): W8A16 (gemm_int8.c), W8A8 (gemm_w8a8.c), the W8I16 head (gemm_w8i16.c) and the
+ * rows W8A8 quantizes (quantize_rows.c); their int results: 3 without scratch */
+int64_t packed_w8a16_numel(int64_t N, int64_t K);
+void pack_w8a16(const int8_t *w, int64_t N, int64_t K, int8_t *wp);
+void linear_w8a16_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *scale, int64_t N,
+                      const float *bias, float *y, int nthreads);
+int64_t packed_w8a8_numel(int64_t N, int64_t K);
+void pack_w8a8(const int8_t *w, int64_t N, int64_t K, int8_t *wp);
+/* the packed W8A8 panels' width (16: the VNNI core, 8: AVX2's); a [gate | up] projection whose `inter` it divides
+ * takes the fused layers' gate_up_silu_w8a8_team */
+int w8a8_panel_width(void);
+int linear_w8a8_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
+                    const float *bias, float *y, int nthreads);
+int linear_w8a8_i8(const int8_t *xq, const float *xs, int64_t M, int64_t K, const int8_t *wp, const float *ws,
+                   int64_t N, const float *bias, float *y, int nthreads);
+int gemm_i8_i32(const int8_t *xq, int64_t M, int64_t K, const int8_t *wp, int64_t N, int32_t *acc);
+void quantize_rows_i8(const float *x, int64_t M, int64_t K, int8_t *xq, float *xs, int nthreads);
+int64_t packed_w8i16_numel(int64_t N, int64_t K);
+void pack_w8i16(const int8_t *w, int64_t N, int64_t K, int8_t *wp);
+int linear_w8i16_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
+                     const float *bias, float *y, int nthreads);
+
+/* the all-greedy sampler's rows (greedy_rows.c; cpu_kernels.greedy_rows): first maxima and their
+ * log-probabilities; 1 if a logit is not finite */
+int greedy_rows_f32(const float *restrict logits, int64_t rows, int64_t n, int64_t *restrict idx,
+                    float *restrict lp, int nthreads);
+
+/* every decoder layer of a step (layers_f32.c; mindie_service/models/fused_layers.py fills the layer table) */
+struct layer_f32;
+int64_t llama_layers_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH, int64_t D, int64_t inter);
+int llama_layers_f32(const struct layer_f32 *layers, int64_t L, float *x, int64_t T, int64_t hidden, int64_t H,
+                     int64_t KVH, int64_t D, int64_t inter, float eps, const float *cos_, const float *sin_,
+                     const int64_t *slots, const int32_t *block_tables, int64_t S, int64_t MB, const int32_t *row_seq,
+                     const int32_t *row_pos, int64_t BS, float scale, float *work, int nthreads);
+
+/* a decode step, or several greedy ones, in one call (decode_f32.c; mindie_service/models/fused_decode.py fills
+ * the arguments) */
+struct decode_f32_args;
+int64_t decode_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH, int64_t D, int64_t inter);
+int llama_decode_f32(const struct decode_f32_args *a);
+int llama_decode_steps_f32(struct decode_f32_args *a, int64_t steps, const int64_t *slots, int64_t *out_ids,
+                           float *out_lp, int64_t *done);
+
+/* the fused team's barrier and work sharing held to their contracts, and the tests' hooks (team_sync.c;
+ * tests/unit/test_team_sync.py, test_fused_layers_int8.py) */
+/* the reads that saw a stale value (0), or -1 where the team could not be had */
+int team_sync_check(int nthreads, int rounds);
+/* the units not taken exactly once a phase (0), or -1; *stolen: the units stolen */
+int team_work_check(int nthreads, int64_t total, int64_t want, int delay_us, int64_t *stolen);
+/* thread `thread` of every team sleeps `us` before each claim from its own front but the first (-1: none) */
+void team_work_slow(int thread, int us);
+/* the units stolen so far in this process */
+long team_work_stolen(void);
+#endif
