@@ -62,7 +62,7 @@ int llama_decode_f32(const decode_f32_args *a) {
     return 0;
 }
 
-/* ``steps`` greedy decode steps (mindie_service/engine/multi_step.py): step s writes each row's K/V at slot
+/* ``steps`` greedy decode steps (mindie_service/engine/sched/bursts.py): step s writes each row's K/V at slot
  * slots[s * T + t] and position positions[t] + s, its input the first maximum of step s - 1's logits (the
  * sampler's greedy_rows_f32, so the tokens are a single step's). out_ids, out_lp [steps, T]: each step's tokens
  * and their log-probabilities. *done: the steps whose tokens are there; fewer than ``steps`` where a step's

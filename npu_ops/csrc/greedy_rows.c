@@ -1,4 +1,4 @@
-/* The all-greedy sampler's C pass (engine/sampler.py, and the fused decode steps of decode_f32.c): each row's first
+/* The all-greedy sampler's C pass (engine/sample/sampler.py and the fused decode steps of decode_f32.c): each row's first
  * largest logit and its log-probability x[a] - (max + log(sum exp(x - max))) (torch's logsumexp formula). Rows are
  * shared over the threads; a lone row (one stream's step: SmolLM2's 49,152 logits, ~1% of its step on one thread)
  * is cut into one span a thread, whose maxima and sums meet in span order. */
@@ -119,7 +119,7 @@ static int greedy_row_team(const float *restrict x, int64_t n, int64_t *restrict
     return 1;
 }
 
-/* The all-greedy sampler's rows (engine/sampler.py): idx [M] int64, lp [M]. Returns 1 if any row had a logit
+/* The all-greedy sampler's rows (engine/sample/sampler.py): idx [M] int64, lp [M]. Returns 1 if any row had a logit
  * that is NaN or infinite (the caller then takes its general path, which names those rows), else 0. */
 int greedy_rows_f32(const float *restrict logits, int64_t rows, int64_t n, int64_t *restrict idx,
                     float *restrict lp, int nthreads) {
