@@ -10,6 +10,7 @@ import pytest
 
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.fleet.gateway_view import gateway_state
 from mindie_service.fleet.instances import (InstanceRouter, build_instances, instances_of, split_threads,
                                              sum_stats)
 from mindie_service.engine.contract import (FINISH_LENGTH, EngineRequest, EngineStats, InputFacts, TokenEvent,
@@ -326,3 +327,25 @@ def test_instance_configs_follow_model_instance_number(tmp_path, monkeypatch):
     got = instance_configs(load_config(str(tmp_path / "config.json")))
     assert len(got) == 2 and [c.num_threads for c in got] == [8, 8]
     assert got[0].device_ids in (None, (0,)) and got[1].device_ids == (1,)  # each its npuDeviceIds group
+
+
+def test_the_gateway_view_reads_the_instances_stats_only():
+    """fleet.gateway_view reads EngineStats and nothing else: adapters are the union over the instances, counts
+    and blocks are summed, the cache's shape is an instance's."""
+    shape = dict(block_size=16, max_loras=4, kv_cache_dtype="int8", prefix_caching=True)
+    a = EngineStats(running=2, waiting=1, swapped=1, total_blocks=50, free_blocks=40, cache_usage=0.2,
+                    prefix_cache_hit_rate=0.0, num_preemptions=0, running_adapters=("b", "x"),
+                    waiting_adapters=("w",), host_blocks=8, kv_events_published=3, kv_events_dropped=1, **shape)
+    b = EngineStats(running=1, waiting=0, swapped=2, total_blocks=50, free_blocks=10, cache_usage=0.8,
+                    prefix_cache_hit_rate=0.0, num_preemptions=0, running_adapters=("a", "x"),
+                    waiting_adapters=(), host_blocks=8, kv_events_published=5, kv_events_dropped=0, **shape)
+
+    class Client:
+        def stats(self) -> EngineStats:
+            return sum_stats([a, b])
+
+    g = gateway_state(Client())  # type: ignore[arg-type]
+    assert (g.running, g.waiting, g.num_gpu_blocks, g.num_cpu_blocks) == (3, 4, 100, 16)
+    assert g.running_adapters == ("a", "b", "x") and g.waiting_adapters == ("w",)
+    assert (g.block_size, g.max_lora, g.cache_dtype, g.enable_prefix_caching) == (16, 4, "int8", True)
+    assert (g.kv_events_published, g.kv_events_dropped) == (8, 1) and g.kv_cache_usage == 0.5

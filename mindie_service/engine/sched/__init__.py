@@ -1,0 +1,3 @@
+"""Scheduling, plain Python (no torch): the scheduler (scheduler.py), its admission rules (admit_rules.py), batch-job
+lines below online traffic (batch_bound.py), chunk building (chunks.py), multi-step bursts and their pacer
+(bursts.py), and what its queues say about the load (sched_stats.py)."""

@@ -1,0 +1,72 @@
+"""The one stop rule (engine.output.stop_rule): its order of reasons, and that every path that appends tokens
+(single steps, multi-step bursts, accepted speculative runs) stops at the same token for ``stop_token_ids``."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mindie_service import LLM, SamplingParams
+from mindie_service.engine.contract import FINISH_EOS, FINISH_LENGTH, FINISH_STOP
+from mindie_service.engine.output.stop_rule import StopCheck, stop_reason
+from mindie_service.errors import MindieError
+from tests.prompts import parity_prompts
+
+EOS = frozenset({2})
+NGRAM_FIXED = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1,
+               "dynamic": False}
+
+
+@pytest.mark.parametrize("check, ignore_eos, stop_ids, want", [
+    (StopCheck(2, 5, 5, True), False, (7,), FINISH_EOS),  # EOS before a stop string and the cap
+    (StopCheck(2, 5, 5, True), True, (), FINISH_STOP),  # ignore_eos: the stop string found by the same token
+    (StopCheck(2, 5, 5, False), True, (), FINISH_LENGTH),
+    (StopCheck(7, 1, 9, False), False, (7,), FINISH_STOP),  # a stop token id
+    (StopCheck(7, 9, 9, False), False, (), FINISH_LENGTH),  # the cap, reached exactly
+    (StopCheck(7, 8, 9, False), False, (8,), None),
+])
+def test_reasons_in_their_order(check, ignore_eos, stop_ids, want):
+    assert stop_reason(check, EOS, ignore_eos, stop_ids) == want
+
+
+def test_stop_token_ids_are_checked():
+    with pytest.raises(MindieError, match="stop_token_ids"):
+        SamplingParams(stop_token_ids=[-1])
+    assert SamplingParams(stop_token_ids=[3, 4]).stop_token_ids == (3, 4)
+
+
+def _ids(llm: LLM, params: list[SamplingParams], prompts: list[str]) -> list[tuple[list[int], str]]:
+    return [(r.outputs[0].token_ids, r.outputs[0].finish_reason)
+            for r in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def _pin_bursts(llm: LLM, steps: int) -> None:
+    """Bursts of ``steps`` whatever the machine's speed (the pacer would cut them on a slow one)."""
+    llm.engine.bursts.observe = lambda seconds, n: steps  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("how", ["single", "bursts", "ngram"])
+def test_a_stop_token_ends_every_path_at_its_first_occurrence(tiny_model, how):
+    """Each request stops at the first generated token in its ``stop_token_ids`` (a token 12 to 39 of its
+    unconstrained greedy output, or an earlier occurrence of it), with finish "stop", whether that token came
+    alone, inside a burst or inside an accepted speculative run (n-gram drafts find matches in these outputs)."""
+    prompts = parity_prompts()
+    free = [SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True) for _ in prompts]
+    kw: dict[str, Any] = dict(num_kv_blocks=400, cache_block_size=16)
+    base = _ids(LLM(str(tiny_model), **kw, decode_steps=1), free, prompts)
+    cut = [12 + (5 * i) % 28 for i in range(len(prompts))]
+    stop = [SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, stop_token_ids=[ids[k]])
+            for (ids, _), k in zip(base, cut)]
+    if how == "single":
+        llm = LLM(str(tiny_model), **kw, decode_steps=1)
+    elif how == "bursts":
+        llm = LLM(str(tiny_model), **kw, decode_steps=8)
+        _pin_bursts(llm, 8)
+    else:
+        llm = LLM(str(tiny_model), **kw, speculative_config=NGRAM_FIXED)
+    got = _ids(llm, stop, prompts)
+    for (ids, _), k, (out, finish) in zip(base, cut, got):
+        first = ids.index(ids[k])  # the stop token may occur earlier than the chosen position
+        assert out == ids[:first + 1] and finish == FINISH_STOP
+    if how == "ngram":
+        assert llm.engine.spec.counters.num_accepted_tokens > 0  # runs were accepted, so cut inside them
