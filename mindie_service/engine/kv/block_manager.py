@@ -90,6 +90,14 @@ class BlockManager:
         self.ref_counts[block] = 1
         return block
 
+    def _hits_then_free(self, hits: list[int], new_needed: int) -> list[int]:
+        """A block table: the prefix-cache hits (one more reference each) followed by ``new_needed`` free blocks."""
+        for b in hits:
+            if self.ref_counts[b] == 0:
+                del self.free[b]
+            self.ref_counts[b] += 1
+        return hits + [self._take_free() for _ in range(new_needed)]
+
     def allocate(self, seq: Sequence, use_prefix_cache: bool = True, reserve: int = 0) -> bool:
         """Give a waiting sequence blocks for all its tokens (prompt, plus output when recomputing); with
         ``reserve`` > 0 its owner (see ``owner``) is also promised blocks up to that many in all.
@@ -99,11 +107,7 @@ class BlockManager:
         hits, new_needed = self._plan(seq, use_prefix_cache)
         if not self._fits(seq, hits, new_needed, reserve):
             return False
-        for b in hits:
-            if self.ref_counts[b] == 0:
-                del self.free[b]
-            self.ref_counts[b] += 1
-        seq.block_table = hits + [self._take_free() for _ in range(new_needed)]
+        seq.block_table = self._hits_then_free(hits, new_needed)
         seq.num_cached_tokens = seq.num_computed_tokens = len(hits) * self.block_size
         seq.num_registered_blocks = len(hits)
         self._join(seq, reserve)
@@ -150,11 +154,7 @@ class BlockManager:
         reusable_free_hits = sum(1 for b in hits if self.ref_counts[b] == 0)
         if new_needed + max(0, reserve - num_blocks) > self._available_to(seq) - reusable_free_hits:
             return None
-        for b in hits:
-            if self.ref_counts[b] == 0:
-                del self.free[b]
-            self.ref_counts[b] += 1
-        seq.block_table = hits + [self._take_free() for _ in range(new_needed)]
+        seq.block_table = self._hits_then_free(hits, new_needed)
         seq.num_registered_blocks = len(hits)
         self._join(seq, reserve)
         return len(hits)
