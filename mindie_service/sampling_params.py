@@ -36,6 +36,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: tuple[int, ...] = ()  # vLLM's: generating one of these ends the request (finish "stop")
+    min_tokens: int = 0  # vLLM's: before this many output tokens, EOS and stop_token_ids are never drawn, nothing stops
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: bool = False
@@ -84,6 +85,8 @@ class SamplingParams:
               f"at most {MAX_STOP_STRINGS} token ids", len(self.stop_token_ids))
         for tid in self.stop_token_ids:
             TOKEN_ID.checked(tid, "stop_token_ids")
+        check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
+              f"an integer from 0 to max_tokens ({self.max_tokens})", self.min_tokens)
         if self.structured_outputs is not None:
             check(self.num_beams == 1, "num_beams", "1 with structured output (beam search under a grammar is not "
                   "supported)", self.num_beams)

@@ -26,6 +26,7 @@ from mindie_service.engine.runner.engine_parts import load_parts
 from mindie_service.engine.kv.kv_event_types import BlockEventSink, FanOutSink
 from mindie_service.engine.sample.grammar_masks import GrammarFailed, GrammarMasks, fail_event
 from mindie_service.engine.output.output_processor import OutputProcessor
+from mindie_service.engine.output.stop_rule import ban_early_stops
 from mindie_service.engine.runner.parallel.launcher import ParallelRunner, RankGroup
 from mindie_service.engine.runner.model_runner import ModelRunner, kv_bytes_per_block
 from mindie_service.engine.sched.bursts import BurstPacer
@@ -352,8 +353,8 @@ class LLMEngine:
         rows, drafts = verify_rows(chunks, [self.scheduler.seqs[c.request_id] for c in chunks])
         if not rows:
             return out, result, SampleResult([], [], [])
-        # structured output: before every penalty and warp (a verify row masked by its grammar after the drafts)
-        logits = self.grammar.mask_logits(result.logits, rows)
+        # grammar masks (a verify row's after its drafts), then min_tokens' bans: before every penalty and warp
+        logits = ban_early_stops(self.grammar.mask_logits(result.logits, rows), rows, self.eos_token_ids)
         # drafts only for a step that verifies some: a plain step calls sample(logits, rows) as it always did
         qs = row_dists(chunks, self.spec.draft) if drafts and self.spec is not None else None  # a sampled draft's q
         return out, result, self.sampler.sample(logits, rows, **({"drafts": drafts} if drafts else {}),

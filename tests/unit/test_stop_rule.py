@@ -24,6 +24,9 @@ NGRAM_FIXED = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_ma
     (StopCheck(7, 1, 9, False), False, (7,), FINISH_STOP),  # a stop token id
     (StopCheck(7, 9, 9, False), False, (), FINISH_LENGTH),  # the cap, reached exactly
     (StopCheck(7, 8, 9, False), False, (8,), None),
+    (StopCheck(7, 3, 9, True, min_tokens=5), False, (7,), None),  # min_tokens: nothing but the cap stops
+    (StopCheck(2, 4, 4, True, min_tokens=5), False, (), FINISH_LENGTH),
+    (StopCheck(7, 5, 9, False, min_tokens=5), False, (7,), FINISH_STOP),  # the 5th token may stop
 ])
 def test_reasons_in_their_order(check, ignore_eos, stop_ids, want):
     assert stop_reason(check, EOS, ignore_eos, stop_ids) == want
@@ -70,3 +73,47 @@ def test_a_stop_token_ends_every_path_at_its_first_occurrence(tiny_model, how):
         assert out == ids[:first + 1] and finish == FINISH_STOP
     if how == "ngram":
         assert llm.engine.spec.counters.num_accepted_tokens > 0  # runs were accepted, so cut inside them
+
+
+@pytest.fixture(scope="module")
+def hf_min_tokens(tiny_eos_model):
+    """transformers' greedy output with min_new_tokens, for prompts whose free output ends on EOS early."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_eos_model)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_eos_model, dtype=torch.float32).eval()
+    out = {}
+    with torch.inference_mode():
+        for prompt in EOS_PROMPTS:
+            ids = torch.tensor([prompt])
+            for n in (0, 12):
+                gen = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, min_new_tokens=n,
+                                  do_sample=False, pad_token_id=tok.pad_token_id)
+                out[tuple(prompt), n] = gen[0, ids.shape[1]:].tolist()
+    return out
+
+
+EOS_PROMPTS = [[303, 325, 174, 100, 127], [364, 115], [102, 97], [136, 186, 377]]  # tiny-eos: EOS after 29, 9, 19, 7
+
+
+@pytest.mark.parametrize("decode_steps", [1, 8])
+def test_min_tokens_matches_transformers_min_new_tokens(tiny_eos_model, hf_min_tokens, decode_steps):
+    """Before min_tokens, EOS is never drawn and nothing stops: the tokens are transformers' with the same
+    min_new_tokens (its EOS ban), and the request then stops on EOS as usual. Bursts run where the ban is over."""
+    llm = LLM(str(tiny_eos_model), num_kv_blocks=96, cache_block_size=4, decode_steps=decode_steps)
+    _pin_bursts(llm, decode_steps)
+    for n in (0, 12):
+        params = [SamplingParams(max_tokens=40, temperature=0.0, min_tokens=n) for _ in EOS_PROMPTS]
+        res = llm.generate(EOS_PROMPTS, params, use_tqdm=False)
+        for prompt, r in zip(EOS_PROMPTS, res):
+            want = hf_min_tokens[tuple(prompt), n]
+            eos = llm.engine.eos_token_ids
+            want = want[:next((i + 1 for i, t in enumerate(want) if t in eos), len(want))]  # HF pads after EOS
+            assert r.outputs[0].token_ids == want and len(want) > n
+    assert hf_min_tokens[tuple(EOS_PROMPTS[3]), 0] != hf_min_tokens[tuple(EOS_PROMPTS[3]), 12][:8]  # the ban bit
+
+
+def test_min_tokens_is_checked():
+    with pytest.raises(MindieError, match="min_tokens"):
+        SamplingParams(max_tokens=4, min_tokens=5)

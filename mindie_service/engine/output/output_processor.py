@@ -68,7 +68,7 @@ class OutputProcessor:
         delta = detok_step(self.decoder, t.detok, tid)
         n_out = len(seq.output_token_ids) + 1 + pending
         p = seq.params
-        finish = stop_reason(StopCheck(tid, n_out, seq.max_output, t.detok.stopped), self.eos_token_ids,
+        finish = stop_reason(StopCheck(tid, n_out, seq.max_output, t.detok.stopped, p.min_tokens), self.eos_token_ids,
                              p.ignore_eos, p.stop_token_ids)
         ev = TokenEvent(seq.request_id, self._info(tid, logprob, top), delta, n_out - 1, finish)
         if not t.first_event_sent:

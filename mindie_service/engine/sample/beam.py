@@ -254,6 +254,7 @@ def check_beam_request(req: "EngineRequest", max_output: int, blocks_needed: "Ca
     p = req.params
     k = p.num_beams
     check(p.adapter_id is None, "num_beams", "1 with a LoRA adapter (beam search runs on the base model)", k)
+    check(p.min_tokens == 0, "num_beams", "1 with min_tokens (beam search ranks hypotheses that end on EOS)", k)
     check(req.mm_inputs is None, "num_beams", "1 for inputs holding media", k)
     check(not p.logprobs and not p.prompt_logprobs, "num_beams", "1 when logprobs or prompt logprobs are asked", k)
     check(p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0, "num_beams",
