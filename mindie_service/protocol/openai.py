@@ -2,7 +2,7 @@
 
 Fields and ranges are the rule table's (``params.table.OPENAI_*``, ``VLLM``: OpenAI's documented ranges);
 defaults are OpenAI's (max_tokens 16 on completions, up to the output cap on chat). ``openAiSupport: "vllm"``
-also takes vLLM's extra fields. A field we cannot honour (tools, suffix, min_tokens...) is refused by name
+also takes vLLM's extra fields. A field we cannot honour (suffix, ...) is refused by name
 rather than ignored. The model picks its engine (``peek_model``) before the rest is parsed with that model's
 request defaults; an adapter it names was resolved by the catalog.
 """
@@ -251,13 +251,11 @@ def _score_only(body: dict[str, Any], kind: Kind) -> tuple[dict[str, Any], bool]
 def _vllm(body: dict[str, Any], support: Support, defaults: RequestDefaults, vocab_size: int) -> dict[str, Any]:
     """vLLM's extra fields (openAiSupport "vllm"), top_k resolved against the model's default and vocabulary."""
     v = read_fields(body, VLLM) if support == "vllm" else {}
-    check(v.get("min_tokens", 0) == 0, "min_tokens", "0 (a minimum output length is not implemented by the engine)",
-          v.get("min_tokens"))
     top_k = v.get("top_k", defaults.top_k)
     if top_k is not None and (top_k <= 0 or top_k >= vocab_size):
         top_k = None  # -1 / 0 (Jan's "0") and the whole vocabulary mean off
     return {"top_k": top_k, "repetition_penalty": v.get("repetition_penalty") or 1.0,
-            "ignore_eos": v.get("ignore_eos", False)}
+            "ignore_eos": v.get("ignore_eos", False), "min_tokens": v.get("min_tokens", 0)}
 
 
 def _structured(body: dict[str, Any], support: Support, tools: ToolsRequest | None) -> StructuredSpec | None:
@@ -299,7 +297,8 @@ def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: 
         top_k=0 if greedy else (x["top_k"] or 0), top_p=1.0 if greedy or top_p is None else top_p,
         repetition_penalty=x["repetition_penalty"], frequency_penalty=v.get("frequency_penalty", 0.0),
         presence_penalty=v.get("presence_penalty", 0.0), logit_bias=logit_bias, seed=v.get("seed"), stop=stop,
-        ignore_eos=x["ignore_eos"], logprobs=v.get("logprobs") or None, prompt_logprobs=echo,
+        ignore_eos=x["ignore_eos"], min_tokens=x["min_tokens"], logprobs=v.get("logprobs") or None,
+        prompt_logprobs=echo,
         adapter_id=adapter_id, structured_outputs=_structured(body, support, tools))
     return OpenAIRequest(
         prompt=prompts[0], params=params, stream=stream, best_of=n, sampling=not greedy, kind=kind,

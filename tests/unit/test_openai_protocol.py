@@ -62,8 +62,9 @@ def test_bad_messages_are_validation_errors(messages) -> None:
 def test_vllm_fields_and_model_defaults() -> None:
     r = p({"prompt": "x", "top_k": 5, "ignore_eos": True, "repetition_penalty": 1.2}, support="vllm")
     assert r.params.top_k == 5 and r.params.ignore_eos and r.params.repetition_penalty == 1.2
-    with pytest.raises(ValidationError, match="min_tokens"):
-        p({"prompt": "x", "min_tokens": 3}, support="vllm")
+    assert p({"prompt": "x", "min_tokens": 3, "max_tokens": 5}, support="vllm").params.min_tokens == 3
+    with pytest.raises(ValidationError, match="min_tokens"):  # vLLM's rule: at most max_tokens
+        p({"prompt": "x", "min_tokens": 6, "max_tokens": 5}, support="vllm")
     d = RequestDefaults(temperature=0.0, top_p=0.5, top_k=7, max_tokens=9)
     r = p({"prompt": "x"}, defaults=d)
     assert r.params.greedy and r.params.max_tokens == 9
