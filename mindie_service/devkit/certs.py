@@ -119,11 +119,18 @@ def write_crl(path: str | Path, crl: x509.CertificateRevocationList) -> None:
 
 
 def generate_dev_certs(out_dir: str, if_missing: bool = False) -> bool:
-    """Write a development CA, server and client certificates under ``out_dir``. With ``if_missing``,
-    do nothing when every file is already there. Returns True when files were written."""
+    """Write a development CA, server and client certificates under ``out_dir``; returns True when files were
+    written. With ``if_missing`` nothing is written where a file of the layout is already there (all kept, or,
+    when only some are there, none added beside them)."""
     out = Path(out_dir)
-    if if_missing and all((out / f).is_file() for f in DEV_FILES):
-        logger.info("development certificates already in %s", out)
+    present = [f for f in DEV_FILES if os.path.lexists(out / f)]
+    if present and if_missing:
+        if len(present) == len(DEV_FILES):
+            logger.info("development certificates already in %s", out)
+        else:
+            logger.warning("%s holds %s but not the whole gen-certs layout; writing none beside them "
+                           "(`mindie-service gen-certs --out %s --force` writes a new set)",
+                           out, ", ".join(present), out)
         return False
     ca = make_ca()
     server = issue(ca, "localhost", server=True, hosts=("localhost", "127.0.0.1", "::1"))

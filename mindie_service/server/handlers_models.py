@@ -10,6 +10,7 @@ from typing import Any
 from mindie_service.catalog.catalog import Catalog, CatalogEntry
 from mindie_service.catalog.checkpoint_kind import detect, expected_kind
 from mindie_service.errors import ForbiddenError, MindieError, UnhealthyError
+from mindie_service.models.demo_marker import demo_checkpoint
 from mindie_service.protocol.openai_encoder import openai_error
 from mindie_service.server.handlers_base import BaseHandler
 from mindie_service.server.handlers_mgmt import (ManagementOnlyHandler, management_only,
@@ -43,6 +44,7 @@ def model_view(e: CatalogEntry, *, detail: bool) -> dict[str, Any]:
         "source_url": _source_url(e), "settings": {k: str(v) for k, v in r.settings.items()},
         "parameters": dict(r.parameters), "metadata": meta, "assets": [a.rsplit("/", 1)[-1] for a in r.assets],
         "parent": None, "root": e.id,
+        "demo_weights": demo_checkpoint(e.folder) is not None,  # random weights (devkit.json): gibberish answers
     }
     if detail:
         out["engine_parameters"] = dict(r.engine_parameters)

@@ -1,6 +1,6 @@
-"""`make serve`'s path on a bare folder: `serve --prepare` builds the demo model and the development
-certificates a config names, then serves HTTPS with mutual TLS; `gen-certs` writes the same layout and
-keeps it with --if-missing."""
+"""`make serve`'s path on a bare folder: `serve --prepare` writes the development certificates a config names
+(and never a demo model: that is `demo-model`'s job), then serves HTTPS with mutual TLS; `gen-certs` writes the
+same layout and keeps it with --if-missing."""
 from __future__ import annotations
 
 import subprocess
@@ -28,11 +28,15 @@ def test_gen_certs_writes_the_dev_layout_and_keeps_it_if_missing(tmp_path):
     assert (out / "ca/ca.pem").read_bytes() != written["ca/ca.pem"]  # without --if-missing: a new CA
 
 
-def test_serve_prepare_on_a_bare_folder_builds_everything_and_serves_https(tmp_path):
-    """The shipped config's shape: paths relative to conf/, the model and security folders beside it, absent."""
+def test_serve_prepare_on_a_bare_folder_writes_the_certificates_and_serves_https(tmp_path):
+    """The shipped config's shape: paths relative to conf/, the model and security folders beside it; the
+    security folder absent, the demo model built by `demo-model` as the README shows."""
     conf = tmp_path / "conf"
     conf.mkdir()
     sec = tmp_path / "security"
+    build = [sys.executable, "-m", "mindie_service", "demo-model", "--preset", "tiny", "--out",
+             str(tmp_path / "models" / "tiny")]
+    assert subprocess.run(build, cwd=ROOT, capture_output=True, timeout=300).returncode == 0
 
     def make() -> ServerProcess:
         cfg = write_config(conf / "config.json", Path("../models/tiny"), server={
@@ -50,6 +54,6 @@ def test_serve_prepare_on_a_bare_folder_builds_everything_and_serves_https(tmp_p
         assert srv.url().startswith("https://")
         r = srv.post("/", {"inputs": "My name is Olivier and I", "parameters": {"max_new_tokens": 4}})
         assert r.status_code == 200 and isinstance(r.json()[0]["generated_text"], str)
-        assert "building the demo model 'tiny'" in srv.log()
+        assert "building the demo model" not in srv.log() and "demo weights" in srv.log()
     finally:
         srv.stop()
