@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default="security",
                    help="folder for ca/, certs/ and keys/ (the shipped config's layout; default: security)")
     c.add_argument("--if-missing", action="store_true", help="keep certificates OUT already holds")
+    c.add_argument("--force", action="store_true",
+                   help="replace certificates OUT already holds (without it they are kept and the command exits 2: "
+                        "a new CA breaks the clients of a server using the old one)")
 
     q = sub.add_parser("quantize", help="write an msModelSlim-layout int8 checkpoint (w8a8: W8A8_DYNAMIC)")
     q.add_argument("--in", dest="src", required=True, help="float checkpoint folder, or a .gguf file (dequantized first)")
@@ -71,7 +74,7 @@ def _devkit(args: argparse.Namespace) -> None:
         build_demo_lora(args.base, args.out, rank=args.rank, seed=args.seed)
     else:
         from mindie_service.devkit.certs import generate_dev_certs
-        generate_dev_certs(args.out, if_missing=args.if_missing)
+        generate_dev_certs(args.out, if_missing=args.if_missing, force=args.force)
 
 
 def main(argv: list[str] | None = None) -> int:

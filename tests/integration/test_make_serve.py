@@ -1,6 +1,6 @@
 """`make serve`'s path on a bare folder: `serve --prepare` writes the development certificates a config names
 (and never a demo model: that is `demo-model`'s job), then serves HTTPS with mutual TLS; `gen-certs` writes the
-same layout and keeps it with --if-missing."""
+same layout, keeps it with --if-missing, refuses to replace it without --force."""
 from __future__ import annotations
 
 import subprocess
@@ -17,15 +17,18 @@ def test_the_makefile_serves_with_prepare():
     assert "-m mindie_service serve --config $(CONFIG) --prepare" in recipe
 
 
-def test_gen_certs_writes_the_dev_layout_and_keeps_it_if_missing(tmp_path):
+def test_gen_certs_writes_the_dev_layout_keeps_it_and_replaces_it_only_with_force(tmp_path):
     out = tmp_path / "security"
     cmd = [sys.executable, "-m", "mindie_service", "gen-certs", "--out", str(out)]
     assert subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=120).returncode == 0
     written = {f: (out / f).read_bytes() for f in DEV_FILES}
     assert subprocess.run([*cmd, "--if-missing"], cwd=ROOT, capture_output=True, timeout=120).returncode == 0
     assert {f: (out / f).read_bytes() for f in DEV_FILES} == written  # kept as they were
-    assert subprocess.run(cmd, cwd=ROOT, capture_output=True, timeout=120).returncode == 0
-    assert (out / "ca/ca.pem").read_bytes() != written["ca/ca.pem"]  # without --if-missing: a new CA
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--force" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert {f: (out / f).read_bytes() for f in DEV_FILES} == written  # a running server's CA is not replaced
+    assert subprocess.run([*cmd, "--force"], cwd=ROOT, capture_output=True, timeout=120).returncode == 0
+    assert (out / "ca/ca.pem").read_bytes() != written["ca/ca.pem"]  # with --force: a new CA
 
 
 def test_serve_prepare_on_a_bare_folder_writes_the_certificates_and_serves_https(tmp_path):
