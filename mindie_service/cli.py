@@ -8,11 +8,13 @@ import sys
 # mindie_service.devkit.presets.PRESETS' names (importing it here would load torch for every command;
 # tests/unit/test_cli_help.py keeps the two equal)
 DEMO_PRESETS = ("tiny", "tiny-eos", "small", "tiny-draft", "small-draft", "tiny-vl", "tiny-audio")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mindie-service", description="MindIE-style LLM inference service")
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
+                   help="DEBUG, INFO, WARNING, ERROR or CRITICAL, any case (default: INFO)")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="start the HTTP(S) server")
@@ -79,7 +81,7 @@ def _devkit(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         from mindie_service.serve_wiring import cli_wiring
         from mindie_service.server.main import serve
