@@ -18,8 +18,9 @@ from mindie_service.server.handlers_mgmt import (ManagementOnlyHandler, manageme
 
 logger = logging.getLogger(__name__)
 
-# Model.state of the seed's list entries (null when neither running nor changing)
-_LIST_STATE = {"running": "ready", "starting": "starting", "stopping": "stopping", "downloading": "downloading"}
+# Model.state of the list's entries (null when neither running nor changing). A running model reads "running" in
+# the list as in GetModelResponse (Jan's seed says "ready" in its list enum; one word for one state here).
+_LIST_STATE = {"running": "running", "starting": "starting", "stopping": "stopping", "downloading": "downloading"}
 _DETAIL_STATE = {"failed": "stopped"}  # the seed's enum has no "failed": load_error says why
 
 
@@ -58,7 +59,7 @@ def model_view(e: CatalogEntry, *, detail: bool) -> dict[str, Any]:
 def adapter_view(base: CatalogEntry, a: dict[str, Any]) -> dict[str, Any]:
     """A LoRA adapter as vLLM lists it: its base model as ``parent``."""
     return {"id": a["name"], "object": "model", "created": base.record.created, "owned_by": base.record.owned_by,
-            "type": "model", "state": "ready", "source_url": f"local:{a['name']}", "parameters": {}, "metadata": {},
+            "type": "model", "state": "running", "source_url": f"local:{a['name']}", "parameters": {}, "metadata": {},
             "parent": base.id, "root": base.id}
 
 

@@ -46,9 +46,9 @@ SCHEMAS: dict[str, Any] = {
         "id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
         "owned_by": {"type": "string"}, "parent": {"type": ["string", "null"]},
         "source_url": {"type": "string"}, "parameters": _OBJ, "metadata": _OBJ,
-        "state": {"enum": [None, "downloading", "ready", "starting", "stopping"],
-                  "description": "Jan's Model.state: ready = running."}, "load_error": _LOAD_ERROR,
-        "demo_weights": _DEMO}},
+        "state": {"enum": [None, "downloading", "running", "starting", "stopping"],
+                  "description": "Jan's Model.state, a running model's as GetModelResponse says it (Jan's list "
+                                 "says ready)."}, "load_error": _LOAD_ERROR, "demo_weights": _DEMO}},
     "ListModelsResponse": {"type": "object", "required": ["object", "data"], "properties": {
         "object": {"const": "list"}, "data": {"type": "array", "items": {"$ref": "#/components/schemas/Model"}}}},
     "GetModelResponse": {"type": "object", "required": ["id", "object", "created", "owned_by", "state",

@@ -1,5 +1,6 @@
-"""POST /stopService takes an empty body (`curl -X POST`, issue 43), while a cross-site form post (a form's
-Content-Type, empty or not) is still refused."""
+"""Two small things a newcomer hit (issue 43): a running model reads "running" in GET /v1/models as in
+GET /v1/models/{id}, and POST /stopService takes an empty body (`curl -X POST`), while a cross-site form post
+(a form's Content-Type, empty or not) is still refused."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ from tornado.tcpclient import TCPClient
 from tests.inprocess import InProcessServer
 
 
-class StopServiceBodyTest(InProcessServer):
+class ModelStateAndStopTest(InProcessServer):
     def setUp(self) -> None:
         super().setUp()
         self.stops: list[bool] = []
@@ -25,6 +26,11 @@ class StopServiceBodyTest(InProcessServer):
             return await stream.read_until_close()
 
         return int(self.io_loop.run_sync(go).split(b" ", 2)[1])
+
+    def test_a_running_model_reads_running_in_the_list_and_alone(self) -> None:
+        listed = json.loads(self.fetch("/v1/models").body)["data"]
+        alone = json.loads(self.fetch("/v1/models/mock").body)
+        assert [m["state"] for m in listed if m["id"] == "mock"] == ["running"] == [alone["state"]]
 
     def test_stop_service_takes_an_empty_body(self) -> None:
         assert self._raw_post("/stopService", {}) == 200  # curl -X POST .../stopService
