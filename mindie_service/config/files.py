@@ -56,7 +56,7 @@ def _checkpoint_problems(key: str, folder: str) -> list[str]:
     if os.path.isfile(folder):
         return [f"{key}: {folder} is a file but not a .gguf file: name a checkpoint folder or a .gguf file"]
     if not os.path.isdir(folder):
-        return [f"{key}: folder not found: {folder}"]
+        return [f"{key}: {'file' if folder.endswith('.gguf') else 'folder'} not found: {folder}"]
     try:
         with open(cfg_file, encoding="utf-8") as f:
             hf = json.load(f)

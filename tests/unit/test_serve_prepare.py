@@ -78,14 +78,19 @@ def _serve_and_ask(cfg_path: Path) -> tuple[int, dict[str, Any]]:
     return code, got
 
 
-@pytest.mark.parametrize("typo", ["my-modle", "small"], ids=["mistyped", "a-demo-preset-name"])
-def test_a_mistyped_folder_is_the_config_error_and_nothing_is_written(tmp_path, user_folder, typo, capsys):
+FOLDER, FILE, ODD = "folder not found: {p}", "file not found: {p}", "{p} is a file but not a .gguf file"
+
+
+@pytest.mark.parametrize("typo, words", [("my-modle", FOLDER), ("small", FOLDER), ("my-model/my.ggfu", FOLDER),
+                                         ("my-model/mine.gguf", FILE), ("my-model/notes.txt", ODD)],
+                         ids=["mistyped", "a-demo-preset-name", "mistyped-suffix", "missing-gguf", "not-a-checkpoint"])
+def test_a_mistyped_folder_is_the_config_error_and_nothing_is_written(tmp_path, user_folder, typo, words, capsys):
     cfg = _conf(tmp_path, tmp_path / typo, model_name="my-model")
     before = _tree(tmp_path)
     code, _ = _serve_and_ask(cfg)  # (stopped once ready, should it serve)
     assert code == 2
     err = capsys.readouterr().err
-    assert f"ModelConfig[0].modelWeightPath: folder not found: {tmp_path / typo}" in err, err
+    assert "ModelConfig[0].modelWeightPath: " + words.format(p=tmp_path / typo) in err, err
     assert _tree(tmp_path) == before  # no demo model built, no staging folder left, the user's folder as it was
 
 
