@@ -20,7 +20,8 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="start the HTTP(S) server")
     s.add_argument("--config", default="conf/config.json", help="MindIE's config.json (default: conf/config.json)")
     s.add_argument("--prepare", action="store_true",
-                   help="build the demo model and development certificates the config names if missing")
+                   help="place the packaged model and development certificates the config names where nothing "
+                        "exists yet (never a demo model, never into an existing folder)")
 
     w = sub.add_parser("worker", help="join a multi-node tensor-parallel instance as rank R (multiNodesInferEnabled)")
     w.add_argument("--config", default="conf/config.json",
