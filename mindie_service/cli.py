@@ -8,17 +8,20 @@ import sys
 # mindie_service.devkit.presets.PRESETS' names (importing it here would load torch for every command;
 # tests/unit/test_cli_help.py keeps the two equal)
 DEMO_PRESETS = ("tiny", "tiny-eos", "small", "tiny-draft", "small-draft", "tiny-vl", "tiny-audio")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mindie-service", description="MindIE-style LLM inference service")
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
+    p.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
+                   help="DEBUG, INFO, WARNING, ERROR or CRITICAL, any case (default: INFO)")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="start the HTTP(S) server")
     s.add_argument("--config", default="conf/config.json", help="MindIE's config.json (default: conf/config.json)")
     s.add_argument("--prepare", action="store_true",
-                   help="build the demo model and development certificates the config names if missing")
+                   help="place the packaged model and development certificates the config names where nothing "
+                        "exists yet (never a demo model, never into an existing folder)")
 
     w = sub.add_parser("worker", help="join a multi-node tensor-parallel instance as rank R (multiNodesInferEnabled)")
     w.add_argument("--config", default="conf/config.json",
@@ -47,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default="security",
                    help="folder for ca/, certs/ and keys/ (the shipped config's layout; default: security)")
     c.add_argument("--if-missing", action="store_true", help="keep certificates OUT already holds")
+    c.add_argument("--force", action="store_true",
+                   help="replace certificates OUT already holds (without it they are kept and the command exits 2: "
+                        "a new CA breaks the clients of a server using the old one)")
 
     q = sub.add_parser("quantize", help="write an msModelSlim-layout int8 checkpoint (w8a8: W8A8_DYNAMIC)")
     q.add_argument("--in", dest="src", required=True, help="float checkpoint folder, or a .gguf file (dequantized first)")
@@ -71,12 +77,12 @@ def _devkit(args: argparse.Namespace) -> None:
         build_demo_lora(args.base, args.out, rank=args.rank, seed=args.seed)
     else:
         from mindie_service.devkit.certs import generate_dev_certs
-        generate_dev_certs(args.out, if_missing=args.if_missing)
+        generate_dev_certs(args.out, if_missing=args.if_missing, force=args.force)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         from mindie_service.serve_wiring import cli_wiring
         from mindie_service.server.main import serve

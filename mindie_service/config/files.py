@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from mindie_service.config.messages import D, S
 from mindie_service.config.settings import ServiceConfig, TlsSettings
 from mindie_service.errors import ConfigError
+from mindie_service.models.demo_marker import gguf_beside_demo
 
 
 def check_files(cfg: ServiceConfig) -> None:
@@ -52,13 +53,15 @@ def _checkpoint_problems(key: str, folder: str) -> list[str]:
     if _is_gguf(folder):  # a GGUF file is checked when it is read (models/gguf_checkpoint.py)
         return []
     cfg_file = os.path.join(folder, "config.json")
+    if os.path.isfile(folder):
+        return [f"{key}: {folder} is a file but not a .gguf file: name a checkpoint folder or a .gguf file"]
     if not os.path.isdir(folder):
-        return [f"{key}: folder not found: {folder}"]
+        return [f"{key}: {'file' if folder.endswith('.gguf') else 'folder'} not found: {folder}"]
     try:
         with open(cfg_file, encoding="utf-8") as f:
             hf = json.load(f)
     except OSError:
-        return [f"{key}: {cfg_file} not found"]
+        return [f"{key}: {cfg_file} not found (a checkpoint folder holds config.json, or a .gguf file)"]
     except ValueError as e:
         return [f"{key}: {cfg_file} is not valid JSON: {e}"]
     text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else {}
@@ -68,11 +71,11 @@ def _checkpoint_problems(key: str, folder: str) -> list[str]:
 
 
 def _is_gguf(path: str) -> bool:
-    """A .gguf file, or a folder holding one and no config.json."""
+    """A .gguf file, or a folder holding one and no config.json (or a demo build's: models.demo_marker)."""
     if os.path.isfile(path):
         return path.endswith(".gguf")
-    return (os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json"))
-            and any(n.endswith(".gguf") for n in os.listdir(path)))
+    return (os.path.isdir(path) and any(n.endswith(".gguf") for n in os.listdir(path))
+            and (not os.path.isfile(os.path.join(path, "config.json")) or gguf_beside_demo(path)))
 
 
 def _world_size_problems(key: str, folder: str, world_size: int) -> list[str]:

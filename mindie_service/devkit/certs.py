@@ -21,6 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from mindie_service.errors import ExistingFilesError
+
 logger = logging.getLogger(__name__)
 
 RSA_BITS = 3072
@@ -118,13 +120,24 @@ def write_crl(path: str | Path, crl: x509.CertificateRevocationList) -> None:
     p.write_bytes(crl.public_bytes(serialization.Encoding.PEM))
 
 
-def generate_dev_certs(out_dir: str, if_missing: bool = False) -> bool:
-    """Write a development CA, server and client certificates under ``out_dir``. With ``if_missing``,
-    do nothing when every file is already there. Returns True when files were written."""
+def generate_dev_certs(out_dir: str, if_missing: bool = False, force: bool = False) -> bool:
+    """Write a development CA, server and client certificates under ``out_dir``; returns True when files were
+    written. A file of the layout already there: with ``if_missing`` nothing is written (all kept, or, when only
+    some are there, none added beside them), with ``force`` all are replaced, else ExistingFilesError (a new CA
+    would break the clients of a server using the old one)."""
     out = Path(out_dir)
-    if if_missing and all((out / f).is_file() for f in DEV_FILES):
-        logger.info("development certificates already in %s", out)
+    present = [f for f in DEV_FILES if os.path.lexists(out / f)]
+    if present and if_missing:
+        if len(present) == len(DEV_FILES):
+            logger.info("development certificates already in %s", out)
+        else:
+            logger.warning("%s holds %s but not the whole gen-certs layout; writing none beside them "
+                           "(`mindie-service gen-certs --out %s --force` writes a new set)",
+                           out, ", ".join(present), out)
         return False
+    if present and not force:
+        raise ExistingFilesError(f"{out} already holds certificates ({', '.join(present)}); a new CA would break the "
+                                 "clients of a server using them: pass --force to replace them")
     ca = make_ca()
     server = issue(ca, "localhost", server=True, hosts=("localhost", "127.0.0.1", "::1"))
     client = issue(ca, "mindie-service dev client", server=False)

@@ -25,11 +25,12 @@ from pathlib import Path
 
 from mindie_service.devkit import corpus, mm_model, text_model
 from mindie_service.devkit.text_model import SMALL, TINY, TextShape
+from mindie_service.models.demo_marker import MARKER
 
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
-MARKER = "devkit.json"  # written before config.json, which still marks a complete checkpoint
+# MARKER (models.demo_marker) is written before config.json, which still marks a complete checkpoint
 _BUILDER_MODULES = (text_model, mm_model, corpus)
 
 

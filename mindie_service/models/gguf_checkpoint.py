@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from mindie_service.errors import ValidationError
+from mindie_service.models.demo_marker import gguf_beside_demo
 from mindie_service.models.gguf_reader import read_gguf, shared_reader
 
 logger = logging.getLogger(__name__)
@@ -48,11 +49,12 @@ _IGNORED = ("rope_freqs.weight",)  # llama3 rope factors: the config's rope scal
 
 def find_gguf(path: str | Path) -> Path | None:
     """The GGUF file ``path`` names: the file itself (``*.gguf``), or the one ``.gguf`` in a folder that holds no
-    config.json (a Hugging Face folder is read as one). None for anything else."""
+    config.json (a Hugging Face folder is read as one) or whose config.json is a demo build's (models.demo_marker).
+    None for anything else."""
     p = Path(path)
     if p.is_file() and p.suffix == ".gguf":
         return p
-    if not p.is_dir() or (p / "config.json").is_file():
+    if not p.is_dir() or ((p / "config.json").is_file() and not gguf_beside_demo(p)):
         return None
     files = sorted(p.glob("*.gguf"))
     if len(files) > 1:

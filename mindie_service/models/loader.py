@@ -14,6 +14,7 @@ from torch import nn
 from transformers import AutoConfig
 
 from mindie_service.models import gguf_checkpoint, packed_arena, quantize
+from mindie_service.models.demo_marker import demo_warning, gguf_beside_demo
 from mindie_service.models.registry import family_for
 from mindie_service.models.shard import Reduce, shard_model
 from mindie_service.models.weights import tie_and_find_missing
@@ -148,6 +149,11 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     quantizing (scales shard with their weights) and before packing."""
     p = Path(path)
     ckpt = _open(p)
+    if ckpt.gguf is None and (demo := demo_warning(p)) is not None:
+        logger.warning("%s", demo)  # random weights: say so wherever the model is loaded (server, LLM, catalog)
+    elif ckpt.gguf is not None and gguf_beside_demo(p):
+        logger.warning("%s: reading %s; the demo model's files beside it (devkit.json, config.json, ...) are "
+                       "ignored and may be deleted", p, ckpt.gguf.path.name)
     hf_cfg = ckpt.hf_config
     arch, family = family_for(ckpt.architectures)
     if dtype == "auto":

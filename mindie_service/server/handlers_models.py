@@ -10,6 +10,7 @@ from typing import Any
 from mindie_service.catalog.catalog import Catalog, CatalogEntry
 from mindie_service.catalog.checkpoint_kind import detect, expected_kind
 from mindie_service.errors import ForbiddenError, MindieError, UnhealthyError
+from mindie_service.models.demo_marker import demo_checkpoint
 from mindie_service.protocol.openai_encoder import openai_error
 from mindie_service.server.handlers_base import BaseHandler
 from mindie_service.server.handlers_mgmt import (ManagementOnlyHandler, management_only,
@@ -17,8 +18,9 @@ from mindie_service.server.handlers_mgmt import (ManagementOnlyHandler, manageme
 
 logger = logging.getLogger(__name__)
 
-# Model.state of the seed's list entries (null when neither running nor changing)
-_LIST_STATE = {"running": "ready", "starting": "starting", "stopping": "stopping", "downloading": "downloading"}
+# Model.state of the list's entries (null when neither running nor changing). A running model reads "running" in
+# the list as in GetModelResponse (Jan's seed says "ready" in its list enum; one word for one state here).
+_LIST_STATE = {"running": "running", "starting": "starting", "stopping": "stopping", "downloading": "downloading"}
 _DETAIL_STATE = {"failed": "stopped"}  # the seed's enum has no "failed": load_error says why
 
 
@@ -43,6 +45,7 @@ def model_view(e: CatalogEntry, *, detail: bool) -> dict[str, Any]:
         "source_url": _source_url(e), "settings": {k: str(v) for k, v in r.settings.items()},
         "parameters": dict(r.parameters), "metadata": meta, "assets": [a.rsplit("/", 1)[-1] for a in r.assets],
         "parent": None, "root": e.id,
+        "demo_weights": demo_checkpoint(e.folder) is not None,  # random weights (devkit.json): gibberish answers
     }
     if detail:
         out["engine_parameters"] = dict(r.engine_parameters)
@@ -56,7 +59,7 @@ def model_view(e: CatalogEntry, *, detail: bool) -> dict[str, Any]:
 def adapter_view(base: CatalogEntry, a: dict[str, Any]) -> dict[str, Any]:
     """A LoRA adapter as vLLM lists it: its base model as ``parent``."""
     return {"id": a["name"], "object": "model", "created": base.record.created, "owned_by": base.record.owned_by,
-            "type": "model", "state": "ready", "source_url": f"local:{a['name']}", "parameters": {}, "metadata": {},
+            "type": "model", "state": "running", "source_url": f"local:{a['name']}", "parameters": {}, "metadata": {},
             "parent": base.id, "root": base.id}
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mindie_service.models.demo_marker import demo_checkpoint
 from mindie_service.protocol.encoders import Encoder
 from mindie_service.protocol.request import GenerationRequest
 from mindie_service.protocol.tgi import info_payload, parse_tgi_request
@@ -68,5 +69,6 @@ class InfoHandler(BaseHandler):
                    "max_new_tokens_cap": ec.max_iter_times, "max_batch_size": ec.max_batch_size,
                    "max_top_n_tokens": limits.max_top_n_tokens, "modalities": sorted(eng.modalities),
                    "adapters": sorted(eng.adapter_names()),
-                   "weights_report": dict(getattr(eng, "weights_report", None) or {})},
+                   "weights_report": dict(getattr(eng, "weights_report", None) or {}),
+                   "demo_weights": demo_checkpoint(ctx.config.models[0].weight_path) is not None},
         ))

@@ -30,6 +30,8 @@ _RESPONSE_FORMAT = {"type": "object", "required": ["type"], "properties": {
     "description": "OpenAI's response_format (text, json_object, json_schema {name, schema, strict}); TGI's chat "
                    "form {type: json, value: schema} too. Compact JSON; a cap hit first may cut it (finish length)."}
 _TOOLS = {"type": "array", "items": {"type": "object", "required": ["type", "function"]}}
+_DEMO = {"type": "boolean", "description": "Extension: the checkpoint holds the random weights of a demo model "
+                                           "(mindie-service demo-model): its answers are gibberish."}
 
 SCHEMAS: dict[str, Any] = {
     "Error": {"type": "object", "required": ["error"], "properties": {
@@ -44,8 +46,9 @@ SCHEMAS: dict[str, Any] = {
         "id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
         "owned_by": {"type": "string"}, "parent": {"type": ["string", "null"]},
         "source_url": {"type": "string"}, "parameters": _OBJ, "metadata": _OBJ,
-        "state": {"enum": [None, "downloading", "ready", "starting", "stopping"],
-                  "description": "Jan's Model.state: ready = running."}, "load_error": _LOAD_ERROR}},
+        "state": {"enum": [None, "downloading", "running", "starting", "stopping"],
+                  "description": "Jan's Model.state, a running model's as GetModelResponse says it (Jan's list "
+                                 "says ready)."}, "load_error": _LOAD_ERROR, "demo_weights": _DEMO}},
     "ListModelsResponse": {"type": "object", "required": ["object", "data"], "properties": {
         "object": {"const": "list"}, "data": {"type": "array", "items": {"$ref": "#/components/schemas/Model"}}}},
     "GetModelResponse": {"type": "object", "required": ["id", "object", "created", "owned_by", "state",
@@ -53,6 +56,7 @@ SCHEMAS: dict[str, Any] = {
         "id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
         "owned_by": {"type": "string"}, "source_url": {"type": "string"}, "parameters": _OBJ, "metadata": _OBJ,
         "engine_parameters": _OBJ, "format": {"type": "string", "description": "safetensors, gguf or ggufv3"},
+        "demo_weights": _DEMO,
         "weights_report": {"type": "object", "additionalProperties": {"type": "string"}, "description":
                            "Extension, while the model runs: what loading did to each tensor kind (a GGUF's "
                            "ggml types: kept, converted, dequantized at load)."},

@@ -67,7 +67,7 @@ def _complete(srv: ServerProcess, model: str) -> tuple[int, dict]:
 
 def test_catalog_lifecycle(srv):
     listed = {m["id"]: m for m in srv.get("/v1/models").json()["data"]}
-    assert listed["tiny"]["state"] == "ready" and listed["tiny2"]["state"] is None
+    assert listed["tiny"]["state"] == "running" and listed["tiny2"]["state"] is None
     assert listed["tiny2"]["source_url"] == "local:tiny2"  # never a server path
     got = srv.get("/v1/models/tiny2").json()
     assert got["state"] == "stopped" or got["state"] == "downloaded"

@@ -55,3 +55,27 @@ def test_a_linked_folder_cycle_and_the_cap_are_refused(tmp_path):
     os.symlink(snap, snap / "loop")
     with pytest.raises(ValidationError, match="links back into itself"):
         _fetch(snap, tmp_path / "s2", tmp_path / "allowed")
+
+
+@pytest.mark.parametrize("kind", ["folder", "gguf", "archive"])
+def test_a_local_copy_reports_the_bytes_it_copied(tmp_path, kind):
+    """metadata.download's bytes_done counts a local copy (it read 0 after copying 98 MB, issue 43)."""
+    import tarfile
+
+    allowed = tmp_path / "allowed"
+    snap = _snapshot(allowed)
+    (snap / "weights.bin").write_bytes(b"w" * (3 << 20))  # several CHUNKs
+    src = {"folder": snap, "gguf": allowed / "m.gguf", "archive": allowed / "m.tar"}[kind]
+    if kind == "gguf":
+        src.write_bytes(b"GGUF" + b"\0" * (3 << 20))
+    elif kind == "archive":
+        with tarfile.open(src, "w") as t:
+            t.add(snap / "weights.bin", arcname="ckpt/weights.bin")
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    prog = Progress()
+    policy = FetchPolicy(allowed_local_paths=(str(allowed),))
+    asyncio.run(fetch_into("m", [], Source(path=src), staging, 1 << 30, policy, prog))
+    copied = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file())
+    want = src.stat().st_size if kind == "archive" else copied
+    assert prog.as_json() == {"bytes_done": want, "bytes_total": want} and want >= 3 << 20

@@ -39,3 +39,13 @@ def test_preset_lists_the_presets(capsys, tmp_path):
     assert main(["demo-model", "--preset", "huge", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "unknown demo preset 'huge'" in err and all(name in err for name in PRESETS)
+
+
+def test_an_unknown_log_level_is_a_usage_error_naming_the_choices(capsys):
+    """`--log-level LOUD` exits 2 with argparse's usage line, not a traceback; any case of a level works."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--log-level", "LOUD", "gen-certs", "--help"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "usage: mindie-service" in err and "Traceback" not in err
+    assert "invalid choice: 'LOUD'" in err and all(lv in err for lv in ("DEBUG", "INFO", "WARNING", "ERROR"))
+    assert _parser().parse_args(["--log-level", "debug", "gen-certs"]).log_level == "DEBUG"
