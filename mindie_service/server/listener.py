@@ -6,15 +6,19 @@
 - a body must arrive within ``body_timeout`` seconds of its headers (Tornado's ``body_timeout``);
 - a body over ``drain_limit`` is refused before it is read, and the connection is closed only after
   draining what the client still sends (``linger_close``), so the client reads the refusal, not a reset;
+- on a TLS listener, a connection whose first byte is not a TLS handshake record (0x16) gets a 400 saying
+  to use https (as nginx does) instead of a handshake failure and a reset;
 - the soft open-files limit is raised at start-up to hold every listener's connections."""
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from typing import Any
 
 from tornado.httpserver import HTTPServer
+from tornado.ioloop import IOLoop
 from tornado.iostream import IOStream, SSLIOStream, StreamClosedError, UnsatisfiableReadError
 
 from mindie_service.errors import ConfigError
@@ -28,6 +32,11 @@ _HEADERS_BODY = b'{"error":"request headers are too large (at most 64 KB)","erro
 HEADERS_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n"
                      b"Connection: close\r\nContent-Length: " + str(len(_HEADERS_BODY)).encode() + b"\r\n\r\n"
                      + _HEADERS_BODY)
+_PLAIN_BODY = (b'{"error":"The plain HTTP request was sent to HTTPS port: use https://","error_type":"validation"}')
+PLAIN_ON_TLS = (b"HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                b"Content-Length: " + str(len(_PLAIN_BODY)).encode() + b"\r\n\r\n" + _PLAIN_BODY)
+TLS_HANDSHAKE = 0x16  # the content type of the record that carries a TLS ClientHello
+SNIFF_TIMEOUT_S = 10.0  # how long a new TLS connection may stay silent before Tornado's handshake takes it
 FD_MARGIN = 256  # files the process needs besides its connections (model files, logs, sockets out)
 LINGER_MAX_S = 10.0  # the longest a refused connection is drained before its close
 
@@ -122,10 +131,48 @@ class BoundedHTTPServer(HTTPServer):
         self.refusals = RefusalLog()
         self.lingering = 0  # connections refused and being drained before their close (linger_close)
         self.linger_tasks: set[asyncio.Future[None]] = set()
+        self.sniffing = 0  # TLS connections waiting for their first byte (_handle_connection)
 
     @property
     def open_connections(self) -> int:
-        return len(self._connections) + self.lingering
+        return len(self._connections) + self.lingering + self.sniffing
+
+    def _handle_connection(self, connection: socket.socket, address: Any) -> None:
+        """On a TLS listener, wait for the first byte before the handshake: a plain-HTTP request gets
+        ``PLAIN_ON_TLS`` (then the connection lingers and closes), anything else goes to Tornado's TLS."""
+        if self.ssl_options is None:
+            super()._handle_connection(connection, address)
+            return
+        connection.setblocking(False)
+        loop, fd = IOLoop.current(), connection.fileno()
+        self.sniffing += 1
+
+        def decide(*_: Any) -> None:
+            loop.remove_handler(fd)
+            loop.remove_timeout(timer)
+            self.sniffing -= 1
+            try:
+                first = connection.recv(1, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                first = bytes([TLS_HANDSHAKE])  # the timeout fired first: Tornado's handshake decides
+            except OSError:
+                connection.close()
+                return
+            if not first:
+                connection.close()
+            elif first[0] == TLS_HANDSHAKE:
+                super(BoundedHTTPServer, self)._handle_connection(connection, address)
+            else:
+                self._refuse_plain(connection)
+
+        timer = loop.call_later(SNIFF_TIMEOUT_S, decide)
+        loop.add_handler(fd, decide, IOLoop.READ)
+
+    def _refuse_plain(self, connection: socket.socket) -> None:
+        logger.debug("a plain-HTTP request on a TLS listener: answered 400")
+        stream = IOStream(connection)
+        stream.server = self  # type: ignore[attr-defined]
+        start_linger(stream, PLAIN_ON_TLS, 2.0)
 
     def handle_stream(self, stream: IOStream, address: tuple) -> None:
         if self.open_connections >= self.max_connections:
