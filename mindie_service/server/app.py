@@ -111,16 +111,34 @@ def business_extras(admin_routes: bool) -> tuple[Routes, dict[type, dict[str, st
 
 def log_request(handler: tornado.web.RequestHandler) -> None:
     """Access log: errors of the server itself (5xx but 503) as warnings, the rest as info; 499 for a
-    request whose client closed the connection first; an error answer ends with its reason
-    (``error_type: message``)."""
+    request whose client closed the connection first; the request id (the client's X-Request-Id when it sent
+    one); for a generation, its prompt and output token counts and the time to its first token; an error
+    answer ends with its reason (``error_type: message``). Never the prompt's text."""
     status = handler.get_status()
     if getattr(handler, "aborted", False):
         status = 499  # nginx's "client closed request": the client left, nothing was answered
     log = access_log.warning if status >= 500 and status != 503 else access_log.info
     r = handler.request
     reason = getattr(handler, "error_reason", None)
-    log("%d %s %s (%s) %.2fms%s", status, r.method, r.path, r.remote_ip, 1000.0 * r.request_time(),
+    log("%d %s %s (%s) %.2fms%s%s%s", status, r.method, r.path, r.remote_ip, 1000.0 * r.request_time(),
+        _id_part(handler), _usage_part(getattr(handler, "run", None)),
         f": {reason}" if reason and status >= 400 else "")
+
+
+def _id_part(handler: tornado.web.RequestHandler) -> str:
+    rid, own = getattr(handler, "request_id", None), getattr(handler, "engine_id", None)
+    if rid is None:
+        return ""
+    return f" id={rid}" if rid == own else f" id={rid} ({own})"
+
+
+def _usage_part(run: Any) -> str:
+    """`` prompt_tokens=N output_tokens=M ttft=Xms`` of a generation's Run (ttft once a token came)."""
+    usage = getattr(run, "usage", None)
+    if usage is None:
+        return ""
+    ttft = "" if usage.ttft is None else f" ttft={1000.0 * usage.ttft:.2f}ms"
+    return f" prompt_tokens={usage.prompt_tokens} output_tokens={usage.output_tokens}{ttft}"
 
 
 def make_app(ctx: ServerContext, planes: tuple[str, ...] | list[str],

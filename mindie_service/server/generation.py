@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
-import os
 from contextlib import aclosing
 from typing import Any, Coroutine, Iterator
 
@@ -24,8 +22,6 @@ from mindie_service.serving import Frontend, Run, Submission
 
 logger = logging.getLogger(__name__)
 
-_ids = itertools.count(1)
-_PREFIX = f"{os.getpid():x}"
 _FRAMING_SLACK = 4096  # response headers, the stream's first frame and chunk framing, beside a frame
 
 
@@ -37,7 +33,7 @@ class StreamingHandler(BaseHandler):
         super().initialize(ctx)
         self._task: asyncio.Future[bool] | None = None
         self._client_gone = False
-        self.request_id = f"{_PREFIX}-{next(_ids)}"
+        self.run: Run | None = None  # the generation's Run, for the access log (its usage)
 
     @property
     def frontend(self) -> Frontend:
@@ -125,7 +121,7 @@ class GenerationHandler(StreamingHandler):
         return self.ctx.serving_engine()
 
     def submission(self, req: GenerationRequest) -> Submission:
-        return Submission([req.prompt], req.params, lambda: self.target(req), [self.request_id],
+        return Submission([req.prompt], req.params, lambda: self.target(req), [self.engine_id],
                           truncate=req.truncate, best_of=req.best_of)
 
     def _parse_body(self) -> GenerationRequest:
@@ -140,6 +136,7 @@ class GenerationHandler(StreamingHandler):
         # queue: a request that can never run takes no place in it.
         req = await self.ctx.run_blocking(self._parse_body)
         async with self.frontend.open(self.submission(req), t0) as run:
+            self.run = run
             if req.stream:
                 return await self._stream(req, run)
             self.write_json(self.encoder.complete(req, await run.results()))

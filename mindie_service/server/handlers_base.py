@@ -9,8 +9,10 @@ method Tornado refuses before any handler code runs, are answered at once with `
 then the connection is drained for a while before the close (``listener.linger_close``)."""
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import os
 from typing import Any
 
 import tornado.web
@@ -34,6 +36,21 @@ from mindie_service.server.listener import drain_limit, start_linger
 logger = logging.getLogger(__name__)
 
 MAX_HEADERS = 100
+MAX_REQUEST_ID = 128  # the longest X-Request-Id taken from a client (printable ASCII, no spaces)
+_ids = itertools.count(1)
+_PREFIX = f"{os.getpid():x}"
+
+
+def new_request_id() -> str:
+    """A request id unique in this server's life: ``<pid in hex>-<n>``."""
+    return f"{_PREFIX}-{next(_ids)}"
+
+
+def client_request_id(value: str | None) -> str | None:
+    """The client's ``X-Request-Id`` when it is usable (1-128 printable ASCII characters, no spaces), else None."""
+    if value and len(value) <= MAX_REQUEST_ID and all(0x21 <= ord(c) <= 0x7E for c in value):
+        return value
+    return None
 
 
 def http_error_for(status: int, message: str) -> MindieError:
@@ -90,7 +107,12 @@ class BaseHandler(tornado.web.RequestHandler):
         super().on_connection_close()
 
     def set_default_headers(self) -> None:
+        # Called before initialize and again by send_error: every answer, errors included, carries the id.
+        if not hasattr(self, "engine_id"):
+            self.engine_id = new_request_id()  # unique: the engine's requests are named from it
+            self.request_id = client_request_id(self.request.headers.get("X-Request-Id")) or self.engine_id
         self.set_header("Server", "mindie-service")
+        self.set_header("X-Request-Id", self.request_id)
 
     def prepare(self) -> None:
         # Never raise here: an answer sent before the body is read breaks the connection (module doc).
@@ -131,7 +153,8 @@ class BaseHandler(tornado.web.RequestHandler):
         body = json.dumps(self.error_json(err), ensure_ascii=True).encode()
         status = self.get_status()  # an API family's error_json may map the status (OpenAI: 422 -> 400)
         head = (f"HTTP/1.1 {status} {responses.get(status, 'Error')}\r\nServer: mindie-service\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+                f"X-Request-Id: {self.request_id}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n")
         stream = self.detach()  # Tornado stops reading this request and serves nothing more on it
         start_linger(stream, head.encode() + body, self.ctx.settings.body_timeout)
         if log:  # (write_error's caller logs its own exception)

@@ -76,7 +76,7 @@ class _OpenAIHandler(GenerationHandler):
         """One engine request per prompt (the completions route takes a list of prompts)."""
         assert isinstance(req, OpenAIRequest)
         many = len(req.prompts) > 1
-        ids = [f"{self.request_id}-{k}" if many else self.request_id for k in range(len(req.prompts))]
+        ids = [f"{self.engine_id}-{k}" if many else self.engine_id for k in range(len(req.prompts))]
         return Submission(list(req.prompts), req.params, lambda: self.target(req), ids, truncate=req.truncate,
                           best_of=req.best_of)
 

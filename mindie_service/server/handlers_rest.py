@@ -51,6 +51,7 @@ class _RestHandler(StreamingHandler):
                          [f"{_PREFIX}-{next(_ids)}" for _ in req.prompts],
                          session_ids=[p.request_id for p in req.prompts], slots=n)
         async with self.frontend.open(sub, tally.t0) as run:
+            self.run = run
             return await self._answer(req, run)
 
     async def _answer(self, req: RestRequest, run: Run) -> bool:

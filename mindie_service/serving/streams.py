@@ -50,6 +50,15 @@ async def fold(events: AsyncIterator[TokenEvent]) -> GenerationResult:
     return result
 
 
+@dataclasses.dataclass
+class RunUsage:
+    """A call's token counts and time to its first token (seconds from the call's start), for the access log."""
+
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttft: float | None = None
+
+
 class Run:
     """The samples of one call on one engine (``Frontend.open`` yields it): ``events`` merges them,
     ``results`` folds each into a GenerationResult, ``text`` folds one sample's text."""
@@ -59,6 +68,7 @@ class Run:
         self.engine, self.requests, self.t0 = engine, requests, t0
         self.samples = [fan_out(e, i, best_of) for e in requests for i in range(best_of)]
         self.timeouts, self.observer = timeouts, observer
+        self.usage = RunUsage(prompt_tokens=sum(len(e.prompt_token_ids) for e in requests))
 
     async def results(self) -> list[GenerationResult]:
         """Every sample folded, in sample order (all run at once, so they share the engine's batches)."""
@@ -142,6 +152,9 @@ class Run:
                     return
         finally:
             await agen.aclose()
-            self.observer.observe_sequence(prompt_tokens=prompt_n, generated=n,
-                                           ttft=None if first is None else first - self.t0,
+            ttft = None if first is None else first - self.t0
+            self.usage.output_tokens += n
+            if ttft is not None and (self.usage.ttft is None or ttft < self.usage.ttft):
+                self.usage.ttft = ttft
+            self.observer.observe_sequence(prompt_tokens=prompt_n, generated=n, ttft=ttft,
                                            e2e=time.monotonic() - self.t0)

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 from tests.inprocess import InProcessServer
 
 
 class AccessLogTest(InProcessServer):
-    def _lines(self, method: str, path: str, body: object = None) -> list[str]:
+    def _lines(self, method: str, path: str, body: object = None, headers: dict[str, str] | None = None) -> list[str]:
         logger = logging.getLogger("tornado.access")
         records: list[logging.LogRecord] = []
         handler = logging.Handler()
@@ -18,7 +19,8 @@ class AccessLogTest(InProcessServer):
         logger.setLevel(logging.INFO)
         try:
             kw = {"body": json.dumps(body), "headers": {"Content-Type": "application/json"}} if body is not None else {}
-            self.fetch(path, method=method, raise_error=False, **kw)
+            kw.setdefault("headers", {}).update(headers or {})
+            self.response = self.fetch(path, method=method, raise_error=False, **kw)
         finally:
             logger.removeHandler(handler)
             logger.setLevel(old)
@@ -37,4 +39,24 @@ class AccessLogTest(InProcessServer):
 
     def test_a_success_has_no_reason(self) -> None:
         lines = self._lines("GET", "/health")
-        assert lines[0].startswith("200 GET /health") and lines[0].endswith("ms"), lines
+        assert lines[0].startswith("200 GET /health") and ": " not in lines[0], lines
+        assert re.search(r"\) \d+\.\d\dms id=[0-9a-f]+-\d+$", lines[0]), lines
+
+    def test_a_generation_logs_its_id_token_counts_and_time_to_first_token(self) -> None:
+        lines = self._lines("POST", "/generate", {"inputs": "the secret prompt", "parameters": {"max_new_tokens": 3}})
+        assert lines[0].startswith("200 POST /generate"), lines
+        m = re.search(r" id=(\S+) prompt_tokens=(\d+) output_tokens=3 ttft=\d+\.\d\dms$", lines[0])
+        assert m and int(m.group(2)) > 0, lines
+        assert self.response.headers["X-Request-Id"] == m.group(1)
+        assert "secret" not in lines[0]  # never the prompt's text
+
+    def test_the_clients_request_id_is_honoured_and_echoed_errors_included(self) -> None:
+        lines = self._lines("POST", "/generate", {"inputs": "hi", "parameters": {"max_new_tokens": 1}},
+                            headers={"X-Request-Id": "trace-42"})
+        assert " id=trace-42 (" in lines[0] and self.response.headers["X-Request-Id"] == "trace-42", lines
+        lines = self._lines("GET", "/nowhere", headers={"X-Request-Id": "trace-43"})
+        assert self.response.code == 404 and self.response.headers["X-Request-Id"] == "trace-43", lines
+        lines = self._lines("POST", "/generate", {"inputs": 1}, headers={"X-Request-Id": "trace-44"})
+        assert self.response.code == 422 and self.response.headers["X-Request-Id"] == "trace-44", lines
+        lines = self._lines("GET", "/health", headers={"X-Request-Id": "x" * 129})  # too long: replaced
+        assert re.fullmatch(r"[0-9a-f]+-\d+", self.response.headers["X-Request-Id"]), lines
