@@ -12,11 +12,12 @@ import gc
 import logging
 import shutil
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from mindie_service.catalog.checkpoint_kind import check_folder, declared_kind, detect
+from mindie_service.catalog.entry import CatalogEntry
 from mindie_service.catalog.fit_estimate import estimate
 from mindie_service.catalog.model_json import ModelRecord, check_model_id, read_model_json
 from mindie_service.catalog.shared_files import first_user
@@ -31,24 +32,6 @@ logger = logging.getLogger(__name__)
 
 Build = Callable[[EngineConfig, bool], EngineClient]  # (config, mock) -> engine (blocking: loads weights)
 DRAIN_TIMEOUT_S = 60.0
-
-
-@dataclass
-class CatalogEntry:
-    id: str
-    folder: Path  # the checkpoint folder (a ModelConfig's modelWeightPath, or modelsDir/{id})
-    record: ModelRecord
-    config_index: int | None = None  # its ModelConfig entry (started at boot), None for a folder model
-    mock: bool = False
-    state: str = "downloaded"
-    engine: EngineClient | None = None
-    error: str | None = None  # why the last start or download failed
-    progress: dict[str, Any] = field(default_factory=dict)  # download: bytes done / total
-    active: int = 0  # requests holding this model (from resolve to their response's end): stop waits for them
-
-    @property
-    def owned_folder(self) -> bool:
-        return self.config_index is None
 
 
 @dataclass(frozen=True)
@@ -154,6 +137,8 @@ class Catalog:
                     break
         if e is None:
             raise ModelNotFoundError(f"The model `{name}` does not exist (GET /v1/models lists them)")
+        if e.state == "starting":
+            raise UnhealthyError(e.loading_message())
         if e.state != "running" or e.engine is None:
             raise UnhealthyError(f"the model {name} is not running (state: {e.state}; PUT /v1/models/{e.id}/start)")
         if not e.engine.healthy():
@@ -215,7 +200,7 @@ class Catalog:
             raise ConflictError("models cannot be started in this process (no engine builder)")
         cfg = self.engine_config(e)
         self.check_fits(e, cfg)
-        e.state, e.error = "starting", None
+        e.begin_loading()
         self._spawn(self._start(e, cfg))
         return e
 
@@ -229,9 +214,10 @@ class Catalog:
             if not e.mock and e.record.engine_parameters:  # the model.json prefixes for template-less checkpoints
                 engine.input_facts.chat_prefixes = e.record.prefixes()
             engine.start()
+            e.progress = {"phase": "warming up"}
             if self.warm_up is not None:
                 await self.warm_up(engine)
-            e.engine, e.state = engine, "running"
+            e.loaded(engine)
             if e.config_index == 0:
                 self.on_default(engine)
             logger.info("model %s running", e.id)
@@ -243,8 +229,7 @@ class Catalog:
 
     def attach(self, model_id: str, engine: EngineClient) -> None:
         """The default model's engine, built by main at boot."""
-        e = self.entries[model_id]
-        e.engine, e.state = engine, "running"
+        self.entries[model_id].loaded(engine)
 
     def stop(self, model_id: str) -> CatalogEntry:
         e = self.get(model_id)

@@ -93,9 +93,17 @@ class ServerContext:
     def loaded_engine(self) -> EngineClient:
         """The engine, or 503 while the model is still loading (or stopped through the catalog)."""
         if self.engine is None:
-            raise UnhealthyError("the default model is not running (PUT /v1/models/{id}/start)" if self.ready
-                                 else "the model is still loading")
+            if self.ready:
+                raise UnhealthyError(f"the default model is not running (PUT /v1/models/{self.model_name}/start)")
+            raise self.loading_error()
         return self.engine
+
+    def loading_error(self) -> UnhealthyError:
+        """503 while the default model loads: how far it has come and, when known, how long is left."""
+        entry = self.catalog.entries.get(self.model_name) if self.catalog is not None else None
+        if entry is not None and entry.state == "starting":
+            return UnhealthyError(entry.loading_message())
+        return UnhealthyError("the model is still loading")
 
     def serving_engine(self) -> EngineClient:
         """The default model's engine for a generation request: 503 while it is loading, stopped or broken."""
@@ -107,7 +115,7 @@ class ServerContext:
     @property
     def limits(self) -> ProtocolLimits:
         if self._limits is None:
-            raise UnhealthyError("the model is still loading")
+            raise self.loading_error()
         return self._limits
 
     def engine_for(self, model: str) -> tuple[EngineClient, str | None]:
@@ -168,7 +176,7 @@ class ServerContext:
         if self.draining:
             raise UnhealthyError("the service is shutting down")
         if not self.ready:
-            raise UnhealthyError("the model is still loading")
+            raise self.loading_error()
 
     async def admit(self, n: int = 1, timeout: float | None = None) -> None:
         """Take ``n`` admission slots (Frontend.admit); ``release(n)`` after."""

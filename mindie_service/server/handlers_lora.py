@@ -6,7 +6,7 @@ import logging
 import os
 
 from mindie_service.engine.client import EngineClient
-from mindie_service.errors import UnhealthyError, check
+from mindie_service.errors import check
 from mindie_service.server.handlers_base import BaseHandler
 
 logger = logging.getLogger(__name__)
@@ -14,7 +14,7 @@ logger = logging.getLogger(__name__)
 
 def _adapter_engine(handler: BaseHandler) -> EngineClient:
     if not handler.ctx.ready:
-        raise UnhealthyError("the model is still loading")
+        raise handler.ctx.loading_error()
     return handler.ctx.loaded_engine
 
 

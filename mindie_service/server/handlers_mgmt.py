@@ -124,9 +124,12 @@ class StatusHandler(BaseHandler):
 
     def get(self) -> None:
         st = self.ctx.stats()
+        state, error = model_state(self.ctx)
+        if st is None and state == "starting" and not self.ctx.draining:
+            self.write_json(self._starting_json())
+            return
         if st is None:
             raise unhealthy(self.ctx)
-        state, error = model_state(self.ctx)
         self.write_json({
             "status": "ready" if self.ctx.healthy() else "not ready",
             "model": {"id": self.ctx.model_name, "state": state, "error": error},
@@ -143,6 +146,18 @@ class StatusHandler(BaseHandler):
             "instances": [_instance_json(i) for i in self.ctx.instances() or ()],
             **gateway_json(gateway_state(self.ctx.engine)),  # what /metrics' vllm:* families show
         })
+
+
+    def _starting_json(self) -> dict[str, Any]:
+        """The status body while the default model loads: its state, the load's phase, time so far and ETA."""
+        ctx = self.ctx
+        entry = ctx.catalog.entries.get(ctx.model_name) if ctx.catalog is not None else None
+        return {"status": "not ready",
+                "model": {"id": ctx.model_name, "state": "starting", "error": None,
+                          "loading": entry.loading_json() if entry is not None else None},
+                "requests": {"running": 0, "waiting": 0, "swapped": 0, "in_flight": ctx.in_flight,
+                             "queued": ctx.queued},
+                "connections": {"open": ctx.open_connections, "handlers": ctx.open_handlers}}
 
 
 def _instance_json(i: InstanceStatus) -> dict[str, Any]:

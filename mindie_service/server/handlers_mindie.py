@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from mindie_service.protocol.encoders import Encoder
-from mindie_service.errors import UnhealthyError, ValidationError
+from mindie_service.errors import ValidationError
 from mindie_service.protocol.request import GenerationRequest
 from mindie_service.protocol.mindie import parse_mindie_request, parse_tokenizer_request
 from mindie_service.server.generation import GenerationHandler
@@ -28,7 +28,7 @@ class TokenizerHandler(BaseHandler):
     async def post(self) -> None:
         text = parse_tokenizer_request(self.json_body())
         if not self.ctx.ready:
-            raise UnhealthyError("the model is still loading")
+            raise self.ctx.loading_error()
         engine = self.ctx.loaded_engine
         # A text longer than the model's whole context could ever take is refused before it is tokenized:
         # tokenizing a body-sized string costs seconds of CPU and gigabytes of memory for nothing.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from mindie_service.engine.client import EngineClient
-from mindie_service.errors import MindieError, UnhealthyError, ValidationError
+from mindie_service.errors import MindieError, ValidationError
 from mindie_service.protocol.openai_encoder import openai_error
 from mindie_service.protocol.tokenization import (TokenizeRequest, check_vocab, parse_detokenize, parse_tokenize,
                                                   tokenize_response, tokenizer_info)
@@ -21,7 +21,7 @@ class _TokenizerRoute(BaseHandler):
 
     def engine(self, model: str | None) -> EngineClient:
         if not self.ctx.ready:
-            raise UnhealthyError("the model is still loading")
+            raise self.ctx.loading_error()
         if model is None:
             return self.ctx.loaded_engine
         return self.ctx.engine_for(model)[0]

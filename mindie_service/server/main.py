@@ -242,7 +242,7 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], wiring: 
     assert catalog is not None
     catalog.build, catalog.warm_up = wiring.model_engine, warm_up
     catalog.on_default = lambda e: _on_default(ctx, e)
-    catalog.entries[ctx.model_name].state = "starting"
+    catalog.entries[ctx.model_name].begin_loading()
     try:
         load = loop.run_in_executor(None, build_engine, cfg, wiring)
         await asyncio.wait([load, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
