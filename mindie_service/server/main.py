@@ -4,7 +4,8 @@ Order: config (and, with --prepare, what the CLI's wiring prepares) -> files and
 checked (a bad one stops start-up, naming its key) -> listeners open (generation answers 503 and
 /health 503 until the engine is ready) -> engine loaded in a worker thread, started, warmed up ->
 ready. SIGTERM, SIGINT or POST /stopService: stop accepting, let running requests finish (bounded),
-exit 0.
+exit 0; a second SIGTERM or SIGINT during that drain stops at once (requests in flight end with an error,
+a stream with an error frame), exit FORCED_EXIT.
 
 What comes from the devkit (demo model and certificates, the mock engine, the testing fault hook, the
 ready banner) is plugged in by the CLI through ``ServeWiring`` (``mindie_service.serve_wiring``): this
@@ -26,7 +27,7 @@ from typing import Callable
 from mindie_service.config import ServiceConfig, check_files, load_config
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.client import EngineClient
-from mindie_service.errors import ConfigError
+from mindie_service.errors import ConfigError, UnhealthyError
 from mindie_service.inputs import InputProcessor, TextPrompt
 from mindie_service.sampling_params import SamplingParams
 from mindie_service.server.app import make_app
@@ -41,6 +42,8 @@ MAX_HEADER_BYTES = 64 * 1024
 IDLE_CONNECTION_TIMEOUT_S = 300.0
 ENGINE_DEAD_EXIT = 3  # the exit code after the engine thread died while serving (README: running under a supervisor)
 ENGINE_DEATH_GRACE_S = 5.0
+FORCED_EXIT = 4  # the exit code after a second SIGINT / SIGTERM cut the drain short (README)
+FORCED_MESSAGE = "the service was stopped at once (a second SIGINT or SIGTERM during its drain)"
 
 
 # -- engine -----------------------------------------------------------------------------------------
@@ -202,17 +205,53 @@ async def _go_ready(ctx: ServerContext, cfg: ServiceConfig, engine: EngineClient
         print(f"\nmindie-service is ready. Try:\n\n  {wiring.ready_banner(cfg)}\n", flush=True)
 
 
-async def _drain(ctx: ServerContext, servers: list[BoundedHTTPServer], engine: EngineClient | None) -> None:
-    """Stop accepting, let running requests finish (bounded), close connections, stop jobs, models, engine."""
-    logger.info("draining: %d request(s) in flight", ctx.in_flight)
+class StopSignals:
+    """SIGTERM / SIGINT: the first (or POST /stopService) sets ``stop``, which starts the drain; one more sets
+    ``force``, which cuts the drain short."""
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self.stop, self.force = stop, asyncio.Event()
+
+    def __call__(self, name: str) -> None:
+        if not self.stop.is_set():
+            logger.info("%s received", name)
+            self.stop.set()
+        elif not self.force.is_set():
+            logger.warning("%s received again: stopping now, without waiting for the requests in flight", name)
+            self.force.set()
+
+
+async def _wait_drained(ctx: ServerContext, force: asyncio.Event) -> bool:
+    """Wait for the requests in flight (bounded) or for ``force``; True when forced (the calls under way are
+    cut: each ends with an error, a stream with its error frame)."""
+    limit = min(DRAIN_TIMEOUT_S, ctx.settings.e2e_timeout)
+    logger.info("draining %d request(s), up to %.0f s; Ctrl-C again to stop now", ctx.in_flight, limit)
+    idle = asyncio.ensure_future(ctx.wait_idle(limit))
+    forced = asyncio.ensure_future(force.wait())
+    await asyncio.wait([idle, forced], return_when=asyncio.FIRST_COMPLETED)
+    idle.cancel()
+    forced.cancel()
+    if force.is_set():
+        cut = ctx.frontend.cut_all(UnhealthyError(FORCED_MESSAGE))
+        logger.warning("stopping at once: %d call(s) cut, exit code %d", cut, FORCED_EXIT)
+        await asyncio.sleep(0.2)  # their error answers and frames go out before the connections close
+        return True
+    if not idle.result():
+        logger.warning("drain timed out with %d request(s) in flight", ctx.in_flight)
+    return False
+
+
+async def _drain(ctx: ServerContext, servers: list[BoundedHTTPServer], engine: EngineClient | None,
+                 force: asyncio.Event) -> bool:
+    """Stop accepting, let running requests finish (bounded, or cut by ``force``), close connections, stop
+    jobs, models, engine. True when ``force`` cut it short."""
     ctx.draining = True
     for srv in servers:
         srv.stop()
-    if not await ctx.wait_idle(min(DRAIN_TIMEOUT_S, ctx.settings.e2e_timeout)):
-        logger.warning("drain timed out with %d request(s) in flight", ctx.in_flight)
+    forced = await _wait_drained(ctx, force)
     for srv in servers:
         try:
-            await asyncio.wait_for(srv.close_all_connections(), 5.0)
+            await asyncio.wait_for(srv.close_all_connections(), 1.0 if forced else 5.0)
         except asyncio.TimeoutError:
             pass
     await ctx.stop_jobs()  # batch jobs stop where they are and resume at the next start
@@ -221,6 +260,20 @@ async def _drain(ctx: ServerContext, servers: list[BoundedHTTPServer], engine: E
     if engine is not None:
         engine.shutdown()
     ctx.frontend.shutdown()
+    return forced
+
+
+async def _await_load_or_force(load: asyncio.Future[EngineClient], force: asyncio.Event) -> None:
+    """A stop came while the model loads: wait for the load, unless a second signal says to stop now (the
+    loading thread cannot be interrupted: the process exits at once with FORCED_EXIT)."""
+    logger.info("stop requested while loading the model; exiting once it is loaded (Ctrl-C again to stop now)")
+    forced = asyncio.ensure_future(force.wait())
+    await asyncio.wait([load, forced], return_when=asyncio.FIRST_COMPLETED)
+    forced.cancel()
+    if force.is_set() and not load.done():
+        logger.warning("stopped while loading the model: exit code %d", FORCED_EXIT)
+        logging.shutdown()
+        os._exit(FORCED_EXIT)
 
 
 async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], wiring: ServeWiring, auth: Auth) -> int:
@@ -228,8 +281,9 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], wiring: 
     ctx = ServerContext(cfg)
     stop = asyncio.Event()
     ctx.request_stop = stop.set
+    signals = StopSignals(stop)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signals, sig.name)
     loop.add_signal_handler(signal.SIGHUP, auth.reload)  # ServerConfig.apiKeyFile read again
     try:
         servers = _listen(ctx, cfg, contexts, auth)
@@ -247,7 +301,7 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], wiring: 
         load = loop.run_in_executor(None, build_engine, cfg, wiring)
         await asyncio.wait([load, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         if not load.done():
-            logger.info("stop requested while loading the model; exiting once it is loaded")
+            await _await_load_or_force(load, signals.force)
         engine = wiring.wrap_engine(await load)
         if not stop.is_set():
             await _go_ready(ctx, cfg, engine, wiring)
@@ -258,7 +312,8 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], wiring: 
     except Exception:
         logger.exception("the engine failed to start")
         code = 1
-    await _drain(ctx, servers, engine)
+    if await _drain(ctx, servers, engine, signals.force):
+        code = FORCED_EXIT
     logger.info("stopped")
     return code
 

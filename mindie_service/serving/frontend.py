@@ -20,7 +20,7 @@ from typing import Any, AsyncIterator, Callable, Iterable, Iterator, Sequence
 
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.contract import EngineRequest
-from mindie_service.errors import ConflictError, TimeoutError_
+from mindie_service.errors import ConflictError, MindieError, TimeoutError_
 from mindie_service.inputs.processor import InputProcessor
 from mindie_service.inputs.types import Prompt
 from mindie_service.sampling_params import SamplingParams
@@ -86,6 +86,7 @@ class Frontend:
         # the tokenizer pool that a concurrent text request waits for (bytes bounded by maxDecodedMediaBytes).
         self.media_executor = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="media")
         self._processors: weakref.WeakKeyDictionary[Any, InputProcessor] = weakref.WeakKeyDictionary()
+        self.runs: set[Run] = set()  # the calls under way (``cut_all``)
 
     def shutdown(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -160,4 +161,16 @@ class Frontend:
                 ereqs = await asyncio.gather(*(
                     self.engine_request(engine, p, sub.params, rid, truncate=sub.truncate, session_id=key)
                     for p, rid, key in zip(sub.prompts, sub.request_ids, keys)))
-                yield Run(engine, list(ereqs), sub.best_of, t0, self.timeouts, self.observer)
+                run = Run(engine, list(ereqs), sub.best_of, t0, self.timeouts, self.observer)
+                self.runs.add(run)
+                try:
+                    yield run
+                finally:
+                    self.runs.discard(run)
+
+    def cut_all(self, err: MindieError) -> int:
+        """End every call under way with ``err`` (streams get it as their last frame); how many there were."""
+        runs = list(self.runs)
+        for run in runs:
+            run.cut(err)
+        return len(runs)

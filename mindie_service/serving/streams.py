@@ -11,7 +11,7 @@ import dataclasses
 import logging
 import time
 from contextlib import aclosing
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.contract import EngineRequest, TokenEvent
@@ -69,6 +69,14 @@ class Run:
         self.samples = [fan_out(e, i, best_of) for e in requests for i in range(best_of)]
         self.timeouts, self.observer = timeouts, observer
         self.usage = RunUsage(prompt_tokens=sum(len(e.prompt_token_ids) for e in requests))
+        self._waiting: set[asyncio.Task[Any]] = set()  # the tasks reading its samples' events (``cut``)
+        self._cut: MindieError | None = None
+
+    def cut(self, err: MindieError) -> None:
+        """End every sample now with ``err`` (a stream's last frame says it): the service stops at once."""
+        self._cut = err
+        for task in list(self._waiting):
+            task.cancel()
 
     async def results(self) -> list[GenerationResult]:
         """Every sample folded, in sample order (all run at once, so they share the engine's batches)."""
@@ -118,6 +126,24 @@ class Run:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
+    async def _next(self, agen: AsyncIterator[TokenEvent], timeout: float) -> TokenEvent:
+        """The next event within ``timeout``; the Run's cut error once ``cut`` was called."""
+        if self._cut is not None:
+            raise self._cut
+        task = asyncio.current_task()
+        assert task is not None
+        self._waiting.add(task)
+        try:
+            async with asyncio.timeout(timeout):
+                return await anext(agen)
+        except asyncio.CancelledError:
+            if self._cut is None:
+                raise
+            task.uncancel()
+            raise self._cut from None
+        finally:
+            self._waiting.discard(task)
+
     async def sample_events(self, ereq: EngineRequest) -> AsyncIterator[TokenEvent]:
         """The engine's events for ``ereq``, under tokenTimeout and e2eTimeout; each sequence is observed once."""
         to = self.timeouts
@@ -130,8 +156,7 @@ class Run:
             while True:
                 left = deadline - loop.time()
                 try:
-                    async with asyncio.timeout(max(0.0, min(to.token, left))):
-                        ev = await anext(agen)
+                    ev = await self._next(agen, max(0.0, min(to.token, left)))
                 except StopAsyncIteration:
                     return
                 except TimeoutError:

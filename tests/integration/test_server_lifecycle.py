@@ -1,5 +1,6 @@
 """SIGTERM and POST /stopService drain: the listeners close at once (a new connection is refused) while the
-request in flight runs to its end, then the process exits 0."""
+request in flight runs to its end, then the process exits 0. A second SIGINT during the drain stops at once:
+the stream in flight ends with an error frame and the process exits 4."""
 from __future__ import annotations
 
 import json
@@ -59,7 +60,7 @@ def test_sigterm_finishes_running_requests_then_exits_0(tiny_model, tmp_path):
         srv.proc.send_signal(15)
         _drain_while_streaming(srv, frames, lines)
         log = srv.log()
-        assert "draining: 1 request(s) in flight" in log and "stopped" in log
+        assert "draining 1 request(s), up to " in log and "stopped" in log
         with pytest.raises(requests.ConnectionError):
             requests.get(srv.url("management") + "/health", timeout=5)
     finally:
@@ -75,6 +76,23 @@ def test_stop_service_on_the_management_port_drains_and_exits_0(tiny_model, tmp_
         assert r.status_code == 200 and r.json() == {"status": "stopping"}
         _drain_while_streaming(srv, frames, lines)
         log = srv.log()
-        assert "stopService received" in log and "draining: 1 request(s) in flight" in log
+        assert "stopService received" in log and "draining 1 request(s), up to " in log
+    finally:
+        srv.stop()
+
+
+def test_a_second_sigint_during_the_drain_stops_at_once(tiny_model, tmp_path):
+    srv = _server(tiny_model, tmp_path)
+    try:
+        frames, lines = _open_stream(srv)
+        srv.proc.send_signal(2)
+        assert wait_until(lambda: "Ctrl-C again to stop now" in srv.log(), timeout=30), srv.log()
+        assert "draining 1 request(s), up to 60 s; Ctrl-C again to stop now" in srv.log()
+        srv.proc.send_signal(2)
+        rest = [json.loads(line[5:]) for line in lines if line.startswith(b"data:")]
+        assert rest and "stopped at once" in rest[-1].get("error", ""), rest[-1:]
+        assert len(frames) + len(rest) - 1 < LONG["max_new_tokens"]  # cut short, not drained
+        assert srv.proc.wait(30) == 4, srv.log()
+        assert "SIGINT received again: stopping now" in srv.log()
     finally:
         srv.stop()
