@@ -121,6 +121,30 @@ def _setup_file_logging(cfg: ServiceConfig) -> None:
         logging.getLogger().addHandler(h)
 
 
+def rss_bytes() -> int | None:
+    """The process's resident memory now (Linux: /proc/self/statm), else its peak (getrusage), else None."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+    except (ImportError, OSError):
+        return None
+
+
+def memory_facts(engine: EngineClient, block_size: int) -> str:
+    """``KV pool 2912 blocks (46592 tokens), RSS 812 MiB``: what the ready line says about memory."""
+    stats = engine.stats()
+    pool = f"KV pool {stats.total_blocks} blocks ({stats.total_blocks * block_size} tokens)"
+    rss = rss_bytes()
+    return pool + (f", RSS {rss / 2**20:.0f} MiB" if rss is not None else "")
+
+
 # -- engine death -----------------------------------------------------------------------------------
 async def watch_engine(ctx: ServerContext, stop: asyncio.Event, interval_s: float = 0.1) -> bool:
     """True (and ``stop`` set) once the default model's engine died while serving. Its requests in flight have
@@ -199,10 +223,11 @@ async def _go_ready(ctx: ServerContext, cfg: ServiceConfig, engine: EngineClient
         except Exception as e:  # noqa: BLE001 - one model that cannot start leaves the others serving
             logger.error("model %s not started: %s", m.name, e)
     ctx.start_jobs()
-    logger.info("ready: model %s on %s (%s), %s", ctx.model_name, engine.device_type, engine.device_reason,
-                engine.dtype)
+    facts = memory_facts(engine, ctx.engine_config.cache_block_size)
+    logger.info("ready: model %s on %s (%s), %s; %s", ctx.model_name, engine.device_type, engine.device_reason,
+                engine.dtype, facts)
     if wiring.ready_banner is not None:
-        print(f"\nmindie-service is ready. Try:\n\n  {wiring.ready_banner(cfg)}\n", flush=True)
+        print(f"\nmindie-service is ready ({facts}). Try:\n\n  {wiring.ready_banner(cfg)}\n", flush=True)
 
 
 class StopSignals:

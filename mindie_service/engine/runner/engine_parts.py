@@ -51,7 +51,10 @@ def load_parts(cfg: EngineConfig, shard: tuple[int, int, Reduce] | None = None,
     tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
     num_blocks = cfg.num_kv_blocks or auto_num_blocks(cfg, loaded, device,
                                                         extra_block_bytes(device) if extra_block_bytes else 0)
-    logger.info("KV pool: %d blocks of %d tokens", num_blocks, cfg.cache_block_size)
+    per_block = kv_bytes_per_block(loaded.model, cfg.cache_block_size, loaded.dtype, cfg.kv_cache_dtype)
+    logger.info("KV pool: %d blocks of %d tokens (%d tokens, %.1f MiB; the schedule can use %d tokens: "
+                "maxBatchSize x maxSeqLen)", num_blocks, cfg.cache_block_size, num_blocks * cfg.cache_block_size,
+                num_blocks * per_block / 2**20, cfg.max_batch_size * cfg.max_seq_len)
     return EngineParts(info, loaded, tokenizer, eos_ids(loaded.hf_config, tokenizer), num_blocks)
 
 
