@@ -1,7 +1,16 @@
-"""The offline API, in vLLM's shape: ``LLM(model=...).generate(prompts, SamplingParams(...))``."""
+"""The offline API, in vLLM's shape: ``LLM(model=...).generate(prompts, SamplingParams(...))``.
+
+Progress, as vLLM shows it: where the application has configured no logging (no handler on the root logger nor
+on ours), ``LLM`` gives the loggers of this project's packages a handler of their own that prints INFO lines to
+stderr (loading, packing the weights, the KV pool, ready), and stops them propagating, so the root logger is never
+touched. ``MINDIE_CONFIGURE_LOGGING=0`` leaves logging alone; an application that configures logging itself
+(``logging.basicConfig(level=logging.INFO)``) sees the same lines through its own handlers."""
 from __future__ import annotations
 
 import itertools
+import logging
+import os
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence as Seq
@@ -14,6 +23,31 @@ from mindie_service.errors import GenerationError, check
 from mindie_service.inputs import InputProcessor, PartsPrompt, Prompt, TextPrompt, TokensPrompt
 from mindie_service.protocol.request import GenerationResult
 from mindie_service.sampling_params import SamplingParams
+
+
+logger = logging.getLogger(__name__)
+
+PACKAGES = ("mindie_service", "npu_ops", "multimodal")  # the loggers whose lines show a load's progress
+CONFIGURE_ENV = "MINDIE_CONFIGURE_LOGGING"
+
+
+def show_progress() -> bool:
+    """vLLM's default: unless ``MINDIE_CONFIGURE_LOGGING=0`` or logging is configured already, each of
+    ``PACKAGES``' loggers prints INFO lines to stderr through a handler of its own (not propagated: the root
+    logger is left as it is). True when it set them up."""
+    if os.environ.get(CONFIGURE_ENV, "1") == "0" or logging.getLogger().handlers:
+        return False
+    loggers = [logging.getLogger(name) for name in PACKAGES]
+    if any(lg.handlers for lg in loggers):
+        return False
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for lg in loggers:
+        lg.addHandler(handler)
+        lg.propagate = False
+        if lg.level == logging.NOTSET:
+            lg.setLevel(logging.INFO)
+    return True
 
 
 @dataclass
@@ -60,10 +94,14 @@ class LLM:
         overrides.setdefault("max_preempt_count",
                              int(overrides.get("max_batch_size", EngineConfig.max_batch_size)))  # type: ignore[arg-type]
         overrides.setdefault("max_queue_delay_microseconds", 0)  # every prompt is queued before the first step
+        show_progress()
+        t0 = time.monotonic()
+        logger.info("LLM: loading %s (%s)", model, dtype)
         self.engine = LLMEngine(EngineConfig(model=str(model), dtype=dtype, **overrides))  # type: ignore[arg-type]
         self.tokenizer = self.engine.tokenizer
         self.input_processor = InputProcessor.from_facts(input_facts(self.engine))
         self._ids = itertools.count()
+        logger.info("LLM: %s ready in %.1f s", model, time.monotonic() - t0)
 
     def shutdown(self) -> None:
         """Stop the engine's worker ranks (tensor parallelism); a no-op for one rank."""
