@@ -143,6 +143,10 @@ class BoundedHTTPServer(HTTPServer):
         if self.ssl_options is None:
             super()._handle_connection(connection, address)
             return
+        if self.open_connections >= self.max_connections:  # refused at once, as handle_stream does
+            self.refusals.refused(self.max_connections)
+            connection.close()
+            return
         connection.setblocking(False)
         loop, fd = IOLoop.current(), connection.fileno()
         self.sniffing += 1

@@ -21,10 +21,8 @@ class _Hello(RequestHandler):
         self.write("hello")
 
 
-@pytest.fixture(scope="module")
-def tls_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
-    sec = tmp_path_factory.mktemp("pki") / "security"
-    certs.generate_dev_certs(str(sec))
+def _serve(sec: Path, **kw: int) -> Iterator[int]:
+    """A TLS listener on a free port in a thread of its own, serving ``_Hello``; its port."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(str(sec / "certs/server.pem"), str(sec / "keys/server.key.pem"))
     loop = asyncio.new_event_loop()
@@ -32,7 +30,7 @@ def tls_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Pa
 
     def run() -> None:
         asyncio.set_event_loop(loop)
-        srv = BoundedHTTPServer(Application([(r"/", _Hello)]), ssl_options=ctx)
+        srv = BoundedHTTPServer(Application([(r"/", _Hello)]), ssl_options=ctx, **kw)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen(16)
@@ -45,9 +43,22 @@ def tls_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Pa
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     started.wait(10)
-    yield box["port"], sec
+    yield box["port"]
     loop.call_soon_threadsafe(loop.stop)
     thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    sec = tmp_path_factory.mktemp("pki") / "security"
+    certs.generate_dev_certs(str(sec))
+    return sec
+
+
+@pytest.fixture(scope="module")
+def tls_port(pki: Path) -> Iterator[tuple[int, Path]]:
+    for port in _serve(pki):
+        yield port, pki
 
 
 def _read_all(sock: socket.socket) -> bytes:
@@ -74,3 +85,14 @@ def test_a_tls_client_is_still_served(tls_port: tuple[int, Path]) -> None:
             sock.sendall(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
             answer = _read_all(sock)
     assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"hello")
+
+
+def test_silent_connections_over_max_connections_are_refused_at_once(pki: Path) -> None:
+    for port in _serve(pki, max_connections=2):
+        held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]  # waiting to speak
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as third:
+                assert third.recv(1) == b""  # closed at once, not held until it speaks
+        finally:
+            for sock in held:
+                sock.close()
