@@ -79,6 +79,9 @@ def unhealthy(ctx: Any) -> UnhealthyError:
     if state in ("stopped", "stopping"):
         return UnhealthyError(f"unhealthy: the default model {name} is {state} (PUT /v1/models/{name}/start on the "
                               f"management port {port})")
+    entry = ctx.catalog.entries.get(name) if ctx.catalog is not None else None
+    if state == "starting" and entry is not None:
+        return UnhealthyError(f"unhealthy: {entry.loading_message()}")
     if state == "starting" or not ctx.ready:
         return UnhealthyError(f"unhealthy: the default model {name} is starting")
     return UnhealthyError(f"unhealthy: the engine of the default model {name} is not running")

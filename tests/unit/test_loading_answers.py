@@ -30,6 +30,10 @@ class LoadingAnswersTest(InProcessServer):
             assert "the model mock is still loading (loading the weights, 0 s so far, about 3600 s left)" in text, text
             assert "/start" not in text and "state: starting" not in text, text
 
+    def test_health_says_how_far_the_load_has_come(self) -> None:
+        r = self.fetch("/health", raise_error=False)
+        assert r.code == 503 and b"the model mock is still loading (loading the weights, " in r.body, r.body
+
     def test_status_gives_its_body_with_state_starting(self) -> None:
         r = self.fetch("/v1/status", raise_error=False)
         assert r.code == 200, r.body
