@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from itertools import count
 
 import pytest
 
@@ -46,6 +47,14 @@ def _workload(llm: LLM) -> dict[str, list[int]]:
     return outs
 
 
+def _until(cond, guard_s: float = 60.0) -> bool:
+    """Poll ``cond``; the guard only stops a hang (the condition holds at once on any machine that works)."""
+    end = time.monotonic() + guard_s
+    while not cond() and time.monotonic() < end:
+        time.sleep(0.01)
+    return cond()
+
+
 def _joined(llm: LLM, sub: Subscriber) -> int:
     """A PUB socket drops what it sends before a subscription reaches it (ZMQ's slow joiner), however long that
     takes: the fresh engine's AllBlocksCleared is sent again until one arrives. Its sequence number."""
@@ -67,16 +76,19 @@ def test_subscriber_rebuilds_the_prefix_cache_from_the_events(tiny_model, adapte
               swap_space_gb=0, max_loras=1, max_lora_rank=8, kv_events=cfg)
     llm.engine.load_adapter("ad", adapter)
     sub = Subscriber(cfg.endpoint, "kv")
+    kv = llm.engine.kv_events
+    handed = count()
+    publish = kv.publisher.publish
+    kv.publisher.publish = lambda batch: (next(handed), publish(batch))  # type: ignore[method-assign]
     try:
         first = _joined(llm, sub)
         _workload(llm)
         st, bm = llm.engine.stats(), llm.engine.blocks
         assert st.num_preemptions > 0 and bm.prefix_hits > 0 and st.session_hits == 1
-        while llm.engine.kv_events.stats().queued_batches:
-            time.sleep(0.01)
-        time.sleep(0.05)  # the last batch taken off the queue is sent
-        published = llm.engine.kv_events.stats().published_batches
-        sub.wait_for(published)
+        total = next(handed)  # batches handed to the publisher
+        assert _until(lambda: kv.stats().published_batches == total)  # every one sent (none dropped here)
+        published = kv.stats().published_batches
+        assert _until(lambda: len(sub.frames) == published - first)  # and received
         seqs = [s for _, s, _ in sub.frames]
         assert seqs == list(range(first, published)) and {t for t, _, _ in sub.frames} == {b"kv"}
         batches = sub.batches()
