@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -115,16 +116,21 @@ def run_tests(tree: Path, m: Mutation, timeout: float, verbose: bool = False) ->
     env = environment(tree, m)
     check_imports(tree, env)
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--no-header", *m.tests]
+    # a session of its own: on a timeout its whole process group goes (a server a test started, too)
+    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return -1, f"timed out after {timeout:.0f} s"
-    lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
+    lines = [ln for ln in stdout.splitlines() if ln.strip()]
     if verbose:
         print("\n".join(ln for ln in lines if ln.startswith(("E ", "FAILED", "ERROR")))[-3000:], flush=True)
     failed = [ln.removeprefix("FAILED ") for ln in lines if ln.startswith(("FAILED ", "ERROR "))]
-    tail = lines[-1] if lines else r.stderr.strip()[-300:]
-    return r.returncode, f"{tail}: {failed[0]}" if failed else tail
+    tail = lines[-1] if lines else stderr.strip()[-300:]
+    return proc.returncode, f"{tail}: {failed[0]}" if failed else tail
 
 
 def verdict(rc: int) -> str:
