@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,3 +29,21 @@ def tiny_model() -> Path:
 def tiny_eos_model() -> Path:
     """tiny with a reachable EOS: greedy generations end on it after a few to a few dozen tokens."""
     return _demo("tiny-eos")
+
+
+class StillClock:
+    """A step clock that stands still: every step an engine times takes 0 s on it."""
+
+    def __call__(self) -> float:
+        return 0.0
+
+
+@pytest.fixture(autouse=True)
+def still_step_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Engines time their steps and drafts with ``LLMEngine.step_clock``, and the burst pacer and the speculation
+    policy decide from those times. In the tests it stands still, so their decisions are a fast quiet machine's
+    whatever the machine's load (a loaded one's slow steps ran no bursts). A test about pacing drives an engine's
+    clock itself (test_multi_step). Only where the engine module is loaded already: importing it loads torch."""
+    core = sys.modules.get("mindie_service.engine.core")
+    if core is not None:
+        monkeypatch.setattr(core.LLMEngine, "step_clock", StillClock())

@@ -57,6 +57,8 @@ _Outcome = tuple[SchedulerOutput, ModelOutput, SampleResult]
 
 
 class LLMEngine:
+    step_clock: Callable[[], float] = time.perf_counter  # times steps and drafts (burst pacer, speculation policy)
+
     def __init__(self, cfg: EngineConfig) -> None:
         cfg.validate()
         self.cfg = cfg
@@ -107,8 +109,7 @@ class LLMEngine:
         self.beams = BeamSearch(self.scheduler, self.outputs, self.eos_token_ids, self.sessions)
         self.spec = build_speculator(cfg.speculative_config, cfg, self.device, parts.num_blocks, self.vocab_size,
                                      self.tokenizer)
-        # multi-step bursts (engine.sched.bursts), paced by the measured step time; none beside verify steps (they
-        # yield runs already) or with ranks (they would have to step alike)
+        # bursts (engine.sched.bursts) paced by step_clock; none beside verify steps or with ranks (they step alike)
         self.bursts = BurstPacer(1 if self.spec is not None or self.ranks is not None else cfg.decode_steps)
         self._done: dict[str, Sequence] = {}  # requests finished this step (the speculator learns their text)
         self.spill = None  # ScheduleConfig.sessionSpillDir: kept sessions on disk (engine.sessions.session_spill)
@@ -146,8 +147,7 @@ class LLMEngine:
             check_beam_request(req, max(1, max_output), self.blocks.blocks_needed, self.blocks.num_blocks,
                                self.cfg.max_batch_size)
         seq = Sequence(rid, ids, p, max(1, max_output), seed, cache_key=cache_key, mm_inputs=req.mm_inputs,
-                       priority=req.priority,
-                       session_id=req.session_id if self.sessions.enabled else None)
+                       priority=req.priority, session_id=req.session_id if self.sessions.enabled else None)
         self.grammar.attach(seq)  # its matcher, from the compile cache (the input processor compiled it)
         seq.cache_key = self.lora.bind(rid, p.adapter_id) + cache_key  # last check: counts the request
         if req.continued and req.session_id is not None:
@@ -245,7 +245,7 @@ class LLMEngine:
     def _step(self) -> list[Event]:
         self.sessions.expire()
         if self.spec is not None:
-            self.spec.propose(self.scheduler.running)
+            self.spec.propose(self.scheduler.running, self.step_clock)
         out = self.scheduler.schedule()
         if out.empty:
             if out.has_swaps:  # no forward this step, but the decided copies must run before the next
@@ -253,12 +253,13 @@ class LLMEngine:
             if out.hold_s > 0:  # new prompts wait for company (maxQueueDelayMicroseconds); look again soon
                 time.sleep(min(out.hold_s, QUEUE_DELAY_TICK_S))
             return []
-        t0 = time.perf_counter()
+        t0 = self.step_clock()
         outcomes, events = self._execute(out)
+        spent = self.step_clock() - t0
         if self.spec is not None:
-            self.spec.observe_step(out.num_tokens, time.perf_counter() - t0)
+            self.spec.observe_step(out.num_tokens, spent)
         if out.num_decodes == len(out.chunks):  # a decode-only step paces the bursts
-            self.scheduler.decode_steps = self.bursts.observe(time.perf_counter() - t0, out.chunks[0].steps)
+            self.scheduler.decode_steps = self.bursts.observe(spent, out.chunks[0].steps)
         sampled: dict[str, list[int]] = {}
         finished: dict[str, str] = {}
         beam_rows: dict[SequenceGroup, dict[Sequence, Tensor]] = {}

@@ -3,7 +3,9 @@
 SSE frame, 504 on tokenTimeout / e2eTimeout, 503 while loading or when the engine thread died."""
 from __future__ import annotations
 
+import asyncio
 import json
+from types import SimpleNamespace
 
 from mindie_service.devkit.mock_engine import MockEngine
 from mindie_service.engine.client import EngineClient
@@ -13,7 +15,9 @@ from tests.inprocess import InProcessServer
 
 class MisbehavingEngine(MockEngine):
     """The prompt picks the fault: "fail@K" raises GenerationError before token K, "crash@K" raises a
-    plain exception, "slow" waits longer than tokenTimeout, "steady" stays under it but passes e2eTimeout."""
+    plain exception, "stall" never sends a token (only tokenTimeout ends it), "steady" sends its first token at
+    once and then one every 0.15 s (only e2eTimeout ends it). Each timeout is far from what the requests that must
+    pass need, so no outcome depends on the machine's speed."""
 
     def __init__(self, config) -> None:
         super().__init__(config)
@@ -24,9 +28,13 @@ class MisbehavingEngine(MockEngine):
 
     async def generate(self, request):
         text = bytes(t - 3 for t in request.prompt_token_ids[1:]).decode()
-        self.token_delay_s = {"slow": 1.0, "steady": 0.15}.get(text, 0.001)
+        self.token_delay_s = {"stall": 3600.0, "steady": 0.15}.get(text, 0.001)
         k = 0
+        if text == "steady":
+            self.token_delay_s = 0.0
         async for ev in super().generate(request):
+            if text == "steady":
+                self.token_delay_s = 0.15
             for kind, exc in (("fail@", GenerationError("the device fell over")), ("crash@", RuntimeError("bug"))):
                 if text.startswith(kind) and k == int(text[len(kind):]):
                     raise exc
@@ -34,8 +42,10 @@ class MisbehavingEngine(MockEngine):
             yield ev
 
 
-class GenerationFailures(InProcessServer):
-    server = {"tokenTimeout": 0.4, "e2eTimeout": 0.8, "maxLinkNum": 8}
+class Misbehaving(InProcessServer):
+    """The in-process server on the MisbehavingEngine, and the helpers its tests share (no tests of its own)."""
+
+    server = {"tokenTimeout": 30, "e2eTimeout": 60, "maxLinkNum": 8}
 
     def make_engine(self, ctx):
         return MisbehavingEngine(ctx.engine_config)
@@ -54,6 +64,8 @@ class GenerationFailures(InProcessServer):
         assert body["error_type"] == error_type
         return body["error"]
 
+
+class GenerationFailures(Misbehaving):
     def test_engine_failure_is_424_and_the_server_keeps_serving(self):
         self.error(self.post({"inputs": "fail@0"}), 424, "generation")
         self.error(self.post({"inputs": "crash@1"}, "/generate"), 424, "generation")
@@ -71,15 +83,6 @@ class GenerationFailures(InProcessServer):
     def test_error_before_the_first_token_of_a_stream_is_a_plain_http_error(self):
         self.error(self.post({"inputs": "fail@0", "stream": True}), 424, "generation")
 
-    def test_token_timeout_is_504(self):
-        msg = self.error(self.post({"inputs": "slow"}), 504, "timeout")
-        assert "tokenTimeout" in msg
-
-    def test_e2e_timeout_is_504_and_a_final_frame_once_streaming(self):
-        msg = self.error(self.post({"inputs": "steady", "parameters": {"max_new_tokens": 60}}), 504, "timeout")
-        assert "e2eTimeout" in msg
-        frames = self.frames(self.post({"inputs": "steady", "stream": True, "parameters": {"max_new_tokens": 60}}))
-        assert frames[-1]["error_type"] == "timeout" and len(frames) > 1
 
     def test_503_while_loading_and_when_the_engine_died(self):
         self.ctx.ready = False
@@ -135,3 +138,37 @@ class GenerationFailures(InProcessServer):
         headers["Content-Type"] = "application/json"
         r = self.fetch("/", method="POST", body='{"inputs": "fine"}', headers=headers, raise_error=False)
         assert "too many HTTP headers" in self.error(r, 400, "validation")
+
+
+class TokenTimeout(Misbehaving):
+    server = {"tokenTimeout": 0.4, "e2eTimeout": 60, "maxLinkNum": 8}
+
+    def test_token_timeout_is_504(self):
+        msg = self.error(self.post({"inputs": "stall"}), 504, "timeout")
+        assert "tokenTimeout" in msg
+
+
+class EndToEndTimeout(Misbehaving):
+    server = {"tokenTimeout": 30, "e2eTimeout": 2, "maxLinkNum": 8}
+
+    def test_e2e_timeout_is_504_and_a_final_frame_once_streaming(self):
+        msg = self.error(self.post({"inputs": "steady", "parameters": {"max_new_tokens": 60}}), 504, "timeout")
+        assert "e2eTimeout" in msg
+        frames = self.frames(self.post({"inputs": "steady", "stream": True, "parameters": {"max_new_tokens": 60}}))
+        assert frames[-1]["error_type"] == "timeout" and len(frames) > 1
+
+
+class RestStreamFailure(Misbehaving):
+    def test_an_error_after_the_stream_started_truncates_the_chunked_body(self):
+        """/api/* streams a chunked body: an error after its first chunk ends the body without its last chunk
+        (the client sees the response is incomplete), and it is logged. The engine fails before token 2: no
+        timer decides it (this was an e2eTimeout of 0.5 s on a server process, which a slow machine could pass
+        before the first chunk and a fast one after the last)."""
+        from tests.integration.test_server_rest import raw_chunks
+        here = SimpleNamespace(url=lambda: f"http://127.0.0.1:{self.get_http_port()}")
+        body = {"request_id": "r1", "prompt": "fail@2", "generation_config": {"max_new_tokens": 8}}
+        with self.assertLogs("mindie_service.server.handlers_rest", "WARNING") as logs:
+            status, _, chunks, complete = self.io_loop.run_sync(
+                lambda: asyncio.get_running_loop().run_in_executor(None, raw_chunks, here, body), timeout=60)
+        assert status == 200 and len(chunks) >= 1 and not complete
+        assert any("error after the stream started" in line for line in logs.output)

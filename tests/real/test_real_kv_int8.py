@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mindie_service import LLM, SamplingParams
+from mindie_service.engine.sched.bursts import BurstPacer
 from mindie_service.models import fused_layers
 from npu_ops import cpu_kernels
 
@@ -35,6 +36,11 @@ def _outputs(llm: LLM, fused: bool, batched: bool, logprobs: int | None) -> list
 
 @pytest.mark.parametrize("batched,logprobs", [(False, None), (False, 2), (True, 2)])
 def test_int8_kv_cache_fused_equals_op_by_op(kv8_llm, batched, logprobs, monkeypatch):
+    # bursts are paced by the measured step time: on a busy machine SmolLM2's steps took over half of the burst
+    # budget and ran one a call, so the bursts' C call was never made. A step clock that stands still pins the
+    # pacer to decodeSteps (a fresh pacer: the module's engine keeps its history between tests).
+    monkeypatch.setattr(kv8_llm.engine, "step_clock", lambda: 0.0)
+    monkeypatch.setattr(kv8_llm.engine, "bursts", BurstPacer(kv8_llm.engine.bursts.configured))
     calls: list[int] = []
     lib = cpu_kernels.load()
     real = lib.llama_decode_steps_f32 if logprobs is None else lib.llama_decode_f32

@@ -37,7 +37,7 @@ async def _collect(eng: AsyncEngine, req: EngineRequest) -> list[int]:
 
 
 async def _idle(eng: AsyncEngine) -> None:
-    for _ in range(200):
+    for _ in range(6000):  # a minute at most: a hang guard (it returns as soon as the engine is idle)
         st = eng.stats()
         if st.running == 0 and st.waiting == 0:
             return
@@ -68,14 +68,26 @@ def test_abandoned_stream_aborts_and_frees_blocks(engine):
     assert sum(1 for r in engine.engine.blocks.ref_counts if r) == 0 and st.free_blocks == total
 
 
-def test_cancel_before_first_token_frees_blocks(engine):
+def test_cancel_before_first_token_frees_blocks(engine, monkeypatch):
+    aborted = threading.Event()
+    abort = engine.engine.abort_request
+
+    def seen_abort(rid: str) -> bool:
+        done = abort(rid)
+        if rid == "early":
+            aborted.set()
+        return done
+
+    monkeypatch.setattr(engine.engine, "abort_request", seen_abort)
+
     async def main():
         task = asyncio.create_task(_collect(engine, _req(engine, "early", n=500, prompt="Lantern " * 200)))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the task registers its request and waits for its first event
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.sleep(0.2)
+        # the engine thread takes the inbox in order: the request, then its abort (however long that takes)
+        assert await asyncio.to_thread(aborted.wait, 60)
         await _idle(engine)
     asyncio.run(main())
     assert engine.stats().running == 0 and sum(1 for r in engine.engine.blocks.ref_counts if r) == 0

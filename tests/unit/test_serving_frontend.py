@@ -95,7 +95,7 @@ def test_admission_refuses_a_call_wider_than_every_slot():
 
 def test_token_timeout_ends_a_stalled_sample():
     fe, engine, _ = frontend(token=0.05)
-    engine.token_delay_s = 0.5
+    engine.token_delay_s = 3600.0  # a stalled engine: only the token timeout can end the sample
 
     async def main():
         async with fe.open(submission(engine, ["a"]), time.monotonic()) as run:

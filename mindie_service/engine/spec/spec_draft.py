@@ -17,7 +17,6 @@ The draft's KV pool has as many blocks as the target's; it is counted in the KV 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import torch
@@ -48,7 +47,6 @@ class DraftModelProposer:
         self.shadows: dict[str, Sequence] = {}
         self.generators: dict[str, torch.Generator] = {}  # sampled requests' draft draws, seeded per request
         self.dists: dict[str, tuple[list[int], torch.Tensor]] = {}  # this step's sampled drafts and their q
-        self.last_seconds = 0.0  # the last propose()'s wall time (the cost model's draft share)
         self.block_bytes = kv_bytes_per_block(loaded.model, block_size, loaded.dtype)
         logger.info("speculative draft model %s: %d layers, KV pool of %d blocks (%.1f MiB)", path,
                     loaded.model.dims.layers, num_blocks, num_blocks * self.block_bytes / 2**20)
@@ -61,7 +59,6 @@ class DraftModelProposer:
 
     def propose(self, wants: list[tuple[Sequence, int]], running: set[str]) -> dict[str, list[int]]:
         """Drafts for each (sequence, k > 0) of ``wants``; ``running``: the ids whose shadows are kept."""
-        t0 = time.perf_counter()
         self.dists = {}
         for rid in [r for r in self.shadows if r not in running]:
             self.forget(rid)
@@ -84,7 +81,6 @@ class DraftModelProposer:
             shadow.num_computed_tokens = shadow.num_tokens
             if shadow.request_id in qs:
                 self.dists[shadow.request_id] = (list(drafts), torch.stack(qs[shadow.request_id]))
-        self.last_seconds = time.perf_counter() - t0
         return {s.request_id: d for s, _, d in rows}
 
     def _sync(self, seq: Sequence, k: int) -> Sequence | None:

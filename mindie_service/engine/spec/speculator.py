@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -114,8 +115,9 @@ class Speculator:
         self.grammar_cut = 0  # draft tokens cut before verifying because the row's grammar forbids them
         self.forced_drafts = 0  # draft tokens taken from the grammar's forced bytes
 
-    def propose(self, running: list[Sequence]) -> None:
-        """Set each decoding row's drafts for this step (empty for rows that do not speculate)."""
+    def propose(self, running: list[Sequence], clock: Callable[[], float] = time.perf_counter) -> None:
+        """Set each decoding row's drafts for this step (empty for rows that do not speculate); ``clock`` times the
+        draft model's share (the engine's step clock, so that the cost model's two inputs share one clock)."""
         rows = [s for s in running if _eligible(s)]
         for s in running:
             s.draft_token_ids = []
@@ -134,8 +136,9 @@ class Speculator:
                 wants.append((s, k))
         wants = [(s, k) for s, k in wants if not self._grammar_drafts(s, k)]
         if wants and self.cfg.method == DRAFT_MODEL:
+            t0 = clock()
             got = self.draft.propose(wants, {s.request_id for s in running})
-            self.costs.observe_draft(len(wants), self.draft.last_seconds / max(1, max(k for _, k in wants)))
+            self.costs.observe_draft(len(wants), (clock() - t0) / max(1, max(k for _, k in wants)))
             for s, _ in wants:
                 s.draft_token_ids = self._allowed(s, got.get(s.request_id, []))
         else:
