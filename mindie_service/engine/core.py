@@ -24,7 +24,7 @@ from mindie_service.engine.kv.block_manager import BlockManager
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.runner.engine_parts import load_parts
 from mindie_service.engine.kv.kv_event_types import BlockEventSink, FanOutSink
-from mindie_service.engine.sample.grammar_masks import GrammarFailed, GrammarMasks, fail_event
+from mindie_service.engine.sample.grammar_masks import FailHook, ForceHook, GrammarFailed, GrammarMasks, fail_event
 from mindie_service.engine.output.output_processor import OutputProcessor
 from mindie_service.engine.output.stop_rule import ban_early_stops
 from mindie_service.engine.runner.parallel.launcher import ParallelRunner, RankGroup
@@ -289,8 +289,7 @@ class LLMEngine:
                 events.extend(self.beams.advance(group, rows))
         return events
 
-    def _grammar_hooks(self, events: list[Event]) -> tuple[Callable[[Sequence, int], bool],
-                                                           Callable[[Sequence, str], None]]:
+    def _grammar_hooks(self, events: list[Event]) -> tuple[ForceHook, FailHook]:
         """``GrammarMasks.after_step``'s ``force(seq, t)`` (append a token the grammar forces; False: it could not,
         or the stop rule ended the request) and ``fail(seq, why)``; their events go to ``events``."""
         def force(seq: Sequence, t: int) -> bool:

@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 # A sampling row: a sequence, or a verify row past its first (speculative decoding).
 Row = Union[Sequence, "DraftRow"]
+# after_step's hooks, built by the core: append a forced token (False: could not, or it ended the request); fail.
+ForceHook = Callable[[Sequence, int], bool]
+FailHook = Callable[[Sequence, str], None]
 
 logger = logging.getLogger(__name__)
 MAX_FORCED_PER_STEP = 256  # forced tokens one request may take in one step (the rest follow next step)
@@ -238,8 +241,8 @@ class GrammarMasks:
         return {r: buf[i] for r, i in where.items()}
 
     # ------------------------------------------------------------ after the step
-    def after_step(self, seqs: dict[str, Sequence], sampled: dict[str, list[int]], force: Callable[[Sequence, int], bool],
-                   fail: Callable[[Sequence, str], None]) -> None:
+    def after_step(self, seqs: dict[str, Sequence], sampled: dict[str, list[int]], force: ForceHook,
+                   fail: FailHook) -> None:
         """Consume each constrained row's sampled token, then force what the grammars force. ``force(seq, t)``
         appends ``t`` as a forced token (False: it could not, or the request finished); ``fail(seq, why)``."""
         due: list[Sequence] = []
@@ -259,7 +262,7 @@ class GrammarMasks:
         due += [s for s in new if s.status is SeqStatus.WAITING and not s.block_table and not s.output_token_ids]
         self._force(due, force)
 
-    def _force(self, due: list[Sequence], force: Callable[[Sequence, int], bool]) -> None:
+    def _force(self, due: list[Sequence], force: ForceHook) -> None:
         active = [s for s in due if s.grammar.forced]
         for _ in range(MAX_FORCED_PER_STEP):
             if not active:
