@@ -227,7 +227,8 @@ async def _go_ready(ctx: ServerContext, cfg: ServiceConfig, engine: EngineClient
     logger.info("ready: model %s on %s (%s), %s; %s", ctx.model_name, engine.device_type, engine.device_reason,
                 engine.dtype, facts)
     if wiring.ready_banner is not None:
-        print(f"\nmindie-service is ready ({facts}). Try:\n\n  {wiring.ready_banner(cfg)}\n", flush=True)
+        # the "ready. Try:" line is what scripts (and the tests) look for: the facts go on the line above it
+        print(f"\n{facts}\nmindie-service is ready. Try:\n\n  {wiring.ready_banner(cfg)}\n", flush=True)
 
 
 class StopSignals:
