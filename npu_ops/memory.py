@@ -49,18 +49,11 @@ def _advise_huge(t: torch.Tensor) -> None:
         logger.debug("madvise(MADV_HUGEPAGE) refused (errno %d): 4 KiB pages", ctypes.get_errno())
 
 
-def _mapping_flags() -> int:
-    """The flags of a private anonymous mapping where there is one (Linux), else 0."""
-    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-    return flags if sys.platform.startswith("linux") else 0
-
-
 def _fresh(nbytes: int) -> torch.Tensor:
     """``nbytes`` uint8 from a huge page's start, on memory never touched before where THP applies: a private
-    anonymous mapping of its own (released with the last tensor that views it; the kernel hands it out zeroed,
-    page by page at first touch), else ``torch.empty``."""
-    flags = _mapping_flags()
-    if flags:
+    anonymous mapping of its own (released with the last tensor that views it), else ``torch.empty``."""
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    if sys.platform.startswith("linux") and flags:
         buf = torch.frombuffer(mmap.mmap(-1, nbytes + _HUGE, flags=flags), dtype=torch.uint8)  # holds the mapping
     else:
         buf = torch.empty(nbytes + _HUGE, dtype=torch.uint8)
@@ -71,13 +64,11 @@ def _fresh(nbytes: int) -> torch.Tensor:
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``torch.zeros`` whose CPU memory is advised to huge pages before it is first touched. A fresh anonymous
-    mapping is zero already and is not written here: its pages are faulted in (and count in the process's RSS)
-    as they are first written, so a KV pool holds host memory for the blocks used so far, not for all of it."""
+    """``torch.zeros`` whose CPU memory is advised to huge pages before it is first touched."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     t = _fresh(math.prod(shape) * dtype.itemsize).view(dtype).view(shape)
-    return t if _mapping_flags() else t.zero_()  # torch.empty's memory may hold anything
+    return t.zero_()  # zeros, not empty: first touch here faults the huge pages in
 
 
 class HugeArena:
