@@ -314,8 +314,8 @@ class LLMEngine:
 
         return force, fail
 
-    def _emit(self, seq: Sequence, chunk: ScheduledChunk, sample: SampleResult, first: int, sampled: dict[str, list[int]],
-              finished: dict[str, str]) -> list[TokenEvent]:
+    def _emit(self, seq: Sequence, chunk: ScheduledChunk, sample: SampleResult, first: int,
+              sampled: dict[str, list[int]], finished: dict[str, str]) -> list[TokenEvent]:
         """The events of one sampling chunk: one token, or a verify chunk's accepted run (engine.spec.speculator),
         cut at the token that finishes the request."""
         tokens = sample.token_ids[first:first + chunk.out_rows]

@@ -15,10 +15,9 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from typing import Any
 
 from mindie_service.engine.kv.kv_event_types import BlockEventSink
-from mindie_service.engine.sequence import Sequence
+from mindie_service.engine.sequence import Sequence, SequenceGroup
 from mindie_service.sampling_params import is_base_adapter
 
 
@@ -93,9 +92,7 @@ class BlockManager:
     def _hits_then_free(self, hits: list[int], new_needed: int) -> list[int]:
         """A block table: the prefix-cache hits (one more reference each) followed by ``new_needed`` free blocks."""
         for b in hits:
-            if self.ref_counts[b] == 0:
-                del self.free[b]
-            self.ref_counts[b] += 1
+            self.pin(b)
         return hits + [self._take_free() for _ in range(new_needed)]
 
     def allocate(self, seq: Sequence, use_prefix_cache: bool = True, reserve: int = 0) -> bool:
@@ -287,7 +284,7 @@ class BlockManager:
         return b
 
     def pin(self, block: int) -> None:
-        """One more reference to a cached block held outside any sequence (a kept session)."""
+        """One more reference to a cached block: a sequence's prefix-cache hit, or a kept session's pin."""
         if self.ref_counts[block] == 0:
             del self.free[block]
         self.ref_counts[block] += 1
