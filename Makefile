@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: serve test venv demo-models bench clean
+.PHONY: serve test test-fast venv demo-models bench clean
 
 venv: $(TEST_STAMP)
 
@@ -35,9 +35,18 @@ $(TEST_STAMP): $(SERVE_STAMP)
 demo-models: $(TEST_STAMP)
 	$(VPY) -m mindie_service demo-model --preset tiny --out models/tiny --if-missing
 
+# Two workers (pytest-xdist), each a test file at a time and computing on one thread (tests/conftest.py): about
+# half the wall time of one worker on two cores. TEST_WORKERS=0 runs them in this process. `make test-fast` leaves out
+# the tier marked slow (servers in processes of their own, the real model, transformers parity sweeps).
+TEST_WORKERS ?= 2
+PYTEST := $(VPY) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
+
 test: $(TEST_STAMP) demo-models
 	$(VENV)/bin/lint-imports --no-cache
-	$(VPY) -m pytest -q -ra --durations=20 tests
+	$(PYTEST) --durations=20 tests
+
+test-fast: $(TEST_STAMP) demo-models
+	$(PYTEST) -m "not slow" tests
 
 serve: $(SERVE_STAMP)
 	$(VPY) -m mindie_service serve --config $(CONFIG) --prepare

@@ -3,14 +3,32 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two workers on two cores: each computes on one thread (servers it starts inherit it), so that
+    # no worker's OpenMP team waits on a thread the other worker's team has descheduled. A test about teams asks for
+    # its threads itself (the `two_threads` fixture).
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+# the real model's session fixtures (tests/real/conftest.py): loaded once per worker that asks for them
+REAL_FIXTURES = frozenset({"smollm_llm", "hf_smollm"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Parallel workers (``--dist loadgroup``) take a test file whole, so its module fixtures are built once; the
+    tests that use the real model share one worker, so the real model and its transformers reference load once."""
+    for item in items:
+        real = REAL_FIXTURES & set(getattr(item, "fixturenames", ()))
+        item.add_marker(pytest.mark.xdist_group("real" if real else item.nodeid.split("::")[0]))
 
 
 def _demo(preset: str) -> Path:
@@ -47,3 +65,15 @@ def still_step_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     core = sys.modules.get("mindie_service.engine.core")
     if core is not None:
         monkeypatch.setattr(core.LLMEngine, "step_clock", StillClock())
+
+
+@pytest.fixture
+def two_threads() -> Iterator[None]:
+    """A team of two threads for the test (kernels follow torch's intra-op threads), whatever the worker's."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

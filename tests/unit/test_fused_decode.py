@@ -11,7 +11,11 @@ from mindie_service import LLM, SamplingParams
 from mindie_service.engine.runner.model_runner import ModelRunner
 from npu_ops import cpu_kernels
 
-pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here")
+# a team of two threads, whatever the worker's: the fused decoder's splits and barriers are under test
+pytestmark = [
+    pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here"),
+    pytest.mark.usefixtures("two_threads"),
+]
 
 PROMPTS = [[5, 9, 13, 2, 7], list(range(3, 40)), [11] * 20]
 

@@ -12,7 +12,11 @@ from mindie_service.models import fused_layers
 from mindie_service.models.llama import LlamaDims, LlamaForCausalLM, StepContext
 from npu_ops import cpu_kernels, ops, quant_kv
 
-pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here")
+# a team of two threads, whatever the worker's: the fused decoder's splits and barriers are under test
+pytestmark = [
+    pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here"),
+    pytest.mark.usefixtures("two_threads"),
+]
 
 BS = 4  # KV block size
 

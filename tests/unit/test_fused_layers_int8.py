@@ -16,7 +16,11 @@ from mindie_service.models.llama import LlamaDims
 from npu_ops import cpu_kernels, quant, quant_cpu
 from tests.unit.test_fused_layers import BS, _model, _run, fused_and_op_by_op
 
-pytestmark = pytest.mark.skipif(cpu_kernels.load() is None or not quant_cpu.available(), reason="no C kernels here")
+# a team of two threads, whatever the worker's: the fused decoder's splits and barriers are under test
+pytestmark = [
+    pytest.mark.skipif(cpu_kernels.load() is None or not quant_cpu.available(), reason="no C kernels here"),
+    pytest.mark.usefixtures("two_threads"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +62,6 @@ def _check(scheme: str, inter: int, bias: bool) -> None:
         assert (a - f).norm() < 0.1 * f.norm()  # and stay near the fp32 weights' output
 
 
-@pytest.mark.skipif(torch.get_num_threads() < 2, reason="stealing needs a team of two")
 def test_a_lone_w8a8_row_with_a_slow_thread_has_the_same_bits():
     """A lone row's W8A8 projections split their panel pairs by stealing (team_work_* in team_sync.c): with thread 0
     sleeping before each claim of its own but the first, the others take the rest of its share from the back

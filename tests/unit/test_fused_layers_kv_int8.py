@@ -12,7 +12,11 @@ from mindie_service.models.llama import LlamaDims
 from npu_ops import cpu_kernels, quant, quant_kv
 from tests.unit.test_fused_layers import _model, _run, fused_and_op_by_op
 
-pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here")
+# a team of two threads, whatever the worker's: the fused decoder's splits and barriers are under test
+pytestmark = [
+    pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here"),
+    pytest.mark.usefixtures("two_threads"),
+]
 
 
 def _smollm_heads(layers: int = 2) -> LlamaDims:
