@@ -46,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     lo.add_argument("--rank", type=int, default=8, help="LoRA rank r (default: 8)")
     lo.add_argument("--seed", type=int, default=0, help="the weights' random seed (default: 0)")
 
-    c = sub.add_parser("gen-certs", help="write a development CA, server and client certificates")
+    c = sub.add_parser("gen-certs", help="write a development CA, server and client certificates (ECDSA P-256, "
+                                         "valid 90 days: Mozilla's modern profile)")
     c.add_argument("--out", default="security",
                    help="folder for ca/, certs/ and keys/ (the shipped config's layout; default: security)")
     c.add_argument("--if-missing", action="store_true", help="keep certificates OUT already holds")
