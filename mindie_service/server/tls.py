@@ -106,6 +106,33 @@ def _crl_pem(key: str, path: str) -> bytes:
     return crl.public_bytes(serialization.Encoding.PEM)
 
 
+def _verify_clients(ctx: ssl.SSLContext, tls: TlsSettings, ca_key: str, crl_key: str) -> None:
+    """Client certificates required against the CA files, with their CRLs, when CA files are set."""
+    if tls.ca_files:
+        for path in tls.ca_files:
+            log_expiry(ca_key, path, _load_certs(ca_key, path))
+            try:
+                ctx.load_verify_locations(cafile=path)
+            except ssl.SSLError as e:
+                raise ConfigError(f"{_S}.{ca_key}: {path}: {e}") from None
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        if tls.crl_files:
+            for path in tls.crl_files:
+                pem = _crl_pem(crl_key, path)
+                # load_verify_locations reads CRLs from a PEM file only (cadata takes certificates).
+                fd, tmp = tempfile.mkstemp(suffix=".crl.pem")
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(pem)
+                    ctx.load_verify_locations(cafile=tmp)
+                finally:
+                    os.unlink(tmp)
+            ctx.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
+    elif tls.crl_files:
+        logger.warning("%s.%s is set but no CA file (%s.%s): client certificates are not requested, CRLs unused",
+                       _S, crl_key, _S, ca_key)
+
+
 def build_ssl_context(tls: TlsSettings, prefix: str = "tls") -> ssl.SSLContext:
     """A server SSLContext from one plane's settings; ``prefix`` names the plane's keys in messages
     (``tls``, ``managementTls``, ``metricsTls``)."""
@@ -143,29 +170,7 @@ def build_ssl_context(tls: TlsSettings, prefix: str = "tls") -> ssl.SSLContext:
     except ssl.SSLError as e:
         raise ConfigError(f"{_S}.{cert_key}/{pk_key}: {tls.cert}, {tls.pk}: {e}") from None
 
-    if tls.ca_files:
-        for path in tls.ca_files:
-            log_expiry(ca_key, path, _load_certs(ca_key, path))
-            try:
-                ctx.load_verify_locations(cafile=path)
-            except ssl.SSLError as e:
-                raise ConfigError(f"{_S}.{ca_key}: {path}: {e}") from None
-        ctx.verify_mode = ssl.CERT_REQUIRED
-        if tls.crl_files:
-            for path in tls.crl_files:
-                pem = _crl_pem(crl_key, path)
-                # load_verify_locations reads CRLs from a PEM file only (cadata takes certificates).
-                fd, tmp = tempfile.mkstemp(suffix=".crl.pem")
-                try:
-                    with os.fdopen(fd, "wb") as f:
-                        f.write(pem)
-                    ctx.load_verify_locations(cafile=tmp)
-                finally:
-                    os.unlink(tmp)
-            ctx.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
-    elif tls.crl_files:
-        logger.warning("%s.%s is set but no CA file (%s.%s): client certificates are not requested, CRLs unused",
-                       _S, crl_key, _S, ca_key)
+    _verify_clients(ctx, tls, ca_key, crl_key)
     return ctx
 
 
