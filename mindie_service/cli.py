@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "generate":
         from mindie_service import LLM, SamplingParams
-        llm = LLM(model=args.model)
+        # the schedule holds these prompts and no more: the KV pool is sized for them, not for 200 sequences
+        llm = LLM(model=args.model, max_batch_size=len(args.prompts))
         for out in llm.generate(args.prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0.0)):
             print(repr(out.outputs[0].text))
         return 0

@@ -83,3 +83,23 @@ def test_the_draft_models_pool_comes_out_of_the_budget(tiny_model, caplog):
     out = llm.generate(["river mountain city"], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True),
                        use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 8
+
+
+def test_the_generate_cli_sizes_its_pool_for_its_prompts(tiny_model, monkeypatch, capsys):
+    """`mindie-service generate` runs its prompts at once and nothing else: its schedule is that many sequences,
+    so its pool holds len(prompts) x maxSeqLen tokens (2 x 2560 in 128-token blocks, plus one), not the automatic
+    budget's worth of 200 sequences (issue 43: the CLI held 5.6 GB for one prompt on SmolLM2)."""
+    import mindie_service
+    from mindie_service import cli
+
+    built: list[LLM] = []
+
+    class Recorded(LLM):
+        def __init__(self, *args, **kw) -> None:
+            super().__init__(*args, **kw)
+            built.append(self)
+
+    monkeypatch.setattr(mindie_service, "LLM", Recorded)
+    assert cli.main(["generate", "--model", str(tiny_model), "--max-tokens", "2", "river", "mountain"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 2
+    assert built[0].engine.stats().total_blocks == 2 * 2560 // 128 + 1
