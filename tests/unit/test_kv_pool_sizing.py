@@ -103,3 +103,22 @@ def test_the_generate_cli_sizes_its_pool_for_its_prompts(tiny_model, monkeypatch
     assert cli.main(["generate", "--model", str(tiny_model), "--max-tokens", "2", "river", "mountain"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
     assert built[0].engine.stats().total_blocks == 2 * 2560 // 128 + 1
+
+
+def test_the_shipped_configs_pool_is_the_smaller_of_its_schedule_and_its_budget(monkeypatch):
+    """`make serve`'s config on SmolLM2-135M's shape (30 layers, 3 KV heads of 64, fp32: 720 KiB a 16-token block):
+    its schedule can use 64 x 2560 tokens (7.0 GiB), so npuMemSize's 2 GB caps the pool (2912 blocks); with 8
+    sequences the schedule's 1281 blocks (0.9 GiB) are the pool, not the whole budget (numKvBlocks asks for more:
+    test_a_real_engine_gets_the_blocks_its_budget_buys)."""
+    import dataclasses
+
+    from tests.server_utils import ROOT
+
+    monkeypatch.setattr(platform, "memory_info", lambda d: pytest.fail("a fixed npuMemSize needs no memory query"))
+    cfg = load_config(ROOT / "conf" / "config.json").engine_config()
+    smollm = SimpleNamespace(model=SimpleNamespace(dims=SimpleNamespace(layers=30, kv_heads=3, head_dim=64)),
+                             dtype=torch.float32)
+    assert (cfg.max_batch_size, cfg.max_seq_len, cfg.cache_block_size, cfg.kv_cache_memory_gb) == (64, 2560, 16, 2)
+    assert auto_num_blocks(cfg, smollm, torch.device("cpu")) == 2 * GIB // (16 * 2 * 30 * 3 * 64 * 4) == 2912
+    small = dataclasses.replace(cfg, max_batch_size=8, max_prefill_batch_size=8, max_preempt_count=8)
+    assert auto_num_blocks(small, smollm, torch.device("cpu")) == 8 * 2560 // 16 + 1
