@@ -66,7 +66,8 @@ def log_expiry(key: str, path: str, certs: list[x509.Certificate]) -> None:
         logger.warning("%s.%s: %s expires on %s, in %.1f days (%s)", _S, key, path, end.strftime("%Y-%m-%d %H:%M UTC"),
                        left.total_seconds() / 86400, _RENEW)
     else:
-        logger.info("%s.%s: %s expires on %s (in %d days)", _S, key, path, end.strftime("%Y-%m-%d"), left.days)
+        logger.info("%s.%s: %s expires on %s (in %d days)", _S, key, path, end.strftime("%Y-%m-%d"),
+                    round(left.total_seconds() / 86400))
 
 
 def _warn_anchor(key: str, path: str, certs: list[x509.Certificate]) -> None:

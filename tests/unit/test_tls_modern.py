@@ -150,3 +150,11 @@ def test_a_chain_file_holding_the_ca_is_warned_about(sec, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger=tls.__name__):
         tls.build_ssl_context(_settings(sec, True, cert=str(chain)))
     assert any("self-signed CA certificate" in r.getMessage() for r in caplog.records)
+
+
+def test_an_expired_certificate_stops_start_up_saying_how_to_renew_it(sec, tmp_path):
+    from mindie_service.errors import ConfigError
+
+    cert, key = _cert_for(sec, tmp_path, 0)  # not after: five minutes ago
+    with pytest.raises(ConfigError, match=r"ServerConfig.tlsCert: .* expired on .*gen-certs --out DIR --force"):
+        tls.build_ssl_context(_settings(sec, False, cert=cert, pk=key))
