@@ -158,3 +158,19 @@ def test_an_expired_certificate_stops_start_up_saying_how_to_renew_it(sec, tmp_p
     cert, key = _cert_for(sec, tmp_path, 0)  # not after: five minutes ago
     with pytest.raises(ConfigError, match=r"ServerConfig.tlsCert: .* expired on .*gen-certs --out DIR --force"):
         tls.build_ssl_context(_settings(sec, False, cert=cert, pk=key))
+
+
+def test_without_libssl_the_key_exchange_is_p256_only_and_says_so(sec, monkeypatch, caplog):
+    """A Python whose SSLContext does not lead to libssl's SSL_CTX: set_ecdh_curve's one curve, P-256 (inside the
+    profile), and a WARNING saying what is lost."""
+    from mindie_service.server.openssl_ctx import OpenSSLUnavailable
+
+    def unavailable(*_: object) -> None:
+        raise OpenSSLUnavailable("no libssl here")
+
+    monkeypatch.setattr(tls, "set_groups", unavailable)
+    with caplog.at_level(logging.WARNING, logger=tls.__name__):
+        ctx = tls.build_ssl_context(_settings(sec, False))
+    assert any("P-256 only" in r.getMessage() for r in caplog.records)
+    for port in _tls_server(ctx):
+        assert [_handshake(sec, port, False, g) == "" for g in ("P-256", "X25519", "X448")] == [True, False, False]
