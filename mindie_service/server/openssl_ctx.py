@@ -12,6 +12,7 @@ The pointer is read from the ``SSLContext`` object (its first field after the ob
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import ssl
 
@@ -28,6 +29,7 @@ class OpenSSLUnavailable(RuntimeError):
     """libssl's SSL_CTX cannot be reached from this Python (another layout, or ``_ssl`` built in statically)."""
 
 
+@functools.cache
 def _libssl() -> ctypes.CDLL:
     import _ssl
 
