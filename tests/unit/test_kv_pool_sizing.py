@@ -3,6 +3,7 @@ ServiceConfig.engine_config() into the engine's block count; -1 sizes it from th
 fixed numKvBlocks wins; the pool is never sized past maxBatchSize full-length sequences."""
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -50,6 +51,14 @@ def test_minus_one_sizes_the_pool_from_the_devices_memory(tmp_path, tiny_model, 
 def test_the_pool_never_exceeds_max_batch_size_full_sequences(tmp_path, tiny_model):
     cfg = engine_config(tmp_path, tiny_model, 64, maxBatchSize=4, maxPrefillBatchSize=4)
     assert auto_num_blocks(cfg, fake_loaded(), torch.device("cpu")) == 4 * 8192 // 128 + 1
+
+
+def test_the_schedules_need_counts_each_sequences_last_partial_block(tmp_path, tiny_model):
+    """maxSeqLen 8000 in 128-token blocks: a full-length sequence holds 63 blocks (the last one partly filled),
+    so 4 of them need 4 x 63 (+ 1) blocks, not 4 x 8000 // 128 (+ 1) = 251, which leaves the fourth short."""
+    cfg = engine_config(tmp_path, tiny_model, 64, maxBatchSize=4, maxPrefillBatchSize=4)
+    cfg = dataclasses.replace(cfg, max_seq_len=8000)
+    assert auto_num_blocks(cfg, fake_loaded(), torch.device("cpu")) == 4 * 63 + 1
 
 
 def test_a_real_engine_gets_the_blocks_its_budget_buys(tiny_model):
@@ -110,8 +119,6 @@ def test_the_shipped_configs_pool_is_the_smaller_of_its_schedule_and_its_budget(
     its schedule can use 64 x 2560 tokens (7.0 GiB), so npuMemSize's 2 GB caps the pool (2912 blocks); with 8
     sequences the schedule's 1281 blocks (0.9 GiB) are the pool, not the whole budget (numKvBlocks asks for more:
     test_a_real_engine_gets_the_blocks_its_budget_buys)."""
-    import dataclasses
-
     from tests.server_utils import ROOT
 
     monkeypatch.setattr(platform, "memory_info", lambda d: pytest.fail("a fixed npuMemSize needs no memory query"))
