@@ -27,9 +27,12 @@ $(SERVE_STAMP): setup.cfg pyproject.toml
 
 # text-generation 0.7 (TGI's client, used by the tests) pins huggingface-hub<1 which transformers 5 outgrows:
 # it is installed without its pins, its real needs (requests, aiohttp, pydantic) come from the [test] extra.
+# sslyze 6.3 (the TLS tests' Mozilla-profile oracle) pins cryptography<47, older than ours (its API is the same):
+# installed the same way, with its own needs nassl and tls-parser pinned here and pydantic from the [test] extra.
 $(TEST_STAMP): $(SERVE_STAMP)
 	$(PIP) -e '.[test]'
 	$(PIP) --no-deps text-generation==0.7.0
+	$(PIP) --no-deps sslyze==6.3.1 nassl==5.4.0 tls-parser==2.0.2
 	touch $(TEST_STAMP)
 
 demo-models: $(TEST_STAMP)

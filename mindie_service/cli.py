@@ -46,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     lo.add_argument("--rank", type=int, default=8, help="LoRA rank r (default: 8)")
     lo.add_argument("--seed", type=int, default=0, help="the weights' random seed (default: 0)")
 
-    c = sub.add_parser("gen-certs", help="write a development CA, server and client certificates")
+    c = sub.add_parser("gen-certs", help="write a development CA, server and client certificates (ECDSA P-256, "
+                                         "valid 90 days: Mozilla's modern profile)")
     c.add_argument("--out", default="security",
                    help="folder for ca/, certs/ and keys/ (the shipped config's layout; default: security)")
     c.add_argument("--if-missing", action="store_true", help="keep certificates OUT already holds")
@@ -113,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "generate":
         from mindie_service import LLM, SamplingParams
-        llm = LLM(model=args.model)
+        # the schedule holds these prompts and no more: the KV pool is sized for them, not for 200 sequences
+        llm = LLM(model=args.model, max_batch_size=len(args.prompts))
         for out in llm.generate(args.prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0.0)):
             print(repr(out.outputs[0].text))
         return 0

@@ -1,5 +1,7 @@
 """Development certificates: a local CA, a server certificate for localhost / 127.0.0.1 / ::1 and a
-client certificate, RSA 3072, X509v3 (``mindie-service gen-certs``).
+client certificate, X509v3 (``mindie-service gen-certs``), as Mozilla's "modern" TLS profile asks: ECDSA keys on
+P-256 signed with SHA-256, and no certificate, the CA included, valid for more than 90 days (the server logs when
+its certificate expires; ``gen-certs --force`` writes a new set).
 
 Layout under ``out_dir`` (what conf/config.json names)::
 
@@ -18,22 +20,25 @@ from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from mindie_service.errors import ExistingFilesError
 
 logger = logging.getLogger(__name__)
 
-RSA_BITS = 3072
+MAX_DAYS = 90  # Mozilla's modern profile: certificates live at most 90 days
 DEV_FILES = ("ca/ca.pem", "ca/ca.key.pem", "certs/server.pem", "keys/server.key.pem",
              "certs/client.pem", "keys/client.key.pem")
+
+
+PrivateKey = ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey
 
 
 @dataclass
 class Issued:
     cert: x509.Certificate
-    key: rsa.RSAPrivateKey
+    key: PrivateKey
 
 
 def _name(cn: str) -> x509.Name:
@@ -41,16 +46,29 @@ def _name(cn: str) -> x509.Name:
                       x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
-def new_key(bits: int = RSA_BITS) -> rsa.RSAPrivateKey:
+def new_key() -> ec.EllipticCurvePrivateKey:
+    """An ECDSA key on P-256 (secp256r1), the modern profile's certificate key."""
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def rsa_key(bits: int) -> rsa.RSAPrivateKey:
+    """An RSA key, for material the server must judge by MindIE's RSA rule (at least 3072 bits)."""
     return rsa.generate_private_key(public_exponent=65537, key_size=bits)
 
 
-def make_ca(cn: str = "mindie-service dev CA", days: int = 3650, key: rsa.RSAPrivateKey | None = None) -> Issued:
+def _validity(days: int) -> tuple[dt.datetime, dt.datetime]:
+    """Not before five minutes ago (clocks a little behind), not after ``days`` from then: the whole lifetime
+    is ``days``, which Mozilla's profile measures (notAfter - notBefore)."""
+    start = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
+    return start, start + dt.timedelta(days=days)
+
+
+def make_ca(cn: str = "mindie-service dev CA", days: int = MAX_DAYS, key: PrivateKey | None = None) -> Issued:
     key = key or new_key()
-    now = dt.datetime.now(dt.timezone.utc)
+    start, end = _validity(days)
     cert = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(_name(cn)).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+            .not_valid_before(start).not_valid_after(end)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
                                          content_commitment=False, key_encipherment=False, data_encipherment=False,
@@ -60,16 +78,18 @@ def make_ca(cn: str = "mindie-service dev CA", days: int = 3650, key: rsa.RSAPri
     return Issued(cert, key)
 
 
-def issue(ca: Issued, cn: str, *, server: bool, hosts: tuple[str, ...] = (), days: int = 825,
-          key: rsa.RSAPrivateKey | None = None) -> Issued:
+def issue(ca: Issued, cn: str, *, server: bool, hosts: tuple[str, ...] = (), days: int = MAX_DAYS,
+          key: PrivateKey | None = None) -> Issued:
     """A leaf certificate signed by ``ca`` for a server (SANs from ``hosts``) or a client."""
     key = key or new_key()
-    now = dt.datetime.now(dt.timezone.utc)
+    start, end = _validity(days)
     b = (x509.CertificateBuilder().subject_name(_name(cn)).issuer_name(ca.cert.subject).public_key(key.public_key())
          .serial_number(x509.random_serial_number())
-         .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=days))
+         .not_valid_before(start).not_valid_after(end)
          .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-         .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=True, key_cert_sign=False,
+         # key encipherment is RSA key transport, which an ECDSA key (and TLS 1.3) never does
+         .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=False,
+                                      key_encipherment=isinstance(key, rsa.RSAPrivateKey),
                                       crl_sign=False, content_commitment=False, data_encipherment=False,
                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
          .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server
@@ -102,7 +122,7 @@ def write_cert(path: str | Path, cert: x509.Certificate) -> None:
     p.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def write_key(path: str | Path, key: rsa.RSAPrivateKey, password: bytes | None = None) -> None:
+def write_key(path: str | Path, key: PrivateKey, password: bytes | None = None) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     enc: serialization.KeySerializationEncryption = (
@@ -147,5 +167,6 @@ def generate_dev_certs(out_dir: str, if_missing: bool = False, force: bool = Fal
     write_key(out / "keys/server.key.pem", server.key)
     write_cert(out / "certs/client.pem", client.cert)
     write_key(out / "keys/client.key.pem", client.key)
-    logger.info("wrote development certificates (RSA %d) to %s", RSA_BITS, out)
+    logger.info("wrote development certificates (ECDSA P-256) to %s, valid until %s", out,
+                server.cert.not_valid_after_utc.strftime("%Y-%m-%d %H:%M UTC"))
     return True

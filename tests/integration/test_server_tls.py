@@ -147,7 +147,7 @@ def test_missing_ca_and_crl_name_their_keys(pki):
 
 
 def test_weak_mismatched_and_expired_material_is_refused(pki, tmp_path):
-    ca = certs.make_ca("weak CA", key=certs.new_key(2048))
+    ca = certs.make_ca("weak CA", key=certs.rsa_key(2048))
     certs.write_cert(tmp_path / "weak.pem", ca.cert)
     certs.write_key(tmp_path / "weak.key.pem", ca.key)
     with pytest.raises(ConfigError, match="at least 3072"):
@@ -231,3 +231,53 @@ def test_each_plane_serves_its_own_certificate_and_client_rule(planes_srv, pki):
     assert tls_alert(cfg["metricsPort"], pki, "client") == "TLSV1_ALERT_UNKNOWN_CA"
     r = requests.get(planes_srv.url("metrics") + "/metrics", verify=ca, cert=client(pki, "scraper"), timeout=10)
     assert r.status_code == 200 and 'request_success_total{model_name="tiny"} 1.0' in r.text
+
+
+# -- Mozilla's "modern" profile, checked by sslyze against each TLS mode of the live server ---------------
+@pytest.fixture(scope="session")
+def server_only_tls_srv(request, tiny_model, pki):
+    """HTTPS with no client certificate asked (an empty tlsCaFile)."""
+    def make(tmp: Path) -> ServerProcess:
+        cfg = write_config(tmp / "config.json", tiny_model, server={
+            "httpsEnabled": True, "tlsCaPath": str(pki / "ca"), "tlsCaFile": [],
+            "tlsCert": str(pki / "certs/server.pem"), "tlsPk": str(pki / "keys/server.key.pem")})
+        return ServerProcess(cfg, tmp / "server.log", verify=str(pki / "ca/ca.pem"))
+    return shared_server("tls-server-only", request, make)
+
+
+def sslyze_scan(port: int, pki: Path, client_cert: bool):
+    """sslyze's scan of what Mozilla's checker reads (protocols, suites, groups, certificate, known attacks),
+    the dev CA as its trust store, with the dev client's certificate where the server asks for one."""
+    from sslyze import (ClientAuthenticationCredentials, Scanner, ScanCommandsExtraArguments,
+                        ServerNetworkConfiguration, ServerNetworkLocation, ServerScanRequest)
+    from sslyze.mozilla_tls_profile.tls_config_checker import SCAN_COMMANDS_NEEDED_BY_MOZILLA_CHECKER
+    from sslyze.plugins.certificate_info.implementation import CertificateInfoExtraArgument
+
+    creds = ClientAuthenticationCredentials(certificate_chain_path=pki / "certs/client.pem",
+                                            key_path=pki / "keys/client.key.pem") if client_cert else None
+    scanner = Scanner()
+    scanner.queue_scans([ServerScanRequest(
+        server_location=ServerNetworkLocation("localhost", port, ip_address="127.0.0.1"),
+        network_configuration=ServerNetworkConfiguration("localhost", tls_client_auth_credentials=creds),
+        scan_commands=SCAN_COMMANDS_NEEDED_BY_MOZILLA_CHECKER,
+        scan_commands_extra_arguments=ScanCommandsExtraArguments(
+            certificate_info=CertificateInfoExtraArgument(custom_ca_file=pki / "ca/ca.pem")))])
+    (result,) = scanner.get_results()
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["tls", "mutual-tls"])
+def test_each_tls_mode_passes_sslyzes_mozilla_modern_check(request, pki, mode):
+    from sslyze.mozilla_tls_profile.tls_config_checker import (MozillaTlsConfiguration, TlsConfigurationEnum,
+                                                               check_server_against_tls_configuration)
+
+    srv = request.getfixturevalue("tls_srv" if mode == "mutual-tls" else "server_only_tls_srv")
+    result = sslyze_scan(srv.cfg["port"], pki, client_cert=mode == "mutual-tls")
+    # raises ServerNotCompliantWithTlsConfiguration naming each issue (groups, lifetime, key type, ...)
+    check_server_against_tls_configuration(result, MozillaTlsConfiguration.get(TlsConfigurationEnum.MOZILLA_MODERN))
+    groups = {c.name for c in result.scan_result.elliptic_curves.result.supported_curves}
+    assert groups == {"X25519", "secp256r1", "secp384r1"}
+    (deployment,) = result.scan_result.certificate_info.result.certificate_deployments
+    assert len(deployment.received_certificate_chain) == 1  # the server's own certificate: no anchor, no CA
+    assert not deployment.received_chain_contains_anchor_certificate

@@ -38,3 +38,21 @@ def test_the_offline_snippet_names_the_model_make_serve_places() -> None:
     shipped = json.loads((ROOT / "conf" / "config.json").read_text())
     folder = Path(shipped["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]["modelWeightPath"]).name
     assert folder in PACKAGED_MODELS and f'LLM(model="models/{folder}"' in block
+
+
+def test_every_readme_block_says_its_language_and_every_skip_names_a_block() -> None:
+    """The snippet test (tests/real/test_real_readme_snippets.py) finds its snippets by their fence's language:
+    a block without one would hide a command from it. Each skip names a block that is there, and one block starts
+    the server."""
+    from tests.readme_blocks import SKIPPED, START, blocks, runnable
+
+    bs = blocks()
+    assert [b.line for b in bs if not b.lang] == []
+    for prefix in SKIPPED:
+        assert any(b.first.startswith(prefix) for b in bs), f"SKIPPED names no README block: {prefix!r}"
+    assert len([b for b in bs if START in b.code]) == 1
+    order = runnable(bs)
+    assert [b.stops_server for b in order if b.talks_to_server] == sorted(b.stops_server for b in order
+                                                                          if b.talks_to_server)
+    assert any(b.lang == "python" and b.talks_to_server and not b.skip_reason for b in order)
+    assert any(b.stops_server and not b.skip_reason for b in order)

@@ -74,7 +74,8 @@ def auto_num_blocks(cfg: EngineConfig, loaded: LoadedModel, device: Any, draft: 
     draft model (speculative decoding) keeps a pool of as many blocks, of ``draft`` bytes each: its share comes out
     of the same budget."""
     per_block = kv_bytes_per_block(loaded.model, cfg.cache_block_size, loaded.dtype, cfg.kv_cache_dtype)
-    need = cfg.max_batch_size * cfg.max_seq_len // cfg.cache_block_size + 1
+    # each sequence's blocks, its last one partly filled (plus one to spare, as before)
+    need = cfg.max_batch_size * -(-cfg.max_seq_len // cfg.cache_block_size) + 1
     budget = platform.kv_cache_budget(device, cfg.kv_cache_memory_gb)
     n = max(2, min(need, budget // (per_block + draft)))
     if draft:
