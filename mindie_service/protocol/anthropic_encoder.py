@@ -189,3 +189,42 @@ class AnthropicEncoder(Encoder):
 
     def error_json(self, err: MindieError) -> dict[str, Any]:
         return anthropic_error(err)[1]
+
+
+_TEXT_OR_BLOCKS = {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}
+_MESSAGES = {"type": "array", "minItems": 1, "items": {"type": "object", "required": ["role", "content"],
+                                                       "properties": {"role": {"enum": ["user", "assistant"]},
+                                                                      "content": _TEXT_OR_BLOCKS}}}
+# The routes' schemas in /openapi.json (server/openapi.py).
+OPENAPI_SCHEMAS: dict[str, Any] = {
+    "MessagesRequest": {"type": "object", "required": ["model", "messages", "max_tokens"], "properties": {
+        "model": {"type": "string"}, "messages": _MESSAGES, "system": _TEXT_OR_BLOCKS,
+        "max_tokens": {"type": "integer", "minimum": 1}, "stop_sequences": {"type": "array", "items": {
+            "type": "string"}}, "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "top_k": {"type": "integer", "minimum": 0},
+        "stream": {"type": "boolean"}, "tools": {"type": "array", "items": {"type": "object", "required": ["name"]}},
+        "tool_choice": {"type": "object", "required": ["type"]},
+        "metadata": {"type": "object", "properties": {"user_id": {"type": "string"}}}},
+        "description": "Anthropic's Messages request (temperature, top_p, top_k from the body: the 2.x SDK's "
+                       "extra_body)."},
+    "Message": {"type": "object", "required": ["id", "type", "role", "content", "model", "stop_reason", "usage"],
+                "properties": {"id": {"type": "string"}, "type": {"const": "message"},
+                               "role": {"const": "assistant"}, "content": {"type": "array"},
+                               "model": {"type": "string"}, "stop_reason": {"type": ["string", "null"]},
+                               "stop_sequence": {"type": ["string", "null"]}, "usage": {
+                                   "type": "object", "required": ["input_tokens", "output_tokens"]}},
+                "description": "Non-stream body; with stream: true, Anthropic's text/event-stream events."},
+    "CountTokensRequest": {"type": "object", "required": ["model", "messages"], "properties": {
+        "model": {"type": "string"}, "messages": _MESSAGES, "system": _TEXT_OR_BLOCKS,
+        "tools": {"type": "array", "items": {"type": "object"}}}},
+    "CountTokensResponse": {"type": "object", "required": ["input_tokens"],
+                            "properties": {"input_tokens": {"type": "integer"}}},
+    "AnthropicError": {"type": "object", "required": ["type", "error"], "properties": {
+        "type": {"const": "error"}, "error": {"type": "object", "required": ["type", "message"], "properties": {
+            "type": {"type": "string"}, "message": {"type": "string"}}}},
+        "description": "Messages routes: Anthropic's error object."},
+}
+OPENAPI_SHAPES: dict[str, dict[str, tuple[str | None, str | None]]] = {
+    "/v1/messages": {"post": ("MessagesRequest", "Message")},
+    "/v1/messages/count_tokens": {"post": ("CountTokensRequest", "CountTokensResponse")},
+}
