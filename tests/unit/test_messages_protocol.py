@@ -145,6 +145,7 @@ def test_streamed_blocks_are_the_whole_answer_under_any_chunking(text, cuts):
     whole = AnthropicEncoder().complete(req, [got["result"]])
     assert blocks == whole["content"]
     assert got["events"][-2]["delta"]["stop_reason"] == whole["stop_reason"]
+    assert whole["stop_reason"] == ("tool_use" if any(b["type"] == "tool_use" for b in blocks) else "end_turn")
     for p in partials:  # never a partial escape sequence nor half a surrogate pair
         assert json_cut(p) == len(p), p
 

@@ -38,3 +38,11 @@ def test_the_offline_snippet_names_the_model_make_serve_places() -> None:
     shipped = json.loads((ROOT / "conf" / "config.json").read_text())
     folder = Path(shipped["BackendConfig"]["ModelDeployConfig"]["ModelConfig"][0]["modelWeightPath"]).name
     assert folder in PACKAGED_MODELS and f'LLM(model="models/{folder}"' in block
+
+
+def test_the_anthropic_snippet_runs_until_the_network(tmp_path: Path) -> None:
+    pytest.importorskip("anthropic")
+    snippet = _python_block("### Anthropic Messages API").replace("127.0.0.1:1025", f"127.0.0.1:{free_port()}")
+    code = snippet.replace("Anthropic(base_url", "Anthropic(max_retries=0, base_url")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "APIConnectionError" in r.stderr, r.stderr[-2000:]
