@@ -313,7 +313,8 @@ def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: 
         presence_penalty=v.get("presence_penalty", 0.0), logit_bias=logit_bias, seed=v.get("seed"), stop=stop,
         ignore_eos=x["ignore_eos"], min_tokens=x["min_tokens"], logprobs=v.get("logprobs") or None,
         prompt_logprobs=echo,
-        adapter_id=adapter_id, structured_outputs=_structured(body, support, tools))
+        adapter_id=adapter_id, structured_outputs=_structured(body, support, tools),
+        cache_key=client.prompt_cache_key)
     return OpenAIRequest(
         prompt=prompts[0], params=params, stream=stream, best_of=n, sampling=not greedy, kind=kind,
         model=model, prompts=prompts, echo=echo, logprobs=v.get("logprobs"), include_usage=include_usage,

@@ -11,10 +11,10 @@ for what this server cannot do:
 - ``verbosity``: ``medium`` (OpenAI's default) only: nothing here makes answers shorter or longer.
 - ``modalities``: ``["text"]`` only; ``audio``: null only (no audio output); ``web_search_options``: null only
   (no web search); ``prediction`` (predicted outputs) refused: nothing here drafts from a client's prediction.
-- ``prompt_cache_key`` and ``safety_identifier``: recorded in the access log beside the request id (an
-  operator can follow a cache-sharing group or an end user, as OpenAI's abuse monitoring does); the prefix cache
-  needs no key (it shares KV by the prompt's own tokens, and ``instanceRouting: "prefix"`` sends a prompt to
-  the instance holding its prefix).
+- ``prompt_cache_key``: a routing hint where several instances serve the model (``instanceRouting: "prefix"``):
+  without a longer cached prefix elsewhere, a request goes where its key went last (fleet.prefix_routing); the
+  prefix cache itself needs no key (it shares KV by the prompt's own tokens). It and ``safety_identifier`` are
+  recorded in the access log beside the request id (an operator can follow a cache group or an end user).
 - ``functions`` / ``function_call`` (the legacy form): mapped to ``tools`` / ``tool_choice`` (one call, no
   parallel calls), answered in the legacy shape (``message.function_call``, finish_reason ``function_call``);
   history messages with ``function_call`` and ``role: "function"`` map to tool calls and tool results."""
