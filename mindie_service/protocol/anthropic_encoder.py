@@ -23,7 +23,7 @@ from mindie_service.protocol.tool_parser import ToolCallDelta, ToolCallParser
 
 # status -> Anthropic's error type (any other 4xx: invalid_request_error; 5xx: api_error)
 _TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 413: "request_too_large",
-          429: "rate_limit_error", 503: "overloaded_error"}
+          424: "api_error", 429: "rate_limit_error", 503: "overloaded_error"}
 
 
 def anthropic_error(err: MindieError) -> tuple[int, dict[str, Any]]:

@@ -208,7 +208,8 @@ def _refusals(body: dict[str, Any]) -> None:
           "auto or standard_only (every request is served at one tier here)", body.get("service_tier"))
 
 
-def prompt_of(body: dict[str, Any], fmt: ToolFormat | None, policy: MediaPolicy) -> tuple[ChatPrompt, ToolsRequest | None]:
+def prompt_of(body: dict[str, Any], fmt: ToolFormat | None,
+              policy: MediaPolicy) -> tuple[ChatPrompt, ToolsRequest | None]:
     """The chat prompt and tools of a Messages body (also /v1/messages/count_tokens')."""
     fmt = fmt or detect(None)
     tools = _tools(body, fmt)
@@ -245,7 +246,8 @@ def parse_messages(body: dict[str, Any], *, model: str, policy: MediaPolicy, voc
     greedy = temp == 0.0
     top_k = v.get("top_k")
     params = SamplingParams(
-        max_tokens=v["max_tokens"], temperature=temp, top_k=0 if greedy or not top_k or top_k >= vocab_size else top_k,
+        max_tokens=v["max_tokens"], temperature=temp,
+        top_k=0 if greedy or not top_k or top_k >= vocab_size else top_k,
         top_p=1.0 if greedy else v.get("top_p", 1.0), stop=stop, adapter_id=adapter_id,
         structured_outputs=tools.spec() if tools is not None else None)
     return AnthropicRequest(prompt=prompt, params=params, stream=v.get("stream", False), sampling=not greedy,

@@ -217,7 +217,8 @@ def _logit_bias(v: Any, vocab_size: int) -> dict[int, float]:
         out[int(key)] = LOGIT_BIAS.checked(bias, f"logit_bias[{key}]")
     return out
 
-_STREAM_OPTIONS = {"include_usage": Field("include_usage", BOOL), "include_obfuscation": Field("include_obfuscation", BOOL)}
+_STREAM_OPTIONS = {"include_usage": Field("include_usage", BOOL),
+                   "include_obfuscation": Field("include_obfuscation", BOOL)}
 
 
 def _stream_options(body: dict[str, Any], stream: bool) -> tuple[bool, bool]:

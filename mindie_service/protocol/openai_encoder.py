@@ -18,8 +18,8 @@ from mindie_service.protocol.openai import OpenAIRequest
 DONE = b"data: [DONE]\n\n"
 _PARAM = re.compile(r"^Parameter ([A-Za-z0-9_.\[\]]+) ")
 # status -> OpenAI's error type (any other 4xx: invalid_request_error, 405 included; 5xx: server_error)
-_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error",
-          503: "service_unavailable_error"}
+_TYPES = {401: "authentication_error", 403: "permission_error", 424: "server_error", 429: "rate_limit_error",
+          503: "service_unavailable_error"}  # 424: the engine failed this request (our fault, not the client's)
 
 
 def finish_reason(reason: str | None) -> str | None:
