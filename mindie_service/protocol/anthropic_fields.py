@@ -100,7 +100,8 @@ def _tool_use(block: dict[str, Any], where: str) -> tuple[str, str, str]:
     check(isinstance(block.get("id"), str) and isinstance(block.get("name"), str), where,
           'a block {"type": "tool_use", "id", "name", "input"}', {k: block.get(k) for k in ("id", "name")})
     check(isinstance(block.get("input", {}), dict), f"{where}.input", "an object", block.get("input"))
-    return block["id"], block["name"], json.dumps(block.get("input", {}), ensure_ascii=False)
+    # compact, as the call grammar has the model write it: the history renders as the model wrote the call
+    return block["id"], block["name"], json.dumps(block.get("input", {}), ensure_ascii=False, separators=(",", ":"))
 
 
 def _turn(m: Any, where: str, counter: list[int], policy: MediaPolicy) -> list[ChatMessage]:

@@ -63,7 +63,7 @@ def test_messages_are_greedy_identical_to_chat_streamed_and_whole(claude, oai):
         msg.usage.input_tokens
 
 
-def test_a_tool_round_trip_through_create_and_stream(claude):
+def test_a_tool_round_trip_through_create_and_stream(claude, oai):
     tools = [{"name": "get_weather", "description": "Weather in a city", "input_schema": WEATHER}]
     kw = dict(model="tiny", max_tokens=60, tools=tools, messages=[{"role": "user", "content": ASK}],
               tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0})
@@ -79,6 +79,16 @@ def test_a_tool_round_trip_through_create_and_stream(claude):
     answer = claude.messages.create(model="tiny", max_tokens=16, tools=tools, messages=follow,
                                     tool_choice={"type": "none"}, extra_body={"temperature": 0})
     assert answer.stop_reason in ("end_turn", "max_tokens") and answer.content[0].type == "text"
+    chat = oai.chat.completions.create(  # the same conversation through the chat route: the same tokens
+        model="tiny", max_tokens=16, temperature=0, tool_choice="none",
+        tools=[{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                                 "parameters": WEATHER}}],
+        messages=[{"role": "user", "content": ASK},
+                  {"role": "assistant", "content": None, "tool_calls": [{
+                      "id": call.id, "type": "function",
+                      "function": {"name": "get_weather", "arguments": json.dumps(call.input, separators=(",", ":"))}}]},
+                  {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21"}])
+    assert chat.choices[0].message.content == answer.content[0].text
     with pytest.raises(anthropic.BadRequestError) as e:
         claude.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": ASK}],
                                thinking={"type": "enabled", "budget_tokens": 1024})

@@ -53,7 +53,7 @@ def test_a_conversation_is_the_chat_routes_neutral_request():
                             {"role": "user", "content": "Paris?"},
                             {"role": "assistant", "content": "Let me look.", "tool_calls": [
                                 {"id": "t1", "type": "function",
-                                 "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]},
+                                 "function": {"name": "weather", "arguments": '{"city":"Paris"}'}}]},
                             {"role": "tool", "tool_call_id": "t1", "content": "sun"},
                             {"role": "user", "content": [{"type": "text", "text": "And so?"}]}]})
     assert a.prompt == c.prompt and a.params == c.params and a.tools == c.tools
