@@ -26,6 +26,10 @@ class MessagesHandler(OpenAIRouteHandler):
 
     kind = "chat"
 
+    def set_default_headers(self) -> None:
+        super().set_default_headers()
+        self.set_header("request-id", self.request_id)  # Anthropic's header (the SDK's message._request_id)
+
     @property
     def encoder(self) -> Encoder:
         return _ENCODER

@@ -85,7 +85,7 @@ SCHEMAS: dict[str, Any] = {
         "model": {"type": "string", "description": "absent, \"tgi\" or \"dummy\" (TGI clients): the default model"},
         "messages": {"type": "array", "minItems": 1, "items": {
             "type": "object", "required": ["role", "content"], "properties": {
-                "role": {"enum": ["system", "developer", "user", "assistant"]},
+                "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
                 "content": {"oneOf": [{"type": "string"}, {"type": "array"}]}}}},
         "max_tokens": {"type": ["integer", "null"], "minimum": 1},
         "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
@@ -93,7 +93,16 @@ SCHEMAS: dict[str, Any] = {
         "logprobs": {"type": "boolean"}, "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
         "response_format": _RESPONSE_FORMAT, "tools": _TOOLS,
         "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, _OBJ]},
-        "parallel_tool_calls": {"type": "boolean"}}},
+        "parallel_tool_calls": {"type": "boolean"},
+        "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+        "store": {"type": "boolean", "description": "false only: completions are not stored yet"},
+        "service_tier": {"enum": ["auto", "default"]}, "reasoning_effort": {"enum": ["none", "minimal"]},
+        "verbosity": {"const": "medium"}, "modalities": {"const": ["text"]},
+        "prompt_cache_key": {"type": "string", "description": "routing hint across instances; logged"},
+        "safety_identifier": {"type": "string", "description": "the end user, logged"},
+        "functions": {"type": "array", "items": _OBJ}, "function_call": {"oneOf": [{"enum": ["none", "auto"]}, _OBJ]},
+        "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"},
+                                                            "include_obfuscation": {"type": "boolean"}}}}},
     "GenerateRequest": {"type": "object", "required": ["inputs"], "properties": {
         "inputs": {"oneOf": [{"type": "string"}, {"type": "array"}]},
         "parameters": {"type": "object", "properties": {"grammar": _GRAMMAR}}},

@@ -188,8 +188,41 @@ class MessagesHttpTest(InProcessServer):
         msg = json.loads(r.body)
         assert r.code == 200 and msg["type"] == "message" and msg["stop_reason"] == "max_tokens", r.body
         assert msg["usage"]["output_tokens"] == 3 and msg["content"][0]["type"] == "text"
+        assert r.headers["request-id"] == r.headers["X-Request-Id"] and msg["id"] == "msg_" + r.headers["request-id"]
         r = self._post("/v1/messages", {**body, "model": "nope"}, **{"x-api-key": "sk-test-0123456789abcdef"})
         assert r.code == 404 and json.loads(r.body)["error"]["type"] == "not_found_error", r.body
         r = self._post("/v1/messages/count_tokens", {"model": "mock", "messages": body["messages"]},
                        Authorization="Bearer sk-test-0123456789abcdef")
         assert r.code == 200 and json.loads(r.body)["input_tokens"] > 0, r.body
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from(["", "x", "auto", "user", "text",
+                                                                                    "tool_use", "#/$defs/A"]),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+                        st.sampled_from(["type", "name", "role", "content", "text", "id", "input", "tool_use_id",
+                                         "source", "input_schema", "$ref", "user_id", "budget_tokens"]), inner,
+                        max_size=4), max_leaves=12)
+
+
+@settings(max_examples=400, deadline=None)
+@given(field=st.sampled_from(["system", "messages", "tools", "tool_choice", "metadata", "thinking", "stop_sequences",
+                              "top_k", "service_tier"]), value=JSON)
+def test_any_value_of_a_messages_field_is_taken_or_refused_by_name(field, value):
+    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}], field: value}
+    try:
+        parse_messages(body, model="m", policy=MediaPolicy(), vocab_size=100)
+    except ValidationError as e:
+        assert e.message.startswith("Parameter "), e.message
+
+
+@settings(max_examples=400, deadline=None)
+@given(field=st.sampled_from(["metadata", "store", "service_tier", "reasoning_effort", "prompt_cache_key",
+                              "safety_identifier", "verbosity", "modalities", "prediction", "audio",
+                              "web_search_options", "functions", "function_call", "stream_options", "response_format",
+                              "messages"]), value=JSON)
+def test_any_value_of_a_chat_client_field_is_taken_or_refused_by_name(field, value):
+    body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}], field: value}
+    try:
+        _chat(body)
+    except ValidationError as e:
+        assert e.message.startswith("Parameter "), e.message
