@@ -110,3 +110,19 @@ def test_openai_streaming_helper_accumulates_a_forced_tool_call(oai):
             entries = choice.delta.tool_calls or []
             assert len({e.index for e in entries}) == len(entries), chunk
             assert choice.delta.model_dump(exclude_none=True) or choice.finish_reason, chunk
+
+
+def test_huggingface_hub_json_schema_arrives_as_a_schema(srv, monkeypatch):
+    """huggingface_hub's chat_completion sends a json_schema as TGI's {"type": "json_object", "value": schema}."""
+    import huggingface_hub.constants
+    from huggingface_hub import InferenceClient
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # it talks to our local server only
+
+    person = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+              "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0,
+                                                                                 "maximum": 99}}}
+    out = InferenceClient(base_url=srv.url()).chat_completion(
+        [{"role": "user", "content": "A person?"}], max_tokens=60, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": person}})
+    jsonschema.validate(json.loads(out.choices[0].message.content), person)
