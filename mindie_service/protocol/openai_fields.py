@@ -117,6 +117,9 @@ def legacy_functions(body: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     check(body.get("tools") is None and body.get("tool_choice") is None, "functions",
           "absent when tools or tool_choice are given (functions is their legacy form)", "both given")
     check(isinstance(fns, list), "functions", "a list of {name, description?, parameters?}", fns)
+    for i, f in enumerate(fns):
+        check(isinstance(f, dict) and isinstance(f.get("name"), str), f"functions[{i}]",
+              "an object {name, description?, parameters?}", f)
     out = {k: v for k, v in body.items() if k not in ("functions", "function_call")}
     out["tools"] = [{"type": "function", "function": f} for f in fns]
     out["tool_choice"] = _legacy_choice(call)

@@ -164,6 +164,8 @@ def test_legacy_functions_map_to_tools_and_answer_in_their_shape():
                                                                                           "arguments": "{}"}},
                             {"role": "function", "name": "f", "content": "42"}], functions=[{"name": "f"}])
     assert hist.prompt.messages[1].tool_calls[0][1] == "f" and hist.prompt.messages[2].role == "tool"
+    with pytest.raises(ValidationError, match=r"^Parameter functions\[0\] must be an object"):
+        _parse(functions=[1])
     with pytest.raises(ValidationError, match="^Parameter functions must be absent when tools"):
         _parse(functions=[{"name": "f"}], tools=[_tool("g", {})])
 
