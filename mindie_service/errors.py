@@ -25,6 +25,12 @@ class ValidationError(MindieError, ValueError):
     error_type = "validation"
 
 
+class ContextLengthError(ValidationError):
+    """A prompt over the input-length limit: 422 (OpenAI's 400 with ``code: "context_length_exceeded"``)."""
+
+    code = "context_length_exceeded"
+
+
 class MediaError(ValidationError):
     """A media part could not be fetched or decoded. ``status`` may be 4xx other than 422
     (e.g. 403 for a refused source, 413 for a body over its cap, 504 for a fetch timeout)."""

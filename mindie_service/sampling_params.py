@@ -48,6 +48,9 @@ class SamplingParams:
     # Structured output (vLLM's shape: an object or dict of json | regex | choice | grammar | json_object, or a
     # structured.grammar_spec.StructuredSpec): the output matches it; None: unconstrained.
     structured_outputs: StructuredSpec | None = None
+    # A client's prompt-cache key (OpenAI's prompt_cache_key): requests naming one key go to one instance where
+    # several serve the model (fleet.prefix_routing), so their shared prefix is cached once. No effect on output.
+    cache_key: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

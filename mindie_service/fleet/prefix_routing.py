@@ -17,13 +17,17 @@ The rule (``PrefixRouter.choose``), among healthy instances:
    ``LOAD_SLACK`` (4) more requests in flight, or at most twice ``least``'s when that is larger.
    Otherwise ``least``. A prompt with media, or shorter than one block, goes to ``least``.
 
+3. Without a longer cached prefix anywhere, a request naming a prompt-cache key (OpenAI's ``prompt_cache_key``,
+   ``SamplingParams.cache_key``) goes to the instance that key went to last, under the same load bound: requests
+   sharing a prefix that is still being computed (no block stored yet) meet on one instance.
+
 A session's continuation still goes to the instance that holds it (the router decides that first)."""
 from __future__ import annotations
 
 import hashlib
 import logging
 from array import array
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -32,6 +36,7 @@ from mindie_service.sampling_params import is_base_adapter
 logger = logging.getLogger(__name__)
 
 LOAD_SLACK = 4
+MAX_AFFINITY = 4096  # prompt-cache keys remembered (least recent dropped)
 ROUTINGS = ("prefix", "leastLoaded")
 
 
@@ -95,6 +100,7 @@ class PrefixRouter:
     def __init__(self, indexes: Sequence[PrefixIndex], block_size: int) -> None:
         self.indexes, self.block_size = list(indexes), block_size
         self.prefix_routed = 0  # requests sent to an instance for its cached prefix
+        self.affinity: OrderedDict[str, int] = OrderedDict()  # prompt-cache key -> the instance it went to last
 
     @classmethod
     def attach(cls, engines: Sequence[Any]) -> "PrefixRouter | None":
@@ -123,16 +129,30 @@ class PrefixRouter:
         return keys
 
     def choose(self, request: Any, order: Sequence[int], in_flight: Sequence[int], least: int) -> Choice:
-        """``order``: healthy instances in turn order; ``least``: the least-loaded one among them."""
+        """``order``: healthy instances in turn order; ``least``: the least-loaded one among them. Without a
+        longer cached prefix anywhere, a request naming a prompt-cache key goes where that key went last (its
+        prefix may still be computing there), under the same load bound."""
         keys = self.keys(request)
-        if not keys:
-            return Choice(least, 0, False)
-        held = {i: self.indexes[i].held(keys) for i in order}
+        held = {i: self.indexes[i].held(keys) if keys else 0 for i in order}
         best = max(order, key=lambda i: (held[i], -in_flight[i], i == least))
-        if held[best] > held[least] and in_flight[best] - in_flight[least] <= max(LOAD_SLACK, in_flight[least]):
+        near = in_flight[best] - in_flight[least] <= max(LOAD_SLACK, in_flight[least])
+        if held[best] > held[least] and near:
             self.prefix_routed += 1
-            return Choice(best, held[best], True)
-        return Choice(least, held[least], False)
+            return self._keep(request, Choice(best, held[best], True))
+        went = self.affinity.get(getattr(request.params, "cache_key", None) or "")
+        if went in held and in_flight[went] - in_flight[least] <= max(LOAD_SLACK, in_flight[least]):
+            return self._keep(request, Choice(went, held[went], went != least))
+        return self._keep(request, Choice(least, held[least], False))
+
+    def _keep(self, request: Any, choice: Choice) -> Choice:
+        """Remember where a prompt-cache key went (the newest ``MAX_AFFINITY`` keys)."""
+        key = getattr(request.params, "cache_key", None)
+        if key:
+            self.affinity[key] = choice.instance
+            self.affinity.move_to_end(key)
+            while len(self.affinity) > MAX_AFFINITY:
+                self.affinity.popitem(last=False)
+        return choice
 
 
 def use_prefix_routing(engine: Any, routing: str) -> Any:

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from mindie_service.errors import ValidationError
+from mindie_service.errors import ContextLengthError, ValidationError
 from mindie_service.inputs.text_bound import TextBound, tokenize_bounded
 from mindie_service.inputs.types import ChatMessage
 from mindie_service.structured.tool_formats import detect, renders_tools
@@ -70,9 +70,9 @@ def check_chat_chars(messages: Sequence[ChatMessage], bound: TextBound | None, l
         return
     over, chars = bound.refuse_over(limit), message_chars(messages)
     if chars > over:
-        raise ValidationError(f"Parameter messages must be at most {limit} tokens (maxInputTokenLen, maxSeqLen - 1 "
-                              f"and the KV pool bound it), got messages of {chars} characters (more than {over} "
-                              f"characters cannot fit in {limit} tokens of this tokenizer)")
+        raise ContextLengthError(f"Parameter messages must be at most {limit} tokens (maxInputTokenLen, "
+                                 f"maxSeqLen - 1 and the KV pool bound it), got messages of {chars} characters "
+                                 f"(more than {over} characters cannot fit in {limit} tokens of this tokenizer)")
 
 
 def _args_value(arguments: str) -> Any:
@@ -123,8 +123,10 @@ class ChatRenderer:
         self.prefixes = prefixes
         self.has_template = bool(getattr(tokenizer, "chat_template", None))
 
-    def render(self, messages: Sequence[ChatMessage], tools: Sequence[Any] = (), fmt: Any = None) -> str:
-        """The prompt text, ending with the assistant's generation prompt. ``tools`` (OpenAI's function tools) are
+    def render(self, messages: Sequence[ChatMessage], tools: Sequence[Any] = (), fmt: Any = None, *,
+               add_generation_prompt: bool = True) -> str:
+        """The prompt text, ending with the assistant's generation prompt (unless ``add_generation_prompt`` is
+        false: vLLM's /tokenize may ask for the conversation alone). ``tools`` (OpenAI's function tools) are
         rendered by the chat template where it renders them, else put in the system message in ``fmt``'s
         documented words (structured.tool_formats)."""
         if not messages:
@@ -134,14 +136,15 @@ class ChatRenderer:
         if self.has_template:
             try:
                 return str(self.tokenizer.apply_chat_template(plain, tools=list(tools) if native and tools else None,
-                                                              tokenize=False, add_generation_prompt=True))
+                                                              tokenize=False,
+                                                              add_generation_prompt=add_generation_prompt))
             except ValidationError:
                 raise
             except Exception as e:  # a template that raises (e.g. roles must alternate) is the caller's input
                 raise ValidationError(f"Parameter messages must fit the model's chat template: "
                                       f"{type(e).__name__}: {e}") from None
         out = [self.prefixes.of(m["role"]) + m["content"] + "\n" for m in plain]
-        return "".join(out) + self.prefixes.assistant
+        return "".join(out) + (self.prefixes.assistant if add_generation_prompt else "")
 
     def encode(self, messages: Sequence[ChatMessage], tokenize: Callable[[str], list[int]], *,
                bound: TextBound | None = None, keep: int | None = None, limit: int | None = None,

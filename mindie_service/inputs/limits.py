@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from mindie_service.errors import ValidationError
+from mindie_service.errors import ContextLengthError
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ def fit_prompt(ids: Sequence[int], truncate: int | None, limits: InputLimits, *,
     if len(ids) > limit:
         if media or not limits.truncation:
             expanded = " with media placeholders expanded" if media else ""
-            raise ValidationError(f"Parameter {field} must be at most {limit} tokens (maxInputTokenLen, "
+            raise ContextLengthError(f"Parameter {field} must be at most {limit} tokens (maxInputTokenLen, "
                                   f"maxSeqLen - 1 and the KV pool bound it){expanded}, got {len(ids)} tokens")
         ids = ids[-limit:]
     return tuple(ids)

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from mindie_service.errors import ValidationError
+from mindie_service.errors import ContextLengthError
 
 Tokenize = Callable[[str], list[int]]
 
@@ -66,9 +66,9 @@ def tokenize_bounded(tokenize: Tokenize, text: str, bound: TextBound | None, *, 
     if keep is None:
         over = bound.refuse_over(limit)
         if len(text) > over:
-            raise ValidationError(f"Parameter inputs must be at most {limit} tokens (maxInputTokenLen, maxSeqLen - 1 "
-                                  f"and the KV pool bound it), got a text of {len(text)} characters (more than "
-                                  f"{over} characters cannot fit in {limit} tokens of this tokenizer)")
+            raise ContextLengthError(f"Parameter inputs must be at most {limit} tokens (maxInputTokenLen, "
+                                     f"maxSeqLen - 1 and the KV pool bound it), got a text of {len(text)} characters "
+                                     f"(more than {over} characters cannot fit in {limit} tokens of this tokenizer)")
         return tokenize(text)
     need = keep * bound.max_token_chars + MARGIN_CHARS
     while need < len(text):

@@ -90,6 +90,10 @@ OPENAI_COMPLETION = _table(**_OPENAI, echo=BOOL,
 OPENAI_CHAT = _table(**_OPENAI, max_completion_tokens=Field("max_tokens", MAX_TOKENS),
                      logprobs=Field("want_logprobs", BOOL),
                      top_logprobs=Field("logprobs", Rule("int", closed(0, MAX_TOP_LOGPROBS))))
+# Anthropic's /v1/messages (Anthropic's documented ranges; top_p and top_k come through the SDK's extra_body).
+ANTHROPIC = _table(max_tokens=MAX_TOKENS, stream=BOOL,
+                   temperature=Rule("float", closed(0.0, 1.0)),  # Anthropic: [0, 1], 0 = greedy
+                   top_p=TOP_P, top_k=Rule("int", closed(0, INT32_MAX)))  # top_k 0: off
 # vLLM's extra fields (openAiSupport "vllm").
 VLLM = _table(top_k=Rule("int", closed(-1, INT32_MAX)),  # vLLM: -1 = off
               repetition_penalty=REPETITION_PENALTY, ignore_eos=BOOL,

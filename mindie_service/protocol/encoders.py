@@ -49,6 +49,7 @@ class StreamState:
     count: int = 0
     index: int = 0  # which sample (OpenAI: which choice) this stream carries
     tool_parser: Any = None  # OpenAI chat with tools: the choice's protocol.tool_parser.ToolCallParser
+    dialect: Any = None  # a dialect's own stream state (Anthropic's content blocks: anthropic_encoder.BlockBuilder)
 
 
 class Encoder:

@@ -23,6 +23,7 @@ from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
 from mindie_service.params.structured_field import read_structured
 from mindie_service.protocol.validation import get_str, get_str_list
 from mindie_service.protocol.tool_calls import ToolsRequest, message_tool_fields, parse_tools
+from mindie_service.protocol.openai_fields import CLIENT_FIELDS, ClientFields, client_fields, legacy_functions
 from mindie_service.structured.request_forms import GUIDED, one_of
 from mindie_service.structured.tool_formats import ToolFormat, detect
 from mindie_service.structured.grammar_spec import StructuredSpec
@@ -42,8 +43,8 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "
            "frequency_penalty", "logit_bias", "stream", "stream_options", "user", "logprobs", "response_format"}
 _FIELDS: dict[str, frozenset[str]] = {
     "completion": frozenset(_COMMON | {"prompt", "echo", "suffix", "best_of"}),
-    "chat": frozenset(_COMMON | {"messages", "max_completion_tokens", "top_logprobs", "parallel_tool_calls", "tools",
-                                 "tool_choice"}),
+    "chat": frozenset(_COMMON | CLIENT_FIELDS | {"messages", "max_completion_tokens", "top_logprobs",
+                                                 "parallel_tool_calls", "tools", "tool_choice"}),
 }
 VLLM_FIELDS = frozenset({"top_k", "repetition_penalty", "min_tokens", "ignore_eos", "structured_outputs",
                          *GUIDED})
@@ -64,6 +65,8 @@ class OpenAIRequest(GenerationRequest):
     score_only: bool = False  # max_tokens 0 with echo: the prompt's logprobs, no completion (the engine makes one)
     request_id: str = ""  # the response's id is derived from it
     tools: ToolsRequest | None = None  # chat's tools, tool_choice, parallel_tool_calls (protocol.tool_calls)
+    client: ClientFields = ClientFields()  # what the access log records (protocol.openai_fields)
+    obfuscate: bool = False  # stream_options.include_obfuscation: stream chunks carry random padding
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -155,7 +158,7 @@ def _media_part(part: dict[str, Any], where: str, counter: list[int], policy: Me
     return MediaItem(counter[0] - 1, "audio", f"data:{AUDIO_FORMATS[fmt]};base64,{data}")
 
 
-def _messages(body: dict[str, Any], policy: MediaPolicy) -> ChatPrompt:
+def chat_messages(body: dict[str, Any], policy: MediaPolicy) -> ChatPrompt:
     v = body.get("messages")
     check(isinstance(v, list) and 0 < len(v) <= MAX_MESSAGES, "messages",
           f"a non-empty list of at most {MAX_MESSAGES} messages", v if not isinstance(v, list) else len(v))
@@ -214,15 +217,21 @@ def _logit_bias(v: Any, vocab_size: int) -> dict[int, float]:
         out[int(key)] = LOGIT_BIAS.checked(bias, f"logit_bias[{key}]")
     return out
 
-def _stream_options(body: dict[str, Any], stream: bool) -> bool:
-    """``stream_options``: only with stream; its include_usage."""
+_STREAM_OPTIONS = {"include_usage": Field("include_usage", BOOL),
+                   "include_obfuscation": Field("include_obfuscation", BOOL)}
+
+
+def _stream_options(body: dict[str, Any], stream: bool) -> tuple[bool, bool]:
+    """``stream_options``: only with stream; its include_usage and include_obfuscation (OpenAI's padding of each
+    chunk with random characters, so that a chunk's size does not tell its text's)."""
     opts = body.get("stream_options")
     if opts is None:
-        return False
+        return False, False
     check(stream, "stream_options", "absent unless stream is true", opts)
-    check(isinstance(opts, dict) and set(opts) <= {"include_usage"}, "stream_options", "an object {include_usage}",
-          opts)
-    return bool(read_fields(opts, {"include_usage": Field("include_usage", BOOL)}).get("include_usage", False))
+    check(isinstance(opts, dict) and set(opts) <= set(_STREAM_OPTIONS), "stream_options",
+          "an object {include_usage, include_obfuscation}", opts)
+    got = read_fields(opts, _STREAM_OPTIONS, "stream_options.")
+    return bool(got.get("include_usage", False)), bool(got.get("include_obfuscation", False))
 
 
 def _kind_rules(body: dict[str, Any], kind: Kind, v: dict[str, Any], n: int) -> None:
@@ -261,8 +270,12 @@ def _vllm(body: dict[str, Any], support: Support, defaults: RequestDefaults, voc
 def _structured(body: dict[str, Any], support: Support, tools: ToolsRequest | None) -> StructuredSpec | None:
     """``response_format`` (OpenAI's, or TGI's chat form), vLLM's ``structured_outputs`` / ``guided_*``, or the
     grammar of the tools the model may call."""
-    return one_of(("tools", tools.spec() if tools is not None else None),
-                  ("response_format", read_structured(body, "openai")),
+    fmt = read_structured(body, "openai")
+    if tools is not None and tools.active:  # a reply that is not a call follows response_format (as OpenAI's)
+        fmt, tools_spec = None, tools.spec(answer=fmt)
+    else:
+        tools_spec = None
+    return one_of(("tools", tools_spec), ("response_format", fmt),
                   ("structured_outputs", read_structured(body, "vllm") if support == "vllm" else None))
 
 
@@ -273,12 +286,14 @@ def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: 
     the model's tool-call format (structured.tool_formats; default: found from no template, hermes)."""
     _check_fields(body, kind, support)
     body, score_only = _score_only(body, kind)
-    tools = parse_tools(body, tool_format or detect(None)) if kind == "chat" else None
+    body, legacy = legacy_functions(body) if kind == "chat" else (body, False)
+    client = client_fields(body)
+    tools = parse_tools(body, tool_format or detect(None), legacy=legacy) if kind == "chat" else None
     v = read_fields(body, _TABLES[kind])
     stream, n = v.get("stream", False), v.get("n", 1)
-    include_usage = _stream_options(body, stream)
+    include_usage, obfuscate = _stream_options(body, stream)
     prompts = (_completion_prompts(body, limits.vocab_size) if kind == "completion"
-               else (_with_tools(_messages(body, limits.media_policy or MediaPolicy()), tools),))
+               else (_with_tools(chat_messages(body, limits.media_policy or MediaPolicy()), tools),))
     check(len(prompts) * n <= MAX_CHOICES, "n", f"at most {MAX_CHOICES} choices in all (prompts x n)",
           f"{len(prompts)} x {n}")
     # Without max_tokens: the model's default, else OpenAI's 16 on completions; chat leaves it to the output cap.
@@ -299,8 +314,9 @@ def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: 
         presence_penalty=v.get("presence_penalty", 0.0), logit_bias=logit_bias, seed=v.get("seed"), stop=stop,
         ignore_eos=x["ignore_eos"], min_tokens=x["min_tokens"], logprobs=v.get("logprobs") or None,
         prompt_logprobs=echo,
-        adapter_id=adapter_id, structured_outputs=_structured(body, support, tools))
+        adapter_id=adapter_id, structured_outputs=_structured(body, support, tools),
+        cache_key=client.prompt_cache_key)
     return OpenAIRequest(
         prompt=prompts[0], params=params, stream=stream, best_of=n, sampling=not greedy, kind=kind,
         model=model, prompts=prompts, echo=echo, logprobs=v.get("logprobs"), include_usage=include_usage,
-        score_only=score_only, request_id=request_id, tools=tools)
+        score_only=score_only, request_id=request_id, tools=tools, client=client, obfuscate=obfuscate)

@@ -4,6 +4,7 @@ the error object ``{"error": {"message", "type", "param", "code"}}``."""
 from __future__ import annotations
 
 import re
+import secrets
 from typing import Any
 
 from mindie_service.engine.contract import FINISH_LENGTH, TokenEvent, TokenInfo
@@ -16,10 +17,9 @@ from mindie_service.protocol.openai import OpenAIRequest
 
 DONE = b"data: [DONE]\n\n"
 _PARAM = re.compile(r"^Parameter ([A-Za-z0-9_.\[\]]+) ")
-# status -> OpenAI's error type
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "invalid_request_error", 409: "invalid_request_error", 413: "invalid_request_error",
-          422: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable_error"}
+# status -> OpenAI's error type (any other 4xx: invalid_request_error, 405 included; 5xx: server_error)
+_TYPES = {401: "authentication_error", 403: "permission_error", 424: "server_error", 429: "rate_limit_error",
+          503: "service_unavailable_error"}  # 424: the engine failed this request (our fault, not the client's)
 
 
 def finish_reason(reason: str | None) -> str | None:
@@ -33,8 +33,9 @@ def openai_error(err: MindieError) -> tuple[int, dict[str, Any]]:
     """(status, body): a bad value is a 400 as on OpenAI (our 422); every other status stays."""
     status = 400 if err.status == 422 else err.status
     m = _PARAM.match(err.message)
-    return status, {"error": {"message": err.message, "type": _TYPES.get(status, "server_error"),
-                              "param": m.group(1) if m else None, "code": err.error_type}}
+    kind = _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return status, {"error": {"message": err.message, "type": kind, "param": m.group(1) if m else None,
+                              "code": getattr(err, "code", None) or err.error_type}}
 
 
 def _bytes(text: str) -> list[int]:
@@ -103,6 +104,8 @@ class OpenAIEncoder(Encoder):
         body = {**self._ids(req, req.request_id), "choices": choices}
         if req.include_usage:
             body["usage"] = None
+        if req.obfuscate:  # stream_options.include_obfuscation: random padding, so a chunk's size tells nothing
+            body["obfuscation"] = secrets.token_urlsafe(12)[:1 + secrets.randbelow(16)]
         return sse(body)
 
     def stream_start(self, req: GenerationRequest, n_samples: int) -> bytes:
@@ -132,6 +135,8 @@ class OpenAIEncoder(Encoder):
                 state.tool_parser = state.tool_parser or tool_response.parser_for(req.tools, req.request_id, k)
                 choice["delta"], choice["finish_reason"] = tool_response.stream_delta(
                     req.tools, state.tool_parser, text, fr)
+                if not choice["delta"] and choice["finish_reason"] is None and lp is None:
+                    return b""  # a call marker held back: nothing to say yet (no run of empty deltas)
         else:
             lp = None
             if req.logprobs is not None:

@@ -11,12 +11,16 @@ from typing import Any
 
 from mindie_service.errors import ValidationError, check
 from mindie_service.inputs.types import ChatMessage
+from mindie_service.protocol.openai import chat_messages
+from mindie_service.protocol.tool_calls import parse_tools
+from mindie_service.structured.tool_formats import detect
+from multimodal import MediaPolicy
 
 MAX_TOKENS_IN = 1 << 20  # ids one /detokenize takes
-_ROLES = ("system", "developer", "user", "assistant")
+_ROLES = ("system", "developer", "user", "assistant", "tool")
 _COMPLETION = frozenset({"model", "prompt", "add_special_tokens", "return_token_strs"})
 _CHAT = frozenset({"model", "messages", "add_generation_prompt", "add_special_tokens", "return_token_strs",
-                   "continue_final_message"})
+                   "continue_final_message", "tools", "tool_choice", "parallel_tool_calls"})
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class TokenizeRequest:
     add_special_tokens: bool = True  # vLLM: True for a prompt, False for messages (the template writes them)
     add_generation_prompt: bool = True
     return_token_strs: bool = False
+    tools: tuple[dict[str, Any], ...] = ()  # OpenAI's function tools, rendered as the chat route renders them
 
 
 def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
@@ -44,25 +49,10 @@ def _model(body: dict[str, Any]) -> str | None:
     return v
 
 
-def _text(content: Any, where: str) -> str:
-    if isinstance(content, str):
-        return content
-    check(isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                            and isinstance(p.get("text"), str) for p in content),
-          f"{where}.content", "a string or a list of text parts", content)
-    return "".join(p["text"] for p in content)
-
-
-def _messages(v: Any) -> tuple[ChatMessage, ...]:
-    check(isinstance(v, list) and len(v) > 0, "messages", "a non-empty list of {role, content}",
-          v if not isinstance(v, list) else len(v))
-    out = []
-    for i, m in enumerate(v):
-        check(isinstance(m, dict) and m.get("role") in _ROLES, f"messages[{i}].role",
-              f"one of {', '.join(_ROLES)}", m.get("role") if isinstance(m, dict) else m)
-        role = "system" if m["role"] == "developer" else m["role"]
-        out.append(ChatMessage(role, _text(m.get("content", ""), f"messages[{i}]")))
-    return tuple(out)
+def _messages(body: dict[str, Any]) -> tuple[ChatMessage, ...]:
+    """The chat route's messages (assistant ``tool_calls`` with ``content: null``, tool results), text only."""
+    prompt = chat_messages(body, MediaPolicy())
+    return prompt.messages
 
 
 def parse_tokenize(body: dict[str, Any]) -> TokenizeRequest:
@@ -77,7 +67,9 @@ def parse_tokenize(body: dict[str, Any]) -> TokenizeRequest:
     strs = _flag(body, "return_token_strs", False)
     if chat:
         check(not _flag(body, "continue_final_message", False), "continue_final_message", "false", True)
-        return TokenizeRequest(_model(body), messages=_messages(body["messages"]), return_token_strs=strs,
+        tools = parse_tools(body, detect(None))
+        shown = tools.tools if tools is not None and tools.active else ()
+        return TokenizeRequest(_model(body), messages=_messages(body), return_token_strs=strs, tools=shown,
                                add_special_tokens=_flag(body, "add_special_tokens", False),
                                add_generation_prompt=_flag(body, "add_generation_prompt", True))
     prompt = body["prompt"]

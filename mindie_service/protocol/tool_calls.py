@@ -15,6 +15,7 @@ from typing import Any
 from mindie_service.errors import ValidationError, check
 from mindie_service.structured.request_forms import NAME_RE
 from mindie_service.structured.grammar_spec import StructuredSpec
+from mindie_service.structured.schema_refs import check_refs
 from mindie_service.structured.tool_formats import ToolFormat
 
 MAX_TOOLS = 128
@@ -27,6 +28,7 @@ class ToolsRequest:
     choice: str  # none | auto | required | the named function's name
     parallel: bool
     fmt: ToolFormat
+    legacy: bool = False  # sent as functions / function_call: answered as message.function_call
 
     @property
     def active(self) -> bool:
@@ -36,15 +38,22 @@ class ToolsRequest:
     def named(self) -> bool:
         return self.choice not in CHOICES
 
-    def spec(self) -> StructuredSpec | None:
+    def spec(self, answer: StructuredSpec | None = None) -> StructuredSpec | None:
+        """The grammar enforcing the calls; ``answer`` (response_format's JSON spec): what a reply that is not a
+        call must match (tool_choice auto; a required call leaves no room for another answer)."""
         if not self.active:
             return None
-        if self.named:
-            tools = [t for t in self.tools if t["function"]["name"] == self.choice]
-            text = self.fmt.grammar(tools, required=True, parallel=False)
-        else:
-            text = self.fmt.grammar(self.tools, required=self.choice == "required", parallel=self.parallel)
-        return StructuredSpec("grammar", text, "tools", keep_special=self.fmt.keep_special)
+        if answer is not None and answer.kind != "json":
+            raise ValidationError(f"Parameter {answer.where} must be a JSON format (json_object or json_schema) "
+                                  f"when tools are given, got a {answer.kind} format")
+        used = [(i, t) for i, t in enumerate(self.tools) if not self.named or t["function"]["name"] == self.choice]
+        tools = [t for _, t in used]
+        required = self.named or self.choice == "required"
+        text = self.fmt.grammar(tools, required=required, parallel=self.parallel and not self.named,
+                                answer=None if answer is None or required else answer.source)
+        parts = tuple((f"tools[{i}].function.parameters", json.dumps(t["function"]["parameters"], ensure_ascii=False))
+                      for i, t in used)
+        return StructuredSpec("grammar", text, "tools", keep_special=self.fmt.keep_special, parts=parts)
 
 
 def _tool(t: Any, where: str) -> dict[str, Any]:
@@ -59,6 +68,7 @@ def _tool(t: Any, where: str) -> dict[str, Any]:
           "a string", f.get("description"))
     params = f.get("parameters", {"type": "object", "properties": {}})
     check(isinstance(params, dict), f"{where}.function.parameters", "a JSON Schema object", params)
+    check_refs(params, f"{where}.function.parameters")
     out = {"name": f["name"], "parameters": params}
     if f.get("description"):
         out["description"] = f["description"]
@@ -80,7 +90,7 @@ def _choice(v: Any, names: list[str]) -> str:
     return name
 
 
-def parse_tools(body: dict[str, Any], fmt: ToolFormat) -> ToolsRequest | None:
+def parse_tools(body: dict[str, Any], fmt: ToolFormat, legacy: bool = False) -> ToolsRequest | None:
     """``tools`` / ``tool_choice`` / ``parallel_tool_calls`` (None when the request has none of them)."""
     raw, choice, par = body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls")
     if raw is None and choice is None and par is None:
@@ -93,7 +103,7 @@ def parse_tools(body: dict[str, Any], fmt: ToolFormat) -> ToolsRequest | None:
     dup = sorted({n for n in names if names.count(n) > 1})
     check(not dup, "tools", "functions of distinct names", dup)
     check(par is None or isinstance(par, bool), "parallel_tool_calls", "a boolean", par)
-    return ToolsRequest(tools, _choice(choice, names), True if par is None else par, fmt)
+    return ToolsRequest(tools, _choice(choice, names), True if par is None else par, fmt, legacy)
 
 
 def message_tool_fields(m: dict[str, Any], where: str, role: str) -> tuple[tuple[tuple[str, str, str], ...], str | None]:

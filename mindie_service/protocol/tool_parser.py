@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from mindie_service.structured.tool_formats import ToolFormat
 
@@ -88,14 +89,18 @@ class ToolCallParser:
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCallDelta]]:
         """Content and call deltas that ``text`` completes (``final``: the text ends here: flush)."""
+        items = self.feed_ordered(text, final)
+        return "".join(i for i in items if isinstance(i, str)), [i for i in items if not isinstance(i, str)]
+
+    def feed_ordered(self, text: str, final: bool = False) -> list[str | ToolCallDelta]:
+        """The same, content pieces and call deltas in the order the text holds them (Anthropic's content blocks
+        keep that order: text, a call, more text)."""
         self.buf += text
-        out_text: list[str] = []
-        deltas: list[ToolCallDelta] = []
-        while getattr(self, "_" + self.state)(out_text, deltas, final):
+        items: list[Any] = []
+        while getattr(self, "_" + self.state)(items, items, final):  # one list: both kinds, in order
             pass
-        got = "".join(out_text)
-        self.content += got
-        return got, deltas
+        self.content += "".join(i for i in items if isinstance(i, str))
+        return [i for i in items if not isinstance(i, str) or i]
 
     # -- states: each returns True when it moved on (run again), False when it waits for more text ------
     def _skip_ws(self) -> int | None:

@@ -33,17 +33,36 @@ def message(tools: ToolsRequest | None, request_id: str, choice: int, text: str,
     if p is None:
         return {"role": "assistant", "content": text}, reason
     p.feed(text, final=True)
+    assert tools is not None
     msg: dict[str, Any] = {"role": "assistant", "content": p.content if p.content or not p.calls else None}
+    if p.calls and tools.legacy:  # the legacy functions form: one call, message.function_call
+        c = p.calls[0]
+        msg["function_call"] = {"name": c.name, "arguments": c.arguments}
+        fr = finish(tools, p, reason)
+        return msg, "function_call" if fr == "tool_calls" else fr
     if p.calls:
         msg["tool_calls"] = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                              for c in p.calls]
-    assert tools is not None
     return msg, finish(tools, p, reason)
+
+
+def merged(deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
+    """One delta per call index, in order (a call's header and its first argument bytes, found in one feed, are
+    one entry: OpenAI sends at most one entry per index in a chunk, and clients read ``tool_calls[0]``)."""
+    out: list[ToolCallDelta] = []
+    for d in deltas:
+        if out and out[-1].index == d.index:
+            last = out[-1]
+            out[-1] = ToolCallDelta(d.index, last.id or d.id, last.name or d.name, last.arguments + d.arguments)
+        else:
+            out.append(d)
+    return out
 
 
 def _delta_json(d: ToolCallDelta) -> dict[str, Any]:
     if d.id is not None:
-        return {"index": d.index, "id": d.id, "type": "function", "function": {"name": d.name, "arguments": ""}}
+        return {"index": d.index, "id": d.id, "type": "function",
+                "function": {"name": d.name, "arguments": d.arguments}}
     return {"index": d.index, "function": {"arguments": d.arguments}}
 
 
@@ -54,6 +73,14 @@ def stream_delta(tools: ToolsRequest, parser: ToolCallParser, text: str,
     delta: dict[str, Any] = {}
     if content:
         delta["content"] = content
+    fr = finish(tools, parser, reason)
+    if tools.legacy:  # one call: delta.function_call (name first, then argument fragments)
+        deltas = [d for d in merged(deltas) if d.index == 0]
+        if deltas:
+            d = deltas[0]
+            delta["function_call"] = ({"name": d.name, "arguments": d.arguments} if d.id is not None
+                                      else {"arguments": d.arguments})
+        return delta, "function_call" if fr == "tool_calls" else fr
     if deltas:
-        delta["tool_calls"] = [_delta_json(d) for d in deltas]
-    return delta, finish(tools, parser, reason)
+        delta["tool_calls"] = [_delta_json(d) for d in merged(deltas)]
+    return delta, fr

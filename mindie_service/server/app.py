@@ -27,6 +27,7 @@ from mindie_service.server.handlers_models import (DownloadModelHandler, Managem
                                                    ModelsHandler, ModelViewHandler, StartModelHandler,
                                                    StopModelHandler)
 from mindie_service.server.handlers_openai import ChatCompletionsHandler, CompletionsHandler
+from mindie_service.server.handlers_anthropic import CountTokensHandler, MessagesHandler
 from mindie_service.server.handlers_tokenize import DetokenizeHandler, TokenizeHandler, TokenizerInfoHandler
 from mindie_service.server.openapi import OpenApiHandler
 from mindie_service.server.handlers_rest import GenerateBatchHandler, GenerateOneHandler
@@ -68,6 +69,8 @@ PLANE_ROUTES: dict[str, Routes] = {
         (r"/batch_inference/job_results", JobResultsHandler),
         (r"/v1/completions", CompletionsHandler),
         (r"/v1/chat/completions", ChatCompletionsHandler),
+        (r"/v1/messages", MessagesHandler),
+        (r"/v1/messages/count_tokens", CountTokensHandler),
         (r"/tokenize", TokenizeHandler),
         (r"/detokenize", DetokenizeHandler),
         (r"/tokenizer_info", TokenizerInfoHandler),
@@ -112,17 +115,28 @@ def business_extras(admin_routes: bool) -> tuple[Routes, dict[type, dict[str, st
 def log_request(handler: tornado.web.RequestHandler) -> None:
     """Access log: errors of the server itself (5xx but 503) as warnings, the rest as info; 499 for a
     request whose client closed the connection first; the request id (the client's X-Request-Id when it sent
-    one); for a generation, its prompt and output token counts and the time to its first token; an error
-    answer ends with its reason (``error_type: message``). Never the prompt's text."""
+    one); the end user and cache key a client named; for a generation, its prompt and output token counts and
+    the time to its first token; an error answer ends with its reason (``error_type: message``). Never the
+    prompt's text."""
     status = handler.get_status()
     if getattr(handler, "aborted", False):
         status = 499  # nginx's "client closed request": the client left, nothing was answered
     log = access_log.warning if status >= 500 and status != 503 else access_log.info
     r = handler.request
     reason = getattr(handler, "error_reason", None)
-    log("%d %s %s (%s) %.2fms%s%s%s", status, r.method, r.path, r.remote_ip, 1000.0 * r.request_time(),
-        _id_part(handler), _usage_part(getattr(handler, "run", None)),
+    log("%d %s %s (%s) %.2fms%s%s%s%s", status, r.method, r.path, r.remote_ip, 1000.0 * r.request_time(),
+        _id_part(handler), _client_part(getattr(handler, "client_ids", None)),
+        _usage_part(getattr(handler, "run", None)),
         f": {reason}" if reason and status >= 400 else "")
+
+
+def _client_part(ids: Any) -> str:
+    """`` user=... cache_key=...``: the end user the client names (OpenAI's safety_identifier, Anthropic's
+    metadata.user_id) and its prompt_cache_key, as the client sent them (printable, bounded when parsed)."""
+    if ids is None:
+        return ""
+    out = f" user={ids.safety_identifier}" if ids.safety_identifier else ""
+    return out + (f" cache_key={ids.prompt_cache_key}" if ids.prompt_cache_key else "")
 
 
 def _id_part(handler: tornado.web.RequestHandler) -> str:

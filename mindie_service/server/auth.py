@@ -1,4 +1,4 @@
-"""API keys, OpenAI's way (``Authorization: Bearer <key>``), per plane.
+"""API keys, OpenAI's way (``Authorization: Bearer <key>``) or Anthropic's (``x-api-key: <key>``), per plane.
 
 Keys come from ServerConfig.businessApiKeys / managementApiKeys / metricsApiKeys (hashed when the config is
 loaded) and from ServerConfig.apiKeyFile (``<plane> sha256:<hex>`` a line), read at start and on SIGHUP. A
@@ -100,17 +100,20 @@ class Auth:
             return
         logger.info("API keys reloaded: %s", ", ".join(f"{p} {len(self.ring.keys_of(p))}" for p in PLANES))
 
-    def check(self, plane: str, path: str, authorization: str | None) -> MindieError | None:
-        """None when the request may pass; else the error to answer (401, or 403 for admin routes with no key)."""
+    def check(self, plane: str, path: str, authorization: str | None,
+              api_key: str | None = None) -> MindieError | None:
+        """None when the request may pass; else the error to answer (401, or 403 for admin routes with no key).
+        ``api_key``: an ``x-api-key`` header (Anthropic's clients send the key there), taken beside the bearer."""
         ring = self.ring
         if path in OPEN_PATHS or not ring.asks(plane):
             return None
         if plane == ADMIN and not ring.keys_of(plane):
             return ForbiddenError(f"{path} is served on the management port ({self.settings.management_port}); "
                                   "on the business port it needs a management key and none is set")
-        key = bearer(authorization)
+        key = bearer(authorization) or (api_key.strip() or None if api_key else None)
         if key is None:
-            return UnauthorizedError("an API key is required: send `Authorization: Bearer <key>`")
+            return UnauthorizedError("an API key is required: send `Authorization: Bearer <key>` (or `x-api-key: "
+                                     "<key>`)")
         if not ring.accepts(plane, key):
             return UnauthorizedError("the API key is not valid here")
         return None
@@ -126,4 +129,4 @@ def request_error(handler: Any) -> MindieError | None:
     access = settings.get("access", {}).get(type(handler), {})
     r = handler.request
     plane = access.get(r.method.lower(), access.get("*", settings.get("default_plane", "business")))
-    return auth.check(plane, r.path, r.headers.get("Authorization"))
+    return auth.check(plane, r.path, r.headers.get("Authorization"), r.headers.get("X-Api-Key"))

@@ -87,6 +87,8 @@ class StreamingHandler(BaseHandler):
         """Write ``data`` and hand it to the socket without waiting for the client to take it: a slow reader
         never holds this request's events (or the engine) back; its output is bounded by bounded_output."""
         chunk = data.encode("utf-8") if isinstance(data, str) else data
+        if not chunk:
+            return  # an encoder with nothing to say for this event (a held-back tool-call marker)
         self.write(chunk)
         # Tornado refuses a write when the unsent bytes plus the write pass its bound: moving the bound with
         # each write counts only what the client has not taken, never one large frame (nor the headers).

@@ -28,6 +28,7 @@ from mindie_service.errors import (
     PayloadTooLargeError,
     UnauthorizedError,
 )
+from mindie_service.protocol.openai_encoder import openai_error
 from mindie_service.protocol.validation import parse_json_body
 from mindie_service.server.auth import request_error
 from mindie_service.server.context import ServerContext
@@ -229,8 +230,14 @@ class BaseHandler(tornado.web.RequestHandler):
 
 
 class NotFoundHandler(BaseHandler):
-    """Default handler: every method on an unknown route is a 404 (once the body has been dropped)."""
+    """Default handler: every method on an unknown route is a 404 (once the body has been dropped); under
+    ``/v1/`` in OpenAI's error shape (the OpenAI clients show its message; a MindIE body reads as "Error code: 404")."""
 
     def prepare(self) -> None:
         super().prepare()
         self.refuse(NotFoundError(f"unknown route: {self.request.method} {self.request.path}"))
+
+    def error_json(self, err: MindieError) -> Any:
+        if self.request.path.startswith("/v1/"):
+            return openai_error(err)[1]
+        return err.to_json()

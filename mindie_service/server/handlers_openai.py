@@ -26,7 +26,10 @@ def tool_format(engine: EngineClient, ctx: Any) -> ToolFormat:
     return for_tokenizer(fmt, tok)  # the marker by its special token id, where the tokenizer has one
 
 
-class _OpenAIHandler(GenerationHandler):
+class OpenAIRouteHandler(GenerationHandler):
+    """A generation route whose ``model`` field picks the catalog model (held until the request ends); the
+    OpenAI routes, and Anthropic's Messages (server/handlers_anthropic.py) on the same footing."""
+
     kind: Kind = "completion"
 
     def initialize(self, ctx: Any) -> None:
@@ -51,9 +54,11 @@ class _OpenAIHandler(GenerationHandler):
         target = catalog.resolve(model)
         self._held, self._engine = target, target.engine
         limits = ProtocolLimits(vocab_size=target.engine.vocab_size, media_policy=self.ctx.media_policy)
-        return parse_openai(body, self.kind, support=self.ctx.settings.open_ai_support, limits=limits,
-                            model=model, defaults=target.defaults, adapter_id=target.adapter_id,
-                            request_id=self.request_id, tool_format=tool_format(target.engine, self.ctx))
+        req = parse_openai(body, self.kind, support=self.ctx.settings.open_ai_support, limits=limits,
+                           model=model, defaults=target.defaults, adapter_id=target.adapter_id,
+                           request_id=self.request_id, tool_format=tool_format(target.engine, self.ctx))
+        self.client_ids = req.client  # the access log records them (server/app.log_request)
+        return req
 
     def on_finish(self) -> None:
         self._release()
@@ -81,13 +86,13 @@ class _OpenAIHandler(GenerationHandler):
                           best_of=req.best_of)
 
 
-class CompletionsHandler(_OpenAIHandler):
+class CompletionsHandler(OpenAIRouteHandler):
     """POST /v1/completions."""
 
     kind = "completion"
 
 
-class ChatCompletionsHandler(_OpenAIHandler):
+class ChatCompletionsHandler(OpenAIRouteHandler):
     """POST /v1/chat/completions."""
 
     kind = "chat"

@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from mindie_service.engine.client import EngineClient
-from mindie_service.errors import MindieError, ValidationError
+from mindie_service.errors import ContextLengthError, MindieError
 from mindie_service.protocol.openai_encoder import openai_error
 from mindie_service.protocol.tokenization import (TokenizeRequest, check_vocab, parse_detokenize, parse_tokenize,
                                                   tokenize_response, tokenizer_info)
 from mindie_service.server.handlers_base import BaseHandler
+from mindie_service.server.handlers_openai import tool_format
 
 
 class _TokenizerRoute(BaseHandler):
@@ -41,7 +42,7 @@ class TokenizeHandler(_TokenizerRoute):
         bound = self.ctx.frontend.processor(engine).text_bound
         chars = len(req.prompt) if req.prompt is not None else sum(len(str(m.content)) for m in req.messages)
         if bound is not None and chars > bound.refuse_over(limit):
-            raise ValidationError(f"Parameter prompt must be at most {limit} tokens (maxSeqLen), got a text of "
+            raise ContextLengthError(f"Parameter prompt must be at most {limit} tokens (maxSeqLen), got a text of "
                                   f"{chars} characters (more than {bound.refuse_over(limit)} characters cannot fit "
                                   f"in {limit} tokens of this tokenizer)")
         ids, strs = await self.ctx.run_blocking(self._tokenize, engine, req)
@@ -57,14 +58,9 @@ class TokenizeHandler(_TokenizerRoute):
         return ids, (list(tok.convert_ids_to_tokens(ids)) if req.return_token_strs else None)
 
     def _render(self, engine: EngineClient, tok: Any, req: TokenizeRequest) -> str:
-        if tok is None or not getattr(tok, "chat_template", None):  # the processor's prefix form
-            return self.ctx.frontend.processor(engine).chat.render(req.messages)
-        try:
-            return str(tok.apply_chat_template([{"role": m.role, "content": m.content} for m in req.messages],
-                                               tokenize=False, add_generation_prompt=req.add_generation_prompt))
-        except Exception as e:  # a template that raises (roles must alternate...) is the caller's input
-            raise ValidationError(f"Parameter messages must fit the model's chat template: "
-                                  f"{type(e).__name__}: {e}") from None
+        """The prompt the chat route would render for these messages and tools (the same renderer)."""
+        return self.ctx.frontend.processor(engine).chat.render(req.messages, req.tools, tool_format(engine, self.ctx),
+                                                                 add_generation_prompt=req.add_generation_prompt)
 
 
 class DetokenizeHandler(_TokenizerRoute):

@@ -10,6 +10,8 @@ from typing import Any
 import tornado.web
 
 from mindie_service.catalog.model_json import LIST_STATES, TRANSIENT_STATES
+from mindie_service.protocol.anthropic_encoder import OPENAPI_SCHEMAS as MESSAGES_SCHEMAS
+from mindie_service.protocol.anthropic_encoder import OPENAPI_SHAPES as MESSAGES_SHAPES
 from mindie_service.protocol.tokenization import OPENAPI_SCHEMAS as TOKENIZER_SCHEMAS
 from mindie_service.protocol.tokenization import OPENAPI_SHAPES as TOKENIZER_SHAPES
 from mindie_service.server.auth import OPEN_PATHS
@@ -83,7 +85,7 @@ SCHEMAS: dict[str, Any] = {
         "model": {"type": "string", "description": "absent, \"tgi\" or \"dummy\" (TGI clients): the default model"},
         "messages": {"type": "array", "minItems": 1, "items": {
             "type": "object", "required": ["role", "content"], "properties": {
-                "role": {"enum": ["system", "developer", "user", "assistant"]},
+                "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
                 "content": {"oneOf": [{"type": "string"}, {"type": "array"}]}}}},
         "max_tokens": {"type": ["integer", "null"], "minimum": 1},
         "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
@@ -91,7 +93,16 @@ SCHEMAS: dict[str, Any] = {
         "logprobs": {"type": "boolean"}, "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
         "response_format": _RESPONSE_FORMAT, "tools": _TOOLS,
         "tool_choice": {"oneOf": [{"enum": ["none", "auto", "required"]}, _OBJ]},
-        "parallel_tool_calls": {"type": "boolean"}}},
+        "parallel_tool_calls": {"type": "boolean"},
+        "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+        "store": {"type": "boolean", "description": "false only: completions are not stored yet"},
+        "service_tier": {"enum": ["auto", "default"]}, "reasoning_effort": {"enum": ["none", "minimal"]},
+        "verbosity": {"const": "medium"}, "modalities": {"const": ["text"]},
+        "prompt_cache_key": {"type": "string", "description": "routing hint across instances; logged"},
+        "safety_identifier": {"type": "string", "description": "the end user, logged"},
+        "functions": {"type": "array", "items": _OBJ}, "function_call": {"oneOf": [{"enum": ["none", "auto"]}, _OBJ]},
+        "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"},
+                                                            "include_obfuscation": {"type": "boolean"}}}}},
     "GenerateRequest": {"type": "object", "required": ["inputs"], "properties": {
         "inputs": {"oneOf": [{"type": "string"}, {"type": "array"}]},
         "parameters": {"type": "object", "properties": {"grammar": _GRAMMAR}}},
@@ -102,6 +113,7 @@ SCHEMAS: dict[str, Any] = {
         "usage": {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"]}},
         "description": "Non-stream body; with stream: true, text/event-stream chunks ending with data: [DONE]."},
     **TOKENIZER_SCHEMAS,
+    **MESSAGES_SCHEMAS,
 }
 
 # path -> method -> (request schema, 200 schema); routes not listed take and give any JSON.
@@ -117,6 +129,7 @@ _SHAPES: dict[str, dict[str, tuple[str | None, str | None]]] = {
     "/v1/models/{id}/stop": {"put": (None, "ModelStateResponse")},
     "/v1/models/download/{id}": {"get": (None, "DownloadModelResponse")},
     **TOKENIZER_SHAPES,
+    **MESSAGES_SHAPES,
 }
 OPENAI_ERRORS = ("/v1/completions", "/v1/chat/completions", "/v1/models", *TOKENIZER_SHAPES)
 
@@ -144,9 +157,10 @@ def _ref(name: str) -> dict[str, Any]:
 def _operation(path: str, method: str, cls: type) -> dict[str, Any]:
     doc = (cls.__doc__ or cls.__name__).strip().splitlines()[0]
     req, ok = _SHAPES.get(path, {}).get(method, (None, None))
-    err = _ref("OpenAIError" if path.startswith(OPENAI_ERRORS) else "Error")
+    err = _ref("AnthropicError" if path in MESSAGES_SHAPES else
+               "OpenAIError" if path.startswith(OPENAI_ERRORS) else "Error")
     content = {"application/json": {"schema": _ref(ok) if ok else _ANY}}
-    if ok == "Completion":
+    if ok in ("Completion", "Message"):
         content["text/event-stream"] = {"schema": {"type": "string"}}
     op: dict[str, Any] = {
         "summary": doc, "operationId": f"{method}_{re.sub(r'[^A-Za-z0-9]+', '_', path).strip('_') or 'root'}",
@@ -171,7 +185,7 @@ def build_document(routes: list[tuple[str, type]], version: str, model_ids: list
     schemas = SCHEMAS
     if model_ids:  # examples of `model` that exist, so that clients (and fuzzers) reach past the 404
         schemas = copy.deepcopy(SCHEMAS)
-        for name in ("CompletionRequest", "ChatCompletionRequest"):
+        for name in ("CompletionRequest", "ChatCompletionRequest", "MessagesRequest", "CountTokensRequest"):
             schemas[name]["properties"]["model"]["examples"] = list(model_ids)
         for path, ops in paths.items():
             for op in ops.values():

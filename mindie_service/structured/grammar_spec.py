@@ -23,13 +23,16 @@ class StructuredSpec:
     ``where``: the request field it came from, named by a refusal (``response_format.json_schema.schema``).
     ``whitespace_flexible``: JSON may hold free whitespace between tokens (off: compact JSON, the default).
     ``keep_special``: special tokens the grammar names whose text the output keeps (a tool call's marker token,
-    which the detokenizer would otherwise drop, so that the call parser sees it)."""
+    which the detokenizer would otherwise drop, so that the call parser sees it).
+    ``parts``: (field, JSON Schema text) of each schema a grammar embeds (each tool's parameters): a grammar that
+    is refused is explained by the first part refused alone, named by its field, never by the grammar's text."""
 
     kind: Kind
     source: str
     where: str = "structured_outputs"
     whitespace_flexible: bool = False
     keep_special: tuple[int, ...] = ()
+    parts: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         check(self.kind in KINDS, self.where, f"one of {', '.join(KINDS)}", self.kind)

@@ -101,15 +101,26 @@ class LlgBackend:
         g = grammar_text(spec)
         is_error, msgs = LLMatcher.validate_grammar_with_warnings(g, self.tokenizer, limits=self._parser_limits())
         if is_error:
+            self._blame_part(spec)
             raise ValidationError(f"Parameter {spec.where} must be a valid "
                                   f"{_NAMES[spec.kind]}: {_short(msgs[0] if msgs else 'invalid')}")
         m = LLMatcher(self.tokenizer, g, log_level=0, limits=self._parser_limits())
         if m.is_error():
+            self._blame_part(spec)
             raise ValidationError(f"Parameter {spec.where} must be a grammar within the server's limits: "
                                   f"{_short(m.get_error())}")
         ms = (time.perf_counter() - t0) * 1000
         logger.debug("compiled a %s grammar in %.1f ms", spec.kind, ms)
         return CompiledGrammar(spec, m, ms)
+
+    def _blame_part(self, spec: StructuredSpec) -> None:
+        """A refused grammar built from the request's schemas (``spec.parts``): the first schema refused alone
+        is named (``tools[1].function.parameters``), with its reason, instead of the grammar the server built."""
+        for where, source in spec.parts:
+            self.compile(StructuredSpec("json", source, where))  # raises naming ``where`` when this one is bad
+        if spec.parts:  # each schema is fine alone: their combination is what is refused
+            raise ValidationError(f"Parameter {spec.where} must hold schemas the server can enforce together "
+                                  f"(each is valid alone; together they pass the grammar limits)")
 
     def new_matcher(self, compiled: CompiledGrammar) -> LlgMatcher:
         return LlgMatcher(compiled.template.deep_copy())

@@ -2,8 +2,9 @@
 whether a schema or regex is valid is the compiler's to say (it compiles off the IO loop and names the field).
 
 - OpenAI ``response_format``: ``{"type": "text"}``, ``{"type": "json_object"}``, ``{"type": "json_schema",
-  "json_schema": {"name", "schema", "strict"?, "description"?}}``; TGI's chat form ``{"type": "json", "value":
-  <schema>}`` (huggingface_hub's client sends it) and ``{"type": "regex", "value": "..."}``. With ``strict``
+  "json_schema": {"name", "schema", "strict"?, "description"?}}``; TGI's chat forms ``{"type": "json", "value":
+  <schema>}`` and ``{"type": "json_object", "value": <schema>}`` (huggingface_hub's clients send them) and
+  ``{"type": "regex", "value": "..."}``. With ``strict``
   true, objects that list their properties admit no others (OpenAI's strict mode).
 - TGI ``/generate*`` and MindIE ``/``: ``parameters.grammar`` ``{"type": "json" | "regex", "value": ...}``
   (TGI 1.4's shape; a JSON value may be a schema object or its JSON text).
@@ -32,7 +33,10 @@ def response_format(v: Any, where: str = "response_format") -> StructuredSpec | 
         check(set(v) <= {"type"}, where, '{"type": "text"} only', sorted(v))
         return None
     if kind == "json_object":
-        check(set(v) <= {"type"}, where, '{"type": "json_object"} only', sorted(v))
+        check(set(v) <= {"type", "value"}, where, '{"type": "json_object"} (or TGI\'s {"type", "value": schema})',
+              sorted(v))
+        if v.get("value") is not None:  # huggingface_hub's chat_completion sends a json_schema this way (TGI's)
+            return schema_value(v["value"], f"{where}.value")
         return StructuredSpec("json", ANY_JSON_OBJECT, where)
     if kind == "json_schema":
         js = v.get("json_schema")

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 from mindie_service.errors import ValidationError
 from mindie_service.structured.grammar_spec import closed_objects
+from mindie_service.structured.schema_refs import has_refs, reroot
 
 MAX_PARALLEL_CALLS = 16  # calls in one reply (parallel_tool_calls): a grammar that always ends
 
@@ -62,12 +63,21 @@ class ToolFormat:
 
     # -- grammars (llguidance's Lark dialect, %json for the bodies) -----------------------------------
     def _body(self, tools: Sequence[dict[str, Any]]) -> str:
-        variants = [{"type": "object", "additionalProperties": False, "required": ["name", self.args_key],
-                     "properties": {"name": {"const": t["function"]["name"]},
-                                    self.args_key: closed_objects(t["function"].get("parameters")
-                                                                  or {"type": "object"})}}
-                    for t in tools]
+        """Rule ``body``: one call object per tool. Each tool's parameters sit under the wrapper's arguments key;
+        a schema with local references is moved to the wrapper's ``$defs`` with its references re-rooted
+        (structured.schema_refs), so ``#/$defs/X`` and recursive ``#`` still mean what they meant."""
+        defs: dict[str, Any] = {}
+        variants = []
+        for i, t in enumerate(tools):
+            params = closed_objects(t["function"].get("parameters") or {"type": "object"})
+            if has_refs(params):
+                defs[f"tool{i}"] = reroot(params, f"tool{i}")
+                params = {"$ref": f"#/$defs/tool{i}"}
+            variants.append({"type": "object", "additionalProperties": False, "required": ["name", self.args_key],
+                             "properties": {"name": {"const": t["function"]["name"]}, self.args_key: params}})
         schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
+        if defs:
+            schema["$defs"] = defs
         schema["x-guidance"] = {"whitespace_flexible": False}
         return "body: %json " + json.dumps(schema, ensure_ascii=False)
 
@@ -96,14 +106,21 @@ class ToolFormat:
         return [f"calls: {lead} body ({json.dumps(self.sep)} body){more}{tail}" if self.sep else
                 f"calls: {lead} body{tail}"]
 
-    def grammar(self, tools: Sequence[dict[str, Any]], *, required: bool, parallel: bool) -> str:
+    def grammar(self, tools: Sequence[dict[str, Any]], *, required: bool, parallel: bool,
+                answer: str | None = None) -> str:
         """A call is required (tool_choice required, or ``tools`` holding only the named function), or the model
         may answer in text (auto): then the grammar is lazy, free text until the call marker appears, and the
-        call(s) end the reply."""
+        call(s) end the reply. ``answer`` (a JSON Schema's text: the request's response_format): an answer that
+        is not a call follows it (no free text then: the reply is that JSON, or the calls)."""
         body = self._body(tools)
         if required:
             return "\n".join(["start: calls", *self._calls(parallel), body])
         nl = chr(10)
+        if answer is not None:
+            schema = json.loads(answer)
+            schema["x-guidance"] = {"whitespace_flexible": False}
+            return nl.join(["start: answer | calls", *self._calls(parallel), body,
+                            "answer: %json " + json.dumps(schema, ensure_ascii=False)])
         if self.per_call_wrap:
             rest = f"rest: {json.dumps(nl)} body {json.dumps(nl + self.close)}"
             start = f"start: TEXT | (hd rest){'{1,%d}' % MAX_PARALLEL_CALLS if parallel else ''}"

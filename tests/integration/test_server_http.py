@@ -342,7 +342,9 @@ def test_malformed_json_and_wrong_content_type_are_400(srv):
 
 def test_unknown_route_404_and_wrong_method_405(srv):
     error(srv.get("/nope"), 404, "not_found")
-    error(srv.post("/v1/nope", {}), 404, "not_found")
+    r = srv.post("/v1/nope", {})  # under /v1/: OpenAI's shape, so OpenAI clients show the message
+    assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert r.json()["error"]["code"] == "not_found" and "unknown route" in r.json()["error"]["message"]
     error(srv.get("/generate"), 405, "method_not_allowed")
     error(requests.delete(srv.url() + "/", timeout=10), 405, "method_not_allowed")
 

@@ -60,3 +60,10 @@ class AccessLogTest(InProcessServer):
         assert self.response.code == 422 and self.response.headers["X-Request-Id"] == "trace-44", lines
         lines = self._lines("GET", "/health", headers={"X-Request-Id": "x" * 129})  # too long: replaced
         assert re.fullmatch(r"[0-9a-f]+-\d+", self.response.headers["X-Request-Id"]), lines
+
+    def test_the_end_user_and_cache_key_a_client_names_are_logged(self) -> None:
+        body = {"model": "mock", "messages": [{"role": "user", "content": "the secret prompt"}], "max_tokens": 2,
+                "safety_identifier": "hashed-user-7", "prompt_cache_key": "team-a"}
+        lines = self._lines("POST", "/v1/chat/completions", body)
+        assert self.response.code == 200 and " user=hashed-user-7 cache_key=team-a" in lines[0], lines
+        assert "secret" not in lines[0]

@@ -80,3 +80,18 @@ def test_evicted_blocks_leave_the_index():
     assert i1.held(keys) == 6
     _compute(bm1, "flood", list(range(500, 532)))  # 8 blocks: every cached block handed out again
     assert i1.held(keys) == 0 and set(i1._key) == set(bm1.cached) and sum(i1._count.values()) == len(bm1.cached)
+
+
+def test_a_prompt_cache_key_keeps_its_requests_on_one_instance():
+    """Before any block of a shared prefix is stored, requests naming one prompt_cache_key meet on the instance
+    the key went to first (not in turn); a more loaded one by more than the slack loses, as for a prefix."""
+    (_, i0), (_, i1) = _instance(), _instance()
+    router = _router([i0, i1])
+
+    def req(rid: str, key: str | None) -> EngineRequest:
+        return EngineRequest(rid, tuple(SYSTEM), SamplingParams(max_tokens=4, cache_key=key))
+    assert [router.choose(req(f"n{k}", None)) for k in range(3)] == [0, 1, 0]  # no key: in turn
+    first = router.choose(req("a0", "team-a"))
+    assert [router.choose(req(f"a{k}", "team-a")) for k in range(1, 4)] == [first] * 3
+    router._load[first].in_flight = LOAD_SLACK + 1
+    assert router.choose(req("a9", "team-a")) != first

@@ -56,3 +56,11 @@ def test_every_readme_block_says_its_language_and_every_skip_names_a_block() -> 
                                                                           if b.talks_to_server)
     assert any(b.lang == "python" and b.talks_to_server and not b.skip_reason for b in order)
     assert any(b.stops_server and not b.skip_reason for b in order)
+
+
+def test_the_anthropic_snippet_runs_until_the_network(tmp_path: Path) -> None:
+    pytest.importorskip("anthropic")
+    snippet = _python_block("### Anthropic Messages API").replace("127.0.0.1:1025", f"127.0.0.1:{free_port()}")
+    code = snippet.replace("Anthropic(base_url", "Anthropic(max_retries=0, base_url")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "APIConnectionError" in r.stderr, r.stderr[-2000:]

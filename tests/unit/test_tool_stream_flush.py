@@ -45,7 +45,11 @@ def _stream(fmt: str, pieces: list[str], finish: str = "length") -> tuple[str, l
     for ev in _events(pieces, finish):
         acc.add(ev)
         raw = enc.stream_frame(req, ev, acc, state).decode()
+        if not raw:  # a marker held back whole: no frame (never an empty delta)
+            reasons.append(None)
+            continue
         (choice,) = json.loads(raw[len("data: "):])["choices"]
+        assert choice["delta"] or choice["finish_reason"] is not None, raw
         assert "tool_calls" not in choice["delta"]
         content += choice["delta"].get("content", "")
         reasons.append(choice["finish_reason"])
