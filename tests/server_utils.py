@@ -7,6 +7,7 @@ leaves each in TIME_WAIT so the kernel hands it to no one else, and a server tha
 taken is started again on fresh ones (``launch``)."""
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ import pytest
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 # MindIE's sample request body for POST / (single-modal), from the seed document.
 SEED_BODY = {
@@ -121,7 +123,8 @@ class ServerProcess:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "mindie_service", "serve", "--config", str(self.config_path),
                                       *self.args],
-                                     cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+                                     cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     preexec_fn=die_with_parent)
         return self
 
     def wait_ready(self, timeout: float = 120.0, loading_timeout: float = 480.0) -> "ServerProcess":
@@ -239,6 +242,13 @@ def alt_server(request: pytest.FixtureRequest, tiny_model: Path) -> ServerProces
                            schedule={"maxIterTimes": 4000, "numKvBlocks": 600, "maxPrefillTokens": 4096})
         return ServerProcess(cfg, tmp / "server.log")
     return shared_server("alt", request, make)
+
+
+def die_with_parent() -> None:
+    """In a test's child process (``preexec_fn``): the kernel kills it when the test's process dies, however it dies
+    (a parallel worker killed for memory, a run stopped with Ctrl-C), so that no server outlives its test run."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 30.0) -> int | None:

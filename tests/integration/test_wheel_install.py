@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.server_utils import ROOT, free_port
+from tests.server_utils import ROOT, die_with_parent, free_port
 
 TOP_LEVEL = {"mindie_service", "multimodal", "npu_ops"}
 # Top-level folders that are no build input (large or machine-local): never copied to the build folder.
@@ -104,7 +104,7 @@ def test_installed_wheel_serves_a_generation(venv: Path, tiny_model: Path, tmp_p
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([str(venv / "bin" / "mindie-service"), "serve", "--config", str(config)],
-                                cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+                                cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         try:
             base = f"http://127.0.0.1:{port}"
             _wait_healthy(proc, base + "/health", log_path)
