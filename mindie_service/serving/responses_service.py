@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from mindie_service.engine.client import EngineClient
+from mindie_service.engine.contract import EngineRequest
 from mindie_service.errors import GenerationError, MindieError, NotFoundError, ValidationError
 from mindie_service.inputs.types import TokensPrompt
 from mindie_service.protocol.responses_encoder import TERMINAL
@@ -79,17 +80,26 @@ class ResponsesService:
             raise ValidationError(f"Parameter previous_response_id names a response still {row.status}: {prev!r}")
         return row.conversation()
 
-    def _submission(self, gen: ResponseGen, p: Prepared, resume: Resume | None = None) -> Submission:
+    def _submission(self, gen: ResponseGen, p: Prepared, prompt_ids: tuple[int, ...] | None = None) -> Submission:
+        """The call's submission: its prompt, or (a greedy constrained response resumed) its recorded prompt."""
         chat = p.req.chat
-        params, prompt, truncate = chat.params, chat.prompt, chat.truncate
-        if resume is not None and resume.output_ids:
-            truncate = None
-            if params.structured_outputs is None:  # a continuation from the recorded tokens
-                prompt = TokensPrompt(resume.prompt_ids + resume.output_ids)
-                params = dataclasses.replace(params, max_tokens=max(1, params.max_tokens - len(resume.output_ids)))
-            else:  # greedy, checked below: the same request again
-                prompt = TokensPrompt(resume.prompt_ids)
-        return Submission([prompt], params, lambda: p.engine, [gen.id], truncate=truncate)
+        if prompt_ids is not None:
+            return Submission([TokensPrompt(prompt_ids)], chat.params, lambda: p.engine, [gen.id])
+        return Submission([chat.prompt], chat.params, lambda: p.engine, [gen.id], truncate=chat.truncate)
+
+    def _open(self, gen: ResponseGen, p: Prepared, resume: Resume | None) -> Any:
+        """The generation's Run: a fresh one, or after a restart the continuation of the recorded tokens (the
+        prompt and the output so far as the prompt, the output cap less what was made; it passed the input
+        rules when first made, so it goes to the engine as it is). A constrained response runs again."""
+        t0 = time.monotonic()
+        if resume is None or not resume.output_ids:
+            return self.frontend.open(self._submission(gen, p), t0)
+        params = p.req.chat.params
+        if params.structured_outputs is not None:
+            return self.frontend.open(self._submission(gen, p, resume.prompt_ids), t0)
+        params = dataclasses.replace(params, max_tokens=max(1, params.max_tokens - len(resume.output_ids)))
+        ereq = EngineRequest(gen.id, resume.prompt_ids + resume.output_ids, params)
+        return self.frontend.open_prepared(p.engine, [ereq], t0)
 
     def _save(self, gen: ResponseGen, owner: str, context: list[dict[str, Any]], background: bool) -> None:
         req = gen.state.req
@@ -169,7 +179,7 @@ class ResponsesService:
     async def _generate(self, gen: ResponseGen, p: Prepared, resume: Resume | None) -> None:
         rid, done = gen.id, 0 if resume is None else len(resume.output_ids)
         rerun = resume is not None and bool(resume.output_ids) and p.req.chat.params.structured_outputs is not None
-        async with self.frontend.open(self._submission(gen, p, resume), time.monotonic()) as run:
+        async with self._open(gen, p, resume) as run:
             prompt_ids = list(run.requests[0].prompt_token_ids)
             async with aclosing(run.events()) as events:
                 async for _, ev in events:
