@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import openai
 import pytest
@@ -194,3 +194,28 @@ def test_background_stream_resumes_after_any_event(srv):
     assert [e.model_dump() for e in again] == [e.model_dump() for e in events]
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == \
         c.responses.retrieve(rid).output_text
+
+
+def test_an_openai_agents_agent_runs_a_function_tool_over_responses(srv):
+    """The Agents SDK unmodified, with its default model API (Responses), calls the tool and takes its output."""
+    agents = pytest.importorskip("agents")
+    agents.set_tracing_disabled(True)
+    agents.set_default_openai_client(openai.AsyncOpenAI(base_url=srv.url() + "/v1", api_key=KEY_A),
+                                     use_for_tracing=False)
+    agents.set_default_openai_api("responses")
+    seen: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: Literal["Paris", "Rome", "Oslo"]) -> str:
+        """The weather in a city."""
+        seen.append(city)
+        return f"sunny in {city}"
+
+    agent = agents.Agent(name="weather", instructions="Answer with the tool.", model="tiny", tools=[get_weather],
+                         model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=64,
+                                                             parallel_tool_calls=False),
+                         tool_use_behavior="stop_on_first_tool")
+    result = agents.Runner.run_sync(agent, "What is the weather in Paris?")
+    assert len(seen) == 1 and result.final_output == f"sunny in {seen[0]}"
+    call = next(i for i in result.new_items if i.type == "tool_call_item")
+    assert call.raw_item.name == "get_weather" and call.raw_item.call_id
