@@ -5,7 +5,6 @@ stream, and an openai-agents Agent running a function tool."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any, Literal
 
