@@ -88,9 +88,14 @@ class ServerContext:
         if self.jobs is not None:
             await self.jobs.shutdown()
             self.jobs.store.close()
-        if self._responses is not None:  # background responses stop where they are and resume at the next start
-            await self._responses.shutdown()
+        if self._responses is not None:
+            await self.pause_responses()
             self._responses.store.close()
+
+    async def pause_responses(self) -> None:
+        """Background responses stop where they are (still in progress in the store): the next start resumes them."""
+        if self._responses is not None:
+            await self._responses.shutdown()
 
     def responses_service(self) -> ResponsesService:
         """The Responses API's service over its store (ServerConfig.responsesStore), opened on first use."""

@@ -52,3 +52,21 @@ def test_kill_9_mid_background_response_resumes_with_no_event_lost_or_repeated(t
         assert wait_until(lambda: srv.status()["requests"]["running"] == 0, timeout=10)
     finally:
         assert srv.stop() == 0
+
+
+@pytest.mark.timeout(600)
+def test_a_graceful_stop_pauses_background_responses_and_the_next_start_finishes_them(tmp_path, tiny_model):
+    srv = launch(lambda: responses_server(tmp_path, tiny_model))
+    c = openai.OpenAI(base_url=srv.url() + "/v1", api_key=KEY_A, max_retries=0)
+    r = c.responses.create(model="tiny", input=PROMPT, max_output_tokens=3000, temperature=0, background=True)
+    db = str(tmp_path / "responses" / "responses.sqlite3")
+    assert wait_until(lambda: _tokens(db, r.id) >= 20, timeout=60)
+    assert srv.stop() == 0  # SIGTERM: the drain does not wait for it, it stays in progress
+    assert 20 <= _tokens(db, r.id) < 3000
+    srv = launch(lambda: responses_server(tmp_path, tiny_model))
+    try:
+        c = openai.OpenAI(base_url=srv.url() + "/v1", api_key=KEY_A, max_retries=0)
+        assert wait_until(lambda: c.responses.retrieve(r.id).status == "incomplete", timeout=120)
+        assert c.responses.retrieve(r.id).usage.output_tokens == 3000
+    finally:
+        assert srv.stop() == 0

@@ -111,3 +111,10 @@ class ResponsesRoutes(InProcessServer):
         assert len(deltas) == 20 and final["usage"]["output_tokens"] == 20
         assert [o["type"] for o in final["output"]] == ["message"]
         assert "".join(deltas) == final["output"][0]["content"][0]["text"]
+
+    def test_include_logprobs_gives_one_per_output_token(self):
+        r = self.create(input="go", include=["message.output_text.logprobs"], top_logprobs=2)
+        part = r["output"][0]["content"][0]
+        assert len(part["logprobs"]) == r["usage"]["output_tokens"] == 6
+        assert all(isinstance(x["logprob"], float) and len(x["top_logprobs"]) <= 2 for x in part["logprobs"])
+        assert "logprobs" not in self.create(input="go")["output"][0]["content"][0]
