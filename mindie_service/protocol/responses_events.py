@@ -13,7 +13,7 @@ response-level ones (created, in_progress, completed, incomplete, failed, error)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from mindie_service.engine.contract import TokenInfo
 from mindie_service.protocol.tool_calls import ToolsRequest
@@ -154,7 +154,7 @@ class ResponseEmitter:
         return evs
 
     # -- the text --------------------------------------------------------------------------------
-    def feed(self, text: str, tokens: list[TokenInfo] = (), final: bool = False) -> list[Event]:  # type: ignore[assignment]
+    def feed(self, text: str, tokens: Sequence[TokenInfo] = (), final: bool = False) -> list[Event]:
         """The events ``text`` (the next text delta; ``tokens``: those that made it) causes."""
         if self.top_logprobs is not None:
             self._pending += [logprob_json(t, self.top_logprobs) for t in tokens]

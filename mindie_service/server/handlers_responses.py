@@ -87,7 +87,11 @@ class ResponsesHandler(_ResponsesHandler):
         context = svc.history(prev if isinstance(prev, str) else None, owner)
         p = await self.ctx.run_blocking(prepare, self.ctx, body, context, self.request_id)
         if p.req.options.background:
-            resp = svc.submit(p, owner, context)  # the task releases the model
+            try:
+                resp = svc.submit(p, owner, context)  # the task releases the model
+            except BaseException:
+                p.release()
+                raise
             if not p.req.stream:
                 self.write_json(resp)
                 return True

@@ -190,7 +190,8 @@ class ResponsesService:
                         continue
                     first = gen.count == 0
                     evs = gen.token(ev)
-                    prompt = {"ids": prompt_ids, "input": gen.usage.input, "cached": gen.usage.cached} if first else None
+                    prompt = ({"ids": prompt_ids, "input": gen.usage.input, "cached": gen.usage.cached}
+                              if first else None)
                     self.store.record(rid, [(gen.count - 1, ev.token.id, ev.text_delta)], evs,
                                       gen.json() if ev.finish_reason is not None else None, prompt)
                     self._notify(rid)

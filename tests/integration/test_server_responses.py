@@ -16,7 +16,8 @@ from tests.server_utils import ServerProcess, launch, wait_until, write_config
 
 KEY_A, KEY_B = "resp-key-a-0123456789abcdef", "resp-key-b-0123456789abcdef"
 TOOL = {"type": "function", "name": "get_weather", "description": "The weather in a city",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+                       "required": ["city"],
                        "additionalProperties": False}}
 
 
@@ -94,7 +95,8 @@ def test_a_tool_call_and_its_answer_round_trip_as_on_chat(srv):
 
 
 def test_text_format_json_schema_is_held(srv):
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999}}, "required": ["n"],
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 999}},
+              "required": ["n"],
               "additionalProperties": False}
     r = client(srv).responses.create(model="tiny", input="A number?", max_output_tokens=40, temperature=0,
                                      text={"format": {"type": "json_schema", "name": "num", "schema": schema}})

@@ -51,7 +51,8 @@ def test_items_become_chat_messages_calls_joined_to_one_assistant_turn():
             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
             {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{\"x\":1}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
-    assert to_messages([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}])[0]["content"] is None
+    lone = to_messages([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}])
+    assert lone[0]["content"] is None
 
 
 def test_flat_function_tools_and_choice_map_to_chat_tools():
