@@ -160,10 +160,9 @@ class ResponseEmitter:
             self._pending += [logprob_json(t, self.top_logprobs) for t in tokens]
         if self._parser is None:
             return self._text(text) if text else []
-        content, deltas = self._parser.feed(text, final=final)
-        evs = self._text(content) if content else []
-        for d in deltas:
-            evs += self._call(d.id, d.name, d.arguments)
+        evs: list[Event] = []
+        for x in self._parser.feed_ordered(text, final=final):  # an item for each run, in the text's order
+            evs += self._text(x) if isinstance(x, str) else self._call(x.id, x.name, x.arguments)
         return evs
 
     def finish(self, status: str) -> list[Event]:

@@ -100,8 +100,9 @@ def test_history_is_prepended_before_the_input():
 
 # -- events -------------------------------------------------------------------------------------------------
 EVENTS = TypeAdapter(__import__("openai").types.responses.ResponseStreamEvent)
-HERMES_TEXTS = st.lists(st.sampled_from(["hi ", "<tool_call>", "\n", '{"name": "f", "arguments": {"a": 1}}',
-                                         "</tool_call>", "é", "{", "}", '"', " "]), max_size=12).map("".join)
+TEXTS = st.lists(st.sampled_from(["hi ", "<tool_call>", "\n", '{"name": "f", "arguments": {"a": 1}}', "</tool_call>",
+                                  "é", "{", "}", '"', " ", "[TOOL_CALLS]", "[", "]", ",", "<|python_tag|>", "; "]),
+                 max_size=12).map("".join)
 
 
 def _emit(text: str, cuts: list[int], tools) -> tuple[ResponseEmitter, list[dict]]:
@@ -114,10 +115,11 @@ def _emit(text: str, cuts: list[int], tools) -> tuple[ResponseEmitter, list[dict
     return em, evs + em.finish("completed")
 
 
-@settings(max_examples=300, deadline=None)
-@given(text=HERMES_TEXTS, cuts=st.lists(st.integers(0, 120), max_size=10), tools=st.booleans())
-def test_streamed_items_equal_the_whole_ones_and_events_are_numbered_by_one(text, cuts, tools):
-    tr = parse_tools({"tools": [{"type": "function", "function": {"name": "f"}}]}, FORMATS["hermes"]) if tools else None
+@settings(max_examples=500, deadline=None)
+@given(text=TEXTS, cuts=st.lists(st.integers(0, 120), max_size=10), fmt=st.sampled_from([None, *sorted(FORMATS)]))
+def test_streamed_items_equal_the_whole_ones_and_events_are_numbered_by_one(text, cuts, fmt):
+    """Every tool-call format (None: no tools), any text, any chunking: the same items, in the same order."""
+    tr = parse_tools({"tools": [{"type": "function", "function": {"name": "f"}}]}, FORMATS[fmt]) if fmt else None
     whole, _ = _emit(text, [], tr)
     streamed, evs = _emit(text, cuts, tr)
     assert streamed.output() == whole.output()
