@@ -5,7 +5,8 @@ Items taken: messages (role user / system / developer / assistant; content a str
 ``input_image``, ``output_text``, ``refusal``), ``function_call`` (an assistant turn's tool call, by its
 ``call_id``), ``function_call_output`` (the tool's answer) and ``reasoning`` (taken and not rendered: chat
 templates drop past reasoning from the history, and nothing here produces reasoning yet). Consecutive
-``function_call`` items join the assistant message before them, as one chat message carries several calls."""
+``function_call`` items join the assistant message before them, and an assistant message right after calls joins
+them, as one chat message carries a turn's text and calls."""
 from __future__ import annotations
 
 import json
@@ -94,7 +95,12 @@ def to_messages(items: list[Any], where: str = "input") -> list[dict[str, Any]]:
         check(isinstance(item, dict), at, "an object (a message or an item)", item)
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
-            out.append(_message(item, at))
+            msg, last = _message(item, at), out[-1] if out else None
+            if (msg["role"] == "assistant" and isinstance(msg["content"], str) and last is not None
+                    and last["role"] == "assistant" and last.get("tool_calls")):
+                last["content"] = (last["content"] or "") + msg["content"]  # one assistant turn, as chat has it
+            else:
+                out.append(msg)
         elif kind == "function_call":
             call = _call(item, at)
             last = out[-1] if out else None

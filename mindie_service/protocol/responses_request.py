@@ -203,6 +203,8 @@ def parse_responses(body: dict[str, Any], history: list[dict[str, Any]], **chat_
     if opts.background:
         check(opts.store, "background", "false unless store is true (a background response lives in the store)",
               True)
-    check(body.get("stream_options") is None or body.get("stream") is True, "stream_options",
-          "absent unless stream is true", body.get("stream_options"))
+    so = body.get("stream_options")
+    check(so is None or (body.get("stream") is True and isinstance(so, dict) and set(so) <= {"include_obfuscation"}
+                         and so.get("include_obfuscation") in (None, False)), "stream_options",
+          "absent unless stream is true, and at most {include_obfuscation: false} (no obfuscation is sent)", so)
     return ResponsesRequest(chat, opts, tuple(items), body)

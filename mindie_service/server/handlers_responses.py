@@ -11,6 +11,7 @@ Errors in OpenAI's shape. A stored response belongs to the API key that made it 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from typing import Any, AsyncIterator
 
@@ -88,7 +89,7 @@ class ResponsesHandler(_ResponsesHandler):
         p = await self.ctx.run_blocking(prepare, self.ctx, body, context, self.request_id)
         if p.req.options.background:
             try:
-                resp = svc.submit(p, owner, context)  # the task releases the model
+                resp = await svc.submit(p, owner, context)  # the task releases the model
             except BaseException:
                 p.release()
                 raise
@@ -97,10 +98,11 @@ class ResponsesHandler(_ResponsesHandler):
                 return True
             return await self.write_events(_batches(svc.events(resp["id"], owner, -1)))
         try:
+            watch = functools.partial(setattr, self, "run")  # the access log's usage
             if not p.req.stream:
-                self.write_json(await svc.whole(p, owner, context, t0))
+                self.write_json(await svc.whole(p, owner, context, t0, watch))
                 return True
-            return await self.write_events(svc.stream(p, owner, context, t0))
+            return await self.write_events(svc.stream(p, owner, context, t0, watch))
         finally:
             p.release()
 

@@ -28,6 +28,7 @@ from mindie_service.protocol.responses_events import Event
 from mindie_service.protocol.responses_input import stored_items
 from mindie_service.protocol.responses_request import ResponsesRequest
 from mindie_service.serving.frontend import Frontend, Submission
+from mindie_service.serving.streams import Run
 from mindie_service.serving.responses_gen import ResponseGen
 from mindie_service.storage.responses_store import ResponsesStore, StoredResponse
 
@@ -87,11 +88,14 @@ class ResponsesService:
             return Submission([TokensPrompt(prompt_ids)], chat.params, lambda: p.engine, [gen.id])
         return Submission([chat.prompt], chat.params, lambda: p.engine, [gen.id], truncate=chat.truncate)
 
-    def _open(self, gen: ResponseGen, p: Prepared, resume: Resume | None) -> Any:
-        """The generation's Run: a fresh one, or after a restart the continuation of the recorded tokens (the
-        prompt and the output so far as the prompt, the output cap less what was made; it passed the input
-        rules when first made, so it goes to the engine as it is). A constrained response runs again."""
+    def _open(self, gen: ResponseGen, p: Prepared, resume: Resume | None, ereq: EngineRequest | None) -> Any:
+        """The generation's Run: of ``ereq`` (made when the response was created), a fresh one, or after a
+        restart the continuation of the recorded tokens (the prompt and the output so far as the prompt, the
+        output cap less what was made; it passed the input rules when first made, so it goes to the engine as
+        it is). A constrained response runs again."""
         t0 = time.monotonic()
+        if ereq is not None:
+            return self.frontend.open_prepared(p.engine, [ereq], t0)
         if resume is None or not resume.output_ids:
             return self.frontend.open(self._submission(gen, p), t0)
         params = p.req.chat.params
@@ -113,9 +117,12 @@ class ResponsesService:
             ev.set()
 
     # ------------------------------------------------------------ foreground
-    async def whole(self, p: Prepared, owner: str, context: list[dict[str, Any]], t0: float) -> dict[str, Any]:
+    async def whole(self, p: Prepared, owner: str, context: list[dict[str, Any]], t0: float,
+                    watch: Callable[[Run], None] = lambda run: None) -> dict[str, Any]:
+        """``watch``: told the Run once it is open (the access log reads its usage)."""
         gen = ResponseGen(new_response_id(), p.req)
         async with self.frontend.open(self._submission(gen, p), t0) as run:
+            watch(run)
             results = await run.results()
         gen.start()
         gen.whole(results[0])
@@ -123,11 +130,12 @@ class ResponsesService:
         return gen.json()
 
     async def stream(self, p: Prepared, owner: str, context: list[dict[str, Any]], t0: float,
-                     ) -> AsyncIterator[list[Event]]:
+                     watch: Callable[[Run], None] = lambda run: None) -> AsyncIterator[list[Event]]:
         """Batches of events; an error before the first batch is raised (nothing was sent), one after it ends
         the stream with ``error`` and response.failed."""
         gen = ResponseGen(new_response_id(), p.req)
         async with self.frontend.open(self._submission(gen, p), t0) as run:
+            watch(run)
             yield gen.start()
             try:
                 async with aclosing(run.events()) as events:
@@ -141,17 +149,21 @@ class ResponsesService:
                     self._save(gen, owner, context, False)
 
     # ------------------------------------------------------------ background
-    def submit(self, p: Prepared, owner: str, context: list[dict[str, Any]]) -> dict[str, Any]:
-        """Store the response ``queued`` with its response.created event and start it; its object now."""
+    async def submit(self, p: Prepared, owner: str, context: list[dict[str, Any]]) -> dict[str, Any]:
+        """Check and tokenize the prompt now (a bad one is the create call's 400, not a failed response),
+        store the response ``queued`` with its response.created event and start it; its object now."""
         gen = ResponseGen(new_response_id(), p.req)
+        chat = p.req.chat
+        ereq = await self.frontend.engine_request(p.engine, chat.prompt, chat.params, gen.id, truncate=chat.truncate)
         evs = gen.start(queued=True)
         self._save(gen, owner, context, True)
         self.store.record(gen.id, [], evs)
-        self._spawn(gen, p, None)
+        self._spawn(gen, p, None, ereq)
         return gen.json()
 
-    def _spawn(self, gen: ResponseGen, p: Prepared, resume: Resume | None) -> None:
-        task = asyncio.get_running_loop().create_task(self._background(gen, p, resume), name=f"response-{gen.id}")
+    def _spawn(self, gen: ResponseGen, p: Prepared, resume: Resume | None, ereq: EngineRequest | None = None) -> None:
+        task = asyncio.get_running_loop().create_task(self._background(gen, p, resume, ereq),
+                                                      name=f"response-{gen.id}")
         self.live[gen.id] = (task, gen)
 
         def done(_t: asyncio.Task[None]) -> None:
@@ -160,13 +172,14 @@ class ResponsesService:
             self._notify(gen.id)
         task.add_done_callback(done)
 
-    async def _background(self, gen: ResponseGen, p: Prepared, resume: Resume | None) -> None:
+    async def _background(self, gen: ResponseGen, p: Prepared, resume: Resume | None,
+                          ereq: EngineRequest | None) -> None:
         rid = gen.id
         try:
             if resume is None or not resume.started:
                 self.store.record(rid, [], gen.running(), gen.json())
                 self._notify(rid)
-            await self._generate(gen, p, resume)
+            await self._generate(gen, p, resume, ereq)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a broken response fails alone
@@ -176,10 +189,11 @@ class ResponsesService:
             self.store.record(rid, [], gen.fail(err), gen.json())
             self._notify(rid)
 
-    async def _generate(self, gen: ResponseGen, p: Prepared, resume: Resume | None) -> None:
+    async def _generate(self, gen: ResponseGen, p: Prepared, resume: Resume | None,
+                        ereq: EngineRequest | None) -> None:
         rid, done = gen.id, 0 if resume is None else len(resume.output_ids)
         rerun = resume is not None and bool(resume.output_ids) and p.req.chat.params.structured_outputs is not None
-        async with self._open(gen, p, resume) as run:
+        async with self._open(gen, p, resume, ereq) as run:
             prompt_ids = list(run.requests[0].prompt_token_ids)
             async with aclosing(run.events()) as events:
                 async for _, ev in events:

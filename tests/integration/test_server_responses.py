@@ -84,13 +84,15 @@ def test_a_tool_call_and_its_answer_round_trip_as_on_chat(srv):
     assert [(x.name, x.arguments) for x in calls] == [(t.function.name, t.function.arguments)
                                                       for t in want.choices[0].message.tool_calls]
     assert "city" in json.loads(calls[0].arguments) and calls[0].call_id
+    text = "".join(p.text for o in r.output if o.type == "message" for p in o.content)
+    assert text == (want.choices[0].message.content or "")  # what the model wrote beside the call, if anything
     # The answer goes back as function_call_output, continuing the stored conversation.
     r2 = c.responses.create(model="tiny", previous_response_id=r.id, max_output_tokens=8, temperature=0,
                             input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}])
-    want2 = chat_text(srv, [*msgs, {"role": "assistant", "content": None, "tool_calls": [
-        {"id": calls[0].call_id, "type": "function", "function": {"name": calls[0].name,
-                                                                   "arguments": calls[0].arguments}}]},
-        {"role": "tool", "tool_call_id": calls[0].call_id, "content": "sunny"}], max_tokens=8)
+    turn = {"role": "assistant", "content": want.choices[0].message.content, "tool_calls": [
+        {"id": x.call_id, "type": "function", "function": {"name": x.name, "arguments": x.arguments}} for x in calls]}
+    want2 = chat_text(srv, [*msgs, turn, {"role": "tool", "tool_call_id": calls[0].call_id, "content": "sunny"}],
+                      max_tokens=8)
     assert r2.output_text == want2.choices[0].message.content and r2.previous_response_id == r.id
 
 

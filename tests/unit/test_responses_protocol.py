@@ -53,6 +53,9 @@ def test_items_become_chat_messages_calls_joined_to_one_assistant_turn():
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
     lone = to_messages([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}])
     assert lone[0]["content"] is None
+    after = to_messages([{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                         {"role": "assistant", "content": [{"type": "output_text", "text": "more"}]}])
+    assert len(after) == 1 and after[0]["content"] == "more" and after[0]["tool_calls"][0]["id"] == "c"
 
 
 def test_flat_function_tools_and_choice_map_to_chat_tools():

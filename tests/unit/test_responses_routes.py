@@ -118,3 +118,10 @@ class ResponsesRoutes(InProcessServer):
         assert len(part["logprobs"]) == r["usage"]["output_tokens"] == 6
         assert all(isinstance(x["logprob"], float) and len(x["top_logprobs"]) <= 2 for x in part["logprobs"])
         assert "logprobs" not in self.create(input="go")["output"][0]["content"][0]
+
+    def test_a_background_prompt_that_cannot_run_is_the_create_calls_400(self):
+        code, out = self.call("POST", "/v1/responses", {"model": "mock", "input": "x" * 400, "background": True})
+        assert code == 400 and "at most" in out["error"]["message"], out
+        code, out = self.call("POST", "/v1/responses", {"model": "mock", "input": "x", "stream": True,
+                                                         "stream_options": {"include_obfuscation": True}})
+        assert code == 400 and out["error"]["param"] == "stream_options"
