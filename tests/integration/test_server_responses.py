@@ -86,6 +86,11 @@ def test_a_tool_call_and_its_answer_round_trip_as_on_chat(srv):
     assert "city" in json.loads(calls[0].arguments) and calls[0].call_id
     text = "".join(p.text for o in r.output if o.type == "message" for p in o.content)
     assert text == (want.choices[0].message.content or "")  # what the model wrote beside the call, if anything
+    with c.responses.stream(model="tiny", input=msgs, tools=[TOOL], tool_choice="required", max_output_tokens=60,
+                            temperature=0) as stream:
+        streamed = list(stream)[-1].response.output
+    strip = ("id", "call_id")  # fresh per response
+    assert [o.model_dump(exclude=set(strip)) for o in streamed] == [o.model_dump(exclude=set(strip)) for o in r.output]
     # The answer goes back as function_call_output, continuing the stored conversation.
     r2 = c.responses.create(model="tiny", previous_response_id=r.id, max_output_tokens=8, temperature=0,
                             input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}])

@@ -78,3 +78,19 @@ def test_age_bound_drops_finished_responses_past_it(tmp_path, monkeypatch):
 def test_ids_are_unguessable():
     ids = {new_response_id() for _ in range(1000)}
     assert len(ids) == 1000 and all(i.startswith("resp_") and len(i) == 5 + 48 for i in ids)
+
+
+def test_the_config_keys_bound_the_store(tmp_path):
+    import pytest
+
+    from mindie_service.config import load_config
+    from mindie_service.errors import ConfigError
+    from tests.server_utils import write_mock_config
+
+    cfg = load_config(write_mock_config(tmp_path, responsesStore={"dir": "rs", "maxResponses": 5, "maxAgeHours": 2}))
+    s = cfg.server
+    assert (s.responses_dir, s.responses_max, s.responses_max_age) == (str(tmp_path / "rs"), 5, 7200.0)
+    d = load_config(write_mock_config(tmp_path)).server
+    assert (d.responses_dir, d.responses_max, d.responses_max_age) == (str(tmp_path / "responses"), 10000, 720 * 3600.0)
+    with pytest.raises(ConfigError, match="maxResponses"):
+        load_config(write_mock_config(tmp_path, responsesStore={"maxResponses": 0}))
