@@ -30,6 +30,7 @@ from mindie_service.protocol.responses_request import ResponsesRequest
 from mindie_service.serving.frontend import Frontend, Submission
 from mindie_service.serving.streams import Run
 from mindie_service.serving.responses_gen import ResponseGen
+from mindie_service.serving.responses_lease import CANCEL_CHECK_EVERY, LEASE_S, new_runner, runner_dead
 from mindie_service.storage.responses_store import ResponsesStore, StoredResponse
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class ResponsesService:
         self.store, self.frontend, self.prepare = store, frontend, prepare
         self.live: dict[str, tuple[asyncio.Task[None], ResponseGen]] = {}
         self._wake: dict[str, asyncio.Event] = {}
+        self.runner = new_runner()  # this process, as the rows of the responses it generates name it
+        self._waiting: set[asyncio.Task[None]] = set()  # responses another live process runs (``_take_over``)
 
     # ------------------------------------------------------------ helpers
     def history(self, prev: str | None, owner: str) -> list[dict[str, Any]]:
@@ -109,7 +112,7 @@ class ResponsesService:
         req = gen.state.req
         if req.options.store:
             self.store.create(gen.id, owner, req.body, context, stored_items(list(req.items), gen.id[5:29]),
-                              gen.json(), background)
+                              gen.json(), background, self.runner if background else "")
 
     def _notify(self, rid: str) -> None:
         ev = self._wake.pop(rid, None)
@@ -209,6 +212,8 @@ class ResponsesService:
                     self.store.record(rid, [(gen.count - 1, ev.token.id, ev.text_delta)], evs,
                                       gen.json() if ev.finish_reason is not None else None, prompt)
                     self._notify(rid)
+                    if gen.count % CANCEL_CHECK_EVERY == 0 and self.store.status(rid) == "cancelled":
+                        return  # cancelled through another replica: leaving aborts the engine's request
 
     async def cancel(self, rid: str, owner: str) -> dict[str, Any]:
         """Cancel a background response: it ends ``cancelled`` and its sequence is freed now. A finished one
@@ -274,17 +279,34 @@ class ResponsesService:
     async def shutdown(self) -> None:
         """Stop every background response where it is (still in progress in the store: the next start resumes
         it)."""
-        tasks = [t for t, _ in self.live.values()]
+        tasks = [t for t, _ in self.live.values()] + list(self._waiting)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def resume_all(self) -> int:
-        """Go on with every background response a restart cut; how many."""
+        """Go on with every background response a restart cut (one no live process runs: serving.responses_lease);
+        how many were found."""
         rows = self.store.unfinished()
         for row in rows:
-            await self._resume(row)
+            if self._claim(row.id):
+                await self._resume(row)
+            else:  # another live process runs it: take over only if it falls silent
+                task = asyncio.get_running_loop().create_task(self._take_over(row.id))
+                self._waiting.add(task)
+                task.add_done_callback(self._waiting.discard)
         return len(rows)
+
+    def _claim(self, rid: str) -> bool:
+        return self.store.claim(rid, self.runner, time.time() - LEASE_S, runner_dead)
+
+    async def _take_over(self, rid: str) -> None:
+        while self.store.status(rid) in ("queued", "in_progress"):
+            await asyncio.sleep(LEASE_S / 2)
+            row = self.store.get_any(rid)
+            if row is not None and self._claim(rid):
+                await self._resume(row)
+                return
 
     async def _resume(self, row: StoredResponse) -> None:
         try:

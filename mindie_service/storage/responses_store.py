@@ -18,13 +18,13 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
     id TEXT PRIMARY KEY, created REAL NOT NULL, owner TEXT NOT NULL, status TEXT NOT NULL,
     background INTEGER NOT NULL, body TEXT NOT NULL, context TEXT NOT NULL, items TEXT NOT NULL,
-    response TEXT NOT NULL, prompt TEXT);
+    response TEXT NOT NULL, prompt TEXT, runner TEXT NOT NULL DEFAULT '', beat REAL NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS responses_created ON responses (created);
 CREATE TABLE IF NOT EXISTS response_tokens (
     id TEXT NOT NULL, n INTEGER NOT NULL, token INTEGER NOT NULL, delta TEXT NOT NULL, PRIMARY KEY (id, n));
@@ -84,12 +84,14 @@ class ResponsesStore:
 
     # ------------------------------------------------------------ rows
     def create(self, rid: str, owner: str, body: dict[str, Any], context: list[dict[str, Any]],
-               items: list[dict[str, Any]], response: dict[str, Any], background: bool) -> None:
+               items: list[dict[str, Any]], response: dict[str, Any], background: bool, runner: str = "") -> None:
+        """A new row; ``runner``: the process generating it (a background response's)."""
         self.prune()
-        self._tx([("INSERT INTO responses (id, created, owner, status, background, body, context, items, response) "
-                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                   (rid, time.time(), owner, response["status"], int(background), _dumps(body), _dumps(context),
-                    _dumps(items), _dumps(response)))])
+        now = time.time()
+        self._tx([("INSERT INTO responses (id, created, owner, status, background, body, context, items, response, "
+                   "runner, beat) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (rid, now, owner, response["status"], int(background), _dumps(body), _dumps(context),
+                    _dumps(items), _dumps(response), runner, now))])
 
     def get(self, rid: str, owner: str) -> StoredResponse | None:
         """The row, only for its owner (another key's row is as absent as a missing one)."""
@@ -136,12 +138,32 @@ class ResponsesStore:
             for n, t, d in tokens]
         st += [("INSERT INTO response_events (id, seq, body) VALUES (?, ?, ?)", (rid, e["sequence_number"], _dumps(e)))
                for e in events]
-        if response is not None:
-            st.append(("UPDATE responses SET status = ?, response = ? WHERE id = ?",
+        st.append(("UPDATE responses SET beat = ? WHERE id = ?", (time.time(), rid)))
+        if response is not None:  # never over a cancel (another replica's)
+            st.append(("UPDATE responses SET status = ?, response = ? WHERE id = ? AND status != 'cancelled'",
                        (response["status"], _dumps(response), rid)))
         if prompt is not None:
             st.append(("UPDATE responses SET prompt = ? WHERE id = ?", (_dumps(prompt), rid)))
         self._tx(st)
+
+    def status(self, rid: str) -> str | None:
+        with self._lock:
+            r = self._db.execute("SELECT status FROM responses WHERE id = ?", (rid,)).fetchone()
+        return None if r is None else str(r[0])
+
+    def claim(self, rid: str, runner: str, stale_before: float, dead: Callable[[str], bool]) -> bool:
+        """Make ``runner`` the one generating ``rid`` (still queued or in progress) when its runner is none,
+        ``dead``, or silent since ``stale_before``; False when another process runs it (or it ended)."""
+        with self._lock:
+            r = self._db.execute("SELECT runner, beat, status FROM responses WHERE id = ?", (rid,)).fetchone()
+            if r is None or r[2] not in ACTIVE:
+                return False
+            old, beat = r[0], float(r[1])
+            if old not in ("", runner) and beat >= stale_before and not dead(old):
+                return False
+            n = self._db.execute("UPDATE responses SET runner = ?, beat = ? WHERE id = ? AND runner = ?",
+                                 (runner, time.time(), rid, old)).rowcount
+        return n == 1
 
     def tokens(self, rid: str) -> list[tuple[int, str]]:
         with self._lock:

@@ -74,12 +74,13 @@ class ResponsesRoutes(InProcessServer):
         assert code == 200 and seqs == whole[4:] and whole == list(range(len(whole)))
 
     def test_cancel_ends_cancelled_and_frees_the_sequence(self):
+        self.engine.token_delay_s = 0.05  # 64 tokens (maxIterTimes) take 3 s
         r = self.create(input="go", background=True, max_output_tokens=5000)
         self.settle(r["id"], "in_progress")
         code, out = self.call("POST", f"/v1/responses/{r['id']}/cancel", {})
         assert code == 200 and out["status"] == "cancelled"
-        self.io_loop.run_sync(lambda: asyncio.sleep(0.05))
-        assert self.engine._active == {}  # the engine's request is gone
+        assert self.engine._active == {}  # the engine's request is gone when the cancel answers
+        assert len(self.ctx.responses_service().store.tokens(r["id"])) < 16
         assert self.call("GET", f"/v1/responses/{r['id']}")[1]["status"] == "cancelled"
 
     def test_unknown_fields_and_routes_answer_in_openais_shape(self):
@@ -125,3 +126,16 @@ class ResponsesRoutes(InProcessServer):
         code, out = self.call("POST", "/v1/responses", {"model": "mock", "input": "x", "stream": True,
                                                          "stream_options": {"include_obfuscation": True}})
         assert code == 400 and out["error"]["param"] == "stream_options"
+
+    def test_a_cancel_made_through_another_replica_stops_the_generation(self):
+        self.engine.token_delay_s = 0.04  # 64 tokens (maxIterTimes) take 2.6 s; the store is read every 32
+        r = self.create(input="go", background=True, max_output_tokens=5000)
+        self.settle(r["id"], "in_progress")
+        store = self.ctx.responses_service().store  # another replica sharing the store writes the cancel
+        store.update(r["id"], {**self.call("GET", f"/v1/responses/{r['id']}")[1], "status": "cancelled"})
+        deadline = time.monotonic() + 10
+        while self.engine._active and time.monotonic() < deadline:
+            self.io_loop.run_sync(lambda: asyncio.sleep(0.02))
+        assert self.engine._active == {} and store.status(r["id"]) == "cancelled"
+        assert len(store.tokens(r["id"])) < 64  # stopped before its end
+        assert store.get_any(r["id"]).response["status"] == "cancelled"

@@ -94,3 +94,35 @@ def test_the_config_keys_bound_the_store(tmp_path):
     assert (d.responses_dir, d.responses_max, d.responses_max_age) == (str(tmp_path / "responses"), 10000, 720 * 3600.0)
     with pytest.raises(ConfigError, match="maxResponses"):
         load_config(write_mock_config(tmp_path, responsesStore={"maxResponses": 0}))
+
+
+def test_a_restart_takes_over_only_what_no_live_process_runs(tmp_path):
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from mindie_service.serving.responses_lease import runner_dead
+
+    s = ResponsesStore(tmp_path, 100, 3600)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    here = socket.gethostname()
+    dead, alive, remote = f"{here}:{gone.stdout.strip()}:aa", f"{here}:{os.getppid()}:bb", "otherhost:1:cc"
+    assert runner_dead(dead) and not runner_dead(alive) and not runner_dead(remote)
+    for rid, runner in (("resp_dead", dead), ("resp_alive", alive), ("resp_remote", remote)):
+        s.create(rid, "", {}, [], [], {"id": rid, "status": "in_progress"}, True, runner)
+    now = time.time()
+    assert s.claim("resp_dead", "me", now - 30, runner_dead)
+    assert not s.claim("resp_alive", "me", now - 30, runner_dead)
+    assert not s.claim("resp_remote", "me", now - 30, runner_dead)
+    assert s.claim("resp_remote", "me", now + 1, runner_dead)  # silent for longer than the lease
+    assert not s.claim("resp_remote", "other", now - 30, runner_dead)  # now ours, with a fresh beat
+
+
+def test_a_record_never_overwrites_a_cancel(tmp_path):
+    s = ResponsesStore(tmp_path, 100, 3600)
+    _create(s, "resp_a", status="in_progress", bg=True)
+    s.update("resp_a", {"id": "resp_a", "status": "cancelled"})
+    s.record("resp_a", [(0, 5, "x")], [{"type": "d", "sequence_number": 0}], {"id": "resp_a", "status": "completed"})
+    assert s.get("resp_a", "").status == "cancelled" and s.status("resp_a") == "cancelled"
+    assert not s.claim("resp_a", "me", time.time(), lambda r: True)  # ended: nothing to take over
