@@ -155,7 +155,10 @@ def _server(srv: dict[str, Any], base: Path) -> ServerSettings:
         open_ai_support=srv.get("openAiSupport") or "openai", api_key_hashes=_key_hashes(srv),
         api_key_file=_resolve(base, srv["apiKeyFile"]) if srv.get("apiKeyFile") else None,
         management_routes_on_business_port=bool(srv.get("managementRoutesOnBusinessPort")),
-        probe_port=None if srv.get("probePort") is None else int(srv["probePort"]))
+        probe_port=None if srv.get("probePort") is None else int(srv["probePort"]),
+        responses_dir=_resolve(base, srv["responsesStore"]["dir"]),
+        responses_max=int(srv["responsesStore"]["maxResponses"]),
+        responses_max_age=float(srv["responsesStore"]["maxAgeHours"]) * 3600.0)
 
 
 def _key_hashes(srv: dict[str, Any]) -> tuple[tuple[str, str], ...]:

@@ -62,6 +62,9 @@ class ServerSettings:
     api_key_hashes: tuple[tuple[str, str], ...] = ()
     api_key_file: str | None = None  # resolved; read by server.auth at start and on SIGHUP
     management_routes_on_business_port: bool = False  # only ever served with a management key
+    responses_dir: str = "responses"  # ServerConfig.responsesStore.dir, resolved
+    responses_max: int = 10000  # responsesStore.maxResponses
+    responses_max_age: float = 720 * 3600.0  # responsesStore.maxAgeHours, in seconds
     probe_port: int | None = None  # plain-HTTP health routes on management_ip_address (kubelet probes); None = off
 
     @property

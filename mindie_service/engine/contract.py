@@ -61,6 +61,7 @@ class TokenEvent:
     # Set on the first event: the prompt's tokens (with logprobs when asked) and the seed used.
     prompt_tokens: list[TokenInfo] | None = None
     num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # of the prompt's, found in the prefix cache (or a kept session) at admission
     seed: int | None = None
     # Set on the last event: the whole generated text (stop text trimmed).
     full_text: str | None = None

@@ -62,6 +62,7 @@ class GenerationResult:
     tokens: list[TokenInfo] = field(default_factory=list)
     prompt_tokens: list[TokenInfo] = field(default_factory=list)
     num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # of the prompt's, served from the prefix cache
     seed: int | None = None
     finish_reason: str | None = None
     deltas: list[str] = field(default_factory=list)
@@ -71,6 +72,7 @@ class GenerationResult:
         if not self.tokens:
             self.prompt_tokens = list(ev.prompt_tokens or [])
             self.num_prompt_tokens = ev.num_prompt_tokens or len(self.prompt_tokens)
+            self.num_cached_tokens = ev.num_cached_tokens
             self.seed = ev.seed
         self.tokens.append(ev.token)
         self.deltas.append(ev.text_delta)

@@ -28,6 +28,8 @@ from mindie_service.server.handlers_models import (DownloadModelHandler, Managem
                                                    StopModelHandler)
 from mindie_service.server.handlers_openai import ChatCompletionsHandler, CompletionsHandler
 from mindie_service.server.handlers_anthropic import CountTokensHandler, MessagesHandler
+from mindie_service.server.handlers_responses import (ResponseCancelHandler, ResponseHandler,
+                                                      ResponseInputItemsHandler, ResponsesHandler)
 from mindie_service.server.handlers_tokenize import DetokenizeHandler, TokenizeHandler, TokenizerInfoHandler
 from mindie_service.server.openapi import OpenApiHandler
 from mindie_service.server.handlers_rest import GenerateBatchHandler, GenerateOneHandler
@@ -71,6 +73,10 @@ PLANE_ROUTES: dict[str, Routes] = {
         (r"/v1/chat/completions", ChatCompletionsHandler),
         (r"/v1/messages", MessagesHandler),
         (r"/v1/messages/count_tokens", CountTokensHandler),
+        (r"/v1/responses", ResponsesHandler),
+        (r"/v1/responses/([^/]+)", ResponseHandler),
+        (r"/v1/responses/([^/]+)/input_items", ResponseInputItemsHandler),
+        (r"/v1/responses/([^/]+)/cancel", ResponseCancelHandler),
         (r"/tokenize", TokenizeHandler),
         (r"/detokenize", DetokenizeHandler),
         (r"/tokenizer_info", TokenizerInfoHandler),

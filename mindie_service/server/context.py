@@ -2,6 +2,7 @@
 (mindie_service.serving.Frontend: admission, thread pools, input processing, sessions) they call."""
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -20,10 +21,13 @@ from mindie_service.protocol.request import ProtocolLimits
 from mindie_service.serving import Frontend, Timeouts
 from mindie_service.serving.admission_queue import AdmissionQueue
 from mindie_service.serving.model_lookup import engine_for
+from mindie_service.serving.responses_service import ResponsesService
+from mindie_service.storage.responses_store import ResponsesStore
 from mindie_service.fleet.gateway_view import gateway_state
 from mindie_service.netguard import FetchPolicy
 from mindie_service.server.gateway_metrics import GatewayCollector
 from mindie_service.server.metrics import ServiceMetrics
+from mindie_service.server.responses_prepare import prepare
 from multimodal import MediaPolicy
 
 logger = logging.getLogger(__name__)
@@ -43,6 +47,7 @@ class ServerContext:
         self.draining = False
         self.open_handlers = 0  # handlers begun and not finished (BaseHandler counts them)
         self.jobs: JobRunner | None = None  # batch jobs, once the default model is ready
+        self._responses: ResponsesService | None = None  # the Responses API's store, opened on first use
         self.listeners: list[Any] = []  # the HTTP servers (main adds them): their open connections are counted
         # Where any server-side fetch may go (media, catalog downloads, batch-job input files share it).
         self.fetch_policy = FetchPolicy(
@@ -77,10 +82,29 @@ class ServerContext:
         self.jobs = JobRunner(JobStore(self.settings.batch_jobs_dir), self.engine_for, self.frontend, running)
         self.jobs.resume_all()
 
+        asyncio.get_running_loop().create_task(self.responses_service().resume_all())
+
     async def stop_jobs(self) -> None:
         if self.jobs is not None:
             await self.jobs.shutdown()
             self.jobs.store.close()
+        if self._responses is not None:
+            await self.pause_responses()
+            self._responses.store.close()
+
+    async def pause_responses(self) -> None:
+        """Background responses stop where they are (still in progress in the store): the next start resumes them."""
+        if self._responses is not None:
+            await self._responses.shutdown()
+
+    def responses_service(self) -> ResponsesService:
+        """The Responses API's service over its store (ServerConfig.responsesStore), opened on first use."""
+        if self._responses is None:
+            s = self.settings
+            self._responses = ResponsesService(
+                ResponsesStore(s.responses_dir, s.responses_max, s.responses_max_age), self.frontend,
+                lambda body, context, rid: self.run_blocking(prepare, self, body, context, rid))
+        return self._responses
 
     # -- engine ----------------------------------------------------------------------------------
     def attach_engine(self, engine: EngineClient) -> None:

@@ -12,18 +12,10 @@ from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
 from mindie_service.protocol.openai import Kind, OpenAIRequest, parse_openai, peek_model
 from mindie_service.protocol.openai_encoder import OpenAIEncoder, openai_error
 from mindie_service.server.generation import GenerationHandler
-from mindie_service.structured.tool_formats import ToolFormat, detect, for_tokenizer
+from mindie_service.server.model_tools import tool_format
 from mindie_service.serving import Submission
 
 _ENCODER = OpenAIEncoder()
-
-
-def tool_format(engine: EngineClient, ctx: Any) -> ToolFormat:
-    """The model's tool-call format: the config's toolCallParser, else the one its chat template writes."""
-    tok = getattr(getattr(engine, "input_facts", None), "tokenizer", None)
-    cfg = getattr(ctx, "engine_config", None)
-    fmt = detect(getattr(tok, "chat_template", None), getattr(getattr(cfg, "structured", None), "tool_call_parser", ""))
-    return for_tokenizer(fmt, tok)  # the marker by its special token id, where the tokenizer has one
 
 
 class OpenAIRouteHandler(GenerationHandler):

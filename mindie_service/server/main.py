@@ -274,6 +274,7 @@ async def _drain(ctx: ServerContext, servers: list[BoundedHTTPServer], engine: E
     ctx.draining = True
     for srv in servers:
         srv.stop()
+    await ctx.pause_responses()  # background responses resume at the next start rather than hold the drain
     forced = await _wait_drained(ctx, force)
     for srv in servers:
         try:

@@ -112,6 +112,25 @@ SCHEMAS: dict[str, Any] = {
         "created": {"type": "integer"}, "model": {"type": "string"}, "choices": {"type": "array"},
         "usage": {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"]}},
         "description": "Non-stream body; with stream: true, text/event-stream chunks ending with data: [DONE]."},
+    "ResponseCreateRequest": {"type": "object", "required": ["input"], "properties": {
+        "model": {"type": "string", "description": "absent: the default model"},
+        "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": _OBJ}]},
+        "instructions": {"type": ["string", "null"]}, "max_output_tokens": {"type": ["integer", "null"], "minimum": 1},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2}, "stream": {"type": "boolean"},
+        "background": {"type": "boolean"}, "store": {"type": "boolean"}, "tools": {"type": "array", "items": _OBJ},
+        "previous_response_id": {"type": ["string", "null"]}, "text": _OBJ,
+        "metadata": {"type": "object", "additionalProperties": {"type": "string"}}},
+        "description": "OpenAI's Responses create body (function tools only)."},
+    "Response": {"type": "object", "required": ["id", "object", "status", "output"], "properties": {
+        "id": {"type": "string"}, "object": {"const": "response"}, "status": {"enum": [
+            "queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]},
+        "output": {"type": "array", "items": _OBJ}, "usage": {"type": ["object", "null"]}},
+        "description": "OpenAI's Response; with stream: true, text/event-stream typed events (sequence_number)."},
+    "ResponseDeleted": {"type": "object", "required": ["id", "object", "deleted"], "properties": {
+        "id": {"type": "string"}, "object": {"const": "response"}, "deleted": {"const": True}}},
+    "ResponseItemList": {"type": "object", "required": ["object", "data", "has_more"], "properties": {
+        "object": {"const": "list"}, "data": {"type": "array", "items": _OBJ}, "has_more": {"type": "boolean"},
+        "first_id": {"type": ["string", "null"]}, "last_id": {"type": ["string", "null"]}}},
     **TOKENIZER_SCHEMAS,
     **MESSAGES_SCHEMAS,
 }
@@ -128,10 +147,14 @@ _SHAPES: dict[str, dict[str, tuple[str | None, str | None]]] = {
     "/v1/models/{id}/start": {"put": (None, "ModelStateResponse")},
     "/v1/models/{id}/stop": {"put": (None, "ModelStateResponse")},
     "/v1/models/download/{id}": {"get": (None, "DownloadModelResponse")},
+    "/v1/responses": {"post": ("ResponseCreateRequest", "Response")},
+    "/v1/responses/{id}": {"get": (None, "Response"), "delete": (None, "ResponseDeleted")},
+    "/v1/responses/{id}/cancel": {"post": (None, "Response")},
+    "/v1/responses/{id}/input_items": {"get": (None, "ResponseItemList")},
     **TOKENIZER_SHAPES,
     **MESSAGES_SHAPES,
 }
-OPENAI_ERRORS = ("/v1/completions", "/v1/chat/completions", "/v1/models", *TOKENIZER_SHAPES)
+OPENAI_ERRORS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/responses", *TOKENIZER_SHAPES)
 
 
 def openapi_path(pattern: str) -> str:
@@ -160,7 +183,7 @@ def _operation(path: str, method: str, cls: type) -> dict[str, Any]:
     err = _ref("AnthropicError" if path in MESSAGES_SHAPES else
                "OpenAIError" if path.startswith(OPENAI_ERRORS) else "Error")
     content = {"application/json": {"schema": _ref(ok) if ok else _ANY}}
-    if ok in ("Completion", "Message"):
+    if ok in ("Completion", "Message", "Response"):
         content["text/event-stream"] = {"schema": {"type": "string"}}
     op: dict[str, Any] = {
         "summary": doc, "operationId": f"{method}_{re.sub(r'[^A-Za-z0-9]+', '_', path).strip('_') or 'root'}",
@@ -185,7 +208,8 @@ def build_document(routes: list[tuple[str, type]], version: str, model_ids: list
     schemas = SCHEMAS
     if model_ids:  # examples of `model` that exist, so that clients (and fuzzers) reach past the 404
         schemas = copy.deepcopy(SCHEMAS)
-        for name in ("CompletionRequest", "ChatCompletionRequest", "MessagesRequest", "CountTokensRequest"):
+        for name in ("CompletionRequest", "ChatCompletionRequest", "MessagesRequest", "CountTokensRequest",
+                     "ResponseCreateRequest"):
             schemas[name]["properties"]["model"]["examples"] = list(model_ids)
         for path, ops in paths.items():
             for op in ops.values():

@@ -161,12 +161,26 @@ class Frontend:
                 ereqs = await asyncio.gather(*(
                     self.engine_request(engine, p, sub.params, rid, truncate=sub.truncate, session_id=key)
                     for p, rid, key in zip(sub.prompts, sub.request_ids, keys)))
-                run = Run(engine, list(ereqs), sub.best_of, t0, self.timeouts, self.observer)
-                self.runs.add(run)
-                try:
+                async with self._run(engine, list(ereqs), sub.best_of, t0) as run:
                     yield run
-                finally:
-                    self.runs.discard(run)
+
+    @contextlib.asynccontextmanager
+    async def open_prepared(self, engine: EngineClient, ereqs: list[EngineRequest], t0: float) -> AsyncIterator[Run]:
+        """A call whose engine requests are made already (a stored response's continuation after a restart:
+        its prompt passed the input rules when it was first made): admitted, then run."""
+        async with self.admitted(1, t0):
+            async with self._run(engine, ereqs, 1, t0) as run:
+                yield run
+
+    @contextlib.asynccontextmanager
+    async def _run(self, engine: EngineClient, ereqs: list[EngineRequest], best_of: int, t0: float,
+                   ) -> AsyncIterator[Run]:
+        run = Run(engine, ereqs, best_of, t0, self.timeouts, self.observer)
+        self.runs.add(run)
+        try:
+            yield run
+        finally:
+            self.runs.discard(run)
 
     def cut_all(self, err: MindieError) -> int:
         """End every call under way with ``err`` (streams get it as their last frame); how many there were."""

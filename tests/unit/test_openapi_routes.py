@@ -24,7 +24,8 @@ def test_document_matches_the_routes(plane: str) -> None:
 
 def test_openai_and_model_routes_use_openais_error_shape() -> None:
     doc = build_document(PLANE_ROUTES["business"], "test")
-    for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/models/{id}"):
+    for path in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/models/{id}", "/v1/responses",
+                 "/v1/responses/{id}", "/v1/responses/{id}/cancel", "/v1/responses/{id}/input_items"):
         for op in doc["paths"][path].values():
             ref = op["responses"]["default"]["content"]["application/json"]["schema"]["$ref"]
             assert ref.endswith("/OpenAIError")

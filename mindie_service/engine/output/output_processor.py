@@ -74,6 +74,7 @@ class OutputProcessor:
         if not t.first_event_sent:
             t.first_event_sent = True
             ev.num_prompt_tokens, ev.seed = seq.num_prompt_tokens, seq.seed
+            ev.num_cached_tokens = min(seq.num_cached_tokens, seq.num_prompt_tokens)
             if seq.params.prompt_logprobs:
                 lps = t.prompt_lps + [None] * (seq.num_prompt_tokens - len(t.prompt_lps))
                 tops = t.prompt_tops + [[]] * (seq.num_prompt_tokens - len(t.prompt_tops))

@@ -1,0 +1,1 @@
+"""Durable stores of the online routes (the Responses API's), apart from the batch jobs' (mindie_service.jobs)."""
