@@ -3,7 +3,9 @@
 Each type has a PyTorch reference dequantizer (vectorised; equal, bit for bit, to ``gguf.quants.dequantize``:
 the same fp32 products and differences, each rounded once), a reference matmul (dequantize, then an fp32
 matmul) and the C kernel (csrc/gemm_kquant.c, AVX2 + FMA) that dequantizes in registers and keeps fp32
-activations, so it differs from the reference only in the order of its fp32 sums.
+activations, so it differs from the reference only in the order of its fp32 sums. The ``_q8`` kernels
+(csrc/gemm_kquant_q8.c) take int8 activations instead (llama.cpp's Q8_K rows), for the bandwidth-bound decode step:
+``matmul(..., int8_rows=True)`` against ``matmul_q8_ref``.
 
 A row of W ([n_out, k], k a multiple of 256) is k / 256 consecutive super-blocks; ``raw`` is the tensor's bytes as
 uint8, [n_out, k / 256 * block_bytes] or flat. ``KQUANT_TYPES`` is the table a loader plugs in: GGML type id ->
@@ -100,13 +102,14 @@ class KQuantType:
     block_bytes: int
     block_size: int  # weights a block holds
     dequantize: Callable[[torch.Tensor], torch.Tensor]  # raw uint8 bytes -> fp32, flat
-    kernel: str  # the C entry point (csrc/kernels.h)
+    kernel: str  # the C entry point (csrc/kernels.h): fp32 activations
+    kernel_q8: str  # the same against int8 activations (Q8_K rows)
 
 
 KQUANT_TYPES: dict[int, KQuantType] = {t.ggml_type: t for t in (
-    KQuantType("Q4_K", 12, 144, QK_K, dequantize_q4_k, "gguf_matmul_q4_k"),
-    KQuantType("Q5_K", 13, 176, QK_K, dequantize_q5_k, "gguf_matmul_q5_k"),
-    KQuantType("Q6_K", 14, 210, QK_K, dequantize_q6_k, "gguf_matmul_q6_k"),
+    KQuantType("Q4_K", 12, 144, QK_K, dequantize_q4_k, "gguf_matmul_q4_k", "gguf_matmul_q4_k_q8"),
+    KQuantType("Q5_K", 13, 176, QK_K, dequantize_q5_k, "gguf_matmul_q5_k", "gguf_matmul_q5_k_q8"),
+    KQuantType("Q6_K", 14, 210, QK_K, dequantize_q6_k, "gguf_matmul_q6_k", "gguf_matmul_q6_k_q8"),
 )}
 BY_NAME: dict[str, KQuantType] = {t.name: t for t in KQUANT_TYPES.values()}
 
@@ -125,8 +128,9 @@ def matmul_ref(x: torch.Tensor, raw: torch.Tensor, name: str, n_out: int, k: int
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     """The K-quant linears' types, as csrc/kernels.h declares them."""
     for t in KQUANT_TYPES.values():
-        fn = getattr(lib, t.kernel)
-        fn.argtypes, fn.restype = [_P, _I64, _I64, _P, _I64, _P], None
+        for name in (t.kernel, t.kernel_q8):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = [_P, _I64, _I64, _P, _I64, _P], None
     return lib
 
 
@@ -137,9 +141,25 @@ def _lib() -> ctypes.CDLL:
     return _declare(lib)
 
 
-def matmul(x: torch.Tensor, raw: torch.Tensor, name: str, n_out: int, k: int) -> torch.Tensor:
+def quantize_q8k(x: torch.Tensor) -> torch.Tensor:
+    """The int8 activations of the ``_q8`` kernels, dequantized: each row's 256-column blocks as llama.cpp's Q8_K
+    (d = max|x| / 127, q = round-half-even(x * (1 / d)) in [-127, 127]) -> q * d, fp32 [m, k]."""
+    xb = x.to(torch.float32).reshape(x.shape[0], -1, QK_K)
+    d = xb.abs().amax(-1, keepdim=True) / 127.0
+    inv = torch.where(d != 0, 1.0 / torch.where(d != 0, d, torch.ones_like(d)), torch.zeros_like(d))
+    q = torch.round(xb * inv).clamp_(-127, 127)
+    return (q * d).reshape(x.shape)
+
+
+def matmul_q8_ref(x: torch.Tensor, raw: torch.Tensor, name: str, n_out: int, k: int) -> torch.Tensor:
+    """The ``_q8`` kernels' reference: the quantized rows (``quantize_q8k``) times the dequantized W."""
+    return matmul_ref(quantize_q8k(x), raw, name, n_out, k)
+
+
+def matmul(x: torch.Tensor, raw: torch.Tensor, name: str, n_out: int, k: int, int8_rows: bool = False) -> torch.Tensor:
     """x [m, k] fp32 @ W^T -> [m, n_out] by the C kernel of type `name`, W's bytes read in place (contiguous
-    uint8, n_out * k / 256 blocks). Threads: torch.get_num_threads()'s OpenMP team."""
+    uint8, n_out * k / 256 blocks); ``int8_rows``: the kernel against Q8_K activations (``matmul_q8_ref``).
+    Threads: torch.get_num_threads()'s OpenMP team."""
     t = BY_NAME[name]
     if k % t.block_size or x.dim() != 2 or x.shape[1] != k:
         raise ValueError(f"{name} matmul: x {tuple(x.shape)} against W [{n_out}, {k}] (k must be a multiple of "
@@ -149,7 +169,8 @@ def matmul(x: torch.Tensor, raw: torch.Tensor, name: str, n_out: int, k: int) ->
         raise ValueError(f"{name} matmul: {w.numel()} bytes of {w.dtype} for W [{n_out}, {k}]")
     x = x.to(torch.float32).contiguous()
     y = torch.empty(x.shape[0], n_out, dtype=torch.float32)
-    getattr(_lib(), t.kernel)(w.data_ptr(), n_out, k, x.data_ptr(), x.shape[0], y.data_ptr())
+    getattr(_lib(), t.kernel_q8 if int8_rows else t.kernel)(w.data_ptr(), n_out, k, x.data_ptr(), x.shape[0],
+                                                            y.data_ptr())
     return y
 
 

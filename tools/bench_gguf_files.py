@@ -85,12 +85,14 @@ def random_checkpoint(shape: Shape, out: Path) -> Path:
 def llama_venv(folder: Path) -> Path:
     """llama-cpp-python's own venv (its python), built on first use: about 5 minutes on 2 idle cores."""
     python = folder / "bin" / "python"
-    if python.exists() and subprocess.run([str(python), "-c", "import llama_cpp"], capture_output=True).returncode == 0:
+    if python.exists() and subprocess.run([str(python), "-c", "import llama_cpp, sentencepiece"],
+                                          capture_output=True).returncode == 0:
         return python
     print(f"building {LLAMA_CPP} into {folder} (from source, several minutes)", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
     env = dict(os.environ, CMAKE_ARGS="-DGGML_NATIVE=ON")
-    subprocess.run([str(python), "-m", "pip", "install", "-q", LLAMA_CPP, "numpy"], check=True, env=env)
+    # sentencepiece: the converter tries a SentencePiece vocabulary first (an ImportError, not a fallback, without it)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", LLAMA_CPP, "numpy", "sentencepiece"], check=True, env=env)
     return python
 
 
@@ -109,9 +111,11 @@ def llama_src(cache: Path, python: Path) -> Path:
     return next(cache.glob("src/llama_cpp_python-*/vendor/llama.cpp"))
 
 
-# Runs with our python (the converter needs torch and transformers, which are ours); the sdist's gguf-py first.
+# Runs with our python (the converter needs torch and transformers, which are ours); the sdist's gguf-py first,
+# the llama venv's packages (sentencepiece) after ours.
 CONVERT = """
 import sys
+sys.path.append(sys.argv.pop(1))
 src = sys.argv.pop(1)
 sys.path[:0] = [src, src + "/gguf-py"]
 import convert_hf_to_gguf as c
@@ -133,7 +137,9 @@ def gguf_files(folder: Path, types: list[str], src: Path, python: Path, out_dir:
     out_dir.mkdir(parents=True, exist_ok=True)
     f16 = out_dir / "model-F16.gguf"
     if not f16.exists():
-        proc = subprocess.run([sys.executable, "-c", CONVERT, str(src), str(folder), "--outtype", "f16",
+        site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+        proc = subprocess.run([sys.executable, "-c", CONVERT, site, str(src), str(folder), "--outtype", "f16",
                                "--outfile", str(f16)], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"llama.cpp's converter failed: {proc.stderr[-2000:]}")

@@ -303,6 +303,9 @@ static void transpose_16(const float *tmp, float *out) {
 #define DECODE(type, b, out) kq_decode_scalar(type, b, out)
 #endif
 
+/* One super-block of `type` into out[256]: the fp32 values gguf.quants.dequantize gives. */
+void gguf_kquant_decode_block(int type, const uint8_t *block, float *out) { DECODE(type, block, out); }
+
 /* Panel p of W (rows 16p .. 16p + 15, zeros past n_out) decoded into the k-major layout f32_tile reads:
  * panel[kk * 16 + j] = W[16p + j, kk]. */
 static void decode_panel(int type, const uint8_t *w, int64_t p, int64_t n_out, int64_t k, float *panel,

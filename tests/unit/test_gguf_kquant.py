@@ -3,7 +3,9 @@
 columns exactly, on both the few-rows and the buffered path), and their products agree with "dequantize, then fp32
 matmul" to fp32 accumulation-order error: |y - ref| <= 1e-6 * (|x| @ |W|^T) elementwise (a sum of k products in
 another order is off by at most about k * 2^-24 of that; 2048 * 6e-8 = 1.2e-4 is the worst case, random errors sit
-near 1e-7).
+near 1e-7). The int8-row kernels (``int8_rows=True``, llama.cpp's Q8_K activations) are held to their own
+reference (the quantized rows times gguf's W) by the same 1e-6 of |x_q| @ |W|^T, and to the fp32 reference by the
+rounding of x: at most half a quantization step per element.
 
 ``gguf.quants.quantize`` has no K-quant quantizer (it raises NotImplementedError for Q4_K, Q5_K and Q6_K), so the
 blocks here come from ``kquantize`` below: llama.cpp's reference layout with its simplest scale choice (per
@@ -151,6 +153,39 @@ def test_the_kernels_agree_with_the_reference_matmul(name: str, m: int, n: int, 
     assert ((y - ref).abs() <= bound).all(), float(((y - ref).abs() / bound).max())
 
 
+Q8_SHAPES = [(1, 37, 256), (1, 13, 2048), (2, 5, 512), (4, 33, 1024), (3, 1, 768)]
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("kind", ["quantized", "random"])
+@pytest.mark.parametrize("m,n,k", Q8_SHAPES)
+def test_the_int8_row_kernels_agree_with_their_reference(name: str, kind: str, m: int, n: int, k: int) -> None:
+    """Against the quantized rows times gguf's W: fp32 order only (the block sums are exact integers)."""
+    raw = weights(n, k, name, seed=m * 100 + n, kind=kind)
+    x = torch.from_numpy(np.random.default_rng(k + m).standard_normal((m, k)).astype(np.float32))
+    y = kq.matmul(x, raw, name, n, k, int8_rows=True)
+    ref = kq.matmul_q8_ref(x, raw, name, n, k)
+    bound = 1e-6 * (kq.quantize_q8k(x).abs() @ kq.dequantize(raw, name, n, k).abs().T)
+    assert ((y - ref).abs() <= bound).all(), float(((y - ref).abs() / bound).max())
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", TYPES)
+def test_the_int8_rows_cost_at_most_half_a_step_per_element(name: str) -> None:
+    """Against fp32 activations: each x element is off by at most its block's d / 2, so
+    |y - ref| <= sum over blocks of d_b / 2 * sum |w| over the block (+ fp32 slack); and well inside it."""
+    m, n, k = 3, 21, 1024
+    raw = weights(n, k, name, seed=5)
+    x = torch.from_numpy(np.random.default_rng(6).standard_normal((m, k)).astype(np.float32))
+    w = kq.dequantize(raw, name, n, k)
+    half_step = (x.abs().reshape(m, -1, 256).amax(-1) / 127 / 2).repeat_interleave(256, dim=1)
+    bound = half_step @ w.abs().T + 1e-6 * (x.abs() @ w.abs().T)
+    err = (kq.matmul(x, raw, name, n, k, int8_rows=True) - kq.matmul_ref(x, raw, name, n, k)).abs()
+    assert (err <= bound).all()
+    assert float(err.mean() / (x.abs() @ w.abs().T).mean()) < 2e-3  # relative error near llama.cpp's
+
+
 @needs_kernels
 @pytest.mark.parametrize("m", [1, 17])
 def test_the_threads_split_rows_only_so_results_do_not_depend_on_their_number(m: int) -> None:
@@ -159,12 +194,12 @@ def test_the_threads_split_rows_only_so_results_do_not_depend_on_their_number(m:
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = kq.matmul(x, raw, "Q5_K", 31, 1024)
+        one = [kq.matmul(x, raw, "Q5_K", 31, 1024, int8_rows=q8) for q8 in (False, True)]
         torch.set_num_threads(2)
-        two = kq.matmul(x, raw, "Q5_K", 31, 1024)
+        two = [kq.matmul(x, raw, "Q5_K", 31, 1024, int8_rows=q8) for q8 in (False, True)]
     finally:
         torch.set_num_threads(before)
-    assert torch.equal(one, two)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
 
 
 def test_bad_shapes_are_refused_before_the_kernel_reads_anything() -> None:
@@ -172,6 +207,6 @@ def test_bad_shapes_are_refused_before_the_kernel_reads_anything() -> None:
     with pytest.raises(ValueError, match="multiple of 256"):
         kq.matmul(torch.zeros(1, 300), raw, "Q4_K", 2, 300)
     with pytest.raises(ValueError, match="bytes"):
-        kq.matmul(torch.zeros(1, 512), raw, "Q4_K", 2, 512)
+        kq.matmul(torch.zeros(1, 512), raw, "Q4_K", 2, 512, int8_rows=True)
     assert [t.name for t in kq.KQUANT_TYPES.values()] == list(TYPES)
     assert {t: kq.KQUANT_TYPES[GGMLQuantizationType[t].value].name for t in TYPES} == {t: t for t in TYPES}
