@@ -92,7 +92,8 @@ def llama_venv(folder: Path) -> Path:
     subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
     env = dict(os.environ, CMAKE_ARGS="-DGGML_NATIVE=ON")
     # sentencepiece: the converter tries a SentencePiece vocabulary first (an ImportError, not a fallback, without it)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", LLAMA_CPP, "numpy", "sentencepiece"], check=True, env=env)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", LLAMA_CPP, "numpy", "sentencepiece"], check=True,
+                   env=env)
     return python
 
 

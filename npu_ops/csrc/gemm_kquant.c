@@ -333,7 +333,8 @@ static void rows_panels(int type, const uint8_t *w, int64_t p0, int64_t p1, int6
         for (int64_t r0 = 0; r0 < m; r0 += MR) {
             const int mr = m - r0 < MR ? (int)(m - r0) : MR;
             f32_tile(mr, x + r0 * k, k, panel, k, c, panel, 0);
-            for (int r = 0; r < mr; ++r) memcpy(y + (r0 + r) * n_out + p * NR, c + r * NR, (size_t)cols * sizeof(float));
+            for (int r = 0; r < mr; ++r)
+                memcpy(y + (r0 + r) * n_out + p * NR, c + r * NR, (size_t)cols * sizeof(float));
         }
     }
 }

@@ -1,11 +1,12 @@
 /* GGUF K-quant linears against int8 activations, for the bandwidth-bound few-row case (a decode step): each
  * activation row is quantized per 256 columns to int8 with an fp32 scale (llama.cpp's Q8_K: d = max|x| / 127,
- * q = round-half-even(x / d)), and each super-block's products are exact integer sums (maddubs of the unsigned
+ * q = round-half-even(x * (1 / d))), and each super-block's products are exact integer sums (maddubs of the unsigned
  * quants against the int8 row, madd by the sub-block scales, the mins / Q6_K's -32 through the row's sums per 16),
- * scaled once per super-block into fp32 lanes that are summed at the row's end. Against fp32 activations (gemm_kquant.c) this runs about a quarter of the
- * instructions per weight, so one core keeps up with its share of memory bandwidth; the price is the rounding of
- * x (each element off by at most d / 2). quant_gguf_kquant.matmul_q8_ref is the reference (the quantized rows,
- * dequantized, times gguf's W): the kernel differs from it only in the order of fp32 operations.
+ * scaled once per super-block into fp32 lanes that are summed at the row's end. Against fp32 activations
+ * (gemm_kquant.c) this runs far fewer instructions per weight (2.2x the rate per core on a lone row here), so two
+ * cores come nearer to memory bandwidth; the price is the rounding of x (each element off by at most d / 2).
+ * quant_gguf_kquant.matmul_q8_ref is the reference (the quantized rows, dequantized, times gguf's W): the kernel
+ * differs from it only in the order of fp32 operations.
  * Threads: the OpenMP runtime's team, each a contiguous share of W's rows (team_share). */
 #include <math.h>
 #include <stdint.h>
@@ -86,7 +87,8 @@ static inline __attribute__((always_inline)) void dot_q45k(const int five, const
         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_set1_epi16(sm[2 * j + 1]), ph));
     }
     /* the mins against the row's sums of 32 (pairs of its sums of 16), 8 int16 products summed in pairs */
-    const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bs), _mm_loadu_si128((const __m128i *)(bs + 8)));
+    const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bs),
+                                         _mm_loadu_si128((const __m128i *)(bs + 8)));
     const __m128i mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8))), pairs);
     *acc = _mm256_fmadd_ps(_mm256_set1_ps(half_at(b) * xd), _mm256_cvtepi32_ps(sumi), *acc);
     *acc_m = _mm_fnmadd_ps(_mm_set1_ps(half_at(b + 2) * xd), _mm_cvtepi32_ps(mins), *acc_m);
