@@ -57,7 +57,7 @@ def workload(tokenizer_dir: Path, sizes: dict[str, int]) -> dict[str, Any]:
     n, p = sizes["max_streams"], sizes["prompt"]
     step = max(1, (len(ids) - sizes["prefill"] - 1) // (n + 2))
     cut = [ids[i * step + i:i * step + i + p] for i in range(n + 1)]
-    return {"stream": cut[0], "streams": cut[1:], "prefill": ids[-sizes["prefill"] - 1:-1], **sizes}
+    return {"stream": cut[0], "streams": cut[1:], "prefill_ids": ids[-sizes["prefill"] - 1:-1], **sizes}
 
 
 def ours_side(model: str, quant: str | None, work: dict[str, Any]) -> dict[str, Any]:
@@ -77,7 +77,7 @@ def ours_side(model: str, quant: str | None, work: dict[str, Any]) -> dict[str, 
         dt = timed_generate(llm, work["streams"][:n], [work["out"]] * n)[0]
         row[f"streams_{n}"] = n * work["out"] / dt
     t = time.perf_counter()
-    llm.generate([work["prefill"]], [SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)], use_tqdm=False)
+    llm.generate([work["prefill_ids"]], [SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)], use_tqdm=False)
     row["prefill_s"] = time.perf_counter() - t
     row["rss_end"] = rss_bytes()
     return row
@@ -96,8 +96,9 @@ def harness(python: Path, gguf: Path, prompts: list[list[int]], outs: list[int],
     proc = subprocess.run([str(python), str(ROOT / "tools" / "llamacpp_harness.py"), str(gguf), "--threads",
                            str(threads), "--slots", *map(str, slots), "--rss"],
                           input=json.dumps({"prompts": prompts, "outs": outs}), text=True, capture_output=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"llama.cpp harness failed on {gguf.name}: {proc.stderr.strip()[-1500:]}")
+    if proc.returncode != 0:  # llama.cpp logs a lot to stderr: the Python traceback, if any, is the news
+        err = proc.stderr[proc.stderr.rfind("Traceback"):] if "Traceback" in proc.stderr else proc.stderr[-1500:]
+        raise RuntimeError(f"llama.cpp harness failed on {gguf.name}: {err.strip()}")
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
@@ -110,7 +111,7 @@ def run_llama(python: Path, gguf: Path, work: dict[str, Any], threads: int) -> d
         rows = harness(python, gguf, work["streams"][:n], [work["out"]] * n, slots, threads)
         best = max((r for r in rows if "tok_s" in r), key=lambda r: r["tok_s"])
         row[f"streams_{n}"], row[f"slots_{n}"] = best["tok_s"], best["slots"]
-    rows = harness(python, gguf, [work["prefill"]], [1], [1], threads)
+    rows = harness(python, gguf, [work["prefill_ids"]], [1], [1], threads)
     row["prefill_s"] = 1.0 / rows[0]["tok_s"]
     return row
 
@@ -133,7 +134,7 @@ def report(results: list[dict[str, Any]], counts: list[int], prefill: int) -> No
             if not e:
                 continue
             if "error" in e:
-                print(f"| {r['file']} | {eng} | error: {e['error'][:120]} |")
+                print(f"| {r['file']} | {eng} | error: {' '.join(e['error'].split())[-300:]} |")
                 continue
             peer = r.get("llama.cpp") if eng == "ours" else None
             ok_peer = peer is not None and "error" not in peer
