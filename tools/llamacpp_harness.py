@@ -9,7 +9,8 @@ EOS ignored. Reads the workload (prompt token ids, output lengths) as JSON on st
 request's first over the time from its first token to its last, i.e. without its prefill). With
 ``--probe-bytes B``, one slot: each decode step is followed by a read of B bytes (tools/membw.py), and one line
 ``{"step_s": ..., "probe_s": ..., "triad_s": ..., "steps": ...}`` gives the paired shares of the bandwidth bounds
-(``--triad-bytes``: a STREAM triad moving that many bytes after the read).
+(``--triad-bytes``: a STREAM triad moving that many bytes after the read). With ``--rss``, a last line
+``{"rss_load": ..., "rss_end": ...}``: resident bytes after the model loaded and at the end (every weight touched).
 
     python llamacpp_harness.py MODEL.gguf --slots 8 16 32 < workload.json
 """
@@ -144,6 +145,14 @@ def probed(model: object, prompts: list[list[int]], outs: list[int], threads: in
     return {"step_s": step_s, "probe_s": probe_s, "triad_s": triad_s, "steps": steps}
 
 
+def rss_bytes() -> int:
+    """VmRSS of this process (Linux), the file-backed pages of the mmapped model included."""
+    for line in open("/proc/self/status", encoding="ascii"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("gguf")
@@ -154,11 +163,13 @@ def main() -> None:
     ap.add_argument("--flash-attn", type=int, choices=[-1, 0, 1], default=None, help="default: llama.cpp's")
     ap.add_argument("--probe-bytes", type=int, default=0, help="one slot, each decode step paired with a read")
     ap.add_argument("--triad-bytes", type=int, default=0, help="with --probe-bytes: and with a triad moving these")
+    ap.add_argument("--rss", action="store_true", help="a last line with the resident bytes after load and at the end")
     a = ap.parse_args()
     kv = None if a.kv_unified is None else bool(a.kv_unified)
     work = json.load(sys.stdin)
     L.llama_backend_init()
     model = L.llama_model_load_from_file(a.gguf.encode(), L.llama_model_default_params())
+    rss_load = rss_bytes()
     if a.probe_bytes:
         print(json.dumps(probed(model, work["prompts"], work["outs"], a.threads, a.probe_bytes, a.triad_bytes)),
               flush=True)
@@ -168,6 +179,8 @@ def main() -> None:
     for p in a.slots:
         tok_s, decode = run(model, work["prompts"], work["outs"], p, a.threads, a.n_batch, kv, a.flash_attn)
         print(json.dumps({"slots": p, "tok_s": tok_s, "decode_tok_s": decode}), flush=True)
+    if a.rss:
+        print(json.dumps({"rss_load": rss_load, "rss_end": rss_bytes()}), flush=True)
 
 
 if __name__ == "__main__":

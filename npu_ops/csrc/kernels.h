@@ -52,6 +52,17 @@ void pack_w8i16(const int8_t *w, int64_t N, int64_t K, int8_t *wp);
 int linear_w8i16_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, const float *ws, int64_t N,
                      const float *bias, float *y, int nthreads);
 
+/* GGUF K-quant linears over the blocks as the file stores them (gemm_kquant.c; quant_gguf_kquant.matmul):
+ * y[m, n_out] = x[m, k] . W^T, row r of W = k / 256 consecutive super-blocks, k % 256 == 0, all contiguous */
+void gguf_matmul_q4_k(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_matmul_q5_k(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_matmul_q6_k(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+/* the same against int8 activations, each row quantized per 256 columns as llama.cpp's Q8_K (gemm_kquant_q8.c;
+ * quant_gguf_kquant.matmul_q8): for the bandwidth-bound few-row case */
+void gguf_matmul_q4_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_matmul_q5_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_matmul_q6_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+
 /* the all-greedy sampler's rows (greedy_rows.c; cpu_kernels.greedy_rows): first maxima and their
  * log-probabilities; 1 if a logit is not finite */
 int greedy_rows_f32(const float *restrict logits, int64_t rows, int64_t n, int64_t *restrict idx,

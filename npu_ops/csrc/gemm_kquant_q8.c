@@ -1,0 +1,219 @@
+/* GGUF K-quant linears against int8 activations, for the bandwidth-bound few-row case (a decode step): each
+ * activation row is quantized per 256 columns to int8 with an fp32 scale (llama.cpp's Q8_K: d = max|x| / 127,
+ * q = round-half-even(x * (1 / d))), and each super-block's products are exact integer sums (maddubs of the unsigned
+ * quants against the int8 row, madd by the sub-block scales, the mins / Q6_K's -32 through the row's sums per 16),
+ * scaled once per super-block into fp32 lanes that are summed at the row's end. Against fp32 activations
+ * (gemm_kquant.c) this runs far fewer instructions per weight (2.2x the rate per core on a lone row here), so two
+ * cores come nearer to memory bandwidth; the price is the rounding of x (each element off by at most d / 2).
+ * quant_gguf_kquant.matmul_q8_ref is the reference (the quantized rows, dequantized, times gguf's W): the kernel
+ * differs from it only in the order of fp32 operations.
+ * Threads: the OpenMP runtime's team, each a contiguous share of W's rows (team_share). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#include "gemm_kquant.h"
+#include "gemm_kquant_q8.h"
+#include "kernels.h"
+#include "team_sync.h"
+
+#define QK 256
+static const int64_t BLOCK_BYTES[3] = {144, 176, 210};
+
+/* x[k] -> xq[k] int8, xd[k / 256] fp32 scales, bs[k / 16] int16 sums of each 16 quants. */
+static void quantize_row_q8k(const float *x, int64_t k, int8_t *xq, float *xd, int16_t *bs) {
+    for (int64_t b = 0; b < k / QK; ++b) {
+        const float *xb = x + b * QK;
+        float amax = 0.0f;
+        for (int e = 0; e < QK; ++e) amax = fabsf(xb[e]) > amax ? fabsf(xb[e]) : amax;
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        xd[b] = d;
+        for (int g = 0; g < QK / 16; ++g) {
+            int sum = 0;
+            for (int e = 16 * g; e < 16 * g + 16; ++e) {
+                float r = nearbyintf(xb[e] * id);
+                r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+                xq[b * QK + e] = (int8_t)r;
+                sum += (int)r;
+            }
+            bs[b * (QK / 16) + g] = (int16_t)sum;
+        }
+    }
+}
+
+#if defined(__AVX2__) && defined(__F16C__)
+#include <immintrin.h>
+
+static inline float half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* The 8 6-bit scales then the 8 mins of a Q4_K / Q5_K super-block, as bytes (llama.cpp's kmask unpacking). */
+static inline void scales_mins(const uint8_t *b, uint8_t *sm) {
+    uint32_t u[3], v[4];
+    memcpy(u, b + 4, 12);
+    v[0] = u[0] & 0x3f3f3f3fu;
+    v[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
+    v[2] = u[1] & 0x3f3f3f3fu;
+    v[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
+    memcpy(sm, v, 16);
+}
+
+/* Q4_K / Q5_K super-block . one quantized row block, into the row's accumulators: acc += (d * xd) * sum_s sc[s]
+ * q.x8 (8 int32 lanes), acc_m -= (dmin * xd) * sum_s m[s] bsum_s (4 lanes). */
+static inline __attribute__((always_inline)) void dot_q45k(const int five, const uint8_t *b, const int8_t *xq,
+                                                           float xd, const int16_t *bs, __m256 *acc, __m128 *acc_m) {
+    uint8_t sm[16];
+    scales_mins(b, sm);
+    const uint8_t *qs = b + (five ? 48 : 16);
+    const __m256i nib = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    const __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+    __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+        const __m256i q4 = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+        __m256i lo = _mm256_and_si256(q4, nib), hi = _mm256_and_si256(_mm256_srli_epi16(q4, 4), nib);
+        if (five) {
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4));
+        }
+        const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(xq + 64 * j)));
+        const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 64 * j + 32)));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_set1_epi16(sm[2 * j]), pl));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_set1_epi16(sm[2 * j + 1]), ph));
+    }
+    /* the mins against the row's sums of 32 (pairs of its sums of 16), 8 int16 products summed in pairs */
+    const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)bs),
+                                         _mm_loadu_si128((const __m128i *)(bs + 8)));
+    const __m128i mins = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8))), pairs);
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(half_at(b) * xd), _mm256_cvtepi32_ps(sumi), *acc);
+    *acc_m = _mm_fnmadd_ps(_mm_set1_ps(half_at(b + 2) * xd), _mm_cvtepi32_ps(mins), *acc_m);
+}
+
+/* Q6_K super-block . one quantized row block: acc += (d * xd) * (sum_g sc[g] q6.x8 - 32 sum_g sc[g] bsum_g) */
+static inline __attribute__((always_inline)) void dot_q6k(const uint8_t *b, const int8_t *xq, float xd,
+                                                          const int16_t *bs, __m256 *acc) {
+    const int8_t *sc = (const int8_t *)(b + 192);
+    const __m256i nib = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(0x30);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
+    __m256i sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(
+        _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)bs)), 5));
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+        const __m256i c = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+        const __m256i lows[4] = {_mm256_and_si256(a, nib), _mm256_and_si256(c, nib),
+                                 _mm256_and_si256(_mm256_srli_epi16(a, 4), nib),
+                                 _mm256_and_si256(_mm256_srli_epi16(c, 4), nib)};
+        const __m256i highs[4] = {_mm256_slli_epi16(q, 4), _mm256_slli_epi16(q, 2), q, _mm256_srli_epi16(q, 2)};
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+            const __m256i q6 = _mm256_or_si256(lows[i], _mm256_and_si256(highs[i], two));
+            const __m256i p = _mm256_maddubs_epi16(q6, _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * i)));
+            const int g = 8 * h + 2 * i;
+            const __m256i scl = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scl, p));
+        }
+    }
+    *acc = _mm256_fmadd_ps(_mm256_set1_ps(half_at(b + 208) * xd), _mm256_cvtepi32_ps(sumi), *acc);
+}
+
+/* One W row (nb super-blocks of `type`) . one quantized row. */
+static inline __attribute__((always_inline)) float row_dot(const int type, const uint8_t *row, int64_t nb,
+                                                           int64_t bb, const int8_t *xq, const float *xd,
+                                                           const int16_t *bs) {
+    __m256 acc = _mm256_setzero_ps();
+    __m128 acc_m = _mm_setzero_ps();
+    for (int64_t i = 0; i < nb; ++i) {
+        __builtin_prefetch(row + (i + 8) * bb, 0, 0);
+        if (type == GGUF_KQ_Q6_K)
+            dot_q6k(row + i * bb, xq + i * QK, xd[i], bs + i * 16, &acc);
+        else
+            dot_q45k(type == GGUF_KQ_Q5_K, row + i * bb, xq + i * QK, xd[i], bs + i * 16, &acc, &acc_m);
+    }
+    __m128 x = _mm_add_ps(_mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)), acc_m);
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    return _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
+}
+
+#define ROW_DOT(T)                                                                                                 \
+    static float row_dot_##T(const uint8_t *row, int64_t nb, int64_t bb, const int8_t *xq, const float *xd,       \
+                             const int16_t *bs) {                                                                 \
+        return row_dot(T, row, nb, bb, xq, xd, bs);                                                               \
+    }
+ROW_DOT(GGUF_KQ_Q4_K)
+ROW_DOT(GGUF_KQ_Q5_K)
+ROW_DOT(GGUF_KQ_Q6_K)
+typedef float (*row_fn)(const uint8_t *row, int64_t nb, int64_t bb, const int8_t *xq, const float *xd,
+                        const int16_t *bs);
+static const row_fn ROW_FNS[3] = {row_dot_GGUF_KQ_Q4_K, row_dot_GGUF_KQ_Q5_K, row_dot_GGUF_KQ_Q6_K};
+#else
+/* Without AVX2: the blocks' fp32 values against the dequantized int8 row (same values, fp32 sums). */
+static float row_dot_any(int type, const uint8_t *row, int64_t nb, int64_t bb, const int8_t *xq, const float *xd) {
+    float w[QK], acc = 0.0f;
+    for (int64_t i = 0; i < nb; ++i) {
+        float s = 0.0f;
+        gguf_kquant_decode_block(type, row + i * bb, w);
+        for (int e = 0; e < QK; ++e) s += w[e] * (float)xq[i * QK + e];
+        acc += s * xd[i];
+    }
+    return acc;
+}
+#endif
+
+/* W rows n0..n1 against m quantized rows. */
+static void rows_q8(int type, const uint8_t *w, int64_t n0, int64_t n1, int64_t n_out, int64_t k, const int8_t *xq,
+                    const float *xd, const int16_t *bs, int64_t m, float *y) {
+    const int64_t nb = k / QK, bb = BLOCK_BYTES[type];
+#if !defined(__AVX2__) || !defined(__F16C__)
+    (void)bs;
+#endif
+    for (int64_t n = n0; n < n1; ++n) {
+        const uint8_t *row = w + n * nb * bb;
+        for (int64_t r = 0; r < m; ++r)
+#if defined(__AVX2__) && defined(__F16C__)
+            y[r * n_out + n] = ROW_FNS[type](row, nb, bb, xq + r * k, xd + r * nb, bs + r * nb * 16);
+#else
+            y[r * n_out + n] = row_dot_any(type, row, nb, bb, xq + r * k, xd + r * nb);
+#endif
+    }
+}
+
+int gguf_matmul_kquant_q8_team(int type, const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq,
+                               const float *xd, const int16_t *bs, int64_t m, float *y) {
+    int64_t n0, n1;
+    team_share(n_out, &n0, &n1);
+    rows_q8(type, w, n0, n1, n_out, k, xq, xd, bs, m, y);
+    team_barrier();
+    return 0;
+}
+
+static void matmul_q8(int type, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    if (k % QK != 0 || m <= 0) return;  /* the Python wrapper refuses a bad k first */
+    int8_t *xq = malloc((size_t)(m * k));
+    float *xd = malloc(sizeof(float) * (size_t)(m * k / QK));
+    int16_t *bs = malloc(sizeof(int16_t) * (size_t)(m * k / 16));
+    if (xq != NULL && xd != NULL && bs != NULL) {
+        for (int64_t r = 0; r < m; ++r) quantize_row_q8k(x + r * k, k, xq + r * k, xd + r * k / QK, bs + r * k / 16);
+#pragma omp parallel
+        gguf_matmul_kquant_q8_team(type, w, n_out, k, xq, xd, bs, m, y);
+    }
+    free(xq);
+    free(xd);
+    free(bs);
+}
+
+void gguf_matmul_q4_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_q8(GGUF_KQ_Q4_K, w, n_out, k, x, m, y);
+}
+void gguf_matmul_q5_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_q8(GGUF_KQ_Q5_K, w, n_out, k, x, m, y);
+}
+void gguf_matmul_q6_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_q8(GGUF_KQ_Q6_K, w, n_out, k, x, m, y);
+}

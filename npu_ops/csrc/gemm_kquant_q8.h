@@ -1,0 +1,11 @@
+/* What other files run of the K-quant linears against int8 activations (gemm_kquant_q8.c): the team half, over
+ * rows the caller quantized (Q8_K: int8 xq[m, k], fp32 xd[m, k / 256], int16 bs[m, k / 16] sums of 16). */
+#ifndef MINDIE_GEMM_KQUANT_Q8_H
+#define MINDIE_GEMM_KQUANT_Q8_H
+#include <stdint.h>
+
+/* y[m, n_out] = (xq * xd) . W^T, W of GGUF_KQ_* `type` as the file stores it, by every thread of the calling
+ * team (a contiguous share of W's rows each); 0. Ends on the team's barrier. */
+int gguf_matmul_kquant_q8_team(int type, const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq,
+                               const float *xd, const int16_t *bs, int64_t m, float *y);
+#endif
