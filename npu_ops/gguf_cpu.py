@@ -60,7 +60,8 @@ def embeddable(kind: str) -> bool:
 
 
 def segments(parts: list[GgufWeight]) -> torch.Tensor:
-    """int64 [len(parts), 5]: csrc/gguf_linear.h's gguf_seg of each part (its kernels' addresses, its bytes)."""
+    """int64 [len(parts) + 1, 5]: csrc/gguf_linear.h's gguf_seg of each part (its kernels' addresses, its bytes),
+    then a row of zeros that ends the table (gguf_seg_count)."""
     lib = _lib()
     assert lib is not None
     rows = []
@@ -68,7 +69,7 @@ def segments(parts: list[GgufWeight]) -> torch.Tensor:
         bt = p.block_type
         rows.append([_address(lib, bt.kernel), _address(lib, bt.row_kernel), p.data.data_ptr(), p.shape[0],
                      p.data.shape[1]])
-    return torch.tensor(rows, dtype=torch.int64)
+    return torch.tensor(rows + [[0] * SEG_FIELDS], dtype=torch.int64)
 
 
 def linear(x: torch.Tensor, segs: torch.Tensor, k: int, n: int, bias: torch.Tensor | None) -> torch.Tensor:
@@ -76,7 +77,7 @@ def linear(x: torch.Tensor, segs: torch.Tensor, k: int, n: int, bias: torch.Tens
     lib, x = _lib(), x.contiguous()
     assert lib is not None
     y = x.new_empty(x.shape[0], n)
-    rc = lib.gguf_linear_f32(segs.data_ptr(), segs.shape[0], x.data_ptr(), x.shape[0], k,
+    rc = lib.gguf_linear_f32(segs.data_ptr(), segs.shape[0] - 1, x.data_ptr(), x.shape[0], k,
                              None if bias is None else bias.data_ptr(), y.data_ptr(), n, torch.get_num_threads())
     if rc:
         raise MemoryError("gguf_linear_f32: no scratch")

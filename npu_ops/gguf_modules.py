@@ -48,6 +48,11 @@ class GgufLinear(nn.Module):
             self._segs, self._segs_key = gguf_cpu.segments(self.parts), key
         return self._segs
 
+    @property
+    def packed(self) -> torch.Tensor | None:
+        """The segment table the C kernels take (None where they do not run this layer): the fused paths' key."""
+        return self.segments() if self.runs_on_cpu_kernels() else None
+
     def dequantized(self) -> torch.Tensor:
         return torch.cat([p.dequantize() for p in self.parts])
 

@@ -27,10 +27,26 @@ def _cached(file: str, size: int, mtime_ns: int) -> Any:
     return parse_gguf(Path(file))
 
 
+def _named_reader() -> Any:
+    """gguf.GGUFReader whose tensor of an unknown type fails naming the tensor and the type's number."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    class NamedReader(GGUFReader):  # type: ignore[misc, valid-type]
+        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+            for f in fields:
+                raw = int(f.parts[4][0])
+                if raw not in GGMLQuantizationType._value2member_map_:
+                    name = str(bytes(f.parts[1]), encoding="utf-8", errors="replace")
+                    raise ValueError(f"tensor {name!r} has ggml type {raw}, which is not a valid GGMLQuantizationType "
+                                     "this gguf package reads")
+            super()._build_tensors(start_offs, fields)
+
+    return NamedReader
+
+
 def parse_gguf(path: Path) -> Any:
-    from gguf import GGUFReader
     try:
-        return GGUFReader(str(path))
+        return _named_reader()(str(path))
     except ValueError as exc:
         msg = str(exc)
         if "GGMLQuantizationType" in msg:

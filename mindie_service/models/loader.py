@@ -13,7 +13,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig
 
-from mindie_service.models import gguf_checkpoint, packed_arena, quantize
+from mindie_service.models import gguf_checkpoint, gguf_packed, packed_arena, quantize
 from mindie_service.models.demo_marker import demo_warning, gguf_beside_demo
 from mindie_service.models.registry import family_for
 from mindie_service.models.shard import Reduce, shard_model
@@ -78,13 +78,16 @@ def _safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
-def copy_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], source: str,
-                 prefix_map: dict[str, str] | None = None) -> None:
+def copy_tensors(model: nn.Module, tensors: Iterable[tuple[str, Any]], source: str,
+                 prefix_map: dict[str, str] | None = None) -> dict[str, dict[int, Any]]:
     """Copy (checkpoint name, tensor) pairs into the model, packing q/k/v and gate/up (nano-vllm style); a
-    tied LM head then shares the embeddings. Raises naming ``source`` when a weight is left unloaded."""
+    tied LM head then shares the embeddings. Raises naming ``source`` when a weight is left unloaded. A value that
+    is not a tensor (a GGUF weight kept packed) is not copied: it is returned as {module name: {shard: value}}
+    for models/gguf_packed.py to install."""
     params = dict(model.named_parameters())
     packed: dict[str, tuple[str, int]] = getattr(model, "PACKED", {})
     loaded: set[str] = set()
+    kept: dict[str, dict[int, Any]] = {}
     for name, tensor in tensors:
         target = name
         for old, new in (prefix_map or {"model.": ""}).items():
@@ -97,18 +100,26 @@ def copy_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], 
             target = target.replace(f".{sub}.", f".{pname}.")
             if target not in params:
                 continue
+            if not isinstance(tensor, torch.Tensor):
+                kept.setdefault(target.rpartition(".")[0], {})[shard] = tensor
+                loaded.add(f"{target}#{shard}")
+                continue
             sizes = model.shard_sizes(pname)  # type: ignore[operator]
             off = sum(sizes[:shard])
             params[target].data[off:off + sizes[shard]].copy_(tensor)
             loaded.add(f"{target}#{shard}")
+        elif target in params and not isinstance(tensor, torch.Tensor):
+            kept.setdefault(target.rpartition(".")[0], {})[0] = tensor
+            loaded.add(target)
         elif target in params:
             check(params[target].shape == tensor.shape, "model",
                   f"a tensor {target} of shape {tuple(params[target].shape)}", tuple(tensor.shape))
             params[target].data.copy_(tensor)
             loaded.add(target)
-    missing = tie_and_find_missing(model, params, loaded)
+    missing = tie_and_find_missing(model, params, loaded, tie="embed_tokens" not in kept)
     if missing:
         raise ValueError(f"Parameter model must hold every weight; checkpoint {source} lacks {missing[:5]}")
+    return kept
 
 
 @dataclass
@@ -139,14 +150,17 @@ def _open(p: Path) -> _Checkpoint:
 
 def load_model(path: str | Path, dtype: str, device: torch.device, max_positions: int,
                batch_hint: int = 32, quantization: str | None = None, kv_cache_dtype: str = "auto",
-               shard: tuple[int, int, Reduce] | None = None, quantize_lm_head: bool = False) -> LoadedModel:
+               shard: tuple[int, int, Reduce] | None = None, quantize_lm_head: bool = False,
+               gguf_packed_weights: bool = True) -> LoadedModel:
     """``path``: a Hugging Face folder (config.json + *.safetensors, or msModelSlim's layout), a ``.gguf`` file
     or a folder holding one (models/gguf_checkpoint.py).
     ``batch_hint``: the decode batch size CPU weight packing is tuned for (npu_ops.linear).
     ``quantization`` (w8a16 | w8a8) quantizes the linears after loading (models/quantize.py), unless the
     checkpoint is already quantized by msModelSlim (``quantize_lm_head``: the output projection too); ``kv_cache_dtype`` is kept on the model for the runner.
     ``shard`` (rank, world size, all-reduce): keep one tensor-parallel rank's shard (models/shard.py), after
-    quantizing (scales shard with their weights) and before packing."""
+    quantizing (scales shard with their weights) and before packing.
+    ``gguf_packed_weights``: a GGUF's quantized weights stay as stored where the CPU kernels run them
+    (models/gguf_packed.py); False dequantizes them all (the fp32 reference the accuracy tests compare with)."""
     p = Path(path)
     ckpt = _open(p)
     if ckpt.gguf is None and (demo := demo_warning(p)) is not None:
@@ -168,10 +182,12 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     model.rope_cos, model.rope_sin = cos, sin
     prequantized, report = False, {}
     if ckpt.gguf is not None:
-        copy_tensors(model, ckpt.gguf.tensors(quantization), str(ckpt.gguf.path))
+        keep = gguf_packed.keep_packed(ckpt.gguf.path, device, torch_dtype, quantization, shard, gguf_packed_weights)
+        kept = copy_tensors(model, ckpt.gguf.tensors(quantization, packed=keep), str(ckpt.gguf.path))
+        gguf_packed.install(model, kept)
         report = ckpt.gguf.report
-        for kind, what in report.items():
-            logger.info("%s: %s %s", ckpt.gguf.path.name, kind, what)
+        for kind, what in report.items():  # per type; the per-tensor lines only at DEBUG (hundreds of them)
+            logger.log(logging.INFO if "." not in kind else logging.DEBUG, "%s: %s %s", ckpt.gguf.path.name, kind, what)
     else:
         prequantized = quantize.load_prequantized(model, p, dict(family.weight_prefixes))
         if not prequantized:
@@ -184,7 +200,7 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     model.kv_cache_dtype = kv_cache_dtype
     model.weights_report = report  # also on the model: what an engine holding only the model can show
     model.rope_cos, model.rope_sin = cos.to(device, torch_dtype), sin.to(device, torch_dtype)
-    n_params = sum(t.numel() for t in model.parameters())
+    n_params = sum(t.numel() for t in model.parameters()) + gguf_packed.packed_values(model)
     pack_linears(model, batch_hint)  # after counting: packing frees the dense weights
     quantize.pack_quantized(model, torch_dtype)
     packed_arena.gather_packed(model)

@@ -30,7 +30,7 @@ static int seg_rows(const gguf_seg *s, int64_t col, int64_t r0, int64_t r1, cons
         s->fn(w, nr, K, x, 1, y + col + r0);
         return 0;
     }
-    float *tmp = malloc(sizeof(float) * (size_t)(M * nr));
+    float stack[1024], *tmp = M * nr <= 1024 ? stack : malloc(sizeof(float) * (size_t)(M * nr));
     if (tmp == NULL) return 3;
     s->fn(w, nr, K, x, M, tmp);
     for (int64_t m = 0; m < M; ++m) {
@@ -41,8 +41,14 @@ static int seg_rows(const gguf_seg *s, int64_t col, int64_t r0, int64_t r1, cons
             yr[j] = add ? yr[j] + v : v;
         }
     }
-    free(tmp);
+    if (tmp != stack) free(tmp);
     return 0;
+}
+
+int64_t gguf_seg_count(const gguf_seg *segs) {
+    int64_t n = 0;
+    while (segs[n].fn != NULL) ++n;
+    return n;
 }
 
 int gguf_linear_team(const gguf_seg *segs, int64_t nseg, const float *x, int64_t M, int64_t K, const float *bias,

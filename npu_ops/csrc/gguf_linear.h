@@ -16,6 +16,8 @@ typedef struct gguf_seg {
     int64_t rows, row_bytes;
 } gguf_seg;
 
+/* the segments of a table ended by one whose fn is NULL (as npu_ops/gguf_modules.py writes them) */
+int64_t gguf_seg_count(const gguf_seg *segs);
 /* y[M, N] = x[M, K] . W^T (+ bias) over the segments (their rows add up to N), by every thread of the calling team
  * (add: y += that); ends on the team's barrier; 0, or 3 without scratch */
 int gguf_linear_team(const gguf_seg *segs, int64_t nseg, const float *x, int64_t M, int64_t K, const float *bias,
