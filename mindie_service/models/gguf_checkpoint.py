@@ -100,8 +100,7 @@ class GgufCheckpoint:
                                       f"{self.gguf_architecture} model's tensors")
             kind = t.tensor_type.name
             kinds[kind] += 1
-            why = (held_back.get(_projection(name)) or why_not_packed(t, name)) if packed and kind not in PLAIN_TYPES \
-                else ""
+            why = self._why(t, name, held_back) if packed and kind not in PLAIN_TYPES else ""
             w: torch.Tensor | GgufWeight
             if packed and kind not in PLAIN_TYPES and why is None:
                 w, kept[kind] = self._raw(t), kept[kind] + 1
@@ -118,6 +117,12 @@ class GgufCheckpoint:
         self.report = {kind: f"{n} tensors: {action(kind, quantization, kept[kind], n)}"
                        for kind, n in sorted(kinds.items())}
         self.report.update(sorted(per_tensor.items()))
+
+    @staticmethod
+    def _why(t: Any, name: str, held_back: dict[str, str]) -> str | None:
+        """None: keep ``t`` packed; '': dequantize it silently (not a linear or embedding weight); else why not."""
+        own = why_not_packed(t, name)
+        return own if own is not None else held_back.get(_projection(name))
 
     def _mixed_projections(self) -> dict[str, str]:
         """Packed projections (q/k/v, gate/up) one of whose parts cannot stay packed -> why: all of such a

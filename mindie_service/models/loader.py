@@ -148,6 +148,16 @@ def _open(p: Path) -> _Checkpoint:
                        str(raw.get("torch_dtype") or raw.get("dtype") or "float32"))
 
 
+def _load_gguf(model: nn.Module, g: gguf_checkpoint.GgufCheckpoint, quantization: str | None,
+               keep: bool) -> dict[str, str]:
+    """A GGUF's tensors into the model, its quantized weights kept packed with ``keep``; returns the report."""
+    kept = copy_tensors(model, g.tensors(quantization, packed=keep), str(g.path))
+    gguf_packed.install(model, kept)
+    for kind, what in g.report.items():  # per type; the per-tensor lines only at DEBUG (hundreds of them)
+        logger.log(logging.INFO if "." not in kind else logging.DEBUG, "%s: %s %s", g.path.name, kind, what)
+    return g.report
+
+
 def load_model(path: str | Path, dtype: str, device: torch.device, max_positions: int,
                batch_hint: int = 32, quantization: str | None = None, kv_cache_dtype: str = "auto",
                shard: tuple[int, int, Reduce] | None = None, quantize_lm_head: bool = False,
@@ -183,11 +193,7 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     prequantized, report = False, {}
     if ckpt.gguf is not None:
         keep = gguf_packed.keep_packed(ckpt.gguf.path, device, torch_dtype, quantization, shard, gguf_packed_weights)
-        kept = copy_tensors(model, ckpt.gguf.tensors(quantization, packed=keep), str(ckpt.gguf.path))
-        gguf_packed.install(model, kept)
-        report = ckpt.gguf.report
-        for kind, what in report.items():  # per type; the per-tensor lines only at DEBUG (hundreds of them)
-            logger.log(logging.INFO if "." not in kind else logging.DEBUG, "%s: %s %s", ckpt.gguf.path.name, kind, what)
+        report = _load_gguf(model, ckpt.gguf, quantization, keep)
     else:
         prequantized = quantize.load_prequantized(model, p, dict(family.weight_prefixes))
         if not prequantized:
