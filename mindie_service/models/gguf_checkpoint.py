@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -139,9 +140,12 @@ class GgufCheckpoint:
         return why
 
     def _raw(self, t: Any) -> GgufWeight:
-        """The tensor's blocks as stored, copied out of the mapped file: uint8 [rows, row bytes]."""
+        """The tensor's blocks as stored: uint8 [rows, row bytes], a view of the mapped file (read-only: the load's
+        huge-page arena, models/packed_arena.py, copies it once; a copy here would be a second one in flight)."""
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        data = torch.from_numpy(np.ascontiguousarray(t.data, dtype=np.uint8).reshape(shape[0], -1).copy())
+        with warnings.catch_warnings():  # torch warns that the mapping is not writable: nothing writes to it
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.from_numpy(np.asarray(t.data, dtype=np.uint8).reshape(shape[0], -1))
         return GgufWeight(data, t.tensor_type.name, (shape[0], shape[1]))
 
     def _dequantize(self, t: Any) -> torch.Tensor:

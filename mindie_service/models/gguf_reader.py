@@ -58,6 +58,16 @@ def parse_gguf(path: Path) -> Any:
         raise ValidationError(f"GGUF file {path} is malformed or truncated ({type(exc).__name__}: {exc})") from exc
 
 
+def release_pages(path: Path) -> None:
+    """Drop the cached reader's mapped pages from this process's resident set (they stay in the page cache: a later
+    read faults them back in). After a load has copied what it keeps, the file's pages would otherwise count in the
+    RSS for as long as the reader stays cached."""
+    import mmap
+    m = getattr(read_gguf(path).data, "_mmap", None)
+    if m is not None and hasattr(m, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        m.madvise(mmap.MADV_DONTNEED)
+
+
 @contextmanager
 def shared_reader(path: Path) -> Iterator[None]:
     """While inside, ``gguf.GGUFReader(path)`` (and only for this file, opened read-only) returns the cached

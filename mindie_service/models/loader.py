@@ -13,12 +13,13 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig
 
-from mindie_service.models import gguf_checkpoint, gguf_packed, packed_arena, quantize
+from mindie_service.models import gguf_checkpoint, gguf_packed, gguf_reader, packed_arena, quantize
 from mindie_service.models.demo_marker import demo_warning, gguf_beside_demo
 from mindie_service.models.registry import family_for
 from mindie_service.models.shard import Reduce, shard_model
 from mindie_service.models.weights import tie_and_find_missing
 from mindie_service.errors import check
+from npu_ops import memory
 from npu_ops.linear import pack_linears
 from npu_ops.platform import default_dtype, staging_device
 
@@ -210,7 +211,11 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     pack_linears(model, batch_hint)  # after counting: packing frees the dense weights
     quantize.pack_quantized(model, torch_dtype)
     packed_arena.gather_packed(model)
-    logger.info("loaded %s (%s, %.1fM parameters, %s) on %s", p.name, arch, n_params / 1e6, dtype, device)
+    if ckpt.gguf is not None:
+        gguf_reader.release_pages(ckpt.gguf.path)  # its packed weights were copied into the arena
+    rss = memory.rss_mib()
+    logger.info("loaded %s (%s, %.1fM parameters, %s) on %s; process RSS %s MiB", p.name, arch, n_params / 1e6, dtype,
+                device, "?" if rss is None else rss)
     encoder = None
     if family.encoder:
         mod_name, cls_name = family.encoder.split(":")
