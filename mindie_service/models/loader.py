@@ -159,6 +159,16 @@ def _load_gguf(model: nn.Module, g: gguf_checkpoint.GgufCheckpoint, quantization
     return g.report
 
 
+def _pack(model: nn.Module, batch_hint: int, torch_dtype: torch.dtype,
+          gguf: gguf_checkpoint.GgufCheckpoint | None) -> None:
+    """The loaded weights packed for the CPU kernels, in one huge-page arena."""
+    pack_linears(model, batch_hint)
+    quantize.pack_quantized(model, torch_dtype)
+    packed_arena.gather_packed(model)
+    if gguf is not None:
+        gguf_reader.release_pages(gguf.path)  # its packed weights were copied into the arena
+
+
 def load_model(path: str | Path, dtype: str, device: torch.device, max_positions: int,
                batch_hint: int = 32, quantization: str | None = None, kv_cache_dtype: str = "auto",
                shard: tuple[int, int, Reduce] | None = None, quantize_lm_head: bool = False,
@@ -208,11 +218,7 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     model.weights_report = report  # also on the model: what an engine holding only the model can show
     model.rope_cos, model.rope_sin = cos.to(device, torch_dtype), sin.to(device, torch_dtype)
     n_params = sum(t.numel() for t in model.parameters()) + gguf_packed.packed_values(model)
-    pack_linears(model, batch_hint)  # after counting: packing frees the dense weights
-    quantize.pack_quantized(model, torch_dtype)
-    packed_arena.gather_packed(model)
-    if ckpt.gguf is not None:
-        gguf_reader.release_pages(ckpt.gguf.path)  # its packed weights were copied into the arena
+    _pack(model, batch_hint, torch_dtype, ckpt.gguf)  # after counting: packing frees the dense weights
     rss = memory.rss_mib()
     logger.info("loaded %s (%s, %.1fM parameters, %s) on %s; process RSS %s MiB", p.name, arch, n_params / 1e6, dtype,
                 device, "?" if rss is None else rss)
