@@ -9,7 +9,8 @@ some:
 
 - ``kernel``: ``void gguf_matmul_<type>(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m,
   float *y)``, y[m, n_out] = x[m, k] . W^T, W as stored (or repacked once at load, with the same values). It must
-  run on the calling thread alone when called inside an OpenMP team (the fused decoder's, csrc/gguf_linear.c's).
+  run on the calling thread alone when called inside an OpenMP team (the fused decoder's, csrc/gguf_linear.c's;
+  omp_get_level() > 0, a team of one included).
 - ``row_kernel``: ``void gguf_dequant_<type>(const uint8_t *w, int64_t k, float *out)``, one row dequantized with
   the dequantizer's values (an embedding row in the fused decode step); None keeps those steps on the op-by-op path.
 

@@ -202,7 +202,7 @@ static inline __attribute__((always_inline)) void groups_range(const int t, cons
 static inline __attribute__((always_inline)) void matmul(const int t, const uint8_t *w, int64_t n_out, int64_t k,
                                                          const float *x, int64_t m, float *y) {
     const int64_t groups = (n_out + NR - 1) / NR;
-    if (omp_in_parallel() || groups == 1) {
+    if (omp_get_level() > 0 || groups == 1) { /* inside any team, a team of 1 included */
         float *wb = m > 1 ? malloc(sizeof(float) * (size_t)(NR * k)) : NULL;
         groups_range(t, w, n_out, k, x, m, y, 0, groups, wb);
         free(wb);
