@@ -103,6 +103,15 @@ static inline __attribute__((always_inline)) void dequant_regs(const int t, cons
     for (int i = 0; i < 4; ++i) c[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part[i])), off);
 }
 
+/* A row decoded into a buffer (the prefill path's), 8 values a store: dequant_row's values. */
+static inline __attribute__((always_inline)) void dequant_row_buf(const int t, const uint8_t *w, int64_t k, float *out) {
+    for (int64_t b = 0; b < k / QK; ++b) {
+        __m256 c[4];
+        dequant_regs(t, w + b * BLOCK_BYTES[t], c);
+        for (int i = 0; i < 4; ++i) _mm256_storeu_ps(out + b * QK + 8 * i, c[i]);
+    }
+}
+
 /* y[0, r] for rows r < nr (<= NR) of w, one row of x: blocks decoded in registers. */
 static inline __attribute__((always_inline)) void row_tile(const int t, const uint8_t *w, int64_t rb, int nr,
                                                            int64_t k, const float *x, float *y) {
@@ -152,6 +161,8 @@ static void buf_tile(const float *wb, int nr, int64_t k, const float *x, int mr,
         for (int r = 0; r < nr; ++r) y[m * ldy + r] = dot_lanes(wb + r * k, x + m * k, k);
 }
 
+static void dequant_row_buf(const int t, const uint8_t *w, int64_t k, float *out) { dequant_row(t, w, k, out); }
+
 static void row_tile(const int t, const uint8_t *w, int64_t rb, int nr, int64_t k, const float *x, float *y) {
     for (int r = 0; r < nr; ++r) {
         float a[8] = {0}, v[QK];
@@ -175,7 +186,7 @@ static inline __attribute__((always_inline)) void rows_group(const int t, const 
     }
     for (int64_t m0 = 0; m0 < m; m0 += MC) {
         const int64_t m1 = m0 + MC < m ? m0 + MC : m;
-        for (int r = 0; r < nr; ++r) dequant_row(t, w + r * rb, k, wb + r * k);
+        for (int r = 0; r < nr; ++r) dequant_row_buf(t, w + r * rb, k, wb + r * k);
         for (int64_t i = m0; i < m1; i += MR)
             buf_tile(wb, nr, k, x + i * k, m1 - i < MR ? (int)(m1 - i) : MR, y + i * ldy, ldy);
     }
