@@ -17,12 +17,35 @@ import ctypes
 import logging
 import math
 import mmap
+import os
 import sys
 from functools import lru_cache
 
 import torch
 
 logger = logging.getLogger(__name__)
+
+def rss_bytes() -> int | None:
+    """The process's resident memory now (Linux: /proc/self/statm), else its peak (getrusage), else None: what the
+    ready line, /info and the model loader's last line say."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+    except (ImportError, OSError):
+        return None
+
+
+def rss_mib() -> int | None:
+    rss = rss_bytes()
+    return None if rss is None else round(rss / 2**20)
+
 
 _HUGE = 2 << 20
 _MADV_HUGEPAGE = 14

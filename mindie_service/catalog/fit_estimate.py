@@ -1,6 +1,7 @@
 """Will a model fit? Its weights (read from the safetensors headers, so quantized tensors count at their
-stored size; a GGUF file's tensors at the size they take once loaded: every ggml type, quantized ones included,
-is dequantized at load to the configured dtype) plus a minimum KV pool (one full-length sequence), against the
+stored size; a GGUF file's tensors at the size they take once loaded: a quantized linear or embedding weight whose
+block type the CPU kernels run stays as stored in an fp32 load on one device (models/gguf_packed.py), every other
+tensor is dequantized at load to the configured dtype) plus a minimum KV pool (one full-length sequence), against the
 memory left now. Only headers are read, never the tensors."""
 from __future__ import annotations
 
@@ -66,16 +67,27 @@ def kv_min_bytes(config: dict[str, object], max_seq_len: int, dtype_bytes: int) 
     return 2 * layers * kv_heads * head_dim * dtype_bytes * max_seq_len
 
 
-def gguf_estimate_parts(file: Path, max_seq_len: int, float_bytes: int) -> tuple[int, int]:
+def _loaded_bytes(t: Any, float_bytes: int, packed: bool) -> int:
+    """A tensor's bytes once loaded: as stored where it stays packed, else ``float_bytes`` a value."""
+    if packed and len(t.shape) == 2 and t.tensor_type.name not in ("F32", "F16", "BF16"):
+        from npu_ops import gguf_cpu  # the kernels' table: only where packing may apply
+        if gguf_cpu.runnable(t.tensor_type.name) is None:
+            return int(t.n_bytes)
+    return int(t.n_elements) * float_bytes
+
+
+def gguf_estimate_parts(file: Path, max_seq_len: int, float_bytes: int, packed: bool = False) -> tuple[int, int]:
     """(weights, minimum KV pool) bytes of a GGUF file, from its header: every tensor at ``float_bytes`` per
-    value (the loader dequantizes each ggml type to the model's dtype), the KV pool from its attention metadata."""
+    value (the loader dequantizes each ggml type to the model's dtype) or, with ``packed`` (an fp32 load on one
+    device), a quantized 2-D tensor of a type the CPU kernels run at its stored size; the KV pool from its attention
+    metadata."""
     reader = read_gguf(file)  # the load that follows reuses this parse
 
     def meta(key: str) -> Any:
         f = reader.fields.get(key)
         return f.contents() if f is not None else None
     arch = meta("general.architecture")
-    weights = sum(int(t.n_elements) for t in reader.tensors if t.name != "rope_freqs.weight") * float_bytes
+    weights = sum(_loaded_bytes(t, float_bytes, packed) for t in reader.tensors if t.name != "rope_freqs.weight")
     cfg = {"num_hidden_layers": meta(f"{arch}.block_count"),
            "num_attention_heads": meta(f"{arch}.attention.head_count"),
            "num_key_value_heads": meta(f"{arch}.attention.head_count_kv"),
@@ -87,7 +99,8 @@ def estimate(folder: Path, max_seq_len: int, world_size: int = 1, float_bytes: i
     """Per device: weights are split over ``world_size`` devices (tensor parallel), as is the KV pool.
     ValidationError (naming the file) for a GGUF file whose header cannot be read."""
     if detect(folder) == GGUF:
-        w, kv = gguf_estimate_parts(the_gguf(folder), max_seq_len, float_bytes)
+        w, kv = gguf_estimate_parts(the_gguf(folder), max_seq_len, float_bytes,
+                                    packed=float_bytes == 4 and world_size <= 1)
     else:
         cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
         w = weights_bytes(folder, float_bytes)

@@ -8,8 +8,8 @@ the caches: about 0.5 ms of a 5.5 ms SmolLM2-135M step at one stream. Here the s
 logits are bit-identical to the op-by-op path's (the same C row functions and team halves).
 
 Used for steps of decodes only (one row per sequence, each sampled: no prefill, no draft verification, no
-LoRA adapter) on a model the fused layers take, with an fp32 embedding and rotary tables, and an fp32
-(C-packed) or W8I16 head. ``fused_layers.set_enabled(False)`` switches it off with the fused layers."""
+LoRA adapter) on a model the fused layers take, with an fp32 or GGUF (models/gguf_packed.py) embedding, fp32 rotary
+tables, and an fp32 (C-packed), W8I16 or GGUF head. ``fused_layers.set_enabled(False)`` switches it off with the fused layers."""
 from __future__ import annotations
 
 import ctypes
@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from npu_ops import cpu_kernels
+from npu_ops import cpu_kernels, gguf_cpu
+from npu_ops.gguf_modules import GgufEmbedding, GgufLinear
 from npu_ops.linear import FastLinear
 from npu_ops.quant import HEAD_SCHEME, QuantLinear
 from mindie_service.models import fused_layers
@@ -36,7 +37,7 @@ class DecodeArgs(ctypes.Structure):
                                                        "rope_len")),
                 ("eps", _F), ("scale", _F), *((n, _P) for n in ("embed", "rope_cos", "rope_sin", "final_norm",
                                                                "head_w", "head_bias", "head_scale")),
-                ("head_kind", _I64), ("T", _I64), ("MB", _I64), ("nthreads", _I64),
+                ("head_kind", _I64), ("embed_kind", _I64), ("T", _I64), ("MB", _I64), ("nthreads", _I64),
                 *((n, _P) for n in ("ids", "slots", "positions", "block_tables", "row_seq", "logits", "work"))]
 
 
@@ -51,7 +52,19 @@ def _head(model: Any) -> tuple[int, torch.Tensor, torch.Tensor | None, torch.Ten
         return 0, h.packed, h.bias, None
     if isinstance(h, QuantLinear) and h.scheme == HEAD_SCHEME and h.packed is not None:
         return 3, h.packed, h.bias, h.w_scale
+    if isinstance(h, GgufLinear) and h.packed is not None:
+        return 4, h.packed, h.bias, None
     return None
+
+
+def _embedding(model: Any) -> tuple[int, torch.Tensor] | None:
+    """(kind, what decode_f32.c's embed points at): an fp32 table, or a GGUF embedding's segment table whose type has
+    a row kernel; None for any other."""
+    e = model.embed_tokens
+    if isinstance(e, GgufEmbedding):
+        w = e.weight_q
+        return (1, gguf_cpu.segments([w])) if gguf_cpu.runnable(w.kind) is None and gguf_cpu.embeddable(w.kind) else None
+    return (0, e.weight) if _f32(e.weight) else None
 
 
 def _plain_llama(m: Any) -> bool:
@@ -93,23 +106,24 @@ class FusedDecode:
         return self.args is not None
 
     def _setup(self, fused: fused_layers.FusedLayers) -> DecodeArgs | None:
-        m, lib, head = self.model, cpu_kernels.load(), _head(self.model)
-        if (head is None or fused.table is None or not _plain_llama(m) or m.rope_cos.shape[-1] != m.dims.head_dim
-                or not _f32(m.embed_tokens.weight, m.rope_cos, m.rope_sin, m.norm.weight, head[2], head[3])):
+        m, lib, head, emb = self.model, cpu_kernels.load(), _head(self.model), _embedding(self.model)
+        if (head is None or emb is None or fused.table is None or not _plain_llama(m)
+                or m.rope_cos.shape[-1] != m.dims.head_dim
+                or not _f32(m.rope_cos, m.rope_sin, m.norm.weight, head[2], head[3])):
             return None
         d, (kind, w, bias, scale) = m.dims, head
         # what the argument block points into, held: a tensor replaced later cannot be freed under it, nor its id
         # (the key above) reused by the new one
-        self.keep = [fused.table, w, bias, scale, m.embed_tokens.weight, m.rope_cos, m.rope_sin, m.norm.weight]
+        self.keep = [fused.table, w, bias, scale, emb[1], m.rope_cos, m.rope_sin, m.norm.weight]
         self.work = torch.empty(lib.decode_f32_work(self.max_rows, d.hidden, d.heads, d.kv_heads, d.head_dim,
                                                     d.intermediate))
         self.seqs = array("i", range(self.max_rows))
-        logger.info("decode steps run as one CPU kernel call (%s head)", "W8I16" if kind else "fp32")
+        logger.info("decode steps run as one CPU kernel call (%s head)", {0: "fp32", 3: "W8I16", 4: "GGUF"}[kind])
         return DecodeArgs(
             layers=fused.table.data_ptr(), L=len(m.layers), hidden=d.hidden, H=d.heads, KVH=d.kv_heads,
             D=d.head_dim, inter=d.intermediate, vocab=d.vocab, BS=self.kv_caches[0][0].shape[1],
             rope_len=m.rope_cos.shape[0], eps=float(d.eps), scale=float(d.head_dim ** -0.5),
-            embed=_ptr(m.embed_tokens.weight), rope_cos=_ptr(m.rope_cos), rope_sin=_ptr(m.rope_sin),
+            embed=_ptr(emb[1]), embed_kind=emb[0], rope_cos=_ptr(m.rope_cos), rope_sin=_ptr(m.rope_sin),
             final_norm=_ptr(m.norm.weight), head_w=_ptr(w), head_bias=_ptr(bias), head_scale=_ptr(scale),
             head_kind=kind, row_seq=self.seqs.buffer_info()[0], work=self.work.data_ptr())
 

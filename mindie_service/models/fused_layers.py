@@ -5,7 +5,8 @@ forked and joined. SmolLM2-135M (30 layers of hidden 576) spent about a third of
 there (issue 27). The C side runs the same compiled kernels as the op-by-op path, in one OpenMP team, with the
 residual adds in the o/down projections' epilogues and silu(gate) * up in gate/up's, so its output is
 bit-identical to that path's. A projection may hold int8 weights packed for the CPU (W8A16 or W8A8,
-npu_ops/quant.py): the C loop calls the same int8 kernels as the op-by-op path (issue 27). Used only where
+npu_ops/quant.py): the C loop calls the same int8 kernels as the op-by-op path (issue 27); or GGUF blocks as stored
+(npu_ops/gguf_modules.py's GgufLinear: its segment table, run by csrc/gguf_linear.c's team half, issue 44). Used only where
 nothing needs the op-by-op path: every projection packed for the C kernels, no LoRA, no tensor parallelism, an fp32
 or int8 KV cache (the int8 rows quantized in the C loop as npu_ops/quant_kv.py does), the row metadata present.
 ``set_enabled(False)`` keeps every step on the op-by-op path (A/B measurements, tests)."""
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from npu_ops import cpu_kernels, quant_kv
+from npu_ops.gguf_modules import GgufLinear
 from npu_ops.linear import FastLinear
 from npu_ops.quant import QuantLinear
 
@@ -68,9 +70,12 @@ class FusedLayers:
 
 
 _KINDS = {"w8a16": 1, "w8a8": 2}  # layers_f32.c's LIN_W8A16, LIN_W8A8 (0: fp32)
+LIN_GGUF = 3  # layers_f32.c's: a GGUF segment table (npu_ops/gguf_modules.py)
 
 
 def _packed(m: Any) -> bool:
+    if isinstance(m, GgufLinear):
+        return m.runs_on_cpu_kernels() and (m.bias is None or m.bias.dtype == torch.float32)
     if isinstance(m, QuantLinear):
         return (m.packed is not None and m.scheme in _KINDS and m.w_scale.dtype == torch.float32
                 and (m.bias is None or m.bias.dtype == torch.float32))
@@ -79,6 +84,8 @@ def _packed(m: Any) -> bool:
 
 def _lin_row(m: Any, ptr: Any) -> list[int]:
     """One layers_f32.c lin_desc: packed weight, bias, scale, kind."""
+    if isinstance(m, GgufLinear):
+        return [ptr(m.segments()), ptr(m.bias), 0, LIN_GGUF]
     if isinstance(m, QuantLinear):
         return [ptr(m.packed), ptr(m.bias), ptr(m.w_scale), _KINDS[m.scheme]]
     return [ptr(m.packed), ptr(m.bias), 0, 0]

@@ -5,8 +5,11 @@ transformers config through transformers' GGUF helpers (``AutoConfig.from_pretra
 gguf_file=name)``), and so does its tokenizer and chat template (``tokenizer.ggml.*``,
 ``tokenizer.chat_template``). Tensors are renamed to Hugging Face's names, so the safetensors
 loader's copy (models/loader.py: packing q/k/v and gate/up) takes them as they are. F32, F16 and
-BF16 tensors are kept (converted to the model's dtype like any checkpoint); every quantized type
-(Q8_0, Q4_x, Q5_x, the K-quants, ...) is dequantized at load with ``gguf.quants.dequantize``.
+BF16 tensors are kept (converted to the model's dtype like any checkpoint). A quantized linear or embedding
+weight is kept as the file stores it (``tensors(packed=True)``: an ``npu_ops.quant_gguf.GgufWeight``, installed by
+models/gguf_packed.py) where its block type has CPU kernels (npu_ops.quant_gguf's table); any other quantized
+tensor is dequantized at load with ``gguf.quants.dequantize``, with a WARNING where packing was wanted. ``report``
+says what was done per type and per quantized tensor.
 llama.cpp's converter permutes q/k rows of Llama checkpoints for its rotary layout; they are
 permuted back here, as transformers' GGUF loader does."""
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -26,6 +30,8 @@ import torch
 from mindie_service.errors import ValidationError
 from mindie_service.models.demo_marker import gguf_beside_demo
 from mindie_service.models.gguf_reader import read_gguf, shared_reader
+from npu_ops import gguf_cpu
+from npu_ops.quant_gguf import GgufWeight
 
 logger = logging.getLogger(__name__)
 
@@ -75,11 +81,16 @@ class GgufCheckpoint:
     hf_config: Any = None
     report: dict[str, str] = field(default_factory=dict)
 
-    def tensors(self, quantization: str | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-        """(Hugging Face name, fp32 tensor) for every tensor of the file, dequantized where it is quantized."""
+    def tensors(self, quantization: str | None = None,
+                packed: bool = False) -> Iterator[tuple[str, torch.Tensor | GgufWeight]]:
+        """(Hugging Face name, fp32 tensor) for every tensor of the file, dequantized where it is quantized; with
+        ``packed``, a quantized linear or embedding weight whose type the CPU kernels run as a GgufWeight instead."""
         heads = self.hf_config.num_attention_heads
         kv_heads = getattr(self.hf_config, "num_key_value_heads", None) or heads
         kinds: Counter[str] = Counter()
+        kept: Counter[str] = Counter()
+        per_tensor: dict[str, str] = {}
+        held_back = self._mixed_projections() if packed else {}
         for t in self.reader.tensors:
             if t.name in _IGNORED:
                 logger.info("%s: tensor %s not used", self.path.name, t.name)
@@ -88,12 +99,54 @@ class GgufCheckpoint:
             if name is None:
                 raise ValidationError(f"GGUF file {self.path}: tensor {t.name!r} is not one of a "
                                       f"{self.gguf_architecture} model's tensors")
-            kinds[t.tensor_type.name] += 1
-            w = self._dequantize(t)
+            kind = t.tensor_type.name
+            kinds[kind] += 1
+            why = self._why(t, name, held_back) if packed and kind not in PLAIN_TYPES else ""
+            w: torch.Tensor | GgufWeight
+            if packed and kind not in PLAIN_TYPES and why is None:
+                w, kept[kind] = self._raw(t), kept[kind] + 1
+                per_tensor[t.name] = f"{kind}: kept packed"
+            else:
+                w = self._dequantize(t)
+                if why:
+                    logger.warning("%s: tensor %s (%s) dequantized to fp32 at load: %s", self.path.name, t.name, kind,
+                                   why)
+                    per_tensor[t.name] = f"{kind}: dequantized at load ({why})"
             if self.permute_qk and name.endswith(("q_proj.weight", "k_proj.weight")):
-                w = unpermute_qk(w, heads if "q_proj" in name else kv_heads)
+                w = unpermute(w, heads if "q_proj" in name else kv_heads)
             yield name, w
-        self.report = {kind: f"{n} tensors: {action(kind, quantization)}" for kind, n in sorted(kinds.items())}
+        self.report = {kind: f"{n} tensors: {action(kind, quantization, kept[kind], n)}"
+                       for kind, n in sorted(kinds.items())}
+        self.report.update(sorted(per_tensor.items()))
+
+    @staticmethod
+    def _why(t: Any, name: str, held_back: dict[str, str]) -> str | None:
+        """None: keep ``t`` packed; '': dequantize it silently (not a linear or embedding weight); else why not."""
+        own = why_not_packed(t, name)
+        return own if own is not None else held_back.get(_projection(name))
+
+    def _mixed_projections(self) -> dict[str, str]:
+        """Packed projections (q/k/v, gate/up) one of whose parts cannot stay packed -> why: all of such a
+        projection's parts are dequantized (one projection is packed or dense as a whole)."""
+        why: dict[str, str] = {}
+        for t in self.reader.tensors:
+            name = hf_name(t.name)
+            proj = _projection(name or "")
+            if proj and proj not in why:
+                kind = t.tensor_type.name
+                reason = f"{t.name} is {kind}" if kind in PLAIN_TYPES else why_not_packed(t, name or "")
+                if reason:
+                    why[proj] = f"its projection's part {t.name} cannot stay packed ({reason})"
+        return why
+
+    def _raw(self, t: Any) -> GgufWeight:
+        """The tensor's blocks as stored: uint8 [rows, row bytes], a view of the mapped file (read-only: the load's
+        huge-page arena, models/packed_arena.py, copies it once; a copy here would be a second one in flight)."""
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        with warnings.catch_warnings():  # torch warns that the mapping is not writable: nothing writes to it
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.from_numpy(np.asarray(t.data, dtype=np.uint8).reshape(shape[0], -1))
+        return GgufWeight(data, t.tensor_type.name, (shape[0], shape[1]))
 
     def _dequantize(self, t: Any) -> torch.Tensor:
         from gguf.quants import dequantize
@@ -113,10 +166,37 @@ class GgufCheckpoint:
         return torch.from_numpy(arr.reshape(shape).copy())
 
 
-def action(kind: str, quantization: str | None) -> str:
-    """What loading does to a tensor of ggml type ``kind`` (the log line and the loader's report)."""
+_SHARDED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}
+
+
+def _projection(name: str) -> str:
+    """``model.layers.3.self_attn.k_proj.weight`` -> ``model.layers.3.qkv``: the packed projection a tensor is a
+    part of ('' for any other)."""
+    parts = name.split(".")
+    ok = len(parts) > 2 and parts[-1] == "weight" and parts[-2] in _SHARDED
+    return ".".join(parts[:3] + [_SHARDED[parts[-2]]]) if ok else ""
+
+
+def why_not_packed(t: Any, name: str) -> str | None:
+    """None where tensor ``t`` (Hugging Face name ``name``) can stay packed; else why it cannot."""
+    if not name.endswith(("_proj.weight", "lm_head.weight", "embed_tokens.weight")) or len(t.shape) != 2:
+        return ""  # not a linear or embedding weight: dequantized as any other tensor, without a warning
+    return gguf_cpu.runnable(t.tensor_type.name)
+
+
+def unpermute(w: torch.Tensor | GgufWeight, n_head: int) -> torch.Tensor | GgufWeight:
+    """unpermute_qk on a dense tensor, or on a packed weight's rows (each row is whole blocks)."""
+    if isinstance(w, GgufWeight):
+        return GgufWeight(unpermute_qk(w.data, n_head).contiguous(), w.kind, w.shape)
+    return unpermute_qk(w, n_head)
+
+
+def action(kind: str, quantization: str | None, kept: int = 0, n: int = 0) -> str:
+    """What loading does to the ``n`` tensors of ggml type ``kind`` (the log line and the loader's report), ``kept``
+    of them staying packed."""
     done = "kept" if kind == "F32" else f"converted from {kind}" if kind in PLAIN_TYPES else \
-        f"dequantized from {kind} at load"
+        f"dequantized from {kind} at load" if not kept else "kept packed" if kept == n else \
+        f"{kept} kept packed, the others dequantized from {kind} at load"
     if not quantization:
         return done
     note = (" (the int8 kernels take one scale per output channel, not Q8_0's per-32-value blocks)"

@@ -27,10 +27,26 @@ def _cached(file: str, size: int, mtime_ns: int) -> Any:
     return parse_gguf(Path(file))
 
 
+def _named_reader() -> Any:
+    """gguf.GGUFReader whose tensor of an unknown type fails naming the tensor and the type's number."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    class NamedReader(GGUFReader):  # type: ignore[misc, valid-type]
+        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+            for f in fields:
+                raw = int(f.parts[4][0])
+                if raw not in GGMLQuantizationType._value2member_map_:
+                    name = str(bytes(f.parts[1]), encoding="utf-8", errors="replace")
+                    raise ValueError(f"tensor {name!r} has ggml type {raw}, which is not a valid GGMLQuantizationType "
+                                     "this gguf package reads")
+            super()._build_tensors(start_offs, fields)
+
+    return NamedReader
+
+
 def parse_gguf(path: Path) -> Any:
-    from gguf import GGUFReader
     try:
-        return GGUFReader(str(path))
+        return _named_reader()(str(path))
     except ValueError as exc:
         msg = str(exc)
         if "GGMLQuantizationType" in msg:
@@ -40,6 +56,16 @@ def parse_gguf(path: Path) -> Any:
         raise ValidationError(f"GGUF file {path} is malformed ({msg})") from exc
     except (IndexError, KeyError, OverflowError, MemoryError, OSError, TypeError) as exc:
         raise ValidationError(f"GGUF file {path} is malformed or truncated ({type(exc).__name__}: {exc})") from exc
+
+
+def release_pages(path: Path) -> None:
+    """Drop the cached reader's mapped pages from this process's resident set (they stay in the page cache: a later
+    read faults them back in). After a load has copied what it keeps, the file's pages would otherwise count in the
+    RSS for as long as the reader stays cached."""
+    import mmap
+    m = getattr(read_gguf(path).data, "_mmap", None)
+    if m is not None and hasattr(m, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        m.madvise(mmap.MADV_DONTNEED)
 
 
 @contextmanager

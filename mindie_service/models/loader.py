@@ -13,12 +13,13 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig
 
-from mindie_service.models import gguf_checkpoint, packed_arena, quantize
+from mindie_service.models import gguf_checkpoint, gguf_packed, gguf_reader, packed_arena, quantize
 from mindie_service.models.demo_marker import demo_warning, gguf_beside_demo
 from mindie_service.models.registry import family_for
 from mindie_service.models.shard import Reduce, shard_model
 from mindie_service.models.weights import tie_and_find_missing
 from mindie_service.errors import check
+from npu_ops import memory
 from npu_ops.linear import pack_linears
 from npu_ops.platform import default_dtype, staging_device
 
@@ -78,13 +79,16 @@ def _safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
-def copy_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], source: str,
-                 prefix_map: dict[str, str] | None = None) -> None:
+def copy_tensors(model: nn.Module, tensors: Iterable[tuple[str, Any]], source: str,
+                 prefix_map: dict[str, str] | None = None) -> dict[str, dict[int, Any]]:
     """Copy (checkpoint name, tensor) pairs into the model, packing q/k/v and gate/up (nano-vllm style); a
-    tied LM head then shares the embeddings. Raises naming ``source`` when a weight is left unloaded."""
+    tied LM head then shares the embeddings. Raises naming ``source`` when a weight is left unloaded. A value that
+    is not a tensor (a GGUF weight kept packed) is not copied: it is returned as {module name: {shard: value}}
+    for models/gguf_packed.py to install."""
     params = dict(model.named_parameters())
     packed: dict[str, tuple[str, int]] = getattr(model, "PACKED", {})
     loaded: set[str] = set()
+    kept: dict[str, dict[int, Any]] = {}
     for name, tensor in tensors:
         target = name
         for old, new in (prefix_map or {"model.": ""}).items():
@@ -97,18 +101,26 @@ def copy_tensors(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], 
             target = target.replace(f".{sub}.", f".{pname}.")
             if target not in params:
                 continue
+            if not isinstance(tensor, torch.Tensor):
+                kept.setdefault(target.rpartition(".")[0], {})[shard] = tensor
+                loaded.add(f"{target}#{shard}")
+                continue
             sizes = model.shard_sizes(pname)  # type: ignore[operator]
             off = sum(sizes[:shard])
             params[target].data[off:off + sizes[shard]].copy_(tensor)
             loaded.add(f"{target}#{shard}")
+        elif target in params and not isinstance(tensor, torch.Tensor):
+            kept.setdefault(target.rpartition(".")[0], {})[0] = tensor
+            loaded.add(target)
         elif target in params:
             check(params[target].shape == tensor.shape, "model",
                   f"a tensor {target} of shape {tuple(params[target].shape)}", tuple(tensor.shape))
             params[target].data.copy_(tensor)
             loaded.add(target)
-    missing = tie_and_find_missing(model, params, loaded)
+    missing = tie_and_find_missing(model, params, loaded, tie="embed_tokens" not in kept)
     if missing:
         raise ValueError(f"Parameter model must hold every weight; checkpoint {source} lacks {missing[:5]}")
+    return kept
 
 
 @dataclass
@@ -137,16 +149,39 @@ def _open(p: Path) -> _Checkpoint:
                        str(raw.get("torch_dtype") or raw.get("dtype") or "float32"))
 
 
+def _load_gguf(model: nn.Module, g: gguf_checkpoint.GgufCheckpoint, quantization: str | None,
+               keep: bool) -> dict[str, str]:
+    """A GGUF's tensors into the model, its quantized weights kept packed with ``keep``; returns the report."""
+    kept = copy_tensors(model, g.tensors(quantization, packed=keep), str(g.path))
+    gguf_packed.install(model, kept)
+    for kind, what in g.report.items():  # per type; the per-tensor lines only at DEBUG (hundreds of them)
+        logger.log(logging.INFO if "." not in kind else logging.DEBUG, "%s: %s %s", g.path.name, kind, what)
+    return g.report
+
+
+def _pack(model: nn.Module, batch_hint: int, torch_dtype: torch.dtype,
+          gguf: gguf_checkpoint.GgufCheckpoint | None) -> None:
+    """The loaded weights packed for the CPU kernels, in one huge-page arena."""
+    pack_linears(model, batch_hint)
+    quantize.pack_quantized(model, torch_dtype)
+    packed_arena.gather_packed(model)
+    if gguf is not None:
+        gguf_reader.release_pages(gguf.path)  # its packed weights were copied into the arena
+
+
 def load_model(path: str | Path, dtype: str, device: torch.device, max_positions: int,
                batch_hint: int = 32, quantization: str | None = None, kv_cache_dtype: str = "auto",
-               shard: tuple[int, int, Reduce] | None = None, quantize_lm_head: bool = False) -> LoadedModel:
+               shard: tuple[int, int, Reduce] | None = None, quantize_lm_head: bool = False,
+               gguf_packed_weights: bool = True) -> LoadedModel:
     """``path``: a Hugging Face folder (config.json + *.safetensors, or msModelSlim's layout), a ``.gguf`` file
     or a folder holding one (models/gguf_checkpoint.py).
     ``batch_hint``: the decode batch size CPU weight packing is tuned for (npu_ops.linear).
     ``quantization`` (w8a16 | w8a8) quantizes the linears after loading (models/quantize.py), unless the
     checkpoint is already quantized by msModelSlim (``quantize_lm_head``: the output projection too); ``kv_cache_dtype`` is kept on the model for the runner.
     ``shard`` (rank, world size, all-reduce): keep one tensor-parallel rank's shard (models/shard.py), after
-    quantizing (scales shard with their weights) and before packing."""
+    quantizing (scales shard with their weights) and before packing.
+    ``gguf_packed_weights``: a GGUF's quantized weights stay as stored where the CPU kernels run them
+    (models/gguf_packed.py); False dequantizes them all (the fp32 reference the accuracy tests compare with)."""
     p = Path(path)
     ckpt = _open(p)
     if ckpt.gguf is None and (demo := demo_warning(p)) is not None:
@@ -168,10 +203,8 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     model.rope_cos, model.rope_sin = cos, sin
     prequantized, report = False, {}
     if ckpt.gguf is not None:
-        copy_tensors(model, ckpt.gguf.tensors(quantization), str(ckpt.gguf.path))
-        report = ckpt.gguf.report
-        for kind, what in report.items():
-            logger.info("%s: %s %s", ckpt.gguf.path.name, kind, what)
+        keep = gguf_packed.keep_packed(ckpt.gguf.path, device, torch_dtype, quantization, shard, gguf_packed_weights)
+        report = _load_gguf(model, ckpt.gguf, quantization, keep)
     else:
         prequantized = quantize.load_prequantized(model, p, dict(family.weight_prefixes))
         if not prequantized:
@@ -184,11 +217,11 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     model.kv_cache_dtype = kv_cache_dtype
     model.weights_report = report  # also on the model: what an engine holding only the model can show
     model.rope_cos, model.rope_sin = cos.to(device, torch_dtype), sin.to(device, torch_dtype)
-    n_params = sum(t.numel() for t in model.parameters())
-    pack_linears(model, batch_hint)  # after counting: packing frees the dense weights
-    quantize.pack_quantized(model, torch_dtype)
-    packed_arena.gather_packed(model)
-    logger.info("loaded %s (%s, %.1fM parameters, %s) on %s", p.name, arch, n_params / 1e6, dtype, device)
+    n_params = sum(t.numel() for t in model.parameters()) + gguf_packed.packed_values(model)
+    _pack(model, batch_hint, torch_dtype, ckpt.gguf)  # after counting: packing frees the dense weights
+    rss = memory.rss_mib()
+    logger.info("loaded %s (%s, %.1fM parameters, %s) on %s; process RSS %s MiB", p.name, arch, n_params / 1e6, dtype,
+                device, "?" if rss is None else rss)
     encoder = None
     if family.encoder:
         mod_name, cls_name = family.encoder.split(":")

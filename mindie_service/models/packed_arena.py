@@ -8,6 +8,7 @@ import logging
 
 from torch import nn
 
+from mindie_service.models import gguf_packed
 from npu_ops import memory
 from npu_ops.linear import FastLinear
 from npu_ops.quant import QuantLinear
@@ -22,12 +23,16 @@ def _cpu_packed(m: nn.Module) -> bool:
 
 
 def gather_packed(model: nn.Module) -> int:
-    """Move every CPU-packed weight of ``model`` into one arena; returns its bytes (0: nothing packed)."""
+    """Move every CPU-packed weight of ``model`` into one arena; returns its bytes (0: nothing packed). A GGUF
+    weight kept as stored (models/gguf_packed.py) goes in once, however many modules read it (a tied head)."""
     mods = [m for m in model.modules() if _cpu_packed(m)]
-    if not mods:
+    ggufs = [w for w in gguf_packed.packed_weights(model) if w.data.device.type == "cpu"]
+    if not mods and not ggufs:
         return 0
-    arena = memory.HugeArena(memory.HugeArena.room([m.packed for m in mods]))
+    arena = memory.HugeArena(memory.HugeArena.room([m.packed for m in mods] + [w.data for w in ggufs]))
     for m in mods:  # each original is freed as its copy goes in
         m.packed = arena.copy_in(m.packed)
-    logger.info("packed weights in one %.1f MB huge-page arena (%d tensors)", arena.used / 1e6, len(mods))
+    for w in ggufs:  # in module order too: the embeddings first, then the layers' projections
+        w.data = arena.copy_in(w.data)
+    logger.info("packed weights in one %.1f MB huge-page arena (%d tensors)", arena.used / 1e6, len(mods) + len(ggufs))
     return arena.used

@@ -10,6 +10,7 @@ from mindie_service.protocol.tgi import info_payload, parse_tgi_request
 from mindie_service.server.generation import GenerationHandler
 from mindie_service.server.handlers_base import BaseHandler
 from mindie_service.server.handlers_mgmt import unhealthy
+from npu_ops.memory import rss_mib
 
 
 def service_version() -> str:
@@ -70,5 +71,6 @@ class InfoHandler(BaseHandler):
                    "max_top_n_tokens": limits.max_top_n_tokens, "modalities": sorted(eng.modalities),
                    "adapters": sorted(eng.adapter_names()),
                    "weights_report": dict(getattr(eng, "weights_report", None) or {}),
+                   "rss_mib": rss_mib(),
                    "demo_weights": demo_checkpoint(ctx.config.models[0].weight_path) is not None},
         ))

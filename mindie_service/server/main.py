@@ -34,6 +34,7 @@ from mindie_service.server.app import make_app
 from mindie_service.server.auth import Auth
 from mindie_service.server.context import ServerContext
 from mindie_service.server.listener import BoundedHTTPServer, drain_limit, raise_open_files_limit
+from npu_ops.memory import rss_bytes  # the ready line's RSS (also in /info, and after a model's load)
 
 logger = logging.getLogger(__name__)
 
@@ -119,22 +120,6 @@ def _setup_file_logging(cfg: ServiceConfig) -> None:
                                                  backupCount=cfg.log.file_num)
         h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logging.getLogger().addHandler(h)
-
-
-def rss_bytes() -> int | None:
-    """The process's resident memory now (Linux: /proc/self/statm), else its peak (getrusage), else None."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import resource
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak if sys.platform == "darwin" else peak * 1024
-    except (ImportError, OSError):
-        return None
 
 
 def memory_facts(engine: EngineClient, block_size: int) -> str:

@@ -61,7 +61,8 @@ SCHEMAS: dict[str, Any] = {
         "demo_weights": _DEMO,
         "weights_report": {"type": "object", "additionalProperties": {"type": "string"}, "description":
                            "Extension, while the model runs: what loading did to each tensor kind (a GGUF's "
-                           "ggml types: kept, converted, dequantized at load)."},
+                           "ggml types: kept, kept packed, converted, dequantized at load) and to each quantized "
+                           "GGUF tensor by name."},
         "state": {"enum": list(LIST_STATES + TRANSIENT_STATES),
                   "description": "Jan's four states; downloading, starting and stopping (while they last) are "
                                  "this service's extension."}, "load_error": _LOAD_ERROR}},

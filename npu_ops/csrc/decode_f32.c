@@ -3,27 +3,32 @@
  * the LM head into the logits. What it saves is Python: the op-by-op step runs about twenty small PyTorch ops
  * around the layers (metadata tensors, embedding, index, norm, head), each several times slower than usual right
  * after the layers have streamed every weight through the caches (SmolLM2-135M: about 0.5 ms of a 5.5 ms step).
- * Each piece is the code the op-by-op path runs (the same row functions and team halves), so the logits are
- * bit-identical to that path's. The caller (mindie_service/models/fused_decode.py) fills decode_f32_args. */
+ * A GGUF embedding (models/gguf_packed.py) dequantizes only the rows the step reads, with its type's row kernel; a
+ * GGUF head (a tied one reads the embedding's bytes) runs gguf_linear_f32. Each piece is the code the op-by-op path
+ * runs (the same row functions and team halves), so the logits are bit-identical to that path's. The caller (mindie_service/models/fused_decode.py) fills decode_f32_args. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "decode_f32.h"
 #include "elementwise.h"
+#include "gguf_linear.h"
 #include "kernels.h"
 
-enum { HEAD_F32 = 0, HEAD_W8I16 = 3 };
+/* HEAD_GGUF: head_w is a gguf_seg table (gguf_linear.h); EMBED_GGUF: embed is one, its row_fn dequantizes a row */
+enum { HEAD_F32 = 0, HEAD_W8I16 = 3, HEAD_GGUF = 4 };
+enum { EMBED_F32 = 0, EMBED_GGUF = 1 };
 
 typedef struct decode_f32_args {
     /* the model */
     const struct layer_f32 *layers;
     int64_t L, hidden, H, KVH, D, inter, vocab, BS, rope_len;
     float eps, scale;
-    const float *embed, *rope_cos, *rope_sin, *final_norm; /* [vocab, hidden], [rope_len, D] x 2, [hidden] */
-    const void *head_w;                                     /* packed as the head's own kernel packs it */
+    const void *embed;                           /* [vocab, hidden] fp32, or a gguf_seg table (embed_kind) */
+    const float *rope_cos, *rope_sin, *final_norm; /* [rope_len, D] x 2, [hidden] */
+    const void *head_w;                           /* packed as the head's own kernel packs it */
     const float *head_bias, *head_scale;
-    int64_t head_kind;
+    int64_t head_kind, embed_kind;
     /* the step: T rows, row t of sequence t (its block table row t, MB wide) */
     int64_t T, MB, nthreads;
     const int64_t *ids, *slots;
@@ -42,11 +47,15 @@ int64_t decode_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH, int64
 int llama_decode_f32(const decode_f32_args *a) {
     const int64_t T = a->T, hd = a->hidden, D = a->D;
     if (T <= 0) return 0;
-    if (a->head_kind != HEAD_F32 && a->head_kind != HEAD_W8I16) return 5;
+    if (a->head_kind != HEAD_F32 && a->head_kind != HEAD_W8I16 && a->head_kind != HEAD_GGUF) return 5;
+    const gguf_seg *emb = a->embed_kind == EMBED_GGUF ? a->embed : NULL;
     float *x = a->work, *cosr = x + T * hd, *sinr = cosr + T * D, *xn = sinr + T * D, *lw = xn + T * hd;
     for (int64_t t = 0; t < T; ++t) {
         if (a->ids[t] < 0 || a->ids[t] >= a->vocab || a->positions[t] < 0 || a->positions[t] >= a->rope_len) return 4;
-        memcpy(x + t * hd, a->embed + a->ids[t] * hd, sizeof(float) * (size_t)hd);
+        if (emb != NULL)
+            emb->row_fn(emb->w + a->ids[t] * emb->row_bytes, hd, x + t * hd);
+        else
+            memcpy(x + t * hd, (const float *)a->embed + a->ids[t] * hd, sizeof(float) * (size_t)hd);
         memcpy(cosr + t * D, a->rope_cos + a->positions[t] * D, sizeof(float) * (size_t)D);
         memcpy(sinr + t * D, a->rope_sin + a->positions[t] * D, sizeof(float) * (size_t)D);
     }
@@ -58,6 +67,9 @@ int llama_decode_f32(const decode_f32_args *a) {
     if (a->head_kind == HEAD_W8I16)
         return linear_w8i16_f32(xn, T, hd, a->head_w, a->head_scale, a->vocab, a->head_bias, a->logits,
                                 (int)a->nthreads);
+    if (a->head_kind == HEAD_GGUF)
+        return gguf_linear_f32(a->head_w, gguf_seg_count(a->head_w), xn, T, hd, a->head_bias, a->logits, a->vocab,
+                               (int)a->nthreads);
     linear_f32(xn, T, hd, a->head_w, a->vocab, a->head_bias, a->logits, (int)a->nthreads);
     return 0;
 }

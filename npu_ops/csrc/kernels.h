@@ -62,6 +62,20 @@ void gguf_matmul_q6_k(const uint8_t *w, int64_t n_out, int64_t k, const float *x
 void gguf_matmul_q4_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 void gguf_matmul_q5_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 void gguf_matmul_q6_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+/* GGUF block-quantized linears (npu_ops/quant_gguf.py's type table names each type's kernels): y[m, n_out] =
+ * x[m, k] . W^T with W as GGUF stores it (row r: k / block_size consecutive blocks), fp32 activations; and one row
+ * dequantized (an embedding row). Q4_0, Q4_1, Q8_0: gemm_gguf.c */
+void gguf_matmul_q4_0(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_matmul_q4_1(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_matmul_q8_0(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_dequant_q4_0(const uint8_t *w, int64_t k, float *out);
+void gguf_dequant_q4_1(const uint8_t *w, int64_t k, float *out);
+void gguf_dequant_q8_0(const uint8_t *w, int64_t k, float *out);
+/* a projection whose rows are segments of those types, over a team of its own (gguf_linear.c; quant_gguf.linear):
+ * 0, or 3 without scratch */
+struct gguf_seg;
+int gguf_linear_f32(const struct gguf_seg *segs, int64_t nseg, const float *x, int64_t M, int64_t K,
+                    const float *bias, float *y, int64_t N, int nthreads);
 
 /* the all-greedy sampler's rows (greedy_rows.c; cpu_kernels.greedy_rows): first maxima and their
  * log-probabilities; 1 if a logit is not finite */

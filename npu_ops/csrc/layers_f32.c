@@ -6,8 +6,9 @@
  * team forked and joined per op); here one OpenMP team lives for the whole step and the ops meet at its
  * barriers. Each op is the same compiled code as its single-op kernel (its file's team half), so the result is
  * bit-identical to the op-by-op path. A projection may hold int8 weights (W8A16: gemm_int8.c, W8A8:
- * gemm_w8a8.c, activations quantized in the call), the residual added in its epilogue as the op-by-op path
- * adds it. One row (a one-stream decode step) is normed and quantized by every thread into its own copy, so
+ * gemm_w8a8.c, activations quantized in the call) or GGUF blocks as the file stores them (gguf_linear.c: a
+ * segment table, each segment run by its block type's kernel), the residual added in its epilogue as the op-by-op
+ * path adds it. One row (a one-stream decode step) is normed and quantized by every thread into its own copy, so
  * the team meets at a barrier only where a projection needs another thread's output. An int8 KV cache
  * (npu_ops/quant_kv.py's rows) takes each step's K/V rows quantized here and is read in place (attention_int8.c,
  * attention_lone_i8.c). The caller keeps LoRA, tensor parallelism and other devices on the op-by-op path.
@@ -30,11 +31,12 @@
 #include "gemm_tile.h"
 #include "gemm_w8a8.h"
 #include "gemm_w8a8_row.h"
+#include "gguf_linear.h"
 #include "kernels.h"
 #include "layers_f32.h"
 #include "team_sync.h"
 
-enum { LIN_F32 = 0, LIN_W8A16 = 1, LIN_W8A8 = 2 };
+enum { LIN_F32 = 0, LIN_W8A16 = 1, LIN_W8A8 = 2, LIN_GGUF = 3 }; /* LIN_GGUF: w is a gguf_seg table (gguf_linear.h) */
 
 typedef struct {
     const void *w;
@@ -96,6 +98,8 @@ static void lin(const dims_f32 *d, const lin_desc *ln, const float *x, int64_t K
         linear_f32_team(x, d->T, K, ln->w, N, ln->bias, y, add);
     else if (ln->kind == LIN_W8A16)
         linear_w8a16_f32_team(x, d->T, K, ln->w, ln->scale, N, ln->bias, y, add);
+    else if (ln->kind == LIN_GGUF)
+        gguf_linear_team(ln->w, gguf_seg_count(ln->w), x, d->T, K, ln->bias, y, N, add);
     else
         linear_w8a8_f32_team(x, d->T, K, ln->w, ln->scale, N, ln->bias, y, d->T == 1 ? own->xq : s->xq,
                              d->T == 1 ? own->xs : s->xs, s->zero, add);

@@ -225,6 +225,7 @@ def test_info_has_every_required_field_with_real_values(srv):
     assert info["model_id"] == "tiny" and info["model_device_type"] == "cpu" and info["model_dtype"] == "torch.float32"
     assert info["max_input_length"] == 256 and info["max_total_tokens"] == 512 and info["max_concurrent_requests"] == 64
     assert info["max_batch_total_tokens"] == 256 * 16
+    assert isinstance(info["rss_mib"], int) and info["rss_mib"] > 0  # the process's RSS, as the ready line reads it
     assert srv.get("/info", "management").json()["model_id"] == "tiny"
 
 

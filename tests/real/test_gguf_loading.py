@@ -80,7 +80,7 @@ def test_quantized_and_half_tensors_load_as_their_dequantized_values(tmp_path, m
     types = {"token_embd.weight": T.Q8_0, "blk.0.attn_v.weight": T.F16, "blk.0.ffn_up.weight": T.BF16,
              "blk.0.ffn_down.weight": T.Q4_0, "blk.0.ffn_gate.weight": T.Q5_1, "blk.0.attn_output.weight": T.Q4_1}
     f = write_tiny(tmp_path / "q.gguf", hidden=64, ffn=64, types=types)
-    loaded = load_model(f, "float32", torch.device("cpu"), 64)
+    loaded = load_model(f, "float32", torch.device("cpu"), 64, gguf_packed_weights=False)  # the dequantized path
     assert loaded.weights_report == {
         "BF16": "1 tensors: converted from BF16", "F16": "1 tensors: converted from F16",
         "F32": "5 tensors: kept", "Q4_0": "1 tensors: dequantized from Q4_0 at load",

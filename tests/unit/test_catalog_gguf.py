@@ -14,6 +14,7 @@ from mindie_service.catalog.catalog import Catalog
 from mindie_service.catalog.checkpoint_kind import check_folder, detect
 from mindie_service.catalog.download import checkpoint_root
 from mindie_service.catalog.fit_estimate import estimate
+from npu_ops import cpu_kernels
 from mindie_service.errors import ValidationError
 from tests.gguf_files import write_gguf
 
@@ -56,9 +57,10 @@ def test_a_folder_holding_one_gguf_is_a_model_and_its_format_is_checked(tmp_path
         cat.start("plain")
 
 
-def test_the_estimate_counts_gguf_tensors_dequantized(tmp_path, tiny_model, tiny_gguf):
-    """The F32 GGUF of tiny estimates as tiny's safetensors does; with Q8_0 tensors the file shrinks but the
-    estimate does not (the loader dequantizes them to the configured dtype)."""
+def test_the_estimate_counts_gguf_tensors_as_loaded(tmp_path, tiny_model, tiny_gguf):
+    """The F32 GGUF of tiny estimates as tiny's safetensors does; with Q8_0 tensors an fp32 load keeps them packed
+    (the estimate counts their stored bytes), a bf16 or tensor-parallel one dequantizes them (the estimate counts
+    them at the configured dtype)."""
     a, b = tmp_path / "f32", tmp_path / "q8"
     a.mkdir()
     b.mkdir()
@@ -67,8 +69,12 @@ def test_the_estimate_counts_gguf_tensors_dequantized(tmp_path, tiny_model, tiny
     write_gguf(tiny_model, b / "m.gguf", types=q8)
     assert (b / "m.gguf").stat().st_size < (a / "m.gguf").stat().st_size
     want = estimate(tiny_model, 512)
-    assert estimate(a, 512) == want and estimate(b, 512) == want
+    assert estimate(a, 512) == want
+    stored = 4 * 128 * 352 // 32 * 34  # four Q8_0 down projections [128, 352]: 34 bytes a block of 32
+    if cpu_kernels.load() is not None:
+        assert estimate(b, 512).weights == want.weights - 4 * 128 * 352 * 4 + stored
     assert estimate(b, 512, float_bytes=2).weights == want.weights // 2
+    assert estimate(b, 512, world_size=2) == estimate(a, 512, world_size=2)
     assert estimate(a / "m.gguf", 512) == want  # a ModelConfig may name the file itself
     (b / "m.gguf").write_bytes(b"GGUF" + b"\0" * 7)
     with pytest.raises(ValidationError, match="m.gguf is malformed"):

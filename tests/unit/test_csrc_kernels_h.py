@@ -1,8 +1,8 @@
 """npu_ops/csrc/kernels.h against the ctypes declarations: every entry point that cpu_kernels._declare,
-quant_cpu._declare, quant_kv._declare and quant_gguf_kquant._declare give types has kernels.h's name, argument count,
-argument types and result type, and every function kernels.h declares is declared in Python. The compiler holds the C definitions to kernels.h
-(each defining file includes it); this holds Python to it, so a signature changed on one side fails here instead of
-passing garbage through ctypes."""
+quant_cpu._declare, quant_kv._declare, quant_gguf_kquant._declare and gguf_cpu._declare give types has kernels.h's name,
+argument count, argument types and result type, and every function kernels.h declares is declared in Python. The compiler
+holds the C definitions to kernels.h (each defining file includes it); this holds Python to it, so a signature changed
+on one side fails here instead of passing garbage through ctypes."""
 from __future__ import annotations
 
 import ctypes
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from npu_ops import cpu_kernels, quant_cpu, quant_gguf_kquant, quant_kv
+from npu_ops import cpu_kernels, gguf_cpu, quant_cpu, quant_gguf_kquant, quant_kv
 
 KERNELS_H = Path(cpu_kernels.__file__).with_name("csrc") / "kernels.h"
 # The ctypes type of each C scalar kernels.h may use. On LP64 int64_t and long are one type (c_int64 is c_long),
@@ -62,7 +62,8 @@ class _Recorder:
 
 def python_declarations() -> dict[str, _Fn]:
     out: dict[str, _Fn] = {}
-    for declare in (cpu_kernels._declare, quant_cpu._declare, quant_kv._declare, quant_gguf_kquant._declare):
+    for declare in (cpu_kernels._declare, quant_cpu._declare, quant_kv._declare, quant_gguf_kquant._declare,
+                    gguf_cpu._declare):
         rec = _Recorder()
         declare(rec)
         for name, fn in rec.fns.items():

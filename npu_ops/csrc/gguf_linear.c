@@ -1,0 +1,83 @@
+/* A projection over GGUF block-quantized weights, shared by a team: its output rows are one or more segments (a
+ * packed qkv or gate/up whose parts hold different block types, e.g. Q4_K_M's q/k in Q4_K and v in Q6_K), each
+ * run by its type's kernel (void gguf_matmul_<type>(w, n_out, k, x, m, y), y[m, n_out] = x . W^T, W as GGUF
+ * stores it) reached through the function pointer npu_ops/quant_gguf.py's type table puts in the segment. The
+ * kernels are the table's, so a type added there runs here (and in the fused decoder) without a line of C.
+ *
+ * The rows are cut into units of UNIT rows per segment, the units split over the team by team_share; each thread
+ * calls a segment's kernel once on its consecutive units (inside the team: the kernel runs on the calling thread
+ * alone) and writes the result, plus the bias, into y's columns, or adds it (add: the residual stream, the
+ * rounding of PyTorch's `x + linear(h)`). The standalone entry point (gguf_linear_f32) is this team half in a team
+ * of its own, so the op-by-op path and the fused decoder give the same bits at the same thread count. */
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+
+#include "gguf_linear.h"
+#include "kernels.h"
+#include "team_sync.h"
+
+#define UNIT 16
+
+static int64_t units_of(const gguf_seg *s) { return (s->rows + UNIT - 1) / UNIT; }
+
+/* rows [r0, r1) of segment s (its columns start at col) for every row of x */
+static int seg_rows(const gguf_seg *s, int64_t col, int64_t r0, int64_t r1, const float *x, int64_t M, int64_t K,
+                    const float *bias, float *y, int64_t N, int add) {
+    const int64_t nr = r1 - r0;
+    const uint8_t *w = s->w + r0 * s->row_bytes;
+    if (M == 1 && !add && bias == NULL) {
+        s->fn(w, nr, K, x, 1, y + col + r0);
+        return 0;
+    }
+    float stack[1024], *tmp = M * nr <= 1024 ? stack : malloc(sizeof(float) * (size_t)(M * nr));
+    if (tmp == NULL) return 3;
+    s->fn(w, nr, K, x, M, tmp);
+    for (int64_t m = 0; m < M; ++m) {
+        float *yr = y + m * N + col + r0;
+        const float *t = tmp + m * nr, *b = bias == NULL ? NULL : bias + col + r0;
+        for (int64_t j = 0; j < nr; ++j) {
+            const float v = b == NULL ? t[j] : t[j] + b[j];
+            yr[j] = add ? yr[j] + v : v;
+        }
+    }
+    if (tmp != stack) free(tmp);
+    return 0;
+}
+
+int64_t gguf_seg_count(const gguf_seg *segs) {
+    int64_t n = 0;
+    while (segs[n].fn != NULL) ++n;
+    return n;
+}
+
+int gguf_linear_team(const gguf_seg *segs, int64_t nseg, const float *x, int64_t M, int64_t K, const float *bias,
+                     float *y, int64_t N, int add) {
+    int64_t total = 0;
+    for (int64_t i = 0; i < nseg; ++i) total += units_of(segs + i);
+    int64_t u0, u1;
+    team_share(total, &u0, &u1);
+    int rc = 0;
+    for (int64_t i = 0, first = 0, col = 0; i < nseg && rc == 0; first += units_of(segs + i), col += segs[i].rows, ++i) {
+        const int64_t n = units_of(segs + i), a = u0 > first ? u0 - first : 0, b = u1 - first < n ? u1 - first : n;
+        if (a >= b) continue;
+        const int64_t r1 = b * UNIT < segs[i].rows ? b * UNIT : segs[i].rows;
+        rc = seg_rows(segs + i, col, a * UNIT, r1, x, M, K, bias, y, N, add);
+    }
+    team_barrier();
+    return rc;
+}
+
+int gguf_linear_f32(const gguf_seg *segs, int64_t nseg, const float *x, int64_t M, int64_t K, const float *bias,
+                    float *y, int64_t N, int nthreads) {
+    int rc = 0;
+#pragma omp parallel num_threads(nthreads)
+    {
+        const int mine = gguf_linear_team(segs, nseg, x, M, K, bias, y, N, 0);
+        if (mine) {
+#pragma omp atomic write
+            rc = mine;
+        }
+    }
+    return rc;
+}

@@ -1,0 +1,105 @@
+"""ctypes bindings of the GGUF block-quantized linears (csrc/gemm_gguf.c: Q4_0, Q4_1, Q8_0; csrc/gguf_linear.c:
+a projection of one or more segments over a team), built with the other CPU kernels by npu_ops.cpu_kernels. Each
+block type's kernels are found by the names npu_ops.quant_gguf's table gives them; a segment table hands the C side
+their addresses, so a type registered there runs in the fused decoder too."""
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+
+import torch
+
+from npu_ops import cpu_kernels
+from npu_ops.quant_gguf import GgufWeight, block_type
+
+_I64, _P = ctypes.c_int64, ctypes.c_void_p
+SEG_FIELDS = 5  # csrc/gguf_linear.h's gguf_seg: fn, row_fn, w, rows, row_bytes
+
+
+@lru_cache(maxsize=4)
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """The GGUF kernels' types, as csrc/kernels.h declares them."""
+    for t in ("q4_0", "q4_1", "q8_0"):
+        fn = getattr(lib, f"gguf_matmul_{t}")
+        fn.argtypes, fn.restype = [_P, _I64, _I64, _P, _I64, _P], None
+        row = getattr(lib, f"gguf_dequant_{t}")
+        row.argtypes, row.restype = [_P, _I64, _P], None
+    lib.gguf_linear_f32.argtypes = [_P, _I64, _P, _I64, _I64, _P, _P, _I64, ctypes.c_int]
+    lib.gguf_linear_f32.restype = ctypes.c_int
+    return lib
+
+
+def _lib() -> ctypes.CDLL | None:
+    lib = cpu_kernels.load()
+    return None if lib is None else _declare(lib)
+
+
+def _address(lib: ctypes.CDLL, name: str | None) -> int:
+    if name is None or not hasattr(lib, name):
+        return 0
+    return int(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0)
+
+
+def runnable(kind: str) -> str | None:
+    """None where a weight of block type ``kind`` runs on the CPU kernels; else why not (for the load report)."""
+    bt = block_type(kind)
+    if bt is None or bt.kernel is None:
+        return f"no CPU kernel for {kind}"
+    lib = _lib()
+    if lib is None:
+        return "the CPU kernels are not loaded"
+    if not _address(lib, bt.kernel):
+        return f"the CPU kernels lack {bt.kernel}"
+    return None
+
+
+def embeddable(kind: str) -> bool:
+    """Whether the C decode step can dequantize an embedding row of ``kind`` (its row kernel is built)."""
+    bt, lib = block_type(kind), _lib()
+    return bt is not None and lib is not None and _address(lib, bt.row_kernel) != 0
+
+
+def segments(parts: list[GgufWeight]) -> torch.Tensor:
+    """int64 [len(parts) + 1, 5]: csrc/gguf_linear.h's gguf_seg of each part (its kernels' addresses, its bytes),
+    then a row of zeros that ends the table (gguf_seg_count)."""
+    lib = _lib()
+    assert lib is not None
+    rows = []
+    for p in parts:
+        bt = p.block_type
+        rows.append([_address(lib, bt.kernel), _address(lib, bt.row_kernel), p.data.data_ptr(), p.shape[0],
+                     p.data.shape[1]])
+    return torch.tensor(rows + [[0] * SEG_FIELDS], dtype=torch.int64)
+
+
+def linear(x: torch.Tensor, segs: torch.Tensor, k: int, n: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, k] fp32 . W^T (+ bias) over a segment table (``segments``) -> [M, n]."""
+    lib, x = _lib(), x.contiguous()
+    assert lib is not None
+    y = x.new_empty(x.shape[0], n)
+    rc = lib.gguf_linear_f32(segs.data_ptr(), segs.shape[0] - 1, x.data_ptr(), x.shape[0], k,
+                             None if bias is None else bias.data_ptr(), y.data_ptr(), n, torch.get_num_threads())
+    if rc:
+        raise MemoryError("gguf_linear_f32: no scratch")
+    return y
+
+
+def matmul(x: torch.Tensor, w: GgufWeight) -> torch.Tensor:
+    """x [M, k] fp32 . W^T by the type's own kernel, called directly (the table's contract, as the tests hold it)."""
+    lib, x = _lib(), x.contiguous().float()
+    assert lib is not None
+    bt = w.block_type
+    fn = ctypes.CFUNCTYPE(None, _P, _I64, _I64, _P, _I64, _P)(_address(lib, bt.kernel))
+    y = x.new_empty(x.shape[0], w.shape[0])
+    fn(w.data.data_ptr(), w.shape[0], w.shape[1], x.data_ptr(), x.shape[0], y.data_ptr())
+    return y
+
+
+def dequantize_row(w: GgufWeight, row: int) -> torch.Tensor:
+    """Row ``row`` of W dequantized by the type's row kernel (what the C decode step's embedding reads)."""
+    lib = _lib()
+    assert lib is not None
+    fn = ctypes.CFUNCTYPE(None, _P, _I64, _P)(_address(lib, w.block_type.row_kernel))
+    out = torch.empty(w.shape[1])
+    fn(w.data[row].data_ptr(), w.shape[1], out.data_ptr())
+    return out

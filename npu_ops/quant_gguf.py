@@ -1,0 +1,165 @@
+"""GGUF block-quantized weights kept as the file stores them: the type table, the weight value and its PyTorch
+reference.
+
+A GGUF linear weight W [n_out, k] of a block type is n_out rows of k / block_size consecutive blocks, each
+``block_bytes`` long (ggml's layout, read from the file as it is). ``BLOCK_TYPES`` is the one table of the types we
+know: per type its block size and bytes, its dequantizer (uint8 [..., blocks * block_bytes] -> fp32 [..., blocks *
+block_size], equal to ``gguf.quants.dequantize``), and the names of its C kernels in npu_ops/csrc, where there are
+some:
+
+- ``kernel``: ``void gguf_matmul_<type>(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m,
+  float *y)``, y[m, n_out] = x[m, k] . W^T, W as stored (or repacked once at load, with the same values). It must
+  run on the calling thread alone when called inside an OpenMP team (the fused decoder's, csrc/gguf_linear.c's;
+  omp_get_level() > 0, a team of one included).
+- ``row_kernel``: ``void gguf_dequant_<type>(const uint8_t *w, int64_t k, float *out)``, one row dequantized with
+  the dequantizer's values (an embedding row in the fused decode step); None keeps those steps on the op-by-op path.
+
+A type with a kernel runs packed (``npu_ops.gguf_modules``); one without is dequantized at load. More types plug in
+with ``register`` (the K-quants: ``npu_ops.quant_gguf_kquant``, loaded through ``PLUGINS`` when present). The
+reference (``matmul_ref``) is ``x @ dequantize(W).T`` in fp32; the kernels are held to it within an fp32 GEMM's
+error bound (npu_ops.linear.fp32_gemm_tolerance), their weights being the dequantized values exactly."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+Dequantizer = Callable[[torch.Tensor], torch.Tensor]
+PLUGINS = ("npu_ops.quant_gguf_kquant",)  # modules that register more block types, imported when present
+
+
+@dataclass(frozen=True)
+class BlockType:
+    name: str  # ggml's name: "Q4_0"
+    ggml_type: int  # gguf.GGMLQuantizationType's value
+    block_size: int  # values a block
+    block_bytes: int  # bytes a block
+    dequantize: Dequantizer
+    kernel: str | None = None  # gguf_matmul_<type> in the CPU kernels
+    row_kernel: str | None = None  # gguf_dequant_<type>
+
+    def row_bytes(self, k: int) -> int:
+        if k % self.block_size:
+            raise ValueError(f"{self.name}: a row of {k} values is not whole blocks of {self.block_size}")
+        return k // self.block_size * self.block_bytes
+
+
+def _blocks(raw: torch.Tensor, block_bytes: int) -> torch.Tensor:
+    if raw.dtype != torch.uint8 or raw.shape[-1] % block_bytes:
+        raise ValueError(f"expected uint8 rows of whole {block_bytes}-byte blocks, got {raw.dtype} {tuple(raw.shape)}")
+    return raw.reshape(*raw.shape[:-1], raw.shape[-1] // block_bytes, block_bytes)
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """Two bytes a block (little-endian fp16) -> fp32 [..., blocks, 1]."""
+    return b.contiguous().view(torch.float16).float()
+
+
+def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """16 bytes -> 32 values: every byte's low nibble, then every byte's high nibble (ggml's order)."""
+    return torch.cat([qs & 0x0F, qs >> 4], dim=-1)
+
+
+def dequantize_q4_0(raw: torch.Tensor) -> torch.Tensor:
+    b = _blocks(raw, 18)
+    w = _f16(b[..., 0:2]) * (_nibbles(b[..., 2:18]).to(torch.int8) - 8).float()
+    return w.reshape(*raw.shape[:-1], -1)
+
+
+def dequantize_q4_1(raw: torch.Tensor) -> torch.Tensor:
+    b = _blocks(raw, 20)
+    w = _f16(b[..., 0:2]) * _nibbles(b[..., 4:20]).float() + _f16(b[..., 2:4])
+    return w.reshape(*raw.shape[:-1], -1)
+
+
+def dequantize_q8_0(raw: torch.Tensor) -> torch.Tensor:
+    b = _blocks(raw, 34)
+    w = b[..., 2:34].contiguous().view(torch.int8).float() * _f16(b[..., 0:2])
+    return w.reshape(*raw.shape[:-1], -1)
+
+
+def numpy_dequantizer(ggml_type: int) -> Dequantizer:
+    """``gguf.quants.dequantize`` as a Dequantizer: any type the gguf package reads (the slow, exact fallback)."""
+    def dequantize(raw: torch.Tensor) -> torch.Tensor:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize as np_dequantize
+        arr = np_dequantize(raw.cpu().numpy(), GGMLQuantizationType(ggml_type))
+        return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).to(raw.device)
+    return dequantize
+
+
+BLOCK_TYPES: dict[str, BlockType] = {}
+
+
+def register(bt: BlockType) -> None:
+    """Add or replace a block type (a K-quant with its kernels, say)."""
+    BLOCK_TYPES[bt.name] = bt
+
+
+register(BlockType("Q4_0", 2, 32, 18, dequantize_q4_0, "gguf_matmul_q4_0", "gguf_dequant_q4_0"))
+register(BlockType("Q4_1", 3, 32, 20, dequantize_q4_1, "gguf_matmul_q4_1", "gguf_dequant_q4_1"))
+register(BlockType("Q8_0", 8, 32, 34, dequantize_q8_0, "gguf_matmul_q8_0", "gguf_dequant_q8_0"))
+
+_plugins_loaded = False
+
+
+def block_type(name: str) -> BlockType | None:
+    """The table's entry for ggml type ``name`` (the plug-ins registered first); None for a type we do not run."""
+    global _plugins_loaded
+    if not _plugins_loaded:
+        _plugins_loaded = True
+        for mod in PLUGINS:
+            if importlib.util.find_spec(mod) is not None:
+                importlib.import_module(mod)
+    return BLOCK_TYPES.get(name)
+
+
+@dataclass
+class GgufWeight:
+    """A linear weight [n_out, k] in one GGUF block type: ``data`` uint8 [n_out, row_bytes], as the file stores it."""
+    data: torch.Tensor
+    kind: str  # the block type's name
+    shape: tuple[int, int]  # (n_out, k)
+
+    def __post_init__(self) -> None:
+        bt = self.block_type
+        n, k = self.shape
+        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != (n, bt.row_bytes(k)):
+            raise ValueError(f"{self.kind} weight of shape {self.shape} needs uint8 [{n}, {bt.row_bytes(k)}], got "
+                             f"{self.data.dtype} {tuple(self.data.shape)}")
+
+    @property
+    def block_type(self) -> BlockType:
+        bt = block_type(self.kind)
+        if bt is None:
+            raise ValueError(f"GGUF block type {self.kind} is not in npu_ops.quant_gguf.BLOCK_TYPES")
+        return bt
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def dequantize(self) -> torch.Tensor:
+        """fp32 [n_out, k]: gguf.quants.dequantize's values."""
+        return self.block_type.dequantize(self.data).reshape(self.shape)
+
+    def rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """fp32 [len(idx), k]: only the rows ``idx`` dequantized (an embedding lookup)."""
+        return self.block_type.dequantize(self.data.index_select(0, idx.reshape(-1))).reshape(-1, self.shape[1])
+
+
+def dequantize(w: GgufWeight) -> torch.Tensor:
+    return w.dequantize()
+
+
+def matmul_ref(x: torch.Tensor, w: GgufWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference: x [M, k] @ dequantize(W).T (+ bias) in fp32."""
+    y = x.float() @ w.dequantize().T
+    return y if bias is None else y + bias.float()

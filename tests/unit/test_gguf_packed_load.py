@@ -1,0 +1,117 @@
+"""A GGUF's quantized weights kept as stored (models/gguf_packed.py): small random Llamas written with the gguf
+package's writer and ``gguf.quants.quantize`` load with every linear, the embeddings and the tied head packed (the
+head reads the embeddings' bytes: no second copy), and their teacher-forced log-probs match the same file
+dequantized at load (our fp32 path over gguf.quants.dequantize) within fp32 accumulation order: max |log-prob
+difference| < 1e-4 and the same argmax wherever the reference's top two differ by more than 1e-3, for every block
+type we run. A type without kernels, or a projection one of whose parts cannot stay packed, is dequantized with a
+WARNING naming the file, the tensor and its type, and ``weights_report`` says what happened to each tensor; a type
+the reader does not know is a load error naming the file, the tensor and the type."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mindie_service.devkit.quant_eval import compare, teacher_forced_logprobs
+from mindie_service.errors import ValidationError
+from mindie_service.models.loader import load_model
+from npu_ops import cpu_kernels
+from npu_ops.gguf_modules import GgufEmbedding, GgufLinear
+from tests.gguf_files import add_tensor, finish
+
+gguf = pytest.importorskip("gguf")
+pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here")
+
+HIDDEN, FFN, VOCAB, LAYERS = 64, 128, 96, 2
+T = gguf.GGMLQuantizationType
+LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def write_model(path: Path, qtype: object, overrides: dict[str, object] | None = None) -> Path:
+    """A random 2-layer Llama, tied head, every linear and the embeddings in ``qtype`` (``overrides`` per name)."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    for add, v in ((w.add_name, "tiny"), (w.add_block_count, LAYERS), (w.add_context_length, 128),
+                   (w.add_embedding_length, HIDDEN), (w.add_feed_forward_length, FFN), (w.add_head_count, 2),
+                   (w.add_head_count_kv, 1), (w.add_layer_norm_rms_eps, 1e-5), (w.add_rope_freq_base, 10000.0),
+                   (w.add_vocab_size, VOCAB)):
+        add(v)
+    rng = np.random.default_rng(0)
+    shapes = {"token_embd.weight": (VOCAB, HIDDEN), "output_norm.weight": (HIDDEN,)}
+    for b in range(LAYERS):
+        shapes.update({f"blk.{b}.attn_norm.weight": (HIDDEN,), f"blk.{b}.ffn_norm.weight": (HIDDEN,),
+                       f"blk.{b}.attn_q.weight": (HIDDEN, HIDDEN), f"blk.{b}.attn_k.weight": (HIDDEN // 2, HIDDEN),
+                       f"blk.{b}.attn_v.weight": (HIDDEN // 2, HIDDEN), f"blk.{b}.attn_output.weight": (HIDDEN, HIDDEN),
+                       f"blk.{b}.ffn_gate.weight": (FFN, HIDDEN), f"blk.{b}.ffn_up.weight": (FFN, HIDDEN),
+                       f"blk.{b}.ffn_down.weight": (HIDDEN, FFN)})
+    types = {n: qtype for n, s in shapes.items() if len(s) == 2}
+    types.update(overrides or {})
+    for name, shape in shapes.items():
+        scale = 1.0 if len(shape) == 1 else 2.0 / shape[1] ** 0.5
+        data = (rng.standard_normal(shape) * scale + (1.0 if len(shape) == 1 else 0.0)).astype(np.float32)
+        add_tensor(w, name, data, {k: v for k, v in types.items() if v is not None})
+    finish(w)
+    return path
+
+
+TOKENS = [int(t) for t in np.random.default_rng(1).integers(0, VOCAB, size=64)]
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_packed_load_matches_the_dequantized_reference(tmp_path, qtype):
+    f = write_model(tmp_path / f"{qtype}.gguf", T[qtype])
+    loaded = load_model(f, "float32", torch.device("cpu"), 128)
+    m = loaded.model
+    assert isinstance(m.embed_tokens, GgufEmbedding) and isinstance(m.lm_head, GgufLinear)
+    assert m.lm_head.parts[0] is m.embed_tokens.weight_q  # the tied head reads the embeddings' bytes
+    assert all(isinstance(mod, GgufLinear) for layer in m.layers
+               for mod in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj))
+    assert loaded.weights_report[qtype] == f"{1 + 7 * LAYERS} tensors: kept packed"
+    assert loaded.weights_report["blk.1.ffn_down.weight"] == f"{qtype}: kept packed"
+    ref = teacher_forced_logprobs(f, TOKENS, seq_len=64, chunk=16, gguf_packed=False)
+    got = teacher_forced_logprobs(f, TOKENS, seq_len=64, chunk=16)
+    assert (got - ref).abs().max() < 1e-4
+    agree = compare(qtype, ref, got, torch.tensor(TOKENS[1:]))
+    assert agree.top1_agreement == 1.0 and agree.mean_kl < 1e-8, agree
+
+
+def test_a_type_without_kernels_is_dequantized_with_a_warning(tmp_path, caplog):
+    f = write_model(tmp_path / "q5.gguf", T.Q4_0, {"blk.0.ffn_down.weight": T.Q5_0, "blk.1.attn_v.weight": T.F16})
+    with caplog.at_level(logging.WARNING):
+        loaded = load_model(f, "float32", torch.device("cpu"), 128)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("q5.gguf" in w and "blk.0.ffn_down.weight" in w and "Q5_0" in w for w in warned), warned
+    # v in F16 holds layer 1's q and k back: one projection is packed or dense as a whole
+    assert any("blk.1.attn_q.weight" in w and "blk.1.attn_v.weight is F16" in w for w in warned), warned
+    r, m = loaded.weights_report, loaded.model
+    assert r["blk.0.ffn_down.weight"] == "Q5_0: dequantized at load (no CPU kernel for Q5_0)"
+    assert r["blk.0.ffn_up.weight"] == "Q4_0: kept packed"
+    assert r["Q4_0"] == f"{1 + 7 * LAYERS - 2} tensors: 11 kept packed, the others dequantized from Q4_0 at load"
+    assert not isinstance(m.layers[0].mlp.down_proj, GgufLinear) and isinstance(m.layers[0].mlp.gate_up_proj, GgufLinear)
+    assert not isinstance(m.layers[1].self_attn.qkv_proj, GgufLinear)
+    ref = teacher_forced_logprobs(f, TOKENS, seq_len=64, chunk=16, gguf_packed=False)
+    got = teacher_forced_logprobs(f, TOKENS, seq_len=64, chunk=16)
+    assert (got - ref).abs().max() < 1e-4
+
+
+def test_a_gguf_is_dequantized_where_packing_does_not_apply(tmp_path):
+    f = write_model(tmp_path / "q8.gguf", T.Q8_0)
+    loaded = load_model(f, "float32", torch.device("cpu"), 128, quantization="w8a16")
+    assert "requantized to int8" in loaded.weights_report["Q8_0"]
+    assert not any(isinstance(mod, (GgufLinear, GgufEmbedding)) for mod in loaded.model.modules())
+
+
+def test_a_tensor_of_a_type_we_cannot_read_is_a_load_error_naming_it(tmp_path):
+    f = write_model(tmp_path / "odd.gguf", T.Q4_0)
+    raw = bytearray(f.read_bytes())
+    name = b"blk.1.ffn_up.weight"
+    at = raw.index(name) + len(name) + 4 + 2 * 8  # the name, n_dims (u32), two dims (u64): then the type (u32)
+    assert int.from_bytes(raw[at:at + 4], "little") == T.Q4_0
+    raw[at:at + 4] = (250).to_bytes(4, "little")
+    f.write_bytes(bytes(raw))
+    with pytest.raises(ValidationError) as exc:
+        load_model(f, "float32", torch.device("cpu"), 128)
+    msg = str(exc.value)
+    assert str(f) in msg and "blk.1.ffn_up.weight" in msg and "250" in msg, msg

@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""The GGUF block kernels (npu_ops/csrc/gemm_gguf.c through csrc/gguf_linear.c) against the packed fp32 linear on
+SmolLM2-135M's shapes (one layer: qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576), kernels only,
+random blocks; rounds alternate fp32 and each block type and the best of each is kept. For one row (a decode step:
+bandwidth-bound) it also prints the weight bytes each read per second. Figures only on a quiet machine.
+
+    PYTHONPATH=$PWD .venv/bin/python tools/bench_gguf_kernels.py --rows 1 8 64 --threads 2 [--kinds Q4_0 Q4_1 Q8_0]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from npu_ops import cpu_kernels  # noqa: E402
+from npu_ops.gguf_modules import GgufLinear  # noqa: E402
+from npu_ops.quant_gguf import GgufWeight, block_type  # noqa: E402
+
+SHAPES = [("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576)]
+
+
+def random_linear(kind: str, n: int, k: int) -> GgufLinear:
+    bt = block_type(kind)
+    assert bt is not None
+    raw = np.random.default_rng(n + k).integers(0, 256, size=(n, k // bt.block_size, bt.block_bytes), dtype=np.uint8)
+    raw[..., 0:2] = np.float16(0.01).reshape(1).view(np.uint8)  # a sane scale (and Q4_1's min: small)
+    return GgufLinear([GgufWeight(torch.from_numpy(raw.reshape(n, -1).copy()), kind, (n, k))])
+
+
+def best_of(call, reps: int, rounds: int) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(reps):
+            call()
+        best = min(best, (time.perf_counter() - t) / reps)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--kinds", nargs="+", default=["Q4_0", "Q4_1", "Q8_0"])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args()
+    if cpu_kernels.load() is None:
+        sys.exit("the CPU kernels are not built here")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    fp32 = [(k, n, cpu_kernels.pack_weight(torch.randn(n, k) * 0.05)) for _, k, n in SHAPES]
+    layers = {kind: [random_linear(kind, n, k) for _, k, n in SHAPES] for kind in args.kinds}
+    print(f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}")
+    for m in args.rows:
+        xs = [torch.randn(m, k) for _, k, _ in SHAPES]
+        reps = max(2, 100 // m)
+        f = best_of(lambda: [cpu_kernels.linear(x, p, n, None) for x, (_, n, p) in zip(xs, fp32)], reps, args.rounds)
+        line = f"M={m:3d} fp32 {f * 1e6:8.1f} us/layer ({sum(4 * k * n for _, k, n in SHAPES) / f / 1e9:5.1f} GB/s)"
+        for kind, ls in layers.items():
+            t = best_of(lambda: [lin(x) for x, lin in zip(xs, ls)], reps, args.rounds)
+            gbs = sum(lin.parts[0].nbytes for lin in ls) / t / 1e9
+            line += f"  {kind} {t * 1e6:8.1f} ({f / t:.2f}x, {gbs:5.1f} GB/s)"
+        print(line, flush=True)
+    print(f"load at the end {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()
