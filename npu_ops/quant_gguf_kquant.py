@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from npu_ops import cpu_kernels
+from npu_ops import cpu_kernels, quant_gguf
 
 logger = logging.getLogger(__name__)
 
@@ -104,12 +104,16 @@ class KQuantType:
     dequantize: Callable[[torch.Tensor], torch.Tensor]  # raw uint8 bytes -> fp32, flat
     kernel: str  # the C entry point (csrc/kernels.h): fp32 activations
     kernel_q8: str  # the same against int8 activations (Q8_K rows)
+    row_kernel: str  # one row dequantized (gguf_dequant_<type>: an embedding row in the fused decode step)
 
 
 KQUANT_TYPES: dict[int, KQuantType] = {t.ggml_type: t for t in (
-    KQuantType("Q4_K", 12, 144, QK_K, dequantize_q4_k, "gguf_matmul_q4_k", "gguf_matmul_q4_k_q8"),
-    KQuantType("Q5_K", 13, 176, QK_K, dequantize_q5_k, "gguf_matmul_q5_k", "gguf_matmul_q5_k_q8"),
-    KQuantType("Q6_K", 14, 210, QK_K, dequantize_q6_k, "gguf_matmul_q6_k", "gguf_matmul_q6_k_q8"),
+    KQuantType("Q4_K", 12, 144, QK_K, dequantize_q4_k, "gguf_matmul_q4_k", "gguf_matmul_q4_k_q8",
+               "gguf_dequant_q4_k"),
+    KQuantType("Q5_K", 13, 176, QK_K, dequantize_q5_k, "gguf_matmul_q5_k", "gguf_matmul_q5_k_q8",
+               "gguf_dequant_q5_k"),
+    KQuantType("Q6_K", 14, 210, QK_K, dequantize_q6_k, "gguf_matmul_q6_k", "gguf_matmul_q6_k_q8",
+               "gguf_dequant_q6_k"),
 )}
 BY_NAME: dict[str, KQuantType] = {t.name: t for t in KQUANT_TYPES.values()}
 
@@ -131,6 +135,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         for name in (t.kernel, t.kernel_q8):
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = [_P, _I64, _I64, _P, _I64, _P], None
+        row = getattr(lib, t.row_kernel)
+        row.argtypes, row.restype = [_P, _I64, _P], None
     return lib
 
 
@@ -184,3 +190,17 @@ def matmul_q5_k(x: torch.Tensor, raw: torch.Tensor, n_out: int, k: int) -> torch
 
 def matmul_q6_k(x: torch.Tensor, raw: torch.Tensor, n_out: int, k: int) -> torch.Tensor:
     return matmul(x, raw, "Q6_K", n_out, k)
+
+
+def _register() -> None:
+    """Each K-quant into quant_gguf's table (which imports this module the first time it looks a type up): GGUF
+    linears and embeddings of these types load packed, on the fp32-activation kernels (the packed path's numerics:
+    exactly the dequantized values, fp32 sums)."""
+    for t in KQUANT_TYPES.values():
+        def rows(raw: torch.Tensor, deq: Callable[[torch.Tensor], torch.Tensor] = t.dequantize) -> torch.Tensor:
+            return deq(raw).reshape(*raw.shape[:-1], -1)  # the table's contract keeps the leading dims
+        quant_gguf.register(quant_gguf.BlockType(t.name, t.ggml_type, t.block_size, t.block_bytes, rows, t.kernel,
+                                                 t.row_kernel))
+
+
+_register()

@@ -339,37 +339,58 @@ static void rows_panels(int type, const uint8_t *w, int64_t p0, int64_t p1, int6
     }
 }
 
+/* The calling thread's share of gguf_matmul_<type>'s work: a contiguous share of W's rows within the calling team,
+ * or all of them where it runs alone (inside another team: a kernel called from the fused decoder or
+ * gguf_linear.c's team). 0, or 3 without its decode buffer. */
+static int kquant_share(int type, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y,
+                        int alone) {
+    int64_t n0 = 0, n1 = n_out;
+#ifdef __AVX2__
+    if (m <= ROWS_FUSED) {
+        if (!alone) team_share(n_out, &n0, &n1);
+        if (m > 0) FUSED_FNS[type][m - 1](w, n0, n1, n_out, k, x, y);
+        return 0;
+    }
+#endif
+    n1 = (n_out + NR - 1) / NR;
+    if (!alone) team_share(n1, &n0, &n1);
+    float *panel = malloc((size_t)k * NR * sizeof(float));
+    if (panel == NULL) return 3;
+    rows_panels(type, w, n0, n1, n_out, k, x, m, y, panel);
+    free(panel);
+    return 0;
+}
+
 /* gguf_matmul_<type>'s work by every thread of the calling team (serial outside a parallel region): each takes
  * a contiguous share of W's rows. Returns 0, or 3 where a thread could not get its decode buffer. Ends on the
  * team's barrier. */
 int gguf_matmul_kquant_team(int type, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m,
                             float *y) {
-    int64_t n0, n1;
-#ifdef __AVX2__
-    if (m <= ROWS_FUSED) {
-        team_share(n_out, &n0, &n1);
-        if (m > 0) FUSED_FNS[type][m - 1](w, n0, n1, n_out, k, x, y);
-        team_barrier();
-        return 0;
-    }
-#endif
-    team_share((n_out + NR - 1) / NR, &n0, &n1);
-    int rc = 0;
-    float *panel = malloc((size_t)k * NR * sizeof(float));
-    if (panel == NULL)
-        rc = 3;
-    else
-        rows_panels(type, w, n0, n1, n_out, k, x, m, y, panel);
-    free(panel);
+    const int rc = kquant_share(type, w, n_out, k, x, m, y, 0);
     team_barrier();
     return rc;
 }
 
+/* quant_gguf's kernel contract: a team of its own, or the calling thread alone inside any team (a team of 1
+ * included), with no barrier of the caller's team taken */
 static void matmul(int type, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
     if (k % QK != 0) return;  /* the Python wrapper refuses it first; never read past a row */
+    if (omp_get_level() > 0) {
+        kquant_share(type, w, n_out, k, x, m, y, 1);
+        return;
+    }
 #pragma omp parallel
     gguf_matmul_kquant_team(type, w, n_out, k, x, m, y);
 }
+
+/* one row of k values (k / 256 super-blocks) dequantized: an embedding row in the fused decode step */
+static void dequant_row(int type, const uint8_t *w, int64_t k, float *out) {
+    for (int64_t b = 0; b < k / QK; ++b) gguf_kquant_decode_block(type, w + b * BLOCK_BYTES[type], out + b * QK);
+}
+
+void gguf_dequant_q4_k(const uint8_t *w, int64_t k, float *out) { dequant_row(Q4K, w, k, out); }
+void gguf_dequant_q5_k(const uint8_t *w, int64_t k, float *out) { dequant_row(Q5K, w, k, out); }
+void gguf_dequant_q6_k(const uint8_t *w, int64_t k, float *out) { dequant_row(Q6K, w, k, out); }
 
 void gguf_matmul_q4_k(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
     matmul(Q4K, w, n_out, k, x, m, y);

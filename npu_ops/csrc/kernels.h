@@ -57,6 +57,10 @@ int linear_w8i16_f32(const float *x, int64_t M, int64_t K, const int8_t *wp, con
 void gguf_matmul_q4_k(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 void gguf_matmul_q5_k(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 void gguf_matmul_q6_k(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+/* one row of k values dequantized (an embedding row; quant_gguf's row_kernel) */
+void gguf_dequant_q4_k(const uint8_t *w, int64_t k, float *out);
+void gguf_dequant_q5_k(const uint8_t *w, int64_t k, float *out);
+void gguf_dequant_q6_k(const uint8_t *w, int64_t k, float *out);
 /* the same against int8 activations, each row quantized per 256 columns as llama.cpp's Q8_K (gemm_kquant_q8.c;
  * quant_gguf_kquant.matmul_q8): for the bandwidth-bound few-row case */
 void gguf_matmul_q4_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
