@@ -194,6 +194,9 @@ def _operation(path: str, method: str, cls: type) -> dict[str, Any]:
     content = {"application/json": {"schema": _ref(ok) if ok else _ANY}}
     if ok in ("Completion", "Message", "Response"):
         content["text/event-stream"] = {"schema": {"type": "string"}}
+    if path.endswith("/generate_stream"):  # events whose data is a TritonGenerateResponse (or, last, a V2Error)
+        content["text/event-stream"] = {"schema": {"type": "object", "required": ["data"],
+                                                   "properties": {"data": {"type": "string"}}}}
     op: dict[str, Any] = {
         "summary": doc, "operationId": f"{method}_{re.sub(r'[^A-Za-z0-9]+', '_', path).strip('_') or 'root'}",
         "responses": {"200": {"description": "OK", **({"content": content} if ok else {})},
