@@ -6,9 +6,9 @@ same field table: protocol.mindie) plus two parameters of its own:
 - ``timeout``: the request's own deadline in seconds, (0, 3600], MindIE's default 600; the call (queueing
   included) ends with a 504 ``timeout`` error when it passes first, or with ServerConfig.e2eTimeout when
   that is sooner.
-- ``priority``: MindIE's request priority, [1, 5], lower is more urgent, default 5. The scheduler's queues
-  order online requests ahead of batch-job lines only, not by a client's level yet: any value but the
-  default is refused, naming the field, rather than taken and ignored.
+- ``priority``: MindIE's request priority, [1, 5], lower is more urgent, default 5. The scheduler takes it
+  as its rank (engine.sched.order, vLLM's convention: lower first, 0 the default): ``priority - 5``, so
+  every other route's requests (rank 0) rank as MindIE's default; 1 is the most urgent.
 
 The answer is one JSON object (``/`` answers a one-element list); the stream is ``/``'s frames."""
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mindie_service.errors import ValidationError
 from mindie_service.params.ranges import Range, closed
 from mindie_service.params.rule import Field, FieldTable, Rule, read_fields
 from mindie_service.protocol.mindie import parse_mindie_request
@@ -39,18 +38,15 @@ class InferRequest:
 
     gen: GenerationRequest
     timeout: float = DEFAULT_TIMEOUT_S
+    rank: int = 0  # the scheduler's rank: priority - DEFAULT_PRIORITY
 
 
 def parse_infer_request(body: dict[str, Any], limits: ProtocolLimits) -> InferRequest:
     """``{"inputs", "stream"?, "parameters"?}`` -> InferRequest; ValidationError (422) on bad input."""
     gen = parse_mindie_request(body, limits)
     extra = read_fields(require_object(body.get("parameters"), "parameters"), _INFER)
-    priority = extra.get("priority", DEFAULT_PRIORITY)
-    if priority != DEFAULT_PRIORITY:
-        raise ValidationError(f"Parameter priority must be {DEFAULT_PRIORITY} (the default): request priorities "
-                              f"are not scheduled yet (online requests run first come, first served), "
-                              f"got {priority}")
-    return InferRequest(gen, float(extra.get("timeout", DEFAULT_TIMEOUT_S)))
+    rank = extra.get("priority", DEFAULT_PRIORITY) - DEFAULT_PRIORITY
+    return InferRequest(gen, float(extra.get("timeout", DEFAULT_TIMEOUT_S)), rank)
 
 
 class InferEncoder(MindieEncoder):

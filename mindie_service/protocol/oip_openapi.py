@@ -14,7 +14,7 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
     "InferRequest": {"type": "object", "required": ["inputs"], "properties": {
         "inputs": {"oneOf": [{"type": "string"}, {"type": "array"}]}, "stream": {"type": "boolean"},
         "parameters": {"type": "object", "properties": {
-            "priority": {"type": "integer", "minimum": 1, "maximum": 5, "description": "5 only (not scheduled yet)"},
+            "priority": {"type": "integer", "minimum": 1, "maximum": 5, "description": "1 most urgent, 5 the default"},
             "timeout": {"type": "integer", "exclusiveMinimum": 0, "maximum": 3600}}}},
         "description": "MindIE POST /infer: POST /'s body; the answer is one object."},
     "TritonGenerateRequest": {"type": "object", "required": ["text_input"], "properties": {

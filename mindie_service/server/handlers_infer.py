@@ -15,14 +15,15 @@ class InferHandler(GenerationHandler):
     """POST /infer: MindIE's native route (POST /'s body plus parameters.priority and .timeout)."""
 
     timeout: float = DEFAULT_TIMEOUT_S
+    rank: int = 0
 
     def parse(self, body: dict[str, Any]) -> GenerationRequest:
         req = parse_infer_request(body, self.ctx.limits)
-        self.timeout = req.timeout
+        self.timeout, self.rank = req.timeout, req.rank
         return req.gen
 
     def submission(self, req: GenerationRequest) -> Submission:
-        return dataclasses.replace(super().submission(req), timeout=self.timeout)
+        return dataclasses.replace(super().submission(req), timeout=self.timeout, rank=self.rank)
 
     @property
     def encoder(self) -> Encoder:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import weakref
@@ -48,6 +49,7 @@ class Submission:
     session_ids: Sequence[str | None] = ()
     slots: int = 1
     timeout: float | None = None  # the call's own deadline in seconds (MindIE /infer), when sooner than e2eTimeout
+    rank: int = 0  # its request priority in the scheduler, lower first (EngineRequest.rank: vLLM's convention)
 
 
 @dataclass
@@ -164,6 +166,8 @@ class Frontend:
                 ereqs = await asyncio.gather(*(
                     self.engine_request(engine, p, sub.params, rid, truncate=sub.truncate, session_id=key)
                     for p, rid, key in zip(sub.prompts, sub.request_ids, keys)))
+                if sub.rank:
+                    ereqs = [dataclasses.replace(e, rank=sub.rank) for e in ereqs]
                 async with self._run(engine, list(ereqs), sub.best_of, t0, limits) as run:
                     yield run
 

@@ -43,11 +43,11 @@ def test_infer_stream_as_root(srv, expected):
     assert frames[-1]["details"]["finish_reason"] == expected["details"]["finish_reason"]
 
 
-@pytest.mark.parametrize("params, needle", [({"priority": 1}, "priority"), ({"priority": 6}, "priority"),
+@pytest.mark.parametrize("params, needle", [({"priority": 0}, "priority"), ({"priority": 6}, "priority"),
                                             ({"timeout": 0}, "timeout"), ({"timeout": 3601}, "timeout")])
 def test_infer_refusals_in_mindie_shape(srv, params, needle):
     r = srv.post("/infer", {"inputs": PROMPT, "parameters": params})
-    assert r.status_code == 422 and r.json()["error_type"] == "validation" and needle in r.json()["error"]
+    assert r.status_code == 422 and r.json()["error_type"] == "validation" and needle in r.json()["error"], r.text
 
 
 @pytest.mark.parametrize("base", ["/v2/models/tiny", "/v2/models/tiny/versions/1"])

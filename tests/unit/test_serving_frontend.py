@@ -138,3 +138,20 @@ def test_a_requests_own_timeout_bounds_its_wait_for_admission():
 def test_a_timeout_later_than_e2e_leaves_e2e_in_force():
     assert Timeouts(token=5.0, e2e=60.0).capped(600.0, "parameters.timeout") == Timeouts(token=5.0, e2e=60.0)
     assert Timeouts(token=5.0, e2e=60.0).capped(2.0, "x") == Timeouts(token=2.0, e2e=2.0, e2e_name="x")
+
+
+def test_a_calls_rank_reaches_every_engine_request():
+    fe, engine, _ = frontend()
+    seen = []
+    real = engine.generate
+
+    def spy(ereq):
+        seen.append(ereq)
+        return real(ereq)
+    engine.generate = spy
+
+    async def main():
+        async with fe.open(submission(engine, ["a", "b"], rank=-3), time.monotonic()) as run:
+            await run.results()
+    asyncio.run(main())
+    assert [e.rank for e in seen] == [-3, -3]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
-from operator import attrgetter
 from typing import Protocol
 
 from mindie_service.engine.sched.admit_rules import queue_delay, reservation_blocks, room_for
@@ -40,6 +39,7 @@ from mindie_service.engine.sched.chunks import chunk as _chunk, prefilling as _p
 from mindie_service.engine.step import SchedulerOutput
 from mindie_service.engine.kv.swap import HostBlockPool, swap_in, swap_out
 from mindie_service.engine.contract import PRIORITY_ONLINE
+from mindie_service.engine.sched.order import urgency
 
 logger = logging.getLogger(__name__)
 
@@ -76,14 +76,14 @@ class Scheduler:
         self._enqueue(seq)
 
     def _enqueue(self, seq: Sequence, front: bool = False, queue: deque[Sequence] | None = None) -> None:
-        """Online requests wait ahead of batch-job lines (engine.contract.PRIORITY_*); within a priority first
-        come, first served, and a preempted request goes back to the front of its priority."""
+        """In urgency order (engine.sched.order: class, then request priority); within one first come, first
+        served, and a preempted request goes back to the front of its own."""
         w = self.waiting if queue is None else queue
-        if not front and (not w or w[-1].priority <= seq.priority):
+        key = urgency(seq)
+        if not front and (not w or urgency(w[-1]) <= key):
             w.append(seq)
             return
-        at = next((k for k, q in enumerate(w) if (q.priority >= seq.priority if front else q.priority > seq.priority)),
-                  len(w))
+        at = next((k for k, q in enumerate(w) if (urgency(q) >= key if front else urgency(q) > key)), len(w))
         w.insert(at, seq)
 
     def has_work(self) -> bool:
@@ -169,7 +169,7 @@ class Scheduler:
         budget = self.cfg.max_prefill_tokens
         # Online requests first, batch-job lines last (stable: oldest first within each), so that the pool's
         # last blocks go to online traffic and preemption takes the newest batch line first.
-        self.running.sort(key=attrgetter("priority"))
+        self.running.sort(key=urgency)  # and within each, by request priority (the victim is the least urgent)
         yielded = self._make_room_for_online(out)
         allow = step_allowance(self.cfg, self.running, online_pressed(self.running, self._next_to_admit()),
                                self.batch_turns)
@@ -301,7 +301,7 @@ class Scheduler:
 
     def _next_to_admit(self) -> Sequence | None:
         """The swapped head before the waiting head of the same or a lower priority (vLLM's order)."""
-        if self.swapped and (not self.waiting or self.swapped[0].priority <= self.waiting[0].priority):
+        if self.swapped and (not self.waiting or urgency(self.swapped[0]) <= urgency(self.waiting[0])):
             return self.swapped[0]
         return self.waiting[0] if self.waiting else None
 

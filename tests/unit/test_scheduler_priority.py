@@ -1,0 +1,67 @@
+"""Request priority (EngineRequest.rank, vLLM's convention: lower first) in the real scheduler on hand-made
+steps: the waiting queue orders by (class, rank, arrival), a preempted request goes back to the front of its own
+rank, and preemption takes the least urgent (then newest) running request first."""
+from __future__ import annotations
+
+from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.engine.contract import PRIORITY_BATCH
+from mindie_service.engine.kv.block_manager import BlockManager
+from mindie_service.engine.sched.scheduler import Scheduler
+from mindie_service.engine.sequence import Sequence, SeqStatus
+from mindie_service.sampling_params import SamplingParams
+
+
+def _sched(blocks: int = 64, **kw) -> Scheduler:
+    cfg = EngineConfig(model="x", cache_block_size=4, max_seq_len=256, max_input_token_len=64, max_prefill_tokens=256,
+                       max_preempt_count=kw.get("max_batch_size", 8), **kw)
+    return Scheduler(cfg, BlockManager(blocks, 4, enable_prefix_caching=False))
+
+
+def _seq(i: int, rank: int = 0, n: int = 4, priority: int = 0) -> Sequence:
+    return Sequence(f"r{i}", [i + 10] * n, SamplingParams(max_tokens=8), 8, seed=0, rank=rank, priority=priority)
+
+
+def _step(s: Scheduler):
+    out = s.schedule()
+    s.update(out, {c.request_id: 1 for c in out.sampled}, {})
+    return out
+
+
+def test_waiting_queue_orders_by_rank_then_arrival_and_online_before_batch():
+    s = _sched()
+    for seq in (_seq(0), _seq(1, rank=2), _seq(2, rank=-1), _seq(3, priority=PRIORITY_BATCH, rank=-4),
+                _seq(4, rank=-1), _seq(5)):
+        s.add(seq)
+    assert [q.request_id for q in s.waiting] == ["r2", "r4", "r0", "r5", "r1", "r3"]
+
+
+def test_a_more_urgent_request_is_admitted_first_when_one_slot_frees():
+    s = _sched(max_batch_size=1, max_prefill_batch_size=1)
+    s.add(_seq(0))
+    _step(s)  # r0 runs
+    s.add(_seq(1))
+    s.add(_seq(2, rank=-3))  # arrives later, more urgent
+    s.finish(s.running[0])
+    assert [c.request_id for c in _step(s).prefills] == ["r2"]
+
+
+def test_preemption_takes_the_least_urgent_running_request_first():
+    s = _sched(blocks=4, max_batch_size=4, max_prefill_batch_size=4)
+    low, high = _seq(0, rank=3), _seq(1, rank=-2)  # the low one arrives first: age alone would keep it
+    s.add(low)
+    s.add(high)
+    assert len(_step(s).prefills) == 2  # one block each
+    for _ in range(4):  # each takes its second block
+        _step(s)
+    out = s.schedule()  # both need a third, none is free
+    assert out.preempted == ["r0"] and low.status is SeqStatus.WAITING
+    assert [c.request_id for c in out.decodes] == ["r1"]
+
+
+def test_a_preempted_request_waits_ahead_of_its_rank_but_behind_more_urgent_ones():
+    s = _sched()
+    s.add(_seq(0, rank=1))
+    s.add(_seq(1, rank=-1))
+    back = _seq(2, rank=1)
+    s._enqueue(back, front=True)  # as _preempt puts a preempted request back
+    assert [q.request_id for q in s.waiting] == ["r1", "r2", "r0"]
