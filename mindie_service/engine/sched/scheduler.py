@@ -5,9 +5,9 @@ request that is decoding, the next piece of its prompt for one that is still pre
 tokens are bounded per step by ``maxPrefillTokens`` (the step's token budget, vLLM's
 max_num_batched_tokens; the running requests' decode tokens ride along), so a long prompt is
 computed over several steps while the others keep streaming, instead of stalling them all for
-its whole prefill. New requests are admitted first come, first served (the head of the queue is
-never skipped) within maxBatchSize, maxPrefillBatchSize, free blocks and the LoRA pool's slots.
-When blocks run out the newest running request is preempted: its K/V is copied to the host pool
+its whole prefill. New requests are admitted by urgency (engine.sched.order), then first come first
+served (the head of the queue is never skipped) within maxBatchSize, maxPrefillBatchSize, free blocks and
+the LoRA pool's slots. When blocks run out the least urgent, newest running request is preempted: its K/V is copied to the host pool
 when there is room (ModelConfig.cpuMemSize, engine.kv.swap; it waits in the swapped queue, ahead of
 new requests of its priority, and resumes where it was), else its blocks are freed and it is
 recomputed later from its prompt plus the tokens it already produced.
@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping
+from operator import attrgetter
 from typing import Protocol
 
 from mindie_service.engine.sched.admit_rules import queue_delay, reservation_blocks, room_for
@@ -167,9 +168,8 @@ class Scheduler:
         decodes: list[Sequence] = []
         prefills: list[tuple[Sequence, int]] = []  # (sequence, tokens this step)
         budget = self.cfg.max_prefill_tokens
-        # Online requests first, batch-job lines last (stable: oldest first within each), so that the pool's
-        # last blocks go to online traffic and preemption takes the newest batch line first.
-        self.running.sort(key=urgency)  # and within each, by request priority (the victim is the least urgent)
+        # Most urgent first (stable: oldest first within each): the last blocks go to online traffic, preemption
+        self.running.sort(key=urgency)  # takes the newest batch line, else the least urgent request, first
         yielded = self._make_room_for_online(out)
         allow = step_allowance(self.cfg, self.running, online_pressed(self.running, self._next_to_admit()),
                                self.batch_turns)
