@@ -63,7 +63,8 @@ def test_oip_input_ids_rows_and_nested_data():
       "parameters": {"details": True}}, "details"),
     ({"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["a"]}],
       "outputs": [{"name": "logits"}]}, "outputs"),
-    ({"inputs": [{"name": "input_ids", "shape": [1, 1], "datatype": "INT64", "data": [-1]}]}, "token ids")])
+    ({"inputs": [{"name": "input_ids", "shape": [1, 1], "datatype": "INT64", "data": [-1]}]}, "token ids"),
+    ({"inputs": [{"name": "text_input", "shape": [2], "datatype": "BYTES", "data": ["a"]}]}, "2 elements")])
 def test_oip_refusals(body, needle):
     with pytest.raises(ValidationError, match=needle):
         parse_infer(body, LIMITS)
