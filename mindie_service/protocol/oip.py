@@ -4,7 +4,8 @@ docs/predict-api/v2/required_api.md): server and model metadata, and ``POST /v2/
 A model takes one input: ``text_input`` (BYTES, shape [B] or [B, 1]: B prompts) or ``input_ids`` (INT32 or
 INT64, shape [L] or [B, L]: token ids); ``parameters`` are MindIE's sampling fields (protocol.mindie's table).
 It answers ``text_output`` (BYTES, [B]) and, when asked for in ``outputs``, ``output_ids`` (INT64, [B, N],
-rows padded with -1). JSON tensors only (the binary tensor extension is refused by name). Errors: ``{"error"}``."""
+rows padded with -1). Binary input tensors (Triton's extension) are decoded by protocol.oip_binary; answers are
+JSON. Errors: ``{"error"}``."""
 from __future__ import annotations
 
 import dataclasses
@@ -63,8 +64,9 @@ def _flat(data: Any, name: str) -> list[Any]:
 
 def _prompts(t: dict[str, Any]) -> list[TextPrompt | TokensPrompt]:
     name, dtype = t.get("name"), t.get("datatype")
-    check("parameters" not in t or "binary_data_size" not in (t.get("parameters") or {}), f"{name}.parameters",
-          "without binary_data_size (the binary tensor extension is not supported: send JSON data)", t.get("parameters"))
+    check(not isinstance(t.get("parameters"), dict) or "binary_data_size" not in t["parameters"],
+          f"{name}.parameters.binary_data_size", "absent from a JSON body (binary data needs the "
+          "Inference-Header-Content-Length header)", (t.get("parameters") or {}).get("binary_data_size"))
     shape, data = _shape(t, str(name)), _flat(t.get("data"), str(name))
     size = shape[0] * (shape[1] if len(shape) == 2 else 1)
     check(len(data) == size, f"{name}.data", f"{size} elements (shape {shape})", len(data))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mindie_service.errors import MindieError, UnhealthyError, ValidationError
+from mindie_service.errors import MindieError, UnhealthyError
 from mindie_service.protocol.encoders import Encoder
+from mindie_service.protocol.oip_binary import read_binary_request
 from mindie_service.protocol.oip import OipRequest, infer_response, model_metadata, parse_infer, server_metadata
 from mindie_service.protocol.request import GenerationRequest
 from mindie_service.protocol.validation import parse_json_body
@@ -85,9 +86,9 @@ class OipInferHandler(V2Errors, StreamingHandler):
             tally.ok = await self.serve(self._infer(model, tally.t0))
 
     def _body(self) -> OipRequest:
-        if self.request.headers.get("Inference-Header-Content-Length") is not None:
-            raise ValidationError("Header Inference-Header-Content-Length (the binary tensor extension) is not "
-                                  "supported: send the tensors as JSON (binary_data=False)")
+        header = self.request.headers.get("Inference-Header-Content-Length")
+        if header is not None:  # the binary tensor extension (tritonclient's default for inputs)
+            return parse_infer(read_binary_request(self.body(), header), self.ctx.limits)
         # tritonclient sends its JSON body with no Content-Type: JSON is this route's only body
         ctype = self.request.headers.get("Content-Type") or "application/json"
         return parse_infer(parse_json_body(self.body(), ctype), self.ctx.limits)

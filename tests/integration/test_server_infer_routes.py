@@ -95,6 +95,18 @@ def test_tritonclient_unmodified(srv, expected):
                        outputs=[httpclient.InferRequestedOutput("text_output", binary_data=False)])
     assert [x.decode() if isinstance(x, bytes) else x for x in res.as_numpy("text_output")] == \
         [expected["generated_text"]]
+    # the client's defaults: binary input tensors (its binary extension), outputs unnamed
+    text = httpclient.InferInput("text_input", [2], "BYTES")
+    text.set_data_from_numpy(np.array([PROMPT.encode(), PROMPT.encode()], dtype=object))
+    res = client.infer("tiny", [text], parameters={"max_new_tokens": 12})
+    assert [x.decode() if isinstance(x, bytes) else x for x in res.as_numpy("text_output")] == \
+        [expected["generated_text"]] * 2
+    prompt_ids = srv.post("/v1/tokenizer", {"inputs": PROMPT}).json()["tokens"]
+    ids = httpclient.InferInput("input_ids", [1, len(prompt_ids)], "INT32")
+    ids.set_data_from_numpy(np.array([prompt_ids], dtype=np.int32))
+    res = client.infer("tiny", [ids], parameters={"max_new_tokens": 12},
+                       outputs=[httpclient.InferRequestedOutput("output_ids")])
+    assert list(res.as_numpy("output_ids")[0]) == [t["id"] for t in expected["details"]["tokens"]]
 
 
 @pytest.mark.parametrize("method, path, body", [

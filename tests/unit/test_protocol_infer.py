@@ -76,3 +76,35 @@ def test_unknown_model_or_version_is_not_found():
         resolve_model("other", None, "tiny")
     with pytest.raises(NotFoundError, match="version 2"):
         resolve_model("tiny", "2", "tiny")
+
+
+def _binary(header: dict, payload: bytes) -> tuple[bytes, str]:
+    import json
+
+    head = json.dumps(header).encode()
+    return head + payload, str(len(head))
+
+
+def test_binary_tensors_decode_as_triton_sends_them():
+    from mindie_service.protocol.oip_binary import read_binary_request
+
+    texts = b"".join(len(s).to_bytes(4, "little") + s for s in (b"hi", "h\u00e9".encode()))
+    raw, n = _binary({"inputs": [{"name": "text_input", "shape": [2], "datatype": "BYTES",
+                                  "parameters": {"binary_data_size": len(texts)}}]}, texts)
+    assert [g.prompt for g in parse_infer(read_binary_request(raw, n), LIMITS).gens] == \
+        [TextPrompt("hi"), TextPrompt("h\u00e9")]
+    ids = b"".join(v.to_bytes(8, "little") for v in (5, 7, 9))
+    raw, n = _binary({"inputs": [{"name": "input_ids", "shape": [1, 3], "datatype": "INT64",
+                                  "parameters": {"binary_data_size": len(ids)}}]}, ids)
+    assert parse_infer(read_binary_request(raw, n), LIMITS).gens[0].prompt == TokensPrompt((5, 7, 9))
+
+
+@pytest.mark.parametrize("size, extra, needle", [(9, b"", "binary_data_size"), (6, b"", "a multiple of 4"),
+                                                 (8, b"zz", "header bytes plus")])
+def test_binary_body_that_disagrees_with_its_sizes_is_refused(size, extra, needle):
+    from mindie_service.protocol.oip_binary import read_binary_request
+
+    raw, n = _binary({"inputs": [{"name": "input_ids", "shape": [2], "datatype": "INT32",
+                                  "parameters": {"binary_data_size": size}}]}, (1).to_bytes(4, "little") * 2 + extra)
+    with pytest.raises(ValidationError, match=needle):
+        read_binary_request(raw, n)
