@@ -108,3 +108,14 @@ def test_binary_body_that_disagrees_with_its_sizes_is_refused(size, extra, needl
                                   "parameters": {"binary_data_size": size}}]}, (1).to_bytes(4, "little") * 2 + extra)
     with pytest.raises(ValidationError, match=needle):
         read_binary_request(raw, n)
+
+
+def test_triton_answers_and_errors_in_its_shape():
+    from mindie_service.errors import GenerationError
+    from mindie_service.protocol.triton_generate import ModelRef, TritonEncoder
+
+    enc = TritonEncoder(ModelRef("tiny"), "c7")
+    req = parse_generate_request({"text_input": "hi"}, LIMITS, stream=False)
+    assert enc.complete(req, [GenerationResult(full_text="ok")]) == \
+        {"id": "c7", "model_name": "tiny", "model_version": "1", "text_output": "ok"}
+    assert enc.stream_error(GenerationError("boom")) == b'data: {"error":"boom"}\n\n'
