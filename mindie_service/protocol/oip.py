@@ -64,9 +64,11 @@ def _flat(data: Any, name: str) -> list[Any]:
 
 def _prompts(t: dict[str, Any]) -> list[TextPrompt | TokensPrompt]:
     name, dtype = t.get("name"), t.get("datatype")
-    check(not isinstance(t.get("parameters"), dict) or "binary_data_size" not in t["parameters"],
-          f"{name}.parameters.binary_data_size", "absent from a JSON body (binary data needs the "
-          "Inference-Header-Content-Length header)", (t.get("parameters") or {}).get("binary_data_size"))
+    params = t.get("parameters")
+    check(params is None or isinstance(params, dict), f"{name}.parameters", "an object", params)
+    check(not params or "binary_data_size" not in params, f"{name}.parameters.binary_data_size",
+          "absent from a JSON body (binary data needs the Inference-Header-Content-Length header)",
+          (params or {}).get("binary_data_size"))
     shape, data = _shape(t, str(name)), _flat(t.get("data"), str(name))
     size = shape[0] * (shape[1] if len(shape) == 2 else 1)
     check(len(data) == size, f"{name}.data", f"{size} elements (shape {shape})", len(data))
@@ -87,9 +89,11 @@ def _outputs(body: dict[str, Any]) -> tuple[str, ...]:
     outs = body.get("outputs")
     if outs is None:
         return ("text_output",)
-    check(isinstance(outs, list) and all(isinstance(o, dict) for o in outs), "outputs", "a list of objects", outs)
+    check(isinstance(outs, list) and outs and all(isinstance(o, dict) for o in outs), "outputs",
+          "a non-empty list of objects", outs)
     names = tuple(o.get("name") for o in outs)
-    check(all(n in _OUT_NAMES for n in names), "outputs[].name", f"one of {sorted(_OUT_NAMES)}", names)
+    check(all(isinstance(n, str) and n in _OUT_NAMES for n in names), "outputs[].name",
+          f"one of {sorted(_OUT_NAMES)}", names)
     return names
 
 

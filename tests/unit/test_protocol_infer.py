@@ -64,7 +64,14 @@ def test_oip_input_ids_rows_and_nested_data():
     ({"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["a"]}],
       "outputs": [{"name": "logits"}]}, "outputs"),
     ({"inputs": [{"name": "input_ids", "shape": [1, 1], "datatype": "INT64", "data": [-1]}]}, "token ids"),
-    ({"inputs": [{"name": "text_input", "shape": [2], "datatype": "BYTES", "data": ["a"]}]}, "2 elements")])
+    ({"inputs": [{"name": "text_input", "shape": [2], "datatype": "BYTES", "data": ["a"]}]}, "2 elements"),
+    # schemathesis' finds: a list where an object belongs, no outputs at all
+    ({"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["a"],
+                  "parameters": [None, None]}]}, "text_input.parameters must be an object"),
+    ({"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["a"]}], "outputs": []},
+     "non-empty"),
+    ({"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["a"]}],
+      "outputs": [{"name": ["text_output"]}]}, "outputs")])
 def test_oip_refusals(body, needle):
     with pytest.raises(ValidationError, match=needle):
         parse_infer(body, LIMITS)
