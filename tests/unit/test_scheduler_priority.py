@@ -66,3 +66,47 @@ def test_a_preempted_request_waits_ahead_of_its_rank_but_behind_more_urgent_ones
     back = _seq(2, rank=1)
     s._enqueue(back, front=True)  # as _preempt puts a preempted request back
     assert [q.request_id for q in s.waiting] == ["r1", "r2", "r0"]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _clocked(clock: _Clock) -> Scheduler:
+    cfg = EngineConfig(model="x", cache_block_size=4, max_seq_len=256, max_input_token_len=64, max_prefill_tokens=256,
+                       max_batch_size=1, max_prefill_batch_size=1, max_queue_delay_microseconds=0)
+    return Scheduler(cfg, BlockManager(64, 4, enable_prefix_caching=False), clock=clock)
+
+
+def test_no_request_starves_behind_a_flow_of_more_urgent_ones():
+    from mindie_service.engine.sched.order import AGING_S
+
+    clock = _Clock()
+    s = _clocked(clock)
+    s.add(_seq(0))
+    _step(s)  # r0 holds the only slot
+    s.add(_seq(1, rank=2))  # the least urgent, first to wait
+    clock.t = AGING_S / 2
+    s.add(_seq(2, rank=-1))
+    s.finish(s.running[0])
+    assert [c.request_id for c in _step(s).prefills] == ["r2"]  # not aged yet: the urgent one first
+    clock.t = AGING_S
+    s.add(_seq(3, rank=-1))  # still more urgent work arriving
+    s.finish(s.running[0])
+    assert [c.request_id for c in _step(s).prefills] == ["r1"]  # waited AGING_S: served first
+
+
+def test_equal_ranks_are_first_come_first_served_whatever_the_wait():
+    from mindie_service.engine.sched.order import AGING_S
+
+    clock = _Clock()
+    s = _clocked(clock)
+    for i in range(3):
+        s.add(_seq(i))
+    clock.t = 3 * AGING_S
+    _step(s)
+    assert [q.request_id for q in s.waiting] == ["r1", "r2"]

@@ -40,7 +40,7 @@ from mindie_service.engine.sched.chunks import chunk as _chunk, prefilling as _p
 from mindie_service.engine.step import SchedulerOutput
 from mindie_service.engine.kv.swap import HostBlockPool, swap_in, swap_out
 from mindie_service.engine.contract import PRIORITY_ONLINE
-from mindie_service.engine.sched.order import urgency
+from mindie_service.engine.sched.order import promote_aged, urgency
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,6 @@ class Scheduler:
         logger.debug("preempted %s (%d tokens, %s)", seq.request_id, seq.num_tokens,
                      "swapped out" if swapped else "to recompute")
 
-    # ------------------------------------------------------------ swapping (engine.kv.swap)
     def _swap_out(self, seq: Sequence, out: SchedulerOutput) -> bool:
         """Free ``seq``'s device blocks, first copying their K/V to the host pool when it has room and
         ``seq`` is decoding (a prompt cut short is cheaper to recompute)."""
@@ -160,8 +159,9 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         if self.host is not None:
             self.host.step_done()  # the previous step's copies ran: its swap-ins' host blocks are free
-        hold = queue_delay(self.cfg, self.waiting, bool(self.running or self.swapped),
-                           self.clock() if self.clock is not None else None)
+        now = self.clock() if self.clock is not None else None
+        promote_aged(self.waiting, now)  # no request starves behind more urgent ones (engine.sched.order)
+        hold = queue_delay(self.cfg, self.waiting, bool(self.running or self.swapped), now)
         if hold > 0:
             return SchedulerOutput(hold_s=hold)
         out = SchedulerOutput()
