@@ -35,6 +35,7 @@ class EngineRequest:
     # Content hashes of every media item, folded into prefix-cache keys.
     mm_hashes: tuple[str, ...] = ()
     priority: int = PRIORITY_ONLINE
+    rank: int = 0  # the client's request priority within its class, vLLM's convention: lower first, 0 default
     # The client's session key (/api/* request_id): the engine keeps the finished sequence under it.
     session_id: str | None = None
     continued: bool = False  # the prompt is that session's tokens (a continuation)

@@ -147,7 +147,7 @@ class LLMEngine:
             check_beam_request(req, max(1, max_output), self.blocks.blocks_needed, self.blocks.num_blocks,
                                self.cfg.max_batch_size)
         seq = Sequence(rid, ids, p, max(1, max_output), seed, cache_key=cache_key, mm_inputs=req.mm_inputs,
-                       priority=req.priority, session_id=req.session_id if self.sessions.enabled else None)
+                       priority=req.priority, rank=req.rank, session_id=req.session_id if self.sessions.enabled else None)
         self.grammar.attach(seq)  # its matcher, from the compile cache (the input processor compiled it)
         seq.cache_key = self.lora.bind(rid, p.adapter_id) + cache_key  # last check: counts the request
         if req.continued and req.session_id is not None:

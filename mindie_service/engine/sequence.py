@@ -32,6 +32,7 @@ class Sequence:
     cache_key: bytes = b""  # adapter identity + media hashes: folded into every prefix-cache block hash
     adapter_slot: int = 0  # LoRA pool slot (0 = base model)
     priority: int = 0  # engine.contract.PRIORITY_*: online first, batch-job lines after (and preempted first)
+    rank: int = 0  # the request's priority within its class, lower first (engine.sched.order)
     batch_turn: int = 0  # a batch line: its last turn decoding beside a waiting online request (engine.sched.batch_bound)
     mm_inputs: Any = None
     output_token_ids: list[int] = field(default_factory=list)

@@ -22,7 +22,11 @@ from mindie_service.server.handlers_mgmt import (
     StopServiceHandler,
 )
 from mindie_service.server.handlers_lora import LoadLoraHandler, UnloadLoraHandler
+from mindie_service.server.handlers_infer import InferHandler
 from mindie_service.server.handlers_mindie import MindieGenerateHandler, TokenizerHandler
+from mindie_service.server.handlers_v2 import (ModelMetadataHandler, ModelReadyHandler, OipInferHandler,
+                                               ServerMetadataHandler, TritonGenerateHandler,
+                                               TritonGenerateStreamHandler)
 from mindie_service.server.handlers_models import (DownloadModelHandler, ManagementOnlyModelHandler, ModelHandler,
                                                    ModelsHandler, ModelViewHandler, StartModelHandler,
                                                    StopModelHandler)
@@ -55,6 +59,18 @@ MANAGEMENT_ONLY: list[tuple[str, type[tornado.web.RequestHandler], tuple[str, ..
     (r"/v1/unload_lora_adapter", UnloadLoraHandler, ("post",)),
 ]
 
+_MODEL = r"/v2/models/([^/]+)"
+_VERSIONED = r"/v2/models/([^/]+)/versions/([^/]+)"
+# Triton's generate extension and the Open Inference Protocol v2 (server/handlers_v2.py), each also per version.
+V2_ROUTES: Routes = [
+    (r"/v2", ServerMetadataHandler),
+    (r"/v2/health/live", LiveHandler),
+    (r"/v2/health/ready", ReadyHandler),
+    *[(base + tail, cls) for base in (_MODEL, _VERSIONED) for tail, cls in (
+        ("/generate", TritonGenerateHandler), ("/generate_stream", TritonGenerateStreamHandler),
+        ("/infer", OipInferHandler), ("/ready", ModelReadyHandler), ("", ModelMetadataHandler))],
+]
+
 # /health and /info are TGI routes too, so the business port serves them as TGI does (read-only).
 PLANE_ROUTES: dict[str, Routes] = {
     "business": [
@@ -62,6 +78,8 @@ PLANE_ROUTES: dict[str, Routes] = {
         (r"/generate", TgiGenerateHandler),
         (r"/generate_stream", TgiGenerateStreamHandler),
         (r"/v1/tokenizer", TokenizerHandler),
+        (r"/infer", InferHandler),
+        *V2_ROUTES,
         (r"/api/generate-one", GenerateOneHandler),
         (r"/api/generate-batch", GenerateBatchHandler),
         (r"/batch_inference/submit_job", SubmitJobHandler),

@@ -12,7 +12,10 @@ import tornado.web
 from mindie_service.catalog.model_json import LIST_STATES, TRANSIENT_STATES
 from mindie_service.protocol.anthropic_encoder import OPENAPI_SCHEMAS as MESSAGES_SCHEMAS
 from mindie_service.protocol.anthropic_encoder import OPENAPI_SHAPES as MESSAGES_SHAPES
+from mindie_service.protocol.oip_openapi import OPENAPI_SCHEMAS as V2_SCHEMAS
+from mindie_service.protocol.oip_openapi import OPENAPI_SHAPES as V2_SHAPES
 from mindie_service.protocol.tokenization import OPENAPI_SCHEMAS as TOKENIZER_SCHEMAS
+from mindie_service.protocol.triton_generate import MODEL_VERSION
 from mindie_service.protocol.tokenization import OPENAPI_SHAPES as TOKENIZER_SHAPES
 from mindie_service.server.auth import OPEN_PATHS
 from mindie_service.server.handlers_base import BaseHandler
@@ -134,6 +137,7 @@ SCHEMAS: dict[str, Any] = {
         "first_id": {"type": ["string", "null"]}, "last_id": {"type": ["string", "null"]}}},
     **TOKENIZER_SCHEMAS,
     **MESSAGES_SCHEMAS,
+    **V2_SCHEMAS,
 }
 
 # path -> method -> (request schema, 200 schema); routes not listed take and give any JSON.
@@ -154,13 +158,18 @@ _SHAPES: dict[str, dict[str, tuple[str | None, str | None]]] = {
     "/v1/responses/{id}/input_items": {"get": (None, "ResponseItemList")},
     **TOKENIZER_SHAPES,
     **MESSAGES_SHAPES,
+    **V2_SHAPES,
 }
 OPENAI_ERRORS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/responses", *TOKENIZER_SHAPES)
 
 
+_PATH_PARAMS = ("id", "version")  # a route's capture groups, in order (/v2/models/{id}/versions/{version})
+
+
 def openapi_path(pattern: str) -> str:
-    """A route's regex as an OpenAPI path: each capture group is ``{id}``."""
-    return re.sub(r"\([^)]*\)", "{id}", pattern)
+    """A route's regex as an OpenAPI path: its capture groups are ``{id}``, then ``{version}``."""
+    names = iter(_PATH_PARAMS)
+    return re.sub(r"\([^)]*\)", lambda m: "{" + next(names) + "}", pattern)
 
 
 def handler_methods(cls: type) -> list[str]:
@@ -181,17 +190,21 @@ def _ref(name: str) -> dict[str, Any]:
 def _operation(path: str, method: str, cls: type) -> dict[str, Any]:
     doc = (cls.__doc__ or cls.__name__).strip().splitlines()[0]
     req, ok = _SHAPES.get(path, {}).get(method, (None, None))
-    err = _ref("AnthropicError" if path in MESSAGES_SHAPES else
+    err = _ref("AnthropicError" if path in MESSAGES_SHAPES else "V2Error" if path.startswith("/v2") else
                "OpenAIError" if path.startswith(OPENAI_ERRORS) else "Error")
     content = {"application/json": {"schema": _ref(ok) if ok else _ANY}}
     if ok in ("Completion", "Message", "Response"):
         content["text/event-stream"] = {"schema": {"type": "string"}}
+    if path.endswith("/generate_stream"):  # events whose data is a TritonGenerateResponse (or, last, a V2Error)
+        content["text/event-stream"] = {"schema": {"type": "object", "required": ["data"],
+                                                   "properties": {"data": {"type": "string"}}}}
     op: dict[str, Any] = {
         "summary": doc, "operationId": f"{method}_{re.sub(r'[^A-Za-z0-9]+', '_', path).strip('_') or 'root'}",
         "responses": {"200": {"description": "OK", **({"content": content} if ok else {})},
                       "default": {"description": "An error", "content": {"application/json": {"schema": err}}}}}
     if "{id}" in path:
-        op["parameters"] = [{"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}]
+        op["parameters"] = [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
+                            for n in _PATH_PARAMS if "{" + n + "}" in path]
     if method in ("post", "put") and (req or method == "post"):
         op["requestBody"] = {"required": method == "post",
                              "content": {"application/json": {"schema": _ref(req) if req else _OBJ}}}
@@ -215,7 +228,8 @@ def build_document(routes: list[tuple[str, type]], version: str, model_ids: list
         for path, ops in paths.items():
             for op in ops.values():
                 for prm in op.get("parameters", []):
-                    prm["examples"] = {m: {"value": m} for m in model_ids}
+                    values = model_ids if prm["name"] == "id" else [MODEL_VERSION]
+                    prm["examples"] = {m: {"value": m} for m in values}
     return {"openapi": "3.1.0", "info": {"title": "mindie-service", "version": version},
             "paths": paths, "components": {"schemas": schemas}}
 

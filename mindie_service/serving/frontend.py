@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import weakref
@@ -47,6 +48,8 @@ class Submission:
     best_of: int = 1
     session_ids: Sequence[str | None] = ()
     slots: int = 1
+    timeout: float | None = None  # the call's own deadline in seconds (MindIE /infer), when sooner than e2eTimeout
+    rank: int = 0  # its request priority in the scheduler, lower first (EngineRequest.rank: vLLM's convention)
 
 
 @dataclass
@@ -115,7 +118,7 @@ class Frontend:
             media_policy=self.media_policy, session_id=session_id, media_executor=self.media_executor)
 
     # -- admission -----------------------------------------------------------------------------------
-    async def admit(self, n: int = 1, timeout: float | None = None) -> None:
+    async def admit(self, n: int = 1, timeout: float | None = None, limits: Timeouts | None = None) -> None:
         """Take ``n`` admission slots, waiting in the queue for at most ``timeout`` seconds (what is left of
         e2eTimeout); 503 (gate) while loading/draining, 429 when the queue is full, 504 when the wait
         outlasts the timeout. ``release(n)`` after."""
@@ -124,16 +127,17 @@ class Frontend:
             await self.admission.acquire(n, timeout)
         except TimeoutError:
             raise TimeoutError_(f"the request waited {timeout:.3g} s in the admission queue without a free slot "
-                                f"(ServerConfig.e2eTimeout = {self.timeouts.e2e:g} s, maxLinkNum = "
+                                f"({(limits or self.timeouts).e2e_name} = {(limits or self.timeouts).e2e:g} s, maxLinkNum = "
                                 f"{self.admission.max_running})") from None
 
     def release(self, n: int = 1) -> None:
         self.admission.release(n)
 
     @contextlib.asynccontextmanager
-    async def admitted(self, n: int, t0: float) -> AsyncIterator[None]:
-        """Hold ``n`` slots for the block; time in the queue counts against e2eTimeout."""
-        await self.admit(n, timeout=self.timeouts.e2e - (time.monotonic() - t0))
+    async def admitted(self, n: int, t0: float, limits: Timeouts | None = None) -> AsyncIterator[None]:
+        """Hold ``n`` slots for the block; time in the queue counts against e2eTimeout (or ``limits``)."""
+        to = limits or self.timeouts
+        await self.admit(n, timeout=to.e2e - (time.monotonic() - t0), limits=to)
         try:
             yield
         finally:
@@ -154,14 +158,17 @@ class Frontend:
     @contextlib.asynccontextmanager
     async def open(self, sub: Submission, t0: float) -> AsyncIterator[Run]:
         """Admitted, keys claimed, engine requests prepared: the call's Run (slots and keys held while open)."""
-        async with self.admitted(sub.slots, t0):
+        limits = self.timeouts.capped(sub.timeout, "parameters.timeout")
+        async with self.admitted(sub.slots, t0, limits):
             with self.sessions.claim(k for k in sub.session_ids if k is not None):
                 engine = sub.engine()
                 keys = list(sub.session_ids) or [None] * len(sub.prompts)
                 ereqs = await asyncio.gather(*(
                     self.engine_request(engine, p, sub.params, rid, truncate=sub.truncate, session_id=key)
                     for p, rid, key in zip(sub.prompts, sub.request_ids, keys)))
-                async with self._run(engine, list(ereqs), sub.best_of, t0) as run:
+                if sub.rank:
+                    ereqs = [dataclasses.replace(e, rank=sub.rank) for e in ereqs]
+                async with self._run(engine, list(ereqs), sub.best_of, t0, limits) as run:
                     yield run
 
     @contextlib.asynccontextmanager
@@ -174,8 +181,8 @@ class Frontend:
 
     @contextlib.asynccontextmanager
     async def _run(self, engine: EngineClient, ereqs: list[EngineRequest], best_of: int, t0: float,
-                   ) -> AsyncIterator[Run]:
-        run = Run(engine, ereqs, best_of, t0, self.timeouts, self.observer)
+                   limits: Timeouts | None = None) -> AsyncIterator[Run]:
+        run = Run(engine, ereqs, best_of, t0, limits or self.timeouts, self.observer)
         self.runs.add(run)
         try:
             yield run

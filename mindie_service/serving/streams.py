@@ -28,6 +28,13 @@ class Timeouts:
 
     token: float
     e2e: float
+    e2e_name: str = "ServerConfig.e2eTimeout"  # what an e2e timeout message names (a request's own: its field)
+
+    def capped(self, timeout: float | None, name: str) -> "Timeouts":
+        """These limits under a request's own deadline ``timeout`` (MindIE /infer's ``timeout``), when sooner."""
+        if timeout is None or timeout >= self.e2e:
+            return self
+        return Timeouts(token=min(self.token, timeout), e2e=timeout, e2e_name=name)
 
 
 def fan_out(ereq: EngineRequest, index: int, best_of: int) -> EngineRequest:
@@ -160,9 +167,9 @@ class Run:
                 except StopAsyncIteration:
                     return
                 except TimeoutError:
-                    key, limit = ("e2eTimeout", to.e2e) if left <= to.token else ("tokenTimeout", to.token)
-                    raise TimeoutError_(f"generation timed out after {n} tokens "
-                                        f"(ServerConfig.{key} = {limit:g} s)") from None
+                    key, limit = ((to.e2e_name, to.e2e) if left <= to.token
+                                  else ("ServerConfig.tokenTimeout", to.token))
+                    raise TimeoutError_(f"generation timed out after {n} tokens ({key} = {limit:g} s)") from None
                 except MindieError:
                     raise
                 except Exception:  # the engine broke on this request: 424, the server goes on

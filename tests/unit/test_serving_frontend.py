@@ -110,3 +110,48 @@ def test_the_tally_counts_each_prompt_once():
         t.count(3)
         t.ok = True
     assert seen.received == 3 and seen.ended == [True, True, True]
+
+
+def test_a_requests_own_timeout_ends_it_naming_its_field():
+    fe, engine, _ = frontend()  # tokenTimeout 30 s, e2eTimeout 60 s: only the request's own deadline can fire
+    engine.token_delay_s = 3600.0
+
+    async def main():
+        async with fe.open(submission(engine, ["a"], timeout=0.05), time.monotonic()) as run:
+            await run.results()
+    with pytest.raises(TimeoutError_, match=r"parameters\.timeout = 0\.05 s"):
+        asyncio.run(main())
+
+
+def test_a_requests_own_timeout_bounds_its_wait_for_admission():
+    fe, engine, _ = frontend(max_running=1)
+    engine.token_delay_s = 3600.0
+
+    async def main():
+        async with fe.admitted(1, time.monotonic()):  # the only slot, held
+            async with fe.open(submission(engine, ["b"], timeout=0.05), time.monotonic()):
+                pass
+    with pytest.raises(TimeoutError_, match=r"admission queue.*parameters\.timeout"):
+        asyncio.run(main())
+
+
+def test_a_timeout_later_than_e2e_leaves_e2e_in_force():
+    assert Timeouts(token=5.0, e2e=60.0).capped(600.0, "parameters.timeout") == Timeouts(token=5.0, e2e=60.0)
+    assert Timeouts(token=5.0, e2e=60.0).capped(2.0, "x") == Timeouts(token=2.0, e2e=2.0, e2e_name="x")
+
+
+def test_a_calls_rank_reaches_every_engine_request():
+    fe, engine, _ = frontend()
+    seen = []
+    real = engine.generate
+
+    def spy(ereq):
+        seen.append(ereq)
+        return real(ereq)
+    engine.generate = spy
+
+    async def main():
+        async with fe.open(submission(engine, ["a", "b"], rank=-3), time.monotonic()) as run:
+            await run.results()
+    asyncio.run(main())
+    assert [e.rank for e in seen] == [-3, -3]

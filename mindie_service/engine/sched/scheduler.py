@@ -5,9 +5,9 @@ request that is decoding, the next piece of its prompt for one that is still pre
 tokens are bounded per step by ``maxPrefillTokens`` (the step's token budget, vLLM's
 max_num_batched_tokens; the running requests' decode tokens ride along), so a long prompt is
 computed over several steps while the others keep streaming, instead of stalling them all for
-its whole prefill. New requests are admitted first come, first served (the head of the queue is
-never skipped) within maxBatchSize, maxPrefillBatchSize, free blocks and the LoRA pool's slots.
-When blocks run out the newest running request is preempted: its K/V is copied to the host pool
+its whole prefill. New requests are admitted by urgency (engine.sched.order), then first come first
+served (the head of the queue is never skipped) within maxBatchSize, maxPrefillBatchSize, free blocks and
+the LoRA pool's slots. When blocks run out the least urgent, newest running request is preempted: its K/V is copied to the host pool
 when there is room (ModelConfig.cpuMemSize, engine.kv.swap; it waits in the swapped queue, ahead of
 new requests of its priority, and resumes where it was), else its blocks are freed and it is
 recomputed later from its prompt plus the tokens it already produced.
@@ -40,6 +40,7 @@ from mindie_service.engine.sched.chunks import chunk as _chunk, prefilling as _p
 from mindie_service.engine.step import SchedulerOutput
 from mindie_service.engine.kv.swap import HostBlockPool, swap_in, swap_out
 from mindie_service.engine.contract import PRIORITY_ONLINE
+from mindie_service.engine.sched.order import promote_aged, urgency
 
 logger = logging.getLogger(__name__)
 
@@ -76,14 +77,14 @@ class Scheduler:
         self._enqueue(seq)
 
     def _enqueue(self, seq: Sequence, front: bool = False, queue: deque[Sequence] | None = None) -> None:
-        """Online requests wait ahead of batch-job lines (engine.contract.PRIORITY_*); within a priority first
-        come, first served, and a preempted request goes back to the front of its priority."""
+        """In urgency order (engine.sched.order: class, then request priority); within one first come, first
+        served, and a preempted request goes back to the front of its own."""
         w = self.waiting if queue is None else queue
-        if not front and (not w or w[-1].priority <= seq.priority):
+        key = urgency(seq)
+        if not front and (not w or urgency(w[-1]) <= key):
             w.append(seq)
             return
-        at = next((k for k, q in enumerate(w) if (q.priority >= seq.priority if front else q.priority > seq.priority)),
-                  len(w))
+        at = next((k for k, q in enumerate(w) if (urgency(q) >= key if front else urgency(q) > key)), len(w))
         w.insert(at, seq)
 
     def has_work(self) -> bool:
@@ -134,7 +135,6 @@ class Scheduler:
         logger.debug("preempted %s (%d tokens, %s)", seq.request_id, seq.num_tokens,
                      "swapped out" if swapped else "to recompute")
 
-    # ------------------------------------------------------------ swapping (engine.kv.swap)
     def _swap_out(self, seq: Sequence, out: SchedulerOutput) -> bool:
         """Free ``seq``'s device blocks, first copying their K/V to the host pool when it has room and
         ``seq`` is decoding (a prompt cut short is cheaper to recompute)."""
@@ -159,17 +159,17 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         if self.host is not None:
             self.host.step_done()  # the previous step's copies ran: its swap-ins' host blocks are free
-        hold = queue_delay(self.cfg, self.waiting, bool(self.running or self.swapped),
-                           self.clock() if self.clock is not None else None)
+        now = self.clock() if self.clock is not None else None
+        promote_aged(self.waiting, now)  # no request starves behind more urgent ones (engine.sched.order)
+        hold = queue_delay(self.cfg, self.waiting, bool(self.running or self.swapped), now)
         if hold > 0:
             return SchedulerOutput(hold_s=hold)
         out = SchedulerOutput()
         decodes: list[Sequence] = []
         prefills: list[tuple[Sequence, int]] = []  # (sequence, tokens this step)
         budget = self.cfg.max_prefill_tokens
-        # Online requests first, batch-job lines last (stable: oldest first within each), so that the pool's
-        # last blocks go to online traffic and preemption takes the newest batch line first.
-        self.running.sort(key=attrgetter("priority"))
+        # Most urgent first (stable: oldest first within each): the last blocks go to online traffic, preemption
+        self.running.sort(key=urgency)  # takes the newest batch line, else the least urgent request, first
         yielded = self._make_room_for_online(out)
         allow = step_allowance(self.cfg, self.running, online_pressed(self.running, self._next_to_admit()),
                                self.batch_turns)
@@ -301,7 +301,7 @@ class Scheduler:
 
     def _next_to_admit(self) -> Sequence | None:
         """The swapped head before the waiting head of the same or a lower priority (vLLM's order)."""
-        if self.swapped and (not self.waiting or self.swapped[0].priority <= self.waiting[0].priority):
+        if self.swapped and (not self.waiting or urgency(self.swapped[0]) <= urgency(self.waiting[0])):
             return self.swapped[0]
         return self.waiting[0] if self.waiting else None
 
