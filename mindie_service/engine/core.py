@@ -105,7 +105,7 @@ class LLMEngine:
                                   embeds_hook=self.mm_encoder.embeds_hook if self.mm_encoder else None,
                                   host_blocks=host.num_blocks)
         self.sampler = Sampler()
-        self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids)
+        self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, cfg.structured.reasoning_parser)
         self.beams = BeamSearch(self.scheduler, self.outputs, self.eos_token_ids, self.sessions)
         self.spec = build_speculator(cfg.speculative_config, cfg, self.device, parts.num_blocks, self.vocab_size,
                                      self.tokenizer)
