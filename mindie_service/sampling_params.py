@@ -97,6 +97,8 @@ class SamplingParams:
         check(self.thinking_budget is None or (isinstance(self.thinking_budget, int) and not isinstance(
             self.thinking_budget, bool) and 0 <= self.thinking_budget <= INT32_MAX), "thinking_budget",
             f"an integer from 0 to {INT32_MAX}", self.thinking_budget)
+        check(self.thinking_budget is None or self.num_beams == 1, "thinking_budget",
+              "absent with beam search (num_beams > 1)", self.thinking_budget)
         if self.structured_outputs is not None:
             check(self.num_beams == 1, "num_beams", "1 with structured output (beam search under a grammar is not "
                   "supported)", self.num_beams)

@@ -153,7 +153,8 @@ class ChatRenderer:
 
     def encode(self, messages: Sequence[ChatMessage], tokenize: Callable[[str], list[int]], *,
                bound: TextBound | None = None, keep: int | None = None, limit: int | None = None,
-               tools: Sequence[Any] = (), fmt: Any = None, template_kwargs: Sequence[tuple[str, Any]] = ()) -> list[int]:
+               tools: Sequence[Any] = (), fmt: Any = None,
+               template_kwargs: Sequence[tuple[str, Any]] = ()) -> list[int]:
         """The prompt's ids. Given the length rule (``limit``; ``keep``: the trailing tokens a cut keeps, None
         when an over-long prompt is refused), as the text path does: messages that cannot fit are refused
         before rendering, and a prompt that will be cut has only its tail tokenized."""

@@ -7,8 +7,9 @@ error body ``{"type": "error", "error": {"type", "message"}}``.
 Content blocks come from one ``BlockBuilder`` fed the tool-call parser's ordered output (text pieces and call
 deltas as the text holds them): the stream feeds it each event's text, the whole answer feeds it the whole text
 once, so both give the same blocks (thinking, text, tool_use, text ...). The thinking (engine.output.reasoning's
-split) is one ``thinking`` block first, its ``signature`` empty (nothing here signs thinking). An ``input_json_delta`` never ends inside an
-escape sequence (``\\`` or ``\\u12``) or between the halves of a surrogate pair: that tail waits for the next."""
+split) is one ``thinking`` block first, its ``signature`` empty (nothing here signs thinking). An
+``input_json_delta`` never ends inside an escape sequence (``\\`` or ``\\u12``) or between the halves of a
+surrogate pair: that tail waits for the next."""
 from __future__ import annotations
 
 import json

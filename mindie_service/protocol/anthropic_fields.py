@@ -15,7 +15,8 @@ tokens through either dialect.
 - ``thinking``: ``enabled`` with ``budget_tokens`` (the engine's thinking budget) or ``disabled`` (the template's
   ``enable_thinking: false``), protocol.reasoning_fields; the answer's ``thinking`` blocks come from the engine's
   split (a model whose template does not think has none). An assistant turn's ``thinking`` and
-  ``redacted_thinking`` blocks are taken and dropped (chat templates drop earlier turns' thinking); ``service_tier``: ``auto`` / ``standard_only`` (one tier here). ``cache_control`` on blocks
+  ``redacted_thinking`` blocks are taken and dropped (chat templates drop earlier turns' thinking); ``service_tier``:
+  ``auto`` / ``standard_only`` (one tier here). ``cache_control`` on blocks
   is taken: the prefix cache keeps every prompt's KV without being asked.
 Any other field is refused by name."""
 from __future__ import annotations

@@ -215,3 +215,15 @@ def test_a_budget_on_a_model_that_does_not_think_is_refused(tiny_model):
     plain = LLM(str(tiny_model), cache_block_size=16, num_kv_blocks=64, max_seq_len=256)
     with pytest.raises(ValidationError, match="does not think"):
         plain.generate(["hi"], SamplingParams(max_tokens=4, thinking_budget=2), use_tqdm=False)
+
+
+def test_the_config_key_turns_the_split_off(llm):
+    from mindie_service import LLM, SamplingParams
+    from mindie_service.config.loading import structured_limits
+    limits = structured_limits({"reasoningParser": "none"})
+    assert limits.reasoning_parser == "none"
+    off = LLM(llm.engine.cfg.model, cache_block_size=16, num_kv_blocks=64, max_seq_len=256, structured=limits)
+    with pytest.raises(ValidationError, match="does not think"):
+        off.generate(["hi"], SamplingParams(max_tokens=4, thinking_budget=2), use_tqdm=False)
+    r = _result(_events(off, _chat({"max_tokens": 6}), "n1"))
+    assert r.full_reasoning is None and "".join(r.deltas) == r.text

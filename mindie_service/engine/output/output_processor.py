@@ -102,7 +102,8 @@ class OutputProcessor:
         thought = ""
         if t.split is not None:
             thought, answer = t.split.feed(delta, final=finish is not None)
-            seq.thinking.token(tid, n_out - 1, t.split.phase)
+            if seq.thinking is not None:  # a finished beam search's view carries none (text split only)
+                seq.thinking.token(tid, n_out - 1, t.split.phase)
             delta = answer if t.show else delta
             thought = thought if t.show else ""
         ev = TokenEvent(seq.request_id, self._info(tid, logprob, top), delta, n_out - 1, finish,

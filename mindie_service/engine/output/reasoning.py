@@ -13,8 +13,8 @@ markers a model uses is decided once per model (``detect``: the config key
   whole == streamed for any chunking. Text between the markers is thinking, exactly (no blanks trimmed).
 - ``ThinkTrack`` (on the Sequence) is what the engine reads: whether the output is still thinking, from which
   output index the answer starts (structured output applies from there: engine.sample.grammar_masks), and the
-  thinking tokens so far against the request's budget (engine.sample.grammar_masks.force_think_ends forces the end marker's
-  tokens when it runs out). The end is seen by token ids (the marker's tokens at the output's tail) or by the
+  thinking tokens so far against the request's budget (engine.sample.grammar_masks.force_think_ends forces the
+  end marker's tokens when it runs out). The end is seen by token ids (the marker's tokens at the output's tail) or by the
   text split, whichever comes first; the end marker's tokens are not thinking tokens."""
 from __future__ import annotations
 
