@@ -19,6 +19,7 @@ from mindie_service.engine.contract import TokenEvent, TokenInfo
 from mindie_service.engine.output.stop_rule import StopCheck, stop_reason
 from mindie_service.engine.output.reasoning import THINK, ThinkSplit, ThinkTrack, detect, start_phase
 from mindie_service.errors import ValidationError
+from mindie_service.sampling_params import SamplingParams
 
 PROMPT_TAIL = 16  # prompt tokens read for where generation starts (inside <think> or not)
 
@@ -46,15 +47,18 @@ class OutputProcessor:
             ids = [tokenizer.encode(m, add_special_tokens=False) for m in (self.parser.start, self.parser.end)]
             self.marker_ids = tuple(i[0] for i in ids if len(i) == 1 and i[0] in self.decoder.special_ids)
 
+    def check(self, p: SamplingParams) -> None:
+        """Refuse what this model's output cannot honour (before the request takes anything)."""
+        if p.thinking_budget is not None and self.parser is None:
+            raise ValidationError("Parameter thinking budget (thinking_token_budget, budget_tokens, thinking_budget "
+                                  "or reasoning_effort) must be absent: this model's chat template does not think "
+                                  "(no reasoning markers)")
+
     def add(self, seq: Sequence) -> None:
         p = seq.params
         spec = p.structured_outputs  # a tool grammar's special marker keeps its text
         keep = (*(getattr(spec, "keep_special", ()) if spec is not None else ()), *self.marker_ids)
         t = _Tracked(DetokState.start(seq.prompt_token_ids, p.stop, keep))
-        if p.thinking_budget is not None and self.parser is None:
-            raise ValidationError("Parameter thinking budget (thinking_token_budget, budget_tokens, thinking_budget "
-                                  "or reasoning_effort) must be absent: this model's chat template does not think "
-                                  "(no reasoning markers)")
         if self.parser is not None and (p.split_reasoning or p.thinking_budget is not None):
             tail = self.decoder.tokenizer.decode(seq.prompt_token_ids[-PROMPT_TAIL:], skip_special_tokens=False)
             phase = start_phase(self.parser, tail)
