@@ -136,6 +136,11 @@ def test_the_budget_forces_the_end_marker_after_exactly_budget_tokens(llm, budge
     ids = [t.id for t in r.tokens]
     assert r.reasoning_tokens == budget and ids[budget] == end_id and end_id not in ids[:budget]
     assert r.full_reasoning == llm.tokenizer.decode(ids[:budget]) and "".join(r.reasoning_deltas) == r.full_reasoning
+    from mindie_service import SamplingParams  # the offline API hands the thinking out beside the answer
+    off = llm.generate([llm.input_processor.chat.render(req.prompt.messages)],
+                       SamplingParams(max_tokens=budget + 2, temperature=0, thinking_budget=budget, split_reasoning=True),
+                       use_tqdm=False)[0].outputs[0]
+    assert off.token_ids[budget] == end_id and off.reasoning_content == llm.tokenizer.decode(off.token_ids[:budget])
     assert "".join(r.deltas) == r.text == llm.tokenizer.decode(ids[budget + 1:])
     for part in (r.reasoning, r.text):
         assert "<think>" not in part and "</think>" not in part
@@ -191,6 +196,10 @@ def test_thinking_disabled_renders_the_closed_template_and_has_no_thinking(llm):
     assert off.prompt.template_kwargs == (("enable_thinking", False),)
     r = _result(_events(llm, off, "d1"))
     assert r.full_reasoning == "" and r.reasoning_tokens == 0 and len(r.text) > 0
+    kw = _chat({"max_tokens": 8, "chat_template_kwargs": {"enable_thinking": False}})
+    assert kw.prompt.template_kwargs == off.prompt.template_kwargs
+    assert llm.input_processor.chat.render(kw.prompt.messages, template_kwargs=kw.prompt.template_kwargs).endswith(
+        "<|assistant|>\n<think>\n\n</think>\n\n")
     msgs = parse_messages({"model": "m", "max_tokens": 8, "messages": CONVO, "thinking": {"type": "disabled"}},
                           model="m", policy=MediaPolicy(), vocab_size=4096)
     assert msgs.prompt.template_kwargs == off.prompt.template_kwargs
