@@ -196,7 +196,10 @@ def test_thinking_disabled_renders_the_closed_template_and_has_no_thinking(llm):
     assert off.prompt.template_kwargs == (("enable_thinking", False),)
     r = _result(_events(llm, off, "d1"))
     assert r.full_reasoning == "" and r.reasoning_tokens == 0 and len(r.text) > 0
+    from mindie_service.protocol.tokenization import parse_tokenize
+    tok = parse_tokenize({"messages": CONVO, "chat_template_kwargs": {"enable_thinking": False}})
     kw = _chat({"max_tokens": 8, "chat_template_kwargs": {"enable_thinking": False}})
+    assert tok.template_kwargs == kw.prompt.template_kwargs  # /tokenize renders what chat renders
     assert kw.prompt.template_kwargs == off.prompt.template_kwargs
     assert llm.input_processor.chat.render(kw.prompt.messages, template_kwargs=kw.prompt.template_kwargs).endswith(
         "<|assistant|>\n<think>\n\n</think>\n\n")
