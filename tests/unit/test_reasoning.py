@@ -239,3 +239,18 @@ def test_the_config_key_turns_the_split_off(llm):
         off.generate(["hi"], SamplingParams(max_tokens=4, thinking_budget=2), use_tqdm=False)
     r = _result(_events(off, _chat({"max_tokens": 6}), "n1"))
     assert r.full_reasoning is None and "".join(r.deltas) == r.text
+
+
+def test_tiny_think_matches_transformers_and_its_thinking_is_the_plain_greedy_run(llm):
+    """The preset's two added rows load as transformers loads them (token-for-token greedy), and a budget longer
+    than the run changes nothing: the thinking is the unconstrained greedy text."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from mindie_service import SamplingParams
+    text = llm.input_processor.chat.render(_chat({}).prompt.messages)
+    ids = llm.tokenizer(text, add_special_tokens=False).input_ids
+    ref = AutoModelForCausalLM.from_pretrained(llm.engine.cfg.model, torch_dtype=torch.float32)
+    want = ref.generate(torch.tensor([ids]), max_new_tokens=10, do_sample=False)[0, len(ids):].tolist()
+    got = llm.generate([ids], SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, thinking_budget=50,
+                                             split_reasoning=True), use_tqdm=False)[0].outputs[0]
+    assert got.token_ids == want and got.reasoning_content == llm.tokenizer.decode(want) and got.text == ""
