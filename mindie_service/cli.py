@@ -7,7 +7,7 @@ import sys
 
 # mindie_service.devkit.presets.PRESETS' names (importing it here would load torch for every command;
 # tests/unit/test_cli_help.py keeps the two equal)
-DEMO_PRESETS = ("tiny", "tiny-eos", "small", "tiny-draft", "small-draft", "tiny-vl", "tiny-audio")
+DEMO_PRESETS = ("tiny", "tiny-eos", "tiny-think", "small", "tiny-draft", "small-draft", "tiny-vl", "tiny-audio")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -31,7 +31,8 @@ def _parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo-model", help="build a random-weight demo checkpoint with a locally trained tokenizer")
     d.add_argument("--preset", default="tiny", metavar="{" + ",".join(DEMO_PRESETS) + "}",
-                   help="tiny (1.3M-parameter Llama), tiny-eos (tiny with a reachable EOS), small (32M Llama), "
+                   help="tiny (1.3M-parameter Llama), tiny-eos (tiny with a reachable EOS), "
+                        "tiny-think (tiny with a Qwen3-style thinking template), small (32M Llama), "
                         "tiny-draft / small-draft (the first layer of tiny / small: speculative-decoding drafts), "
                         "tiny-vl (LLaVA), tiny-audio (Qwen2-Audio); random weights (default: tiny). An unknown "
                         "name exits 2 with one line naming the presets")

@@ -58,6 +58,7 @@ class CompletionOutput:
     finish_reason: str | None
     cumulative_logprob: float
     logprobs: list[dict[int, float]] | None  # per token: chosen + top-n alternatives, when asked
+    reasoning_content: str | None = None  # the thinking, apart from ``text`` (SamplingParams.split_reasoning)
 
 
 @dataclass
@@ -177,7 +178,8 @@ def _output(prompt: Any, req: EngineRequest, result: GenerationResult, seed: int
     logprobs = ([{t.id: t.logprob, **{a.id: a.logprob for a in t.top}} for t in toks]
                 if req.params.logprobs is not None else None)
     out = CompletionOutput(0, result.text, [t.id for t in toks], result.finish_reason,
-                           sum((t.logprob for t in toks if t.logprob is not None), 0.0), logprobs)
+                           sum((t.logprob for t in toks if t.logprob is not None), 0.0), logprobs,
+                           result.full_reasoning)
     prompt_lps = [t.logprob for t in result.prompt_tokens] if req.params.prompt_logprobs else None
     return RequestOutput(req.request_id, prompt if isinstance(prompt, str) else None, list(req.prompt_token_ids),
                          [out], prompt_logprobs=prompt_lps, seed=seed, metrics=metrics)

@@ -51,6 +51,10 @@ class SamplingParams:
     # A client's prompt-cache key (OpenAI's prompt_cache_key): requests naming one key go to one instance where
     # several serve the model (fleet.prefix_routing), so their shared prefix is cached once. No effect on output.
     cache_key: str | None = None
+    # Reasoning (engine.output.reasoning; a model whose chat template thinks): split_reasoning hands the thinking
+    # out apart from the answer; thinking_budget caps the thinking tokens (the end marker is forced then).
+    split_reasoning: bool = False
+    thinking_budget: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -90,6 +94,11 @@ class SamplingParams:
             TOKEN_ID.checked(tid, "stop_token_ids")
         check(isinstance(self.min_tokens, int) and 0 <= self.min_tokens <= self.max_tokens, "min_tokens",
               f"an integer from 0 to max_tokens ({self.max_tokens})", self.min_tokens)
+        check(self.thinking_budget is None or (isinstance(self.thinking_budget, int) and not isinstance(
+            self.thinking_budget, bool) and 0 <= self.thinking_budget <= INT32_MAX), "thinking_budget",
+            f"an integer from 0 to {INT32_MAX}", self.thinking_budget)
+        check(self.thinking_budget is None or self.num_beams == 1, "thinking_budget",
+              "absent with beam search (num_beams > 1)", self.thinking_budget)
         if self.structured_outputs is not None:
             check(self.num_beams == 1, "num_beams", "1 with structured output (beam search under a grammar is not "
                   "supported)", self.num_beams)

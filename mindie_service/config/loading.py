@@ -190,7 +190,7 @@ _STRUCTURED_KEYS = {"maxLexerStates": "max_lexer_states", "initialLexerFuel": "i
                     "stepLexerFuel": "step_lexer_fuel", "stepMaxItems": "step_max_items",
                     "maxItemsInRow": "max_items_in_row", "maxGrammarSize": "max_grammar_size", "cacheSize": "cache_size",
                     "threads": "threads", "forcedRuns": "forced_runs", "overlapFill": "overlap_fill",
-                    "toolCallParser": "tool_call_parser"}
+                    "toolCallParser": "tool_call_parser", "reasoningParser": "reasoning_parser"}
 
 
 def structured_limits(so: dict[str, Any]) -> StructuredLimits:

@@ -72,6 +72,42 @@ def _write_draft(shape: TextShape, seed: int, d: Path) -> None:
     (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
 
 
+# tiny-think: tiny with <think> and </think> as two added (non-special) tokens, as Qwen3 has them, and a
+# Qwen3-style chat template whose generation prompt opens <think> (Qwen3 thinking-2507, DeepSeek-R1), or writes
+# an empty <think>\n\n</think>\n\n when the kwarg enable_thinking is false (Qwen3). Random weights rarely write
+# </think>: a thinking budget forces it, so the split is deterministic. Bump FORMAT when changing these.
+THINK_TOKENS = ("<think>", "</think>")
+THINK_TEMPLATE = text_model.CHAT_TEMPLATE.replace(
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}",
+    "{% if add_generation_prompt %}<|assistant|>\n{% if enable_thinking is defined and enable_thinking is false %}"
+    "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}")
+
+
+def _write_tiny_think(seed: int, d: Path) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+    from tokenizers import AddedToken, Tokenizer
+
+    text_model.write_text_checkpoint(TINY, seed, d)
+    tok = Tokenizer.from_file(str(d / "tokenizer.json"))
+    tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in THINK_TOKENS])
+    tok.save(str(d / "tokenizer.json"), pretty=True)
+    weights = load_file(str(d / "model.safetensors"))
+    gen = torch.Generator().manual_seed(seed)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in weights:  # two more rows, drawn like their neighbours
+            w = weights[name]
+            weights[name] = torch.cat([w, torch.randn(len(THINK_TOKENS), w.shape[1], generator=gen) * w.std()])
+    save_file(weights, str(d / "model.safetensors"), metadata={"format": "pt"})
+    (d / "model.safetensors").chmod(0o644)
+    tc = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tc["chat_template"] = THINK_TEMPLATE
+    (d / "tokenizer_config.json").write_text(json.dumps(tc, indent=2) + "\n", encoding="utf-8")
+    cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    cfg["vocab_size"] = TINY.vocab_size + len(THINK_TOKENS)
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+
+
 @dataclass(frozen=True)
 class Preset:
     """One buildable demo model. ``write(seed, folder)`` fills an empty folder, config.json last."""
@@ -86,6 +122,8 @@ class Preset:
 PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("tiny", "text", partial(text_model.write_text_checkpoint, TINY), "1.3M-parameter Llama (GQA)", TINY),
     Preset("tiny-eos", "text", _write_tiny_eos, "tiny with a reachable EOS (for EOS tests)", TINY),
+    Preset("tiny-think", "text", _write_tiny_think, "tiny with a Qwen3-style thinking chat template",
+           replace(TINY, vocab_size=TINY.vocab_size + len(THINK_TOKENS))),
     Preset("small", "text", partial(text_model.write_text_checkpoint, SMALL), "32M-parameter Llama (GQA)", SMALL),
     Preset("tiny-draft", "text", partial(_write_draft, TINY), "tiny's first layer: a draft model for tiny",
            replace(TINY, num_hidden_layers=DRAFT_LAYERS)),

@@ -64,8 +64,13 @@ class TokenEvent:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0  # of the prompt's, found in the prefix cache (or a kept session) at admission
     seed: int | None = None
-    # Set on the last event: the whole generated text (stop text trimmed).
+    # Set on the last event: the whole generated text (stop text trimmed; the answer alone when split).
     full_text: str | None = None
+    # The reasoning split (engine.output.reasoning), where the request asked for it: this token's thinking text
+    # (text_delta is then the answer's); on the last event the whole thinking and its token count.
+    reasoning_delta: str = ""
+    full_reasoning: str | None = None
+    reasoning_tokens: int = 0
 
 
 @dataclass

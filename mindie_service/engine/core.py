@@ -105,7 +105,7 @@ class LLMEngine:
                                   embeds_hook=self.mm_encoder.embeds_hook if self.mm_encoder else None,
                                   host_blocks=host.num_blocks)
         self.sampler = Sampler()
-        self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids)
+        self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, cfg.structured.reasoning_parser)
         self.beams = BeamSearch(self.scheduler, self.outputs, self.eos_token_ids, self.sessions)
         self.spec = build_speculator(cfg.speculative_config, cfg, self.device, parts.num_blocks, self.vocab_size,
                                      self.tokenizer)
@@ -131,8 +131,7 @@ class LLMEngine:
 
     # ------------------------------------------------------------ requests
     def add_request(self, req: EngineRequest) -> Sequence:
-        """Queue a request the input processor built (mindie_service.inputs): its prompt is trusted.
-        Binding its LoRA adapter is the one check left (it may have been unloaded since)."""
+        """Queue a request the input processor built (its prompt is trusted); the checks left: its adapter, its budget."""
         rid, ids = req.request_id, list(req.prompt_token_ids)
         check(self.scheduler.get(rid) is None, "request_id", "unique among running requests", rid)
         # Not the input-length rule (the processor's): a prompt the pool cannot hold would wait forever.
@@ -148,6 +147,7 @@ class LLMEngine:
                                self.cfg.max_batch_size)
         seq = Sequence(rid, ids, p, max(1, max_output), seed, cache_key=cache_key, mm_inputs=req.mm_inputs,
                        priority=req.priority, rank=req.rank, session_id=req.session_id if self.sessions.enabled else None)
+        self.outputs.check(p)  # a thinking budget needs a model that thinks
         self.grammar.attach(seq)  # its matcher, from the compile cache (the input processor compiled it)
         seq.cache_key = self.lora.bind(rid, p.adapter_id) + cache_key  # last check: counts the request
         if req.continued and req.session_id is not None:

@@ -12,6 +12,7 @@ from mindie_service.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # each feature's per-sequence state, owned by its room
     from mindie_service.engine.sample.grammar_masks import GrammarState
+    from mindie_service.engine.output.reasoning import ThinkTrack
     from mindie_service.engine.spec.spec_policy import SeqSpec
 
 
@@ -54,6 +55,7 @@ class Sequence:
     draft_token_ids: list[int] = field(default_factory=list)
     spec: SeqSpec | None = None
     grammar: GrammarState | None = None  # structured output: its matcher and cached mask; None: unconstrained
+    thinking: ThinkTrack | None = None  # the reasoning split's engine view (engine.output.reasoning); None: no split
 
     @property
     def num_tokens(self) -> int:

@@ -124,11 +124,12 @@ class ChatRenderer:
         self.has_template = bool(getattr(tokenizer, "chat_template", None))
 
     def render(self, messages: Sequence[ChatMessage], tools: Sequence[Any] = (), fmt: Any = None, *,
-               add_generation_prompt: bool = True) -> str:
+               add_generation_prompt: bool = True, template_kwargs: Sequence[tuple[str, Any]] = ()) -> str:
         """The prompt text, ending with the assistant's generation prompt (unless ``add_generation_prompt`` is
         false: vLLM's /tokenize may ask for the conversation alone). ``tools`` (OpenAI's function tools) are
         rendered by the chat template where it renders them, else put in the system message in ``fmt``'s
-        documented words (structured.tool_formats)."""
+        documented words (structured.tool_formats). ``template_kwargs``: extra template variables (vLLM's
+        chat_template_kwargs, e.g. Qwen3's enable_thinking); without a chat template they are refused."""
         if not messages:
             raise ValidationError("Parameter messages must be a non-empty list, got []")
         native = self.has_template and renders_tools(self.tokenizer.chat_template)
@@ -137,24 +138,29 @@ class ChatRenderer:
             try:
                 return str(self.tokenizer.apply_chat_template(plain, tools=list(tools) if native and tools else None,
                                                               tokenize=False,
-                                                              add_generation_prompt=add_generation_prompt))
+                                                              add_generation_prompt=add_generation_prompt,
+                                                              **dict(template_kwargs)))
             except ValidationError:
                 raise
             except Exception as e:  # a template that raises (e.g. roles must alternate) is the caller's input
                 raise ValidationError(f"Parameter messages must fit the model's chat template: "
                                       f"{type(e).__name__}: {e}") from None
+        if template_kwargs:
+            raise ValidationError("Parameter chat_template_kwargs must be absent: this model has no chat template "
+                                  "(its turns are written with model.json's role prefixes)")
         out = [self.prefixes.of(m["role"]) + m["content"] + "\n" for m in plain]
         return "".join(out) + (self.prefixes.assistant if add_generation_prompt else "")
 
     def encode(self, messages: Sequence[ChatMessage], tokenize: Callable[[str], list[int]], *,
                bound: TextBound | None = None, keep: int | None = None, limit: int | None = None,
-               tools: Sequence[Any] = (), fmt: Any = None) -> list[int]:
+               tools: Sequence[Any] = (), fmt: Any = None,
+               template_kwargs: Sequence[tuple[str, Any]] = ()) -> list[int]:
         """The prompt's ids. Given the length rule (``limit``; ``keep``: the trailing tokens a cut keeps, None
         when an over-long prompt is refused), as the text path does: messages that cannot fit are refused
         before rendering, and a prompt that will be cut has only its tail tokenized."""
         if bound is not None and limit is not None and keep is None:
             check_chat_chars(messages, bound, limit)
-        text = self.render(messages, tools, fmt)
+        text = self.render(messages, tools, fmt, template_kwargs=template_kwargs)
         if self.has_template:  # the template writes the special tokens: none are added, none to strip
             def encode(t: str) -> list[int]:
                 return list(self.tokenizer(t, add_special_tokens=False).input_ids)

@@ -150,7 +150,10 @@ class InputProcessor:
             if self.mm_encoder is None:
                 keep = min(truncate or lim.max_input_len, lim.max_input_len) if lim.truncation else truncate
                 return self.chat.encode(prompt.messages, self.tokenize, bound=self.text_bound, keep=keep,
-                                        limit=lim.max_input_len, tools=prompt.tools, fmt=prompt.tool_format), None, ()
+                                        limit=lim.max_input_len, tools=prompt.tools, fmt=prompt.tool_format,
+                                        template_kwargs=prompt.template_kwargs), None, ()
+            check(not prompt.template_kwargs, "chat_template_kwargs", "absent for a multimodal model (its processor "
+                  "renders the chat)", dict(prompt.template_kwargs))
             check_chat_chars(prompt.messages, self.text_bound, lim.max_input_len)  # a media prompt is never cut
             return self._media_ids(self.mm_encoder.prepare_chat(
                 [(m.role, m.content if isinstance(m.content, str) else

@@ -56,6 +56,7 @@ class ChatPrompt:
     messages: tuple[ChatMessage, ...]
     tools: tuple[Any, ...] = ()  # OpenAI-shaped function tools the model may call (none: none rendered)
     tool_format: Any = None  # structured.tool_formats.ToolFormat of those calls (with tools)
+    template_kwargs: tuple[tuple[str, Any], ...] = ()  # extra chat-template variables (vLLM's chat_template_kwargs)
 
     @property
     def text(self) -> str:  # what return_full_text / echo would prepend: chat never echoes

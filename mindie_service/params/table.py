@@ -67,6 +67,7 @@ MINDIE = _table(
     watermark=BOOL,
     best_of=Rule("int", Range(0, MAX_BEST_OF)),
     top_n_tokens=Field("logprobs", Rule("int", closed(0, MAX_TOP_LOGPROBS))),
+    thinking_budget=Rule("int", closed(0, INT32_MAX)),  # thinking tokens before </think> (engine.output.reasoning)
 )
 
 # TGI 1.1's GenerateParameters: MindIE's table but for TGI's documented ranges.

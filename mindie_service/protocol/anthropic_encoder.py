@@ -1,12 +1,15 @@
 """Anthropic's response shapes for /v1/messages: the Message body, the stream's events (``message_start``,
-``ping``, ``content_block_start`` / ``content_block_delta`` (``text_delta``, ``input_json_delta``) /
+``ping``, ``content_block_start`` / ``content_block_delta`` (``thinking_delta``, ``text_delta``,
+``input_json_delta``) /
 ``content_block_stop``, ``message_delta`` with stop_reason and usage, ``message_stop``, and ``error``), and the
 error body ``{"type": "error", "error": {"type", "message"}}``.
 
 Content blocks come from one ``BlockBuilder`` fed the tool-call parser's ordered output (text pieces and call
 deltas as the text holds them): the stream feeds it each event's text, the whole answer feeds it the whole text
-once, so both give the same blocks (text, tool_use, text ...). An ``input_json_delta`` never ends inside an
-escape sequence (``\\`` or ``\\u12``) or between the halves of a surrogate pair: that tail waits for the next."""
+once, so both give the same blocks (thinking, text, tool_use, text ...). The thinking (engine.output.reasoning's
+split) is one ``thinking`` block first, its ``signature`` empty (nothing here signs thinking). An
+``input_json_delta`` never ends inside an escape sequence (``\\`` or ``\\u12``) or between the halves of a
+surrogate pair: that tail waits for the next."""
 from __future__ import annotations
 
 import json
@@ -90,6 +93,18 @@ class BlockBuilder:
             self._close(events)
         return events
 
+    def think(self, text: str) -> list[tuple[str, dict[str, Any]]]:
+        """Thinking text: the thinking block's (opened at its first text)."""
+        events: list[tuple[str, dict[str, Any]]] = []
+        if not text:
+            return events
+        if not (self.open and self.blocks[-1]["type"] == "thinking"):
+            self._start({"type": "thinking", "thinking": "", "signature": ""}, events)
+        self.blocks[-1]["thinking"] += text
+        events.append(("content_block_delta", {"index": len(self.blocks) - 1,
+                                               "delta": {"type": "thinking_delta", "thinking": text}}))
+        return events
+
     def _start(self, block: dict[str, Any], events: list[tuple[str, dict[str, Any]]]) -> None:
         self._close(events)
         self.blocks.append(block)
@@ -160,6 +175,7 @@ class AnthropicEncoder(Encoder):
         assert isinstance(req, AnthropicRequest)
         (r,) = results
         b = _builder(req)
+        b.think(r.reasoning)
         b.feed(r.text, final=True)
         return self._message(req, b.blocks, stop_reason(req, r, b.called),
                              {"input_tokens": r.num_prompt_tokens, "output_tokens": len(r.tokens)})
@@ -176,7 +192,7 @@ class AnthropicEncoder(Encoder):
         state.count += 1
         b: BlockBuilder = state.dialect
         final = ev.finish_reason is not None
-        out += b"".join(_event(name, body) for name, body in b.feed(ev.text_delta, final))
+        out += b"".join(_event(name, body) for name, body in b.think(ev.reasoning_delta) + b.feed(ev.text_delta, final))
         if final:
             reason, seq = stop_reason(req, result, b.called)
             out += _event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": seq},
@@ -204,6 +220,8 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
         "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "top_k": {"type": "integer", "minimum": 0},
         "stream": {"type": "boolean"}, "tools": {"type": "array", "items": {"type": "object", "required": ["name"]}},
         "tool_choice": {"type": "object", "required": ["type"]},
+        "thinking": {"type": "object", "required": ["type"], "properties": {
+            "type": {"enum": ["enabled", "disabled"]}, "budget_tokens": {"type": "integer", "minimum": 1}}},
         "metadata": {"type": "object", "properties": {"user_id": {"type": "string"}}}},
         "description": "Anthropic's Messages request (temperature, top_p, top_k from the body: the 2.x SDK's "
                        "extra_body)."},

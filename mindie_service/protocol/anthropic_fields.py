@@ -12,8 +12,11 @@ tokens through either dialect.
 - ``max_tokens`` (required), ``stop_sequences``, ``temperature`` ([0, 1], default 1.0 as Anthropic's),
   ``top_p`` and ``top_k`` (default off) read from the body: the 2.x SDK takes them through ``extra_body``.
 - ``metadata.user_id``: recorded in the access log as the end user (OpenAI's safety_identifier).
-- ``thinking``: only ``{"type": "disabled"}`` until reasoning is parsed apart from the answer (issue 45's
-  reasoning split); ``service_tier``: ``auto`` / ``standard_only`` (one tier here). ``cache_control`` on blocks
+- ``thinking``: ``enabled`` with ``budget_tokens`` (the engine's thinking budget) or ``disabled`` (the template's
+  ``enable_thinking: false``), protocol.reasoning_fields; the answer's ``thinking`` blocks come from the engine's
+  split (a model whose template does not think has none). An assistant turn's ``thinking`` and
+  ``redacted_thinking`` blocks are taken and dropped (chat templates drop earlier turns' thinking); ``service_tier``:
+  ``auto`` / ``standard_only`` (one tier here). ``cache_control`` on blocks
   is taken: the prefix cache keeps every prompt's KV without being asked.
 Any other field is refused by name."""
 from __future__ import annotations
@@ -28,6 +31,7 @@ from mindie_service.inputs.types import ChatMessage, ChatPrompt
 from mindie_service.params.rule import read_fields
 from mindie_service.params.table import ANTHROPIC
 from mindie_service.protocol.openai_fields import ClientFields
+from mindie_service.protocol.reasoning_fields import messages_thinking
 from mindie_service.protocol.request import GenerationRequest
 from mindie_service.protocol.tool_calls import ToolsRequest, parse_tools
 from mindie_service.protocol.validation import get_str_list
@@ -117,7 +121,8 @@ def _turn(m: Any, where: str, counter: list[int], policy: MediaPolicy) -> list[C
     out: list[ChatMessage] = []
     parts: list[Any] = []
     calls: list[tuple[str, str, str]] = []
-    allowed = ("text", "image", "tool_result") if role == "user" else ("text", "tool_use")
+    allowed = ("text", "image", "tool_result") if role == "user" else ("text", "tool_use", "thinking",
+                                                                         "redacted_thinking")
     for j, b in enumerate(c):
         at = f"{where}.content[{j}]"
         kind = b.get("type") if isinstance(b, dict) else None
@@ -129,6 +134,8 @@ def _turn(m: Any, where: str, counter: list[int], policy: MediaPolicy) -> list[C
             parts.append(_image(b, at, counter, policy))
         elif kind == "tool_result":
             out.append(_tool_result(b, at))
+        elif kind in ("thinking", "redacted_thinking"):
+            continue  # earlier thinking: the template leaves it out of the prompt
         else:
             calls.append(_tool_use(b, at))
     if role == "assistant":
@@ -202,9 +209,6 @@ def _refusals(body: dict[str, Any]) -> None:
     if unknown:
         raise ValidationError(f"Parameter {unknown[0]} is not supported on /v1/messages (it takes "
                               f"{', '.join(sorted(FIELDS))}), got {body[unknown[0]]!r}")
-    th = body.get("thinking")
-    check(th is None or th == {"type": "disabled"}, "thinking",
-          'absent or {"type": "disabled"} (the models here do not reason apart from their answer yet)', th)
     check(body.get("service_tier") in (None, "auto", "standard_only"), "service_tier",
           "auto or standard_only (every request is served at one tier here)", body.get("service_tier"))
 
@@ -216,7 +220,8 @@ def prompt_of(body: dict[str, Any], fmt: ToolFormat | None,
     tools = _tools(body, fmt)
     messages = tuple(_messages(body, policy))
     shown = tools.tools if tools is not None and tools.active else ()
-    return ChatPrompt(messages, shown, fmt), tools
+    kwargs = messages_thinking(body.get("thinking"), body.get("max_tokens"))[1]
+    return ChatPrompt(messages, shown, fmt, tuple(sorted(kwargs.items()))), tools
 
 
 def parse_count_tokens(body: dict[str, Any], fmt: ToolFormat | None, policy: MediaPolicy) -> ChatPrompt:
@@ -250,7 +255,8 @@ def parse_messages(body: dict[str, Any], *, model: str, policy: MediaPolicy, voc
         max_tokens=v["max_tokens"], temperature=temp,
         top_k=0 if greedy or not top_k or top_k >= vocab_size else top_k,
         top_p=1.0 if greedy else v.get("top_p", 1.0), stop=stop, adapter_id=adapter_id,
-        structured_outputs=tools.spec() if tools is not None else None)
+        structured_outputs=tools.spec() if tools is not None else None, split_reasoning=True,
+        thinking_budget=messages_thinking(body.get("thinking"), v["max_tokens"])[0])
     return AnthropicRequest(prompt=prompt, params=params, stream=v.get("stream", False), sampling=not greedy,
                             model=model, request_id=request_id, tools=tools, stop_sequences=tuple(stop),
                             client=ClientFields((meta or {}).get("user_id")))

@@ -98,6 +98,7 @@ def parse_generation(body: dict[str, Any], *, dialect: Dialect, stream: bool,
         seed=v.get("seed"), stop=stop, logprobs=v.get("logprobs") or None,
         prompt_logprobs=decoder_input_details or (dialect == "mindie" and details),
         adapter_id=adapter, structured_outputs=read_structured(p, dialect),
+        thinking_budget=v.get("thinking_budget"),  # the text stays whole (markers included): no split here
     )
     return GenerationRequest(
         prompt=prompt, params=params, truncate=v.get("truncate"), stream=stream,

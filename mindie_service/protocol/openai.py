@@ -23,6 +23,7 @@ from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
 from mindie_service.params.structured_field import read_structured
 from mindie_service.protocol.validation import get_str, get_str_list
 from mindie_service.protocol.tool_calls import ToolsRequest, message_tool_fields, parse_tools
+from mindie_service.protocol.reasoning_fields import chat_reasoning
 from mindie_service.protocol.openai_fields import CLIENT_FIELDS, ClientFields, client_fields, legacy_functions
 from mindie_service.structured.request_forms import GUIDED, one_of
 from mindie_service.structured.tool_formats import ToolFormat, detect
@@ -44,7 +45,8 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "
 _FIELDS: dict[str, frozenset[str]] = {
     "completion": frozenset(_COMMON | {"prompt", "echo", "suffix", "best_of"}),
     "chat": frozenset(_COMMON | CLIENT_FIELDS | {"messages", "max_completion_tokens", "top_logprobs",
-                                                 "parallel_tool_calls", "tools", "tool_choice"}),
+                                                 "parallel_tool_calls", "tools", "tool_choice",
+                                                 "chat_template_kwargs", "thinking_token_budget"}),
 }
 VLLM_FIELDS = frozenset({"top_k", "repetition_penalty", "min_tokens", "ignore_eos", "structured_outputs",
                          *GUIDED})
@@ -197,11 +199,12 @@ def chat_messages(body: dict[str, Any], policy: MediaPolicy) -> ChatPrompt:
 
 
 
-def _with_tools(prompt: ChatPrompt, tools: ToolsRequest | None) -> ChatPrompt:
-    """The chat prompt with the tools the model may call (tool_choice none: none shown)."""
+def _with_tools(prompt: ChatPrompt, tools: ToolsRequest | None, kwargs: dict[str, Any]) -> ChatPrompt:
+    """The chat prompt with the tools the model may call (tool_choice none: none shown) and the template's kwargs."""
+    kw = tuple(sorted(kwargs.items()))
     if tools is None or not tools.active:
-        return ChatPrompt(prompt.messages, (), tools.fmt if tools is not None else None)
-    return ChatPrompt(prompt.messages, tools.tools, tools.fmt)
+        return ChatPrompt(prompt.messages, (), tools.fmt if tools is not None else None, kw)
+    return ChatPrompt(prompt.messages, tools.tools, tools.fmt, kw)
 
 
 def _logit_bias(v: Any, vocab_size: int) -> dict[int, float]:
@@ -289,11 +292,12 @@ def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: 
     body, legacy = legacy_functions(body) if kind == "chat" else (body, False)
     client = client_fields(body)
     tools = parse_tools(body, tool_format or detect(None), legacy=legacy) if kind == "chat" else None
+    think_budget, template_kw = chat_reasoning(body) if kind == "chat" else (None, {})
     v = read_fields(body, _TABLES[kind])
     stream, n = v.get("stream", False), v.get("n", 1)
     include_usage, obfuscate = _stream_options(body, stream)
     prompts = (_completion_prompts(body, limits.vocab_size) if kind == "completion"
-               else (_with_tools(chat_messages(body, limits.media_policy or MediaPolicy()), tools),))
+               else (_with_tools(chat_messages(body, limits.media_policy or MediaPolicy()), tools, template_kw),))
     check(len(prompts) * n <= MAX_CHOICES, "n", f"at most {MAX_CHOICES} choices in all (prompts x n)",
           f"{len(prompts)} x {n}")
     # Without max_tokens: the model's default, else OpenAI's 16 on completions; chat leaves it to the output cap.
@@ -315,7 +319,7 @@ def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: 
         ignore_eos=x["ignore_eos"], min_tokens=x["min_tokens"], logprobs=v.get("logprobs") or None,
         prompt_logprobs=echo,
         adapter_id=adapter_id, structured_outputs=_structured(body, support, tools),
-        cache_key=client.prompt_cache_key)
+        cache_key=client.prompt_cache_key, split_reasoning=kind == "chat", thinking_budget=think_budget)
     return OpenAIRequest(
         prompt=prompts[0], params=params, stream=stream, best_of=n, sampling=not greedy, kind=kind,
         model=model, prompts=prompts, echo=echo, logprobs=v.get("logprobs"), include_usage=include_usage,

@@ -69,7 +69,11 @@ class OpenAIEncoder(Encoder):
         n = req.n
         prompt = sum(results[i].num_prompt_tokens for i in range(0, len(results), n))
         completion = sum(completion_count(r.tokens, req.score_only) for r in results)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                               "total_tokens": prompt + completion}
+        if any(r.full_reasoning is not None for r in results):  # OpenAI's count of the thinking tokens
+            out["completion_tokens_details"] = {"reasoning_tokens": sum(r.reasoning_tokens for r in results)}
+        return out
 
     def _echo(self, req: OpenAIRequest, k: int, r: GenerationResult) -> str:
         p = req.prompts[k // req.n]
@@ -84,6 +88,8 @@ class OpenAIEncoder(Encoder):
             fr = finish_reason(r.finish_reason)
             if req.kind == "chat":
                 msg, fr = tool_response.message(req.tools, req.request_id, k, r.text, fr)
+                if r.full_reasoning is not None:  # vLLM's field: the thinking apart from the answer
+                    msg["reasoning_content"] = r.full_reasoning or None
                 choices.append({"index": k, "message": msg,
                                 "logprobs": (self._chat_logprobs(r.tokens, req.logprobs)
                                              if req.logprobs is not None else None), "finish_reason": fr})
@@ -135,8 +141,11 @@ class OpenAIEncoder(Encoder):
                 state.tool_parser = state.tool_parser or tool_response.parser_for(req.tools, req.request_id, k)
                 choice["delta"], choice["finish_reason"] = tool_response.stream_delta(
                     req.tools, state.tool_parser, text, fr)
-                if not choice["delta"] and choice["finish_reason"] is None and lp is None:
+                if not (choice["delta"] or ev.reasoning_delta) and choice["finish_reason"] is None and lp is None:
                     return b""  # a call marker held back: nothing to say yet (no run of empty deltas)
+            if ev.reasoning_delta:  # vLLM's streamed thinking, before this token's answer text (if any)
+                rest = {k: v for k, v in choice["delta"].items() if k != "content" or v}
+                choice["delta"] = {"reasoning_content": ev.reasoning_delta, **rest}
         else:
             lp = None
             if req.logprobs is not None:

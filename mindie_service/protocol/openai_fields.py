@@ -6,8 +6,7 @@ for what this server cannot do:
   store keeps it; none does on this route yet, so ``store: true`` is refused ("not stored yet") and
   ``store: false`` / ``metadata`` are accepted (OpenAI does not echo metadata in a chat completion either).
 - ``service_tier``: ``auto`` and ``default`` are what every request gets; other tiers are refused.
-- ``reasoning_effort``: ``none`` and ``minimal`` (no reasoning) are what the models here do; others are
-  refused until reasoning is parsed apart (issue 45's reasoning split).
+- ``reasoning_effort``: a thinking budget, or no thinking (protocol.reasoning_fields checks and maps it).
 - ``verbosity``: ``medium`` (OpenAI's default) only: nothing here makes answers shorter or longer.
 - ``modalities``: ``["text"]`` only; ``audio``: null only (no audio output); ``web_search_options``: null only
   (no web search); ``prediction`` (predicted outputs) refused: nothing here drafts from a client's prediction.
@@ -33,7 +32,6 @@ CLIENT_FIELDS = frozenset({"metadata", "store", "service_tier", "reasoning_effor
 _ACCEPTED = {  # field -> (values that ask for what is done anyway, why another value cannot be honoured)
     "store": ((False,), "completions are not stored yet on this route (no store keeps them)"),
     "service_tier": (("auto", "default"), "every request is served at one tier here"),
-    "reasoning_effort": (("none", "minimal"), "the models here do not reason apart from their answer yet"),
     "verbosity": (("medium",), "nothing here makes answers shorter or longer than the model writes them"),
     "audio": ((), "this server writes no audio output"),
     "web_search_options": ((), "this server has no web search"),

@@ -67,6 +67,11 @@ class GenerationResult:
     finish_reason: str | None = None
     deltas: list[str] = field(default_factory=list)
     full_text: str | None = None
+    # The reasoning split (engine.output.reasoning): the thinking apart from the answer, where the request asked
+    # for it (chat, Messages) and the model thinks; ``full_reasoning`` None: no split.
+    reasoning_deltas: list[str] = field(default_factory=list)
+    full_reasoning: str | None = None
+    reasoning_tokens: int = 0
 
     def add(self, ev: TokenEvent) -> None:
         if not self.tokens:
@@ -76,13 +81,20 @@ class GenerationResult:
             self.seed = ev.seed
         self.tokens.append(ev.token)
         self.deltas.append(ev.text_delta)
+        self.reasoning_deltas.append(ev.reasoning_delta)
         if ev.finish_reason is not None:
             self.finish_reason = ev.finish_reason
             self.full_text = ev.full_text
+            self.full_reasoning, self.reasoning_tokens = ev.full_reasoning, ev.reasoning_tokens
 
     @property
     def text(self) -> str:
         return self.full_text if self.full_text is not None else "".join(self.deltas)
+
+    @property
+    def reasoning(self) -> str:
+        """The thinking text ("" without a split)."""
+        return self.full_reasoning if self.full_reasoning is not None else "".join(self.reasoning_deltas)
 
     @property
     def mean_logprob(self) -> float:

@@ -12,6 +12,7 @@ from typing import Any
 from mindie_service.errors import ValidationError, check
 from mindie_service.inputs.types import ChatMessage
 from mindie_service.protocol.openai import chat_messages
+from mindie_service.protocol.reasoning_fields import template_kwargs
 from mindie_service.protocol.tool_calls import parse_tools
 from mindie_service.structured.tool_formats import detect
 from multimodal import MediaPolicy
@@ -20,7 +21,7 @@ MAX_TOKENS_IN = 1 << 20  # ids one /detokenize takes
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 _COMPLETION = frozenset({"model", "prompt", "add_special_tokens", "return_token_strs"})
 _CHAT = frozenset({"model", "messages", "add_generation_prompt", "add_special_tokens", "return_token_strs",
-                   "continue_final_message", "tools", "tool_choice", "parallel_tool_calls"})
+                   "continue_final_message", "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"})
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class TokenizeRequest:
     add_generation_prompt: bool = True
     return_token_strs: bool = False
     tools: tuple[dict[str, Any], ...] = ()  # OpenAI's function tools, rendered as the chat route renders them
+    template_kwargs: tuple[tuple[str, Any], ...] = ()  # vLLM's chat_template_kwargs (e.g. enable_thinking)
 
 
 def _flag(body: dict[str, Any], name: str, default: bool) -> bool:
@@ -69,7 +71,9 @@ def parse_tokenize(body: dict[str, Any]) -> TokenizeRequest:
         check(not _flag(body, "continue_final_message", False), "continue_final_message", "false", True)
         tools = parse_tools(body, detect(None))
         shown = tools.tools if tools is not None and tools.active else ()
+        kw = tuple(sorted(template_kwargs(body.get("chat_template_kwargs")).items()))
         return TokenizeRequest(_model(body), messages=_messages(body), return_token_strs=strs, tools=shown,
+                               template_kwargs=kw,
                                add_special_tokens=_flag(body, "add_special_tokens", False),
                                add_generation_prompt=_flag(body, "add_generation_prompt", True))
     prompt = body["prompt"]

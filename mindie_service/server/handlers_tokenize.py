@@ -60,7 +60,8 @@ class TokenizeHandler(_TokenizerRoute):
     def _render(self, engine: EngineClient, tok: Any, req: TokenizeRequest) -> str:
         """The prompt the chat route would render for these messages and tools (the same renderer)."""
         return self.ctx.frontend.processor(engine).chat.render(req.messages, req.tools, tool_format(engine, self.ctx),
-                                                                 add_generation_prompt=req.add_generation_prompt)
+                                                                 add_generation_prompt=req.add_generation_prompt,
+                                                                 template_kwargs=req.template_kwargs)
 
 
 class DetokenizeHandler(_TokenizerRoute):

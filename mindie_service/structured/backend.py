@@ -38,6 +38,7 @@ class StructuredLimits:
     forced_runs: bool = True  # append grammar-forced tokens without sampling (one chunk next step)
     overlap_fill: bool = False  # fill the step's missing masks on a thread during the forward (conf/README.md)
     tool_call_parser: str = ""  # the tool-call format (structured.tool_formats); "": found from the chat template
+    reasoning_parser: str = ""  # thinking markers (engine.output.reasoning); "": found from the template; "none"
 
 
 @dataclass(frozen=True)

@@ -135,7 +135,7 @@ def test_client_fields_take_what_they_can_and_refuse_by_name():
     assert ok.client.safety_identifier == "user-1" and ok.client.prompt_cache_key == "pck"
     assert ok.params.cache_key == "pck"  # the instance router's hint (fleet.prefix_routing)
     for field, value, words in [("store", True, "not stored yet"), ("service_tier", "flex", "one tier"),
-                                ("reasoning_effort", "high", "do not reason"), ("verbosity", "low", "shorter"),
+                                ("reasoning_effort", "extreme", "none, minimal, low"), ("verbosity", "low", "shorter"),
                                 ("modalities", ["text", "audio"], "text only"), ("audio", {"voice": "x"}, "audio"),
                                 ("web_search_options", {}, "web search"),
                                 ("prediction", {"type": "content", "content": "x"}, "predicted outputs"),

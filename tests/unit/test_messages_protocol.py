@@ -84,8 +84,9 @@ def test_tool_choices_and_images_map():
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0]"),
     ({"tools": [{"name": "w", "input_schema": {"properties": {"a": {"$ref": "#/$defs/X"}}}}]},
      "tools[0].input_schema"),
-    ({"messages": [{"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"}]},
+    ({"messages": [{"role": "assistant", "content": [{"type": "document", "source": {}}]},
                    {"role": "user", "content": "x"}]}, "messages[0].content[0].type"),
+    ({"thinking": {"type": "adaptive"}}, "thinking"),
 ])
 def test_what_cannot_be_honoured_is_refused_by_name(body, field):
     body = {"messages": [{"role": "user", "content": "x"}], **body}

@@ -17,6 +17,11 @@ decoding gives, token for token. A grammar that is done allows only EOS: the req
 Preemption by recompute keeps the output tokens, so the matcher, which has consumed exactly those, stays
 right; chunked prefill never consumes (only sampled and forced tokens do).
 
+Reasoning (engine.output.reasoning): a request still thinking is not masked and its matcher consumes nothing;
+the grammar applies from the answer's first token (``ThinkTrack.answer_from``), so json_schema with thinking
+gives free thinking, then valid JSON. A thinking budget that ran out forces the end marker's tokens here too,
+before the grammar's own forced runs (``force_think_ends``).
+
 A matcher that allows nothing (or failed) raises ``GrammarFailed`` for its rows before the sampler draws: the
 engine's per-request isolation fails that request alone."""
 from __future__ import annotations
@@ -169,6 +174,7 @@ class GrammarMasks:
 
     def mask_logits(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """``logits`` with the disallowed tokens of the constrained rows at -inf (itself when none is constrained)."""
+        logits = think_end_only(logits, seqs)
         rows = [r for r, s in enumerate(seqs) if _grammar(s) is not None]
         if not rows:
             return logits
@@ -251,19 +257,22 @@ class GrammarMasks:
             if seq is None or seq.grammar is None or seq.status is not SeqStatus.RUNNING:
                 continue
             seq.grammar.mask = None
-            # the step's run of tokens: one, or a verify row's accepted drafts and the target's token
-            bad = next((t for t in (got if isinstance(got, list) else [got]) if not seq.grammar.matcher.consume(t)),
-                       None)
+            # the step's run of tokens: one, or a verify row's accepted drafts and the target's token; the answer's
+            run = answer_part(seq, got if isinstance(got, list) else [got])
+            if run is None:
+                continue
+            bad = next((t for t in run if not seq.grammar.matcher.consume(t)), None)
             if bad is not None:
                 fail(seq, seq.grammar.matcher.error() or f"token {bad} is not allowed by the grammar")
                 continue
             due.append(seq)
         new, self._new = self._new, []
         due += [s for s in new if s.status is SeqStatus.WAITING and not s.block_table and not s.output_token_ids]
+        due += [s for s in force_think_ends(seqs, force) if s.grammar is not None and s not in due]
         self._force(due, force)
 
     def _force(self, due: list[Sequence], force: ForceHook) -> None:
-        active = [s for s in due if s.grammar.forced]
+        active = [s for s in due if s.grammar.forced and _grammar(s) is not None]
         for _ in range(MAX_FORCED_PER_STEP):
             if not active:
                 return
@@ -281,9 +290,51 @@ class GrammarMasks:
 
 
 def _grammar(row: Row) -> GrammarState | None:
-    """The grammar masking a sampler row: a sequence's own, or for a draft row its parent's."""
+    """The grammar masking a sampler row: a sequence's own, or for a draft row its parent's; none while the
+    sequence is still thinking (the grammar applies to the answer only)."""
     parent = getattr(row, "parent", None)
-    return getattr(parent if parent is not None else row, "grammar", None)
+    seq = parent if parent is not None else row
+    th = getattr(seq, "thinking", None)
+    return None if th is not None and th.answer_from is None else getattr(seq, "grammar", None)
+
+
+def answer_part(seq: Sequence, run: list[int]) -> list[int] | None:
+    """The tokens of ``run`` (the last ``len(run)`` output tokens) that belong to the answer; None: none do."""
+    th = seq.thinking
+    if th is None:
+        return run
+    if th.answer_from is None:
+        return None
+    first = len(seq.output_token_ids) - len(run)
+    return run[max(0, th.answer_from - first):] or None
+
+
+def think_end_only(logits: torch.Tensor, seqs: list[Row]) -> torch.Tensor:
+    """Rows whose thinking budget ran out before the step (a budget of 0, or forcing found no slot) may draw only
+    the end marker's next token: the budget holds on the sampled path too."""
+    due = [(r, s.thinking.next_forced()) for r, s in enumerate(seqs)
+           if not _is_draft(s) and getattr(s, "thinking", None) is not None and s.thinking.due()]
+    if not due:
+        return logits
+    logits = logits.clone()
+    for r, t in due:
+        keep = logits[r, t].clone()
+        logits[r] = float("-inf")
+        logits[r, t] = keep if bool(torch.isfinite(keep)) else 0.0
+    return logits
+
+
+def force_think_ends(seqs: dict[str, Sequence], force: ForceHook) -> list[Sequence]:
+    """Each sequence whose thinking budget ran out gets the end marker's tokens, forced (no forward, logprob 0):
+    its thinking then has exactly ``budget`` tokens. Returns those whose thinking ended so."""
+    done = []
+    for seq in [s for s in seqs.values() if s.thinking is not None and s.thinking.due()]:
+        for t in seq.thinking.end_ids:
+            if not seq.thinking.thinking or not force(seq, t):
+                break
+        if not seq.thinking.thinking and seq.status in (SeqStatus.RUNNING, SeqStatus.WAITING):
+            done.append(seq)
+    return done
 
 
 def _is_draft(row: Row) -> bool:

@@ -54,7 +54,8 @@ def eligible(seq: Sequence) -> bool:
     p = seq.params
     return (p.greedy and not p.logprobs and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0
             and p.presence_penalty == 0.0 and not p.logit_bias and p.structured_outputs is None
-            and seq.grammar is None and seq.group is None and not seq.adapter_slot and not seq.draft_token_ids
+            and seq.grammar is None and (seq.thinking is None or seq.thinking.budget is None)
+            and seq.group is None and not seq.adapter_slot and not seq.draft_token_ids
             and len(seq.output_token_ids) >= p.min_tokens)  # the C argmax bans nothing
 
 

@@ -191,8 +191,12 @@ class Speculator:
 
 def _eligible(seq: Sequence) -> bool:
     """A row on its own (beams stay unspeculated), past its prompt and decoding its next token (a constrained
-    row's forced run is first computed as a chunk of its own: the row drafts again the step after)."""
-    return seq.group is None and bool(seq.output_token_ids) and not prefilling(seq)
+    row's forced run is first computed as a chunk of its own: the row drafts again the step after). A row still
+    thinking under a budget or a grammar does not draft: the budget is checked, and the grammar starts, between
+    steps (engine.sample.grammar_masks)."""
+    th = seq.thinking
+    return (seq.group is None and bool(seq.output_token_ids) and not prefilling(seq)
+            and (th is None or (th.budget is None and seq.grammar is None) or th.answer_from is not None))
 
 
 def build_speculator(cfg: SpeculativeConfig | None, engine_cfg: EngineConfig, device: torch.device,
