@@ -2,11 +2,12 @@
 (mindie_service.serving.Frontend: admission, thread pools, input processing, sessions) they call."""
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
+
+from tornado.ioloop import IOLoop
 
 from mindie_service.catalog.catalog import Catalog
 from mindie_service.config import ServiceConfig
@@ -81,8 +82,8 @@ class ServerContext:
         running = self.settings.batch_max_running or max(1, self.engine_config.max_batch_size // 4)
         self.jobs = JobRunner(JobStore(self.settings.batch_jobs_dir), self.engine_for, self.frontend, running)
         self.jobs.resume_all()
-
-        asyncio.get_running_loop().create_task(self.responses_service().resume_all())
+        # on the IO loop once it runs (the app may be built before it starts, as in tornado's test cases)
+        IOLoop.current().spawn_callback(self.responses_service().resume_all)
 
     async def stop_jobs(self) -> None:
         if self.jobs is not None:

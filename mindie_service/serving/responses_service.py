@@ -64,6 +64,19 @@ class Resume:
     started: bool  # response.in_progress was recorded already
 
 
+def held_back_dropped(store: ResponsesStore, rid: str) -> list[tuple[int, str]]:
+    """The recorded tokens a resume goes on from: without the trailing ones whose text was still held back (half a
+    UTF-8 character): a continuation decodes its output apart from its prompt, so those bytes would never be
+    completed. They made no event; the resumed generation makes them again and records them then."""
+    tokens = store.tokens(rid)
+    keep = len(tokens)
+    while keep > 0 and tokens[keep - 1][1] == "":
+        keep -= 1
+    if keep < len(tokens):
+        store.drop_tokens(rid, keep)
+    return tokens[:keep]
+
+
 class ResponsesService:
     def __init__(self, store: ResponsesStore, frontend: Frontend, prepare: PrepareFn) -> None:
         self.store, self.frontend, self.prepare = store, frontend, prepare
@@ -321,7 +334,7 @@ class ResponsesService:
         started = row.status == "in_progress"
         if started:
             gen.running()
-        tokens = self.store.tokens(row.id)
+        tokens = held_back_dropped(self.store, row.id)
         if tokens and row.prompt:
             gen.prompt(row.prompt["input"], row.prompt["cached"])
         for _tid, delta in tokens:  # the events these made are recorded: numbering only

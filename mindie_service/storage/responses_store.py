@@ -165,6 +165,10 @@ class ResponsesStore:
                                  (runner, time.time(), rid, old)).rowcount
         return n == 1
 
+    def drop_tokens(self, rid: str, first: int) -> None:
+        """Forget the recorded tokens from the ``first``-th on (they made no event: a resume makes them again)."""
+        self._tx([("DELETE FROM response_tokens WHERE id = ? AND n >= ?", (rid, first))])
+
     def tokens(self, rid: str) -> list[tuple[int, str]]:
         with self._lock:
             rows = self._db.execute("SELECT token, delta FROM response_tokens WHERE id = ? ORDER BY n", (rid,))

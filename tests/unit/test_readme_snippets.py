@@ -60,6 +60,7 @@ def test_every_readme_block_says_its_language_and_every_skip_names_a_block() -> 
 
 def test_the_anthropic_snippet_runs_until_the_network(tmp_path: Path) -> None:
     pytest.importorskip("anthropic")
+    generate_dev_certs(str(tmp_path / "security"))
     snippet = _python_block("### Anthropic Messages API").replace("127.0.0.1:1025", f"127.0.0.1:{free_port()}")
     code = snippet.replace("Anthropic(base_url", "Anthropic(max_retries=0, base_url")
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -126,3 +126,18 @@ def test_a_record_never_overwrites_a_cancel(tmp_path):
     s.record("resp_a", [(0, 5, "x")], [{"type": "d", "sequence_number": 0}], {"id": "resp_a", "status": "completed"})
     assert s.get("resp_a", "").status == "cancelled" and s.status("resp_a") == "cancelled"
     assert not s.claim("resp_a", "me", time.time(), lambda r: True)  # ended: nothing to take over
+
+
+def test_a_resume_goes_on_before_the_tokens_whose_text_was_held_back(tmp_path):
+    """Tokens that ended a cut response with half a UTF-8 character (empty deltas: no event yet) are made again by
+    the resumed generation, which decodes its output apart from its prompt and would never complete those bytes; their
+    rows go, so that the new ones are recorded once."""
+    from mindie_service.serving.responses_service import held_back_dropped
+    s = ResponsesStore(tmp_path, 100, 3600)
+    _create(s, "resp_a", status="in_progress", bg=True)
+    s.record("resp_a", [(0, 7, "he"), (1, 8, ""), (2, 9, "é"), (3, 10, ""), (4, 11, "")],
+             [{"type": "d", "sequence_number": 0}, {"type": "d", "sequence_number": 1}])
+    assert held_back_dropped(s, "resp_a") == [(7, "he"), (8, ""), (9, "é")]
+    assert s.tokens("resp_a") == [(7, "he"), (8, ""), (9, "é")]
+    s.record("resp_a", [(3, 10, ""), (4, 11, "x")], [{"type": "d", "sequence_number": 2}])  # made again: no clash
+    assert held_back_dropped(s, "resp_a") == s.tokens("resp_a") and len(s.tokens("resp_a")) == 5
