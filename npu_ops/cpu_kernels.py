@@ -26,7 +26,7 @@ from array import array
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -126,6 +126,15 @@ _status = "not loaded yet"
 # The library last loaded: weights packed with it keep running on it after the kernels are switched off
 # (e.g. a later engine in this process configured with cpu_kernels: false).
 _last_loaded: ctypes.CDLL | None = None
+
+
+def loaded(declare: Callable[[ctypes.CDLL], ctypes.CDLL]) -> ctypes.CDLL:
+    """The kernels this process loaded (the last ones, where they were switched off since: weights packed with
+    them keep running), with ``declare``'s ctypes types set; RuntimeError where none were ever loaded."""
+    lib = load() or _last_loaded
+    if lib is None:
+        raise RuntimeError("the CPU kernels are not loaded")
+    return declare(lib)
 
 
 def describe() -> str:

@@ -141,10 +141,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def _lib() -> ctypes.CDLL:
-    lib = cpu_kernels.load() or cpu_kernels._last_loaded
-    if lib is None:
-        raise RuntimeError("the CPU kernels are not loaded")
-    return _declare(lib)
+    return cpu_kernels.loaded(_declare)
 
 
 def quantize_q8k(x: torch.Tensor) -> torch.Tensor:

@@ -102,3 +102,29 @@ def finish(w: Any) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def llama_writer(path: Path, name: str, hidden: int, ffn: int, vocab: int, layers: int) -> Any:
+    """A GGUFWriter for a random Llama's file at ``path``: 2 heads, 1 KV head, context 128, its hyperparameters
+    written (the tensors are the caller's: ``llama_shapes``)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    for add, v in ((w.add_name, name), (w.add_block_count, layers), (w.add_context_length, 128),
+                   (w.add_embedding_length, hidden), (w.add_feed_forward_length, ffn), (w.add_head_count, 2),
+                   (w.add_head_count_kv, 1), (w.add_layer_norm_rms_eps, 1e-5), (w.add_rope_freq_base, 10000.0),
+                   (w.add_vocab_size, vocab)):
+        add(v)
+    return w
+
+
+def llama_shapes(hidden: int, ffn: int, vocab: int, layers: int) -> dict[str, tuple[int, ...]]:
+    """The ggml name and shape of each tensor of ``llama_writer``'s model (a tied head: no ``output.weight``)."""
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
+    for b in range(layers):
+        shapes.update({f"blk.{b}.attn_norm.weight": (hidden,), f"blk.{b}.ffn_norm.weight": (hidden,),
+                       f"blk.{b}.attn_q.weight": (hidden, hidden), f"blk.{b}.attn_k.weight": (hidden // 2, hidden),
+                       f"blk.{b}.attn_v.weight": (hidden // 2, hidden), f"blk.{b}.attn_output.weight": (hidden, hidden),
+                       f"blk.{b}.ffn_gate.weight": (ffn, hidden), f"blk.{b}.ffn_up.weight": (ffn, hidden),
+                       f"blk.{b}.ffn_down.weight": (hidden, ffn)})
+    return shapes

@@ -19,6 +19,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from mindie_service.storage.sqlite_db import open_db
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     job_id TEXT PRIMARY KEY, created REAL NOT NULL, status TEXT NOT NULL, model TEXT NOT NULL,
@@ -60,10 +62,7 @@ class JobStore:
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(self.folder / "jobs.sqlite3"), isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit survives a process kill
-        self._db.executescript(SCHEMA)
+        self._db = open_db(self.folder / "jobs.sqlite3", SCHEMA)
         self._lock = threading.Lock()
 
     def close(self) -> None:

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from mindie_service.storage.sqlite_db import open_db
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -61,11 +62,7 @@ class ResponsesStore:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.max_responses, self.max_age = max_responses, max_age
-        self._db = sqlite3.connect(str(self.folder / "responses.sqlite3"), isolation_level=None,
-                                   check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit survives a process kill
-        self._db.executescript(SCHEMA)
+        self._db = open_db(self.folder / "responses.sqlite3", SCHEMA)
         self._lock = threading.Lock()
 
     def close(self) -> None:

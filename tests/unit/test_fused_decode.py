@@ -27,11 +27,9 @@ def _generate(llm: LLM) -> list[tuple[list[int], list[dict]]]:
             for o in out]
 
 
-@pytest.mark.parametrize("quantization", [None, "w8a8"])
-def test_fused_decode_step_gives_the_op_by_op_logits(tiny_model, quantization, monkeypatch):
-    llm = LLM(str(tiny_model), dtype="float32", cache_block_size=4, num_kv_blocks=128, max_seq_len=256,
-              quantization=quantization, quantize_lm_head=quantization is not None)
-    calls: list[int] = []
+def count_fused_steps(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Spies on the runner's fused decode step: one entry a decode step, True where the one C call ran it."""
+    calls: list[bool] = []
     real = ModelRunner._fused_decode
 
     def spy(self: ModelRunner, decodes: list) -> torch.Tensor | None:
@@ -40,6 +38,14 @@ def test_fused_decode_step_gives_the_op_by_op_logits(tiny_model, quantization, m
         return got
 
     monkeypatch.setattr(ModelRunner, "_fused_decode", spy)
+    return calls
+
+
+@pytest.mark.parametrize("quantization", [None, "w8a8"])
+def test_fused_decode_step_gives_the_op_by_op_logits(tiny_model, quantization, monkeypatch):
+    llm = LLM(str(tiny_model), dtype="float32", cache_block_size=4, num_kv_blocks=128, max_seq_len=256,
+              quantization=quantization, quantize_lm_head=quantization is not None)
+    calls = count_fused_steps(monkeypatch)
     fused = _generate(llm)
     assert sum(calls) >= 11  # the decode steps took the C call
     monkeypatch.setattr(ModelRunner, "_fused_decode", lambda self, decodes: None)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from mindie_service import LLM, SamplingParams
 from mindie_service.devkit.lora import build_demo_lora
@@ -18,6 +17,7 @@ from mindie_service.models import fused_layers, gguf_packed
 from npu_ops import cpu_kernels
 from npu_ops.gguf_modules import GgufEmbedding, GgufLinear
 from tests.gguf_files import write_gguf
+from tests.unit.test_fused_decode import count_fused_steps
 
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here")
@@ -48,15 +48,7 @@ def test_the_fused_decode_step_gives_the_op_by_op_logits(tiny_gguf, monkeypatch)
     m = llm.engine.runner.model
     assert isinstance(m.embed_tokens, GgufEmbedding) and m.lm_head.kinds == ["Q4_0"]
     assert m.layers[0].self_attn.qkv_proj.kinds == ["Q4_1", "Q8_0"]
-    calls: list[bool] = []
-    real = ModelRunner._fused_decode
-
-    def spy(self: ModelRunner, decodes: list) -> torch.Tensor | None:
-        got = real(self, decodes)
-        calls.append(got is not None)
-        return got
-
-    monkeypatch.setattr(ModelRunner, "_fused_decode", spy)
+    calls = count_fused_steps(monkeypatch)
     fused = _generate(llm)
     assert sum(calls) >= 11  # the decode steps took the C call
     monkeypatch.setattr(ModelRunner, "_fused_decode", lambda self, decodes: None)

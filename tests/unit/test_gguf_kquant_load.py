@@ -16,7 +16,7 @@ from mindie_service.devkit.quant_eval import compare, teacher_forced_logprobs
 from mindie_service.models.loader import load_model
 from npu_ops import cpu_kernels, gguf_cpu
 from npu_ops.gguf_modules import GgufEmbedding, GgufLinear
-from tests.gguf_files import finish
+from tests.gguf_files import finish, llama_shapes, llama_writer
 from tests.unit.test_gguf_kquant import kquantize
 
 gguf = pytest.importorskip("gguf")
@@ -28,28 +28,12 @@ MIXES = {"Q4_K_M": ("Q4_K", "Q6_K"), "Q5_K_M": ("Q5_K", "Q6_K")}
 TOKENS = [int(t) for t in np.random.default_rng(1).integers(0, VOCAB, size=48)]
 
 
-def _shapes() -> dict[str, tuple[int, ...]]:
-    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (VOCAB, HIDDEN), "output_norm.weight": (HIDDEN,)}
-    for b in range(LAYERS):
-        shapes.update({f"blk.{b}.attn_norm.weight": (HIDDEN,), f"blk.{b}.ffn_norm.weight": (HIDDEN,),
-                       f"blk.{b}.attn_q.weight": (HIDDEN, HIDDEN), f"blk.{b}.attn_k.weight": (HIDDEN // 2, HIDDEN),
-                       f"blk.{b}.attn_v.weight": (HIDDEN // 2, HIDDEN), f"blk.{b}.attn_output.weight": (HIDDEN, HIDDEN),
-                       f"blk.{b}.ffn_gate.weight": (FFN, HIDDEN), f"blk.{b}.ffn_up.weight": (FFN, HIDDEN),
-                       f"blk.{b}.ffn_down.weight": (HIDDEN, FFN)})
-    return shapes
-
-
 def write_mix(path: Path, mix: str) -> Path:
     """A random 2-layer Llama (2 heads of 128, 1 KV head, tied head) in llama.cpp's ``mix``."""
     base, high = MIXES[mix]
-    w = gguf.GGUFWriter(str(path), "llama")
-    for add, v in ((w.add_name, "kq"), (w.add_block_count, LAYERS), (w.add_context_length, 128),
-                   (w.add_embedding_length, HIDDEN), (w.add_feed_forward_length, FFN), (w.add_head_count, 2),
-                   (w.add_head_count_kv, 1), (w.add_layer_norm_rms_eps, 1e-5), (w.add_rope_freq_base, 10000.0),
-                   (w.add_vocab_size, VOCAB)):
-        add(v)
+    w = llama_writer(path, "kq", HIDDEN, FFN, VOCAB, LAYERS)
     rng = np.random.default_rng(0)
-    for name, shape in _shapes().items():
+    for name, shape in llama_shapes(HIDDEN, FFN, VOCAB, LAYERS).items():
         if len(shape) == 1:
             w.add_tensor(name, (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
             continue

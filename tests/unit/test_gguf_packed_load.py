@@ -20,7 +20,7 @@ from mindie_service.errors import ValidationError
 from mindie_service.models.loader import load_model
 from npu_ops import cpu_kernels
 from npu_ops.gguf_modules import GgufEmbedding, GgufLinear
-from tests.gguf_files import add_tensor, finish
+from tests.gguf_files import add_tensor, finish, llama_shapes, llama_writer
 
 gguf = pytest.importorskip("gguf")
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here")
@@ -32,20 +32,9 @@ LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "f
 
 def write_model(path: Path, qtype: object, overrides: dict[str, object] | None = None) -> Path:
     """A random 2-layer Llama, tied head, every linear and the embeddings in ``qtype`` (``overrides`` per name)."""
-    w = gguf.GGUFWriter(str(path), "llama")
-    for add, v in ((w.add_name, "tiny"), (w.add_block_count, LAYERS), (w.add_context_length, 128),
-                   (w.add_embedding_length, HIDDEN), (w.add_feed_forward_length, FFN), (w.add_head_count, 2),
-                   (w.add_head_count_kv, 1), (w.add_layer_norm_rms_eps, 1e-5), (w.add_rope_freq_base, 10000.0),
-                   (w.add_vocab_size, VOCAB)):
-        add(v)
+    w = llama_writer(path, "tiny", HIDDEN, FFN, VOCAB, LAYERS)
     rng = np.random.default_rng(0)
-    shapes = {"token_embd.weight": (VOCAB, HIDDEN), "output_norm.weight": (HIDDEN,)}
-    for b in range(LAYERS):
-        shapes.update({f"blk.{b}.attn_norm.weight": (HIDDEN,), f"blk.{b}.ffn_norm.weight": (HIDDEN,),
-                       f"blk.{b}.attn_q.weight": (HIDDEN, HIDDEN), f"blk.{b}.attn_k.weight": (HIDDEN // 2, HIDDEN),
-                       f"blk.{b}.attn_v.weight": (HIDDEN // 2, HIDDEN), f"blk.{b}.attn_output.weight": (HIDDEN, HIDDEN),
-                       f"blk.{b}.ffn_gate.weight": (FFN, HIDDEN), f"blk.{b}.ffn_up.weight": (FFN, HIDDEN),
-                       f"blk.{b}.ffn_down.weight": (HIDDEN, FFN)})
+    shapes = llama_shapes(HIDDEN, FFN, VOCAB, LAYERS)
     types = {n: qtype for n, s in shapes.items() if len(s) == 2}
     types.update(overrides or {})
     for name, shape in shapes.items():
