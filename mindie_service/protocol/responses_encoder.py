@@ -26,11 +26,12 @@ class Usage:
     input: int = 0
     cached: int = 0
     output: int = 0
+    reasoning: int = 0  # of the output's, thinking (a reasoning split)
 
     def json(self) -> dict[str, Any]:
         return {"input_tokens": self.input,
                 "input_tokens_details": {"cached_tokens": self.cached, "cache_write_tokens": 0},
-                "output_tokens": self.output, "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens": self.output, "output_tokens_details": {"reasoning_tokens": self.reasoning},
                 "total_tokens": self.input + self.output}
 
 
@@ -56,7 +57,7 @@ class ResponseState:
             "instructions": o.instructions, "max_output_tokens": o.max_output_tokens, "max_tool_calls": None,
             "metadata": o.metadata, "model": chat.model, "output": self.output,
             "parallel_tool_calls": chat.tools.parallel if chat.tools is not None else True,
-            "previous_response_id": o.previous_response_id, "reasoning": {"effort": None, "summary": None},
+            "previous_response_id": o.previous_response_id, "reasoning": {"effort": o.reasoning_effort, "summary": None},
             "service_tier": "default", "store": o.store,
             "temperature": 1.0 if o.temperature is None else o.temperature,
             "text": {"format": o.text_format, "verbosity": "medium"}, "tool_choice": o.tool_choice,

@@ -6,10 +6,12 @@ tool-call parser (protocol.tool_parser) and returns the events it causes, each n
 cannot disagree: the items depend on the text, never on where a chunk ended.
 
 Items: ``message`` (one ``output_text`` part, ``annotations: []``), ``function_call`` (``call_id``, ``name``,
-``arguments``) and ``reasoning`` (kept in the model for a reasoning split; nothing produces it yet). Events:
+``arguments``) and ``reasoning`` (the thinking a reasoning split parsed apart from the answer: one
+``reasoning_text`` part; ``summary`` is empty: nothing here summarizes). Events:
 ``response.output_item.added`` / ``.done``, ``response.content_part.added`` / ``.done``,
-``response.output_text.delta`` / ``.done``, ``response.function_call_arguments.delta`` / ``.done``; the
-response-level ones (created, in_progress, completed, incomplete, failed, error) are ``lifecycle``'s."""
+``response.output_text.delta`` / ``.done``, ``response.reasoning_text.delta`` / ``.done``,
+``response.function_call_arguments.delta`` / ``.done``; the response-level ones (created, in_progress, completed,
+incomplete, failed, error) are ``lifecycle``'s."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -52,11 +54,13 @@ class OutputItem:
                     "name": self.name, "arguments": self.text}
         if self.kind == "reasoning":
             return {"id": self.id, "type": "reasoning", "status": self.status, "summary": [],
-                    "content": [{"type": "reasoning_text", "text": self.text}]}
+                    "content": [self.part()] if self.status != "in_progress" else []}
         return {"id": self.id, "type": "message", "status": self.status, "role": "assistant",
                 "content": [self.part()] if self.status != "in_progress" else []}
 
     def part(self) -> dict[str, Any]:
+        if self.kind == "reasoning":
+            return {"type": "reasoning_text", "text": self.text}
         out: dict[str, Any] = {"type": "output_text", "text": self.text, "annotations": []}
         if self.logprobs is not None:
             out["logprobs"] = self.logprobs
@@ -99,6 +103,11 @@ class ResponseEmitter:
         if it.kind == "function_call":
             evs = [self.event("response.function_call_arguments.done", item_id=it.id, output_index=k,
                               arguments=it.text, name=it.name)]
+        elif it.kind == "reasoning":
+            evs = [self.event("response.reasoning_text.done", item_id=it.id, output_index=k, content_index=0,
+                              text=it.text),
+                   self.event("response.content_part.done", item_id=it.id, output_index=k, content_index=0,
+                              part=it.part())]
         else:
             if it.logprobs is not None:
                 it.logprobs += self._pending
@@ -115,9 +124,23 @@ class ResponseEmitter:
         self._open = it
         k = len(self.items) - 1
         evs = [self.event("response.output_item.added", output_index=k, item=it.json())]
-        if it.kind == "message":
+        if it.kind in ("message", "reasoning"):
+            part = {"type": "reasoning_text", "text": ""} if it.kind == "reasoning" else \
+                {"type": "output_text", "text": "", "annotations": []}
             evs.append(self.event("response.content_part.added", item_id=it.id, output_index=k, content_index=0,
-                                  part={"type": "output_text", "text": "", "annotations": []}))
+                                  part=part))
+        return evs
+
+    def _thought(self, text: str) -> list[Event]:
+        """Thinking text: into the open reasoning item (opened now, closing the item before it, if none is open)."""
+        evs: list[Event] = []
+        if self._open is None or self._open.kind != "reasoning":
+            evs = self._close("completed") + self._add(OutputItem("reasoning", self._item_id("rs")))
+        it = self._open
+        assert it is not None
+        it.text += text
+        evs.append(self.event("response.reasoning_text.delta", item_id=it.id, output_index=len(self.items) - 1,
+                              content_index=0, delta=text))
         return evs
 
     def _text_open(self) -> list[Event]:
@@ -154,13 +177,15 @@ class ResponseEmitter:
         return evs
 
     # -- the text --------------------------------------------------------------------------------
-    def feed(self, text: str, tokens: Sequence[TokenInfo] = (), final: bool = False) -> list[Event]:
-        """The events ``text`` (the next text delta; ``tokens``: those that made it) causes."""
+    def feed(self, text: str, tokens: Sequence[TokenInfo] = (), final: bool = False,
+             thought: str = "") -> list[Event]:
+        """The events ``text`` (the next answer delta; ``thought``: the thinking delta before it; ``tokens``: those
+        that made them) causes."""
         if self.top_logprobs is not None:
             self._pending += [logprob_json(t, self.top_logprobs) for t in tokens]
+        evs: list[Event] = self._thought(thought) if thought else []
         if self._parser is None:
-            return self._text(text) if text else []
-        evs: list[Event] = []
+            return evs + (self._text(text) if text else [])
         for x in self._parser.feed_ordered(text, final=final):  # an item for each run, in the text's order
             evs += self._text(x) if isinstance(x, str) else self._call(x.id, x.name, x.arguments)
         return evs
@@ -168,7 +193,9 @@ class ResponseEmitter:
     def finish(self, status: str) -> list[Event]:
         """Close the open item: ``completed``, or ``incomplete`` when the output cap cut it. An answer with no
         text and no call still has its (empty) message, as chat's has ``content: ""``."""
-        evs = [] if self.items else self._text_open()
+        if status == "incomplete" and self._open is not None and self._open.kind == "reasoning":
+            return self._close("incomplete")  # cut while thinking: no answer yet, as OpenAI's (no message item)
+        evs = [] if any(it.kind != "reasoning" for it in self.items) else self._text_open()
         return evs + self._close("incomplete" if status == "incomplete" else "completed")
 
     @property

@@ -5,8 +5,9 @@ The Responses fields map onto chat's (``CHAT_NAMES``) and the chat parser reads 
 conversation make the same engine request: greedy output is identical. What Responses adds is read here:
 ``instructions`` (a system message first), ``input`` items (protocol.responses_input), the flat function
 tools, ``text.format``, ``include``, ``truncation``, ``metadata``, ``store``, ``background`` and
-``previous_response_id`` (the handler prepends the stored conversation). A field we cannot honour (built-in
-tools such as web_search, ``reasoning`` effort, ``conversation``) is refused by name."""
+``previous_response_id`` (the handler prepends the stored conversation), ``reasoning.effort`` (chat's
+``reasoning_effort``: a thinking budget, or no thinking). A field we cannot honour (built-in tools such as
+web_search, ``reasoning.summary``, ``conversation``) is refused by name."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ FIELDS = frozenset({"model", "input", "instructions", "tools", "tool_choice", "p
                     "service_tier", "stream_options"})
 INCLUDABLE = frozenset({"message.output_text.logprobs"})
 # chat's name -> the Responses field it came from (an error names the field the client wrote)
-CHAT_NAMES = {"max_completion_tokens": "max_output_tokens", "response_format": "text.format",
+CHAT_NAMES = {"max_completion_tokens": "max_output_tokens", "reasoning_effort": "reasoning.effort", "response_format": "text.format",
               "top_logprobs": "top_logprobs", "messages": "input", "logprobs": "include"}
 MAX_METADATA = 16
 
@@ -46,6 +47,7 @@ class ResponsesOptions:
     temperature: float | None = None
     top_p: float | None = None
     top_logprobs: int | None = None
+    reasoning_effort: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,10 +69,23 @@ def _refuse_unknown(body: dict[str, Any]) -> None:
     if unknown:
         raise ValidationError(f"Parameter {unknown[0]} is not supported on /v1/responses "
                               f"(this route takes {', '.join(sorted(FIELDS))})")
-    for name, ok in (("reasoning", (None, {})), ("service_tier", (None, "auto", "default"))):
+    for name, ok in (("service_tier", (None, "auto", "default")),):
         if body.get(name) not in ok:
             raise ValidationError(f"Parameter {name} must be absent or one of {ok!r} "
                                   f"(not supported by this server), got {body[name]!r}")
+
+
+def _reasoning(v: Any) -> str | None:
+    """``reasoning.effort`` (None: the template's default). A summary is refused: the reasoning items carry the
+    thinking text itself, and nothing here writes summaries of it."""
+    if v is None:
+        return None
+    check(isinstance(v, dict) and set(v) <= {"effort", "summary", "generate_summary"}, "reasoning",
+          "an object {effort, summary}", v)
+    for name in ("summary", "generate_summary"):
+        check(v.get(name) is None, f"reasoning.{name}", "absent or null (no summaries are written here: the "
+              "reasoning items carry the thinking text itself)", v.get(name))
+    return v.get("effort")
 
 
 def _tool(t: Any, where: str) -> dict[str, Any]:
@@ -148,6 +163,9 @@ def chat_body(body: dict[str, Any], messages: list[dict[str, Any]], text_format:
                      ("parallel_tool_calls", "parallel_tool_calls"), ("user", "user"), ("stream", "stream")):
         if body.get(src) is not None:
             out[dst] = body[src]
+    effort = _reasoning(body.get("reasoning"))
+    if effort is not None:
+        out["reasoning_effort"] = effort
     if body.get("tools") is not None:
         check(isinstance(body["tools"], list), "tools", "a list of function tools", body["tools"])
         out["tools"] = [_tool(t, f"tools[{i}]") for i, t in enumerate(body["tools"])]
@@ -199,7 +217,8 @@ def parse_responses(body: dict[str, Any], history: list[dict[str, Any]], **chat_
         background=_flag(body, "background", False), previous_response_id=prev, include=include,
         truncation=truncation, user=body.get("user"), text_format=fmt, tools=tuple(body.get("tools") or ()),
         tool_choice=body.get("tool_choice") or "auto", max_output_tokens=body.get("max_output_tokens"),
-        temperature=body.get("temperature"), top_p=body.get("top_p"), top_logprobs=body.get("top_logprobs"))
+        temperature=body.get("temperature"), top_p=body.get("top_p"), top_logprobs=body.get("top_logprobs"),
+        reasoning_effort=_reasoning(body.get("reasoning")))
     if opts.background:
         check(opts.store, "background", "false unless store is true (a background response lives in the store)",
               True)

@@ -50,23 +50,26 @@ class ResponseGen:
         """The events of one engine event (the last closes the response)."""
         if self.count == 0 and ev.num_prompt_tokens:
             self.prompt(ev.num_prompt_tokens, ev.num_cached_tokens)
-        return self.text(ev.text_delta, [ev.token], ev.finish_reason)
+        if ev.finish_reason is not None:
+            self.usage.reasoning = ev.reasoning_tokens
+        return self.text(ev.text_delta, [ev.token], ev.finish_reason, ev.reasoning_delta)
 
-    def text(self, delta: str, tokens: list[TokenInfo], finish_reason: str | None) -> list[Event]:
+    def text(self, delta: str, tokens: list[TokenInfo], finish_reason: str | None, thought: str = "") -> list[Event]:
         self.count += len(tokens)
-        evs = self.emitter.feed(delta, tokens, final=finish_reason is not None)
+        evs = self.emitter.feed(delta, tokens, final=finish_reason is not None, thought=thought)
         return evs + self.end(finish_reason) if finish_reason is not None else evs
 
-    def replay(self, delta: str) -> None:
+    def replay(self, delta: str, thought: str = "") -> None:
         """A recorded token fed again after a restart: its events were recorded, so they are dropped (only the
         numbering and the items move on)."""
         self.count += 1
-        self.emitter.feed(delta)
+        self.emitter.feed(delta, thought=thought)
 
     def whole(self, result: GenerationResult) -> list[Event]:
         """A folded result fed at once (the non-streamed response: the same emitter, so the same items)."""
         self.prompt(result.num_prompt_tokens, result.num_cached_tokens)
-        return self.text(result.text, result.tokens, result.finish_reason or "stop")
+        self.usage.reasoning = result.reasoning_tokens
+        return self.text(result.text, result.tokens, result.finish_reason or "stop", result.reasoning)
 
     def end(self, finish_reason: str) -> list[Event]:
         status = "incomplete" if finish_reason == FINISH_LENGTH else "completed"

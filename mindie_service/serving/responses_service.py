@@ -64,13 +64,13 @@ class Resume:
     started: bool  # response.in_progress was recorded already
 
 
-def held_back_dropped(store: ResponsesStore, rid: str) -> list[tuple[int, str]]:
+def held_back_dropped(store: ResponsesStore, rid: str) -> list[tuple[int, str, str]]:
     """The recorded tokens a resume goes on from: without the trailing ones whose text was still held back (half a
     UTF-8 character): a continuation decodes its output apart from its prompt, so those bytes would never be
     completed. They made no event; the resumed generation makes them again and records them then."""
     tokens = store.tokens(rid)
     keep = len(tokens)
-    while keep > 0 and tokens[keep - 1][1] == "":
+    while keep > 0 and tokens[keep - 1][1] == "" and tokens[keep - 1][2] == "":
         keep -= 1
     if keep < len(tokens):
         store.drop_tokens(rid, keep)
@@ -222,7 +222,7 @@ class ResponsesService:
                     evs = gen.token(ev)
                     prompt = ({"ids": prompt_ids, "input": gen.usage.input, "cached": gen.usage.cached}
                               if first else None)
-                    self.store.record(rid, [(gen.count - 1, ev.token.id, ev.text_delta)], evs,
+                    self.store.record(rid, [(gen.count - 1, ev.token.id, ev.text_delta, ev.reasoning_delta)], evs,
                                       gen.json() if ev.finish_reason is not None else None, prompt)
                     self._notify(rid)
                     if gen.count % CANCEL_CHECK_EVERY == 0 and self.store.status(rid) == "cancelled":
@@ -337,13 +337,13 @@ class ResponsesService:
         tokens = held_back_dropped(self.store, row.id)
         if tokens and row.prompt:
             gen.prompt(row.prompt["input"], row.prompt["cached"])
-        for _tid, delta in tokens:  # the events these made are recorded: numbering only
-            gen.replay(delta)
+        for _tid, delta, thought in tokens:  # the events these made are recorded: numbering only
+            gen.replay(delta, thought)
         recorded = self.store.last_seq(row.id)
         if gen.emitter.seq != recorded + 1:
             logger.warning("%s: replay numbered %d events, %d recorded", row.id, gen.emitter.seq, recorded + 1)
             gen.emitter.seq = recorded + 1
-        resume = Resume(tuple(row.prompt["ids"]) if row.prompt else (), tuple(t for t, _ in tokens), started)
+        resume = Resume(tuple(row.prompt["ids"]) if row.prompt else (), tuple(t for t, _, _ in tokens), started)
         if tokens and p.req.chat.params.structured_outputs is not None and p.req.chat.sampling:
             self.store.record(row.id, [], gen.fail(GenerationError(
                 "a sampled constrained response cut by a restart cannot resume (its grammar state is not kept)")),

@@ -28,7 +28,8 @@ CREATE TABLE IF NOT EXISTS responses (
     response TEXT NOT NULL, prompt TEXT, runner TEXT NOT NULL DEFAULT '', beat REAL NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS responses_created ON responses (created);
 CREATE TABLE IF NOT EXISTS response_tokens (
-    id TEXT NOT NULL, n INTEGER NOT NULL, token INTEGER NOT NULL, delta TEXT NOT NULL, PRIMARY KEY (id, n));
+    id TEXT NOT NULL, n INTEGER NOT NULL, token INTEGER NOT NULL, delta TEXT NOT NULL,
+    thought TEXT NOT NULL DEFAULT '', PRIMARY KEY (id, n));
 CREATE TABLE IF NOT EXISTS response_events (
     id TEXT NOT NULL, seq INTEGER NOT NULL, body TEXT NOT NULL, PRIMARY KEY (id, seq));
 """
@@ -63,6 +64,9 @@ class ResponsesStore:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.max_responses, self.max_age = max_responses, max_age
         self._db = open_db(self.folder / "responses.sqlite3", SCHEMA)
+        cols = {r[1] for r in self._db.execute("PRAGMA table_info(response_tokens)")}
+        if "thought" not in cols:  # a store written before tokens kept their thinking text
+            self._db.execute("ALTER TABLE response_tokens ADD COLUMN thought TEXT NOT NULL DEFAULT ''")
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -126,13 +130,13 @@ class ResponsesStore:
         return [_row(r) for r in rows]
 
     # ------------------------------------------------------------ a background response's tokens and events
-    def record(self, rid: str, tokens: list[tuple[int, int, str]], events: list[dict[str, Any]],
+    def record(self, rid: str, tokens: list[tuple[int, int, str, str]], events: list[dict[str, Any]],
                response: dict[str, Any] | None = None, prompt: dict[str, Any] | None = None) -> None:
-        """``tokens`` ((n, id, text delta) each) and the ``events`` they caused, in one transaction (with the
+        """``tokens`` ((n, id, answer delta, thinking delta) each) and the ``events`` they caused, in one transaction (with the
         response object when it changed, and the prompt's facts with the first token)."""
         st: list[tuple[str, tuple[Any, ...]]] = [
-            ("INSERT INTO response_tokens (id, n, token, delta) VALUES (?, ?, ?, ?)", (rid, n, t, d))
-            for n, t, d in tokens]
+            ("INSERT INTO response_tokens (id, n, token, delta, thought) VALUES (?, ?, ?, ?, ?)", (rid, n, t, d, th))
+            for n, t, d, th in tokens]
         st += [("INSERT INTO response_events (id, seq, body) VALUES (?, ?, ?)", (rid, e["sequence_number"], _dumps(e)))
                for e in events]
         st.append(("UPDATE responses SET beat = ? WHERE id = ?", (time.time(), rid)))
@@ -166,10 +170,12 @@ class ResponsesStore:
         """Forget the recorded tokens from the ``first``-th on (they made no event: a resume makes them again)."""
         self._tx([("DELETE FROM response_tokens WHERE id = ? AND n >= ?", (rid, first))])
 
-    def tokens(self, rid: str) -> list[tuple[int, str]]:
+    def tokens(self, rid: str) -> list[tuple[int, str, str]]:
+        """(id, answer delta, thinking delta) of each recorded token, in order."""
         with self._lock:
-            rows = self._db.execute("SELECT token, delta FROM response_tokens WHERE id = ? ORDER BY n", (rid,))
-            return [(int(t), d) for t, d in rows]
+            rows = self._db.execute("SELECT token, delta, thought FROM response_tokens WHERE id = ? ORDER BY n",
+                                    (rid,))
+            return [(int(t), d, th) for t, d, th in rows]
 
     def events(self, rid: str, after: int, limit: int = 1000) -> list[dict[str, Any]]:
         """The recorded events numbered above ``after``, in order."""

@@ -58,3 +58,24 @@ def test_mindie_thinking_budget_keeps_the_text_whole(srv):
     body = r.json()[0]
     assert "</think>" in body["generated_text"]
     assert [t["text"] for t in body["details"]["tokens"]][3] == "</think>"
+
+
+def test_responses_give_chat_s_thinking_as_a_reasoning_item_streamed_and_whole(srv):
+    """The openai client's responses.create, whole and streamed: a reasoning item holding chat's reasoning_content
+    for the same conversation (the template's default: thinking), then the message holding its content."""
+    oai = openai.OpenAI(base_url=srv.url() + "/v1", api_key="none", max_retries=0)
+    chat = oai.chat.completions.create(model="think", max_tokens=20, temperature=0, messages=ASK,
+                                       reasoning_effort="low")
+    m = chat.choices[0].message
+    r = oai.responses.create(model="think", input=ASK, max_output_tokens=20, temperature=0,
+                             reasoning={"effort": "low"})
+    assert r.reasoning.effort == "low" and r.status == "incomplete"  # 20 tokens of thinking: cut while thinking
+    assert [(it.type, it.status) for it in r.output] == [("reasoning", "incomplete")] and not m.content
+    assert r.output[0].content[0].text == m.model_extra["reasoning_content"]
+    assert r.usage.output_tokens_details.reasoning_tokens == chat.usage.completion_tokens_details.reasoning_tokens > 0
+    evs = list(oai.responses.create(model="think", input=ASK, max_output_tokens=20, temperature=0,
+                                    reasoning={"effort": "low"}, stream=True))
+    assert "".join(e.delta for e in evs if e.type == "response.reasoning_text.delta") == r.output[0].content[0].text
+    assert evs[-1].type == "response.incomplete"
+    assert [it.model_dump(exclude={"id"}) for it in evs[-1].response.output] == [
+        it.model_dump(exclude={"id"}) for it in r.output]

@@ -68,7 +68,8 @@ def test_flat_function_tools_and_choice_map_to_chat_tools():
 @pytest.mark.parametrize("body, param", [
     ({"input": "x", "frobnicate": 1}, "frobnicate"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
-    ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning"),
+    ({"input": "x", "reasoning": {"summary": "auto"}}, "reasoning.summary"),
+    ({"input": "x", "reasoning": {"effort": "huge"}}, "reasoning.effort"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
     ({"input": "x", "include": ["file_search_call.results"]}, "include"),
@@ -150,3 +151,53 @@ def test_an_empty_answer_is_one_empty_message():
     em, evs = _emit("", [], None)
     assert [it["content"][0]["text"] for it in em.output()] == [""]
     assert evs[-1]["type"] == "response.output_item.done"
+
+
+def test_reasoning_effort_is_chat_s_reasoning_effort():
+    from mindie_service.protocol.reasoning_fields import EFFORT_BUDGETS
+    low = _parse({"input": "x", "reasoning": {"effort": "low", "summary": None}})
+    assert low.chat.params.thinking_budget == EFFORT_BUDGETS["low"] and low.options.reasoning_effort == "low"
+    chat = parse_openai({"model": "m", "messages": [{"role": "user", "content": "x"}], "reasoning_effort": "low"},
+                        "chat", **KW)
+    assert low.chat.params == chat.params
+    off = _parse({"input": "x", "reasoning": {"effort": "none"}})
+    assert off.chat.params.thinking_budget is None and dict(off.chat.prompt.template_kwargs) == {"enable_thinking": False}
+
+
+THOUGHTS = st.lists(st.sampled_from(["hm", " ", "é", "so\n", "<", "think"]), max_size=8).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(thought=THOUGHTS, text=TEXTS, cuts=st.lists(st.integers(0, 60), max_size=8))
+def test_thinking_is_a_reasoning_item_before_the_answer_streamed_as_whole(thought, text, cuts):
+    """The thinking deltas (as the engine's split gives them, before the answer) make one reasoning item whose
+    reasoning_text is the thinking, then the answer's items; any chunking gives the same items."""
+    whole = ResponseEmitter("resp_" + "cd" * 24, None, None)
+    whole_evs = whole.feed(text, final=True, thought=thought) + whole.finish("completed")
+    em = ResponseEmitter("resp_" + "cd" * 24, None, None)
+    bounds = sorted({0, len(thought), *[c for c in cuts if 0 < c < len(thought)]})
+    evs = [e for a, b in zip(bounds, bounds[1:]) for e in em.feed("", thought=thought[a:b])]
+    evs += em.feed(text, final=True) + em.finish("completed")
+    assert em.output() == whole.output()
+    out = em.output()
+    if thought:
+        assert out[0]["type"] == "reasoning" and out[0]["content"] == [{"type": "reasoning_text", "text": thought}]
+        assert out[0]["id"].startswith("rs_") and out[0]["summary"] == [] and out[0]["status"] == "completed"
+    assert out[-1]["type"] == "message" and out[-1]["content"][0]["text"] == text
+    assert [e["sequence_number"] for e in evs] == list(range(len(evs)))
+    for e in evs + whole_evs:
+        EVENTS.validate_python(e)
+    assert "".join(e["delta"] for e in evs if e["type"] == "response.reasoning_text.delta") == thought
+    done = [e["text"] for e in evs if e["type"] == "response.reasoning_text.done"]
+    assert done == ([thought] if thought else [])
+
+
+def test_cut_while_thinking_is_one_incomplete_reasoning_item_and_no_message():
+    em = ResponseEmitter("resp_" + "ef" * 24, None, None)
+    em.feed("", thought="hm so")
+    em.finish("incomplete")
+    assert [(it["type"], it["status"]) for it in em.output()] == [("reasoning", "incomplete")]
+    done = ResponseEmitter("resp_" + "ef" * 24, None, None)
+    done.feed("", thought="hm", final=True)
+    done.finish("completed")  # the end of thinking and of the answer at once: the answer is empty, not absent
+    assert [(it["type"], it["status"]) for it in done.output()] == [("reasoning", "completed"), ("message", "completed")]

@@ -34,13 +34,13 @@ def test_events_after_n_come_once_in_order_and_tokens_with_them(tmp_path):
     s = ResponsesStore(tmp_path, 100, 3600)
     _create(s, "resp_a", status="in_progress", bg=True)
     s.record("resp_a", [], [{"type": "response.created", "sequence_number": 0}])
-    s.record("resp_a", [(0, 7, "he")], [{"type": "d", "sequence_number": 1}, {"type": "d", "sequence_number": 2}],
+    s.record("resp_a", [(0, 7, "he", "")], [{"type": "d", "sequence_number": 1}, {"type": "d", "sequence_number": 2}],
              prompt={"ids": [1, 2], "input": 2, "cached": 0})
-    s.record("resp_a", [(1, 8, "llo")], [{"type": "d", "sequence_number": 3}], {"id": "resp_a", "status": "completed"})
+    s.record("resp_a", [(1, 8, "llo", "")], [{"type": "d", "sequence_number": 3}], {"id": "resp_a", "status": "completed"})
     assert [e["sequence_number"] for e in s.events("resp_a", -1)] == [0, 1, 2, 3]
     assert [e["sequence_number"] for e in s.events("resp_a", 1)] == [2, 3]
     assert s.events("resp_a", 3) == [] and s.last_seq("resp_a") == 3
-    assert s.tokens("resp_a") == [(7, "he"), (8, "llo")]
+    assert s.tokens("resp_a") == [(7, "he", ""), (8, "llo", "")]
     row = s.get("resp_a", "")
     assert row.status == "completed" and row.prompt == {"ids": [1, 2], "input": 2, "cached": 0}
     assert s.unfinished() == []
@@ -49,10 +49,10 @@ def test_events_after_n_come_once_in_order_and_tokens_with_them(tmp_path):
 def test_the_store_survives_reopening(tmp_path):
     s = ResponsesStore(tmp_path, 100, 3600)
     _create(s, "resp_a", status="in_progress", bg=True)
-    s.record("resp_a", [(0, 7, "he")], [{"type": "d", "sequence_number": 0}])
+    s.record("resp_a", [(0, 7, "he", "")], [{"type": "d", "sequence_number": 0}])
     s.close()
     s2 = ResponsesStore(tmp_path, 100, 3600)
-    assert [r.id for r in s2.unfinished()] == ["resp_a"] and s2.tokens("resp_a") == [(7, "he")]
+    assert [r.id for r in s2.unfinished()] == ["resp_a"] and s2.tokens("resp_a") == [(7, "he", "")]
 
 
 def test_count_bound_drops_the_oldest_finished_never_a_running_one(tmp_path):
@@ -123,7 +123,7 @@ def test_a_record_never_overwrites_a_cancel(tmp_path):
     s = ResponsesStore(tmp_path, 100, 3600)
     _create(s, "resp_a", status="in_progress", bg=True)
     s.update("resp_a", {"id": "resp_a", "status": "cancelled"})
-    s.record("resp_a", [(0, 5, "x")], [{"type": "d", "sequence_number": 0}], {"id": "resp_a", "status": "completed"})
+    s.record("resp_a", [(0, 5, "x", "")], [{"type": "d", "sequence_number": 0}], {"id": "resp_a", "status": "completed"})
     assert s.get("resp_a", "").status == "cancelled" and s.status("resp_a") == "cancelled"
     assert not s.claim("resp_a", "me", time.time(), lambda r: True)  # ended: nothing to take over
 
@@ -135,9 +135,31 @@ def test_a_resume_goes_on_before_the_tokens_whose_text_was_held_back(tmp_path):
     from mindie_service.serving.responses_service import held_back_dropped
     s = ResponsesStore(tmp_path, 100, 3600)
     _create(s, "resp_a", status="in_progress", bg=True)
-    s.record("resp_a", [(0, 7, "he"), (1, 8, ""), (2, 9, "é"), (3, 10, ""), (4, 11, "")],
+    s.record("resp_a", [(0, 7, "he", ""), (1, 8, "", ""), (2, 9, "é", ""), (3, 10, "", ""), (4, 11, "", "")],
              [{"type": "d", "sequence_number": 0}, {"type": "d", "sequence_number": 1}])
-    assert held_back_dropped(s, "resp_a") == [(7, "he"), (8, ""), (9, "é")]
-    assert s.tokens("resp_a") == [(7, "he"), (8, ""), (9, "é")]
-    s.record("resp_a", [(3, 10, ""), (4, 11, "x")], [{"type": "d", "sequence_number": 2}])  # made again: no clash
+    assert held_back_dropped(s, "resp_a") == [(7, "he", ""), (8, "", ""), (9, "é", "")]
+    assert s.tokens("resp_a") == [(7, "he", ""), (8, "", ""), (9, "é", "")]
+    s.record("resp_a", [(3, 10, "", ""), (4, 11, "x", "")], [{"type": "d", "sequence_number": 2}])  # made again: no clash
     assert held_back_dropped(s, "resp_a") == s.tokens("resp_a") and len(s.tokens("resp_a")) == 5
+
+
+def test_thinking_deltas_are_recorded_and_a_token_with_only_thinking_text_is_kept(tmp_path):
+    """A token whose text went to the reasoning item made events: a resume replays it (numbering), never drops it."""
+    from mindie_service.serving.responses_service import held_back_dropped
+    s = ResponsesStore(tmp_path, 100, 3600)
+    _create(s, "resp_a", status="in_progress", bg=True)
+    s.record("resp_a", [(0, 7, "", "hm"), (1, 8, "", ""), (2, 9, "", " ok"), (3, 10, "", "")],
+             [{"type": "d", "sequence_number": 0}])
+    assert held_back_dropped(s, "resp_a") == [(7, "", "hm"), (8, "", ""), (9, "", " ok")]
+
+
+def test_a_store_written_before_thinking_was_recorded_opens_and_reads(tmp_path):
+    import sqlite3
+    db = sqlite3.connect(str(tmp_path / "responses.sqlite3"))
+    db.executescript("CREATE TABLE response_tokens (id TEXT NOT NULL, n INTEGER NOT NULL, token INTEGER NOT NULL, "
+                     "delta TEXT NOT NULL, PRIMARY KEY (id, n)); "
+                     "INSERT INTO response_tokens VALUES ('resp_a', 0, 7, 'he');")
+    db.commit()
+    db.close()
+    s = ResponsesStore(tmp_path, 100, 3600)
+    assert s.tokens("resp_a") == [(7, "he", "")]

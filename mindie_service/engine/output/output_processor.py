@@ -50,9 +50,9 @@ class OutputProcessor:
     def check(self, p: SamplingParams) -> None:
         """Refuse what this model's output cannot honour (before the request takes anything)."""
         if p.thinking_budget is not None and self.parser is None:
-            raise ValidationError("Parameter thinking budget (thinking_token_budget, budget_tokens, thinking_budget "
-                                  "or reasoning_effort) must be absent: this model's chat template does not think "
-                                  "(no reasoning markers)")
+            raise ValidationError("Parameter thinking budget (thinking_token_budget, budget_tokens, thinking_budget, "
+                                  "reasoning_effort or reasoning.effort) must be absent: this model's chat template "
+                                  "does not think (no reasoning markers)")
 
     def add(self, seq: Sequence) -> None:
         p = seq.params
