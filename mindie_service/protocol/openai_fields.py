@@ -2,9 +2,10 @@
 LangChain, huggingface_hub), each given the effect it can have here, or refused by name where the value asks
 for what this server cannot do:
 
-- ``metadata`` (at most 16 string pairs, OpenAI's bounds) and ``store``: a completion is stored only where a
-  store keeps it; none does on this route yet, so ``store: true`` is refused ("not stored yet") and
-  ``store: false`` / ``metadata`` are accepted (OpenAI does not echo metadata in a chat completion either).
+- ``store`` and ``metadata`` (at most 16 string pairs, OpenAI's bounds): ``store: true`` on chat keeps the
+  completion with its metadata and messages in the stored-completions store (storage.chat_store; read back by
+  ``GET /v1/chat/completions[/{id}[/messages]]``, as OpenAI's); the legacy completions route stores nothing, so
+  there it is refused. ``metadata`` without ``store`` is accepted (OpenAI does not echo it in the completion).
 - ``service_tier``: ``auto`` and ``default`` are what every request gets; other tiers are refused.
 - ``reasoning_effort``: a thinking budget, or no thinking (protocol.reasoning_fields checks and maps it).
 - ``verbosity``: ``medium`` (OpenAI's default) only: nothing here makes answers shorter or longer.
@@ -30,7 +31,6 @@ CLIENT_FIELDS = frozenset({"metadata", "store", "service_tier", "reasoning_effor
                            "safety_identifier", "verbosity", "modalities", "prediction", "audio",
                            "web_search_options", "functions", "function_call"})
 _ACCEPTED = {  # field -> (values that ask for what is done anyway, why another value cannot be honoured)
-    "store": ((False,), "completions are not stored yet on this route (no store keeps them)"),
     "service_tier": (("auto", "default"), "every request is served at one tier here"),
     "verbosity": (("medium",), "nothing here makes answers shorter or longer than the model writes them"),
     "audio": ((), "this server writes no audio output"),
@@ -42,10 +42,13 @@ _ACCEPTED = {  # field -> (values that ask for what is done anyway, why another 
 
 @dataclass(frozen=True)
 class ClientFields:
-    """What the access log records of a request (server/app.log_request)."""
+    """What the access log records of a request (server/app.log_request), and whether (with what metadata) the
+    completion is stored."""
 
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    store: bool = False
+    metadata: tuple[tuple[str, str], ...] = ()
 
 
 def _id(body: dict[str, Any], name: str) -> str | None:
@@ -66,17 +69,23 @@ def metadata(v: Any, where: str = "metadata") -> dict[str, str] | None:
     return dict(v)
 
 
-def client_fields(body: dict[str, Any]) -> ClientFields:
-    """Check the fields above (ValidationError naming the field and why) and keep what the log records."""
+def client_fields(body: dict[str, Any], chat: bool = True) -> ClientFields:
+    """Check the fields above (ValidationError naming the field and why) and keep what the log records and the
+    store keeps (``chat``: the route stores completions)."""
     for name, (ok, why) in _ACCEPTED.items():
         v = body.get(name)
         if v is not None and v not in ok:
             allowed = ", ".join(repr(x) for x in ok) or "null"
             raise ValidationError(f"Parameter {name} must be absent or {allowed} ({why}), got {v!r}")
-    metadata(body.get("metadata"))
+    meta = metadata(body.get("metadata")) or {}
     mods = body.get("modalities")
     check(mods is None or mods == ["text"], "modalities", '["text"] (this server writes text only)', mods)
-    return ClientFields(_id(body, "safety_identifier"), _id(body, "prompt_cache_key"))
+    store = body.get("store")
+    check(store is None or isinstance(store, bool), "store", "a boolean", store)
+    check(not (store and not chat), "store", "absent or false on /v1/completions (stored completions are chat "
+          "completions, as OpenAI's: use /v1/chat/completions)", store)
+    return ClientFields(_id(body, "safety_identifier"), _id(body, "prompt_cache_key"), bool(store),
+                        tuple(meta.items()))
 
 
 def _legacy_choice(v: Any) -> Any:

@@ -32,6 +32,7 @@ from mindie_service.server.handlers_models import (DownloadModelHandler, Managem
                                                    StopModelHandler)
 from mindie_service.server.handlers_openai import ChatCompletionsHandler, CompletionsHandler
 from mindie_service.server.handlers_anthropic import CountTokensHandler, MessagesHandler
+from mindie_service.server.handlers_chat_store import StoredCompletionHandler, StoredMessagesHandler
 from mindie_service.server.handlers_responses import (ResponseCancelHandler, ResponseHandler,
                                                       ResponseInputItemsHandler, ResponsesHandler)
 from mindie_service.server.handlers_tokenize import DetokenizeHandler, TokenizeHandler, TokenizerInfoHandler
@@ -89,6 +90,8 @@ PLANE_ROUTES: dict[str, Routes] = {
         (r"/batch_inference/job_results", JobResultsHandler),
         (r"/v1/completions", CompletionsHandler),
         (r"/v1/chat/completions", ChatCompletionsHandler),
+        (r"/v1/chat/completions/([^/]+)", StoredCompletionHandler),
+        (r"/v1/chat/completions/([^/]+)/messages", StoredMessagesHandler),
         (r"/v1/messages", MessagesHandler),
         (r"/v1/messages/count_tokens", CountTokensHandler),
         (r"/v1/responses", ResponsesHandler),

@@ -23,6 +23,7 @@ from mindie_service.serving import Frontend, Timeouts
 from mindie_service.serving.admission_queue import AdmissionQueue
 from mindie_service.serving.model_lookup import engine_for
 from mindie_service.serving.responses_service import ResponsesService
+from mindie_service.storage.chat_store import ChatCompletionStore
 from mindie_service.storage.responses_store import ResponsesStore
 from mindie_service.fleet.gateway_view import gateway_state
 from mindie_service.netguard import FetchPolicy
@@ -49,6 +50,7 @@ class ServerContext:
         self.open_handlers = 0  # handlers begun and not finished (BaseHandler counts them)
         self.jobs: JobRunner | None = None  # batch jobs, once the default model is ready
         self._responses: ResponsesService | None = None  # the Responses API's store, opened on first use
+        self._chat_store: ChatCompletionStore | None = None  # stored chat completions (store: true), likewise
         self.listeners: list[Any] = []  # the HTTP servers (main adds them): their open connections are counted
         # Where any server-side fetch may go (media, catalog downloads, batch-job input files share it).
         self.fetch_policy = FetchPolicy(
@@ -106,6 +108,13 @@ class ServerContext:
                 ResponsesStore(s.responses_dir, s.responses_max, s.responses_max_age), self.frontend,
                 lambda body, context, rid: self.run_blocking(prepare, self, body, context, rid))
         return self._responses
+
+    def chat_store(self) -> ChatCompletionStore:
+        """Stored chat completions, beside the responses (ServerConfig.responsesStore: folder and bounds)."""
+        if self._chat_store is None:
+            s = self.settings
+            self._chat_store = ChatCompletionStore(s.responses_dir, s.responses_max, s.responses_max_age)
+        return self._chat_store
 
     # -- engine ----------------------------------------------------------------------------------
     def attach_engine(self, engine: EngineClient) -> None:

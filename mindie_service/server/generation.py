@@ -141,8 +141,15 @@ class GenerationHandler(StreamingHandler):
             self.run = run
             if req.stream:
                 return await self._stream(req, run)
-            self.write_json(self.encoder.complete(req, await run.results()))
+            results = await run.results()
+            body = self.encoder.complete(req, results)
+            self.completed(req, results, body)
+            self.write_json(body)
             return True
+
+    def completed(self, req: GenerationRequest, results: list[GenerationResult], body: Any = None) -> None:
+        """A request answered in full (``body``: the whole answer; None when streamed), called before its last
+        bytes go out: the chat route stores it here when asked to."""
 
     async def _stream(self, req: GenerationRequest, run: Run) -> bool:
         enc, n = self.encoder, len(run.samples)
@@ -159,6 +166,7 @@ class GenerationHandler(StreamingHandler):
                             self.write(enc.stream_start(req, n))  # sent with the first token
                         started = True
                         self.send(enc.stream_frame(req, ev, results[k], states[k]))
+                    self.completed(req, results)
                     self.send(enc.stream_end(req, results))
                 except StreamClosedError:
                     return self.client_left()

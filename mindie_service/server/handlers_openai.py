@@ -8,10 +8,12 @@ from mindie_service.catalog.catalog import Target
 from mindie_service.engine.client import EngineClient
 from mindie_service.errors import MindieError, UnhealthyError
 from mindie_service.protocol.encoders import Encoder
-from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
+from mindie_service.protocol.request import GenerationRequest, GenerationResult, ProtocolLimits
 from mindie_service.protocol.openai import Kind, OpenAIRequest, parse_openai, peek_model
 from mindie_service.protocol.openai_encoder import OpenAIEncoder, openai_error
 from mindie_service.server.generation import GenerationHandler
+from mindie_service.server.handlers_chat_store import list_stored
+from mindie_service.server.responses_prepare import owner_of
 from mindie_service.server.model_tools import tool_format
 from mindie_service.serving import Submission
 
@@ -85,6 +87,20 @@ class CompletionsHandler(OpenAIRouteHandler):
 
 
 class ChatCompletionsHandler(OpenAIRouteHandler):
-    """POST /v1/chat/completions."""
+    """POST /v1/chat/completions; GET lists the stored ones (server/handlers_chat_store.py)."""
 
     kind = "chat"
+
+    def parse(self, body: dict[str, Any]) -> GenerationRequest:
+        self._messages = body.get("messages") if isinstance(body, dict) else None
+        return super().parse(body)
+
+    def get(self) -> None:
+        list_stored(self)
+
+    def completed(self, req: GenerationRequest, results: list[GenerationResult], body: Any = None) -> None:
+        """``store: true``: the whole completion (a stream's folded), its messages as sent and its metadata."""
+        assert isinstance(req, OpenAIRequest)
+        if req.client.store:
+            whole = body if body is not None else self.encoder.complete(req, results)
+            self.ctx.chat_store().put(owner_of(self), whole, list(self._messages or []), dict(req.client.metadata))

@@ -138,6 +138,11 @@ SCHEMAS: dict[str, Any] = {
     "ResponseItemList": {"type": "object", "required": ["object", "data", "has_more"], "properties": {
         "object": {"const": "list"}, "data": {"type": "array", "items": _OBJ}, "has_more": {"type": "boolean"},
         "first_id": {"type": ["string", "null"]}, "last_id": {"type": ["string", "null"]}}},
+    "StoredCompletionUpdate": {"type": "object", "required": ["metadata"], "additionalProperties": False,
+                               "properties": {"metadata": {"type": "object",
+                                                           "additionalProperties": {"type": "string"}}}},
+    "StoredCompletionDeleted": {"type": "object", "required": ["id", "object", "deleted"], "properties": {
+        "id": {"type": "string"}, "object": {"const": "chat.completion.deleted"}, "deleted": {"const": True}}},
     **TOKENIZER_SCHEMAS,
     **MESSAGES_SCHEMAS,
     **V2_SCHEMAS,
@@ -149,7 +154,10 @@ _SHAPES: dict[str, dict[str, tuple[str | None, str | None]]] = {
     "/": {"post": ("GenerateRequest", None)},
     "/generate": {"post": ("GenerateRequest", None)},
     "/generate_stream": {"post": ("GenerateRequest", None)},
-    "/v1/chat/completions": {"post": ("ChatCompletionRequest", "Completion")},
+    "/v1/chat/completions": {"post": ("ChatCompletionRequest", "Completion"), "get": (None, "ResponseItemList")},
+    "/v1/chat/completions/{id}": {"get": (None, "Completion"), "post": ("StoredCompletionUpdate", "Completion"),
+                                  "delete": (None, "StoredCompletionDeleted")},
+    "/v1/chat/completions/{id}/messages": {"get": (None, "ResponseItemList")},
     "/v1/models": {"get": (None, "ListModelsResponse")},
     "/v1/models/{id}": {"get": (None, "GetModelResponse"), "delete": (None, "DeleteModelResponse")},
     "/v1/models/{id}/start": {"put": (None, "ModelStateResponse")},

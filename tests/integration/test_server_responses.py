@@ -227,3 +227,37 @@ def test_an_openai_agents_agent_runs_a_function_tool_over_responses(srv):
     assert len(seen) == 1 and result.final_output == f"sunny in {seen[0]}"
     call = next(i for i in result.new_items if i.type == "tool_call_item")
     assert call.raw_item.name == "get_weather" and call.raw_item.call_id
+
+
+def test_chat_store_true_keeps_the_completion_for_its_key(srv):
+    """store: true on chat (whole and streamed) keeps the completion, its messages and metadata, read back through
+    the openai client's stored-completions calls; another key sees none of it; store: false keeps nothing."""
+    a, b = client(srv, KEY_A), client(srv, KEY_B)
+    msgs = [{"role": "user", "content": "Tell me about the river."}]
+    whole = a.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0, store=True,
+                                      metadata={"topic": "river"})
+    got = a.chat.completions.retrieve(whole.id)
+    assert got.choices[0].message.content == whole.choices[0].message.content and got.metadata == {"topic": "river"}
+    chunks = list(a.chat.completions.create(model="tiny", messages=msgs, max_tokens=8, temperature=0, store=True,
+                                            stream=True, metadata={"topic": "stream"}))
+    sid = chunks[0].id
+    streamed = a.chat.completions.retrieve(sid)
+    assert streamed.choices[0].message.content == "".join(c.choices[0].delta.content or "" for c in chunks
+                                                          if c.choices) == whole.choices[0].message.content
+    plain = a.chat.completions.create(model="tiny", messages=msgs, max_tokens=4, temperature=0)
+    listed = [c.id for c in a.chat.completions.list(metadata={"topic": "river"})]
+    assert whole.id in listed and sid not in listed and plain.id not in listed
+    assert {whole.id, sid} <= {c.id for c in a.chat.completions.list(limit=100)}
+    assert [m.content for m in a.chat.completions.messages.list(whole.id)] == ["Tell me about the river."]
+    assert a.chat.completions.update(whole.id, metadata={"topic": "lake"}).metadata == {"topic": "lake"}
+    with pytest.raises(openai.NotFoundError):
+        b.chat.completions.retrieve(whole.id)
+    assert whole.id not in [c.id for c in b.chat.completions.list(limit=100)]
+    with pytest.raises(openai.NotFoundError):
+        a.chat.completions.retrieve(plain.id)
+    assert a.chat.completions.delete(whole.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        a.chat.completions.retrieve(whole.id)
+    r = requests.post(srv.url() + "/v1/completions", json={"model": "tiny", "prompt": "x", "store": True},
+                      headers={"Authorization": f"Bearer {KEY_A}"}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "store", r.text

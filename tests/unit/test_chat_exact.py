@@ -134,7 +134,8 @@ def test_client_fields_take_what_they_can_and_refuse_by_name():
                 audio=None, web_search_options=None)
     assert ok.client.safety_identifier == "user-1" and ok.client.prompt_cache_key == "pck"
     assert ok.params.cache_key == "pck"  # the instance router's hint (fleet.prefix_routing)
-    for field, value, words in [("store", True, "not stored yet"), ("service_tier", "flex", "one tier"),
+    assert _parse(store=True, metadata={"k": "v"}).client.metadata == (("k", "v"),)
+    for field, value, words in [("store", "yes", "a boolean"), ("service_tier", "flex", "one tier"),
                                 ("reasoning_effort", "extreme", "none, minimal, low"), ("verbosity", "low", "shorter"),
                                 ("modalities", ["text", "audio"], "text only"), ("audio", {"voice": "x"}, "audio"),
                                 ("web_search_options", {}, "web search"),
