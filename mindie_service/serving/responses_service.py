@@ -77,6 +77,13 @@ def held_back_dropped(store: ResponsesStore, rid: str) -> list[tuple[int, str, s
     return tokens[:keep]
 
 
+def kept_session(rid: str, p: Prepared) -> list[str | None]:
+    """A stored response runs as the engine's session ``rid`` (a fresh key: never a continuation): the finished
+    conversation's KV blocks stay pinned in the prefix cache (within the sessions' bounds) and spill to disk on
+    a drain, so the ``previous_response_id`` turn finds its prompt's KV there instead of recomputing it."""
+    return [rid if p.req.options.store else None]
+
+
 class ResponsesService:
     def __init__(self, store: ResponsesStore, frontend: Frontend, prepare: PrepareFn) -> None:
         self.store, self.frontend, self.prepare = store, frontend, prepare
@@ -102,7 +109,8 @@ class ResponsesService:
         chat = p.req.chat
         if prompt_ids is not None:
             return Submission([TokensPrompt(prompt_ids)], chat.params, lambda: p.engine, [gen.id])
-        return Submission([chat.prompt], chat.params, lambda: p.engine, [gen.id], truncate=chat.truncate)
+        return Submission([chat.prompt], chat.params, lambda: p.engine, [gen.id], truncate=chat.truncate,
+                          session_ids=kept_session(gen.id, p))
 
     def _open(self, gen: ResponseGen, p: Prepared, resume: Resume | None, ereq: EngineRequest | None) -> Any:
         """The generation's Run: of ``ereq`` (made when the response was created), a fresh one, or after a
@@ -170,7 +178,8 @@ class ResponsesService:
         store the response ``queued`` with its response.created event and start it; its object now."""
         gen = ResponseGen(new_response_id(), p.req)
         chat = p.req.chat
-        ereq = await self.frontend.engine_request(p.engine, chat.prompt, chat.params, gen.id, truncate=chat.truncate)
+        ereq = await self.frontend.engine_request(p.engine, chat.prompt, chat.params, gen.id, truncate=chat.truncate,
+                                                  session_id=kept_session(gen.id, p)[0])
         evs = gen.start(queued=True)
         self._save(gen, owner, context, True)
         self.store.record(gen.id, [], evs)

@@ -124,6 +124,23 @@ def test_previous_response_id_continues_with_the_prompt_from_the_prefix_cache(sr
     assert second.usage.input_tokens_details.cached_tokens > 0
 
 
+def _sessions_held(srv) -> float:
+    text = requests.get(srv.url("metrics") + "/metrics", timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("num_sessions_held{"))
+
+
+def test_a_stored_response_keeps_its_kv_as_a_session_and_an_unstored_one_does_not(srv):
+    """store: true runs the response as the engine's session under its id: its blocks stay pinned (and spill on a
+    drain) for the previous_response_id turn; store: false leaves nothing behind."""
+    c = client(srv)
+    before = _sessions_held(srv)
+    c.responses.create(model="tiny", input="Keep me.", max_output_tokens=4, temperature=0, store=False)
+    assert _sessions_held(srv) == before
+    c.responses.create(model="tiny", input="Keep me too.", max_output_tokens=4, temperature=0)
+    assert _sessions_held(srv) == before + 1
+
+
 def test_stored_responses_retrieve_list_items_delete_and_belong_to_their_key(srv):
     c, other = client(srv), client(srv, KEY_B)
     r = c.responses.create(model="tiny", input=[{"role": "user", "content": f"item {i}"} for i in range(5)],
