@@ -28,6 +28,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0  # vLLM's: drop tokens less likely than min_p x the most likely one (after top-k/top-p)
     typical_p: float = 1.0
     repetition_penalty: float = 1.0
     frequency_penalty: float = 0.0

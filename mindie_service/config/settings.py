@@ -57,7 +57,7 @@ class ServerSettings:
     max_decoded_media_bytes: int = 256 * 1024 * 1024
     max_image_aspect_ratio: float = 200.0
     max_video_frames_decoded: int = 2048
-    open_ai_support: str = "openai"  # "openai" | "vllm" (also vLLM's extra request fields)
+    open_ai_support: str = "openai"  # "openai" | "vllm": /info also advertises vLLM's extra request fields
     # (plane, SHA-256 hex of the key) of *ApiKeys; the keys themselves are not kept
     api_key_hashes: tuple[tuple[str, str], ...] = ()
     api_key_file: str | None = None  # resolved; read by server.auth at start and on SIGHUP

@@ -43,6 +43,7 @@ ENGINE = _table(
     temperature=Rule("float", closed(0.0)),  # 0 = greedy
     top_k=Rule("int"),  # <= 0: off
     top_p=TOP_P, typical_p=TOP_P, repetition_penalty=REPETITION_PENALTY,
+    min_p=Rule("float", closed(0.0, 1.0)),
     frequency_penalty=PENALTY, presence_penalty=PENALTY,
     seed=Rule("int", closed(0, UINT64_MAX)),
     logprobs=Rule("int", closed(0, MAX_TOP_LOGPROBS)),
@@ -95,10 +96,11 @@ OPENAI_CHAT = _table(**_OPENAI, max_completion_tokens=Field("max_tokens", MAX_TO
 ANTHROPIC = _table(max_tokens=MAX_TOKENS, stream=BOOL,
                    temperature=Rule("float", closed(0.0, 1.0)),  # Anthropic: [0, 1], 0 = greedy
                    top_p=TOP_P, top_k=Rule("int", closed(0, INT32_MAX)))  # top_k 0: off
-# vLLM's extra fields (openAiSupport "vllm").
+# vLLM's extra sampling fields on the OpenAI routes (protocol.vllm_fields: the rest of them).
 VLLM = _table(top_k=Rule("int", closed(-1, INT32_MAX)),  # vLLM: -1 = off
               repetition_penalty=REPETITION_PENALTY, ignore_eos=BOOL,
-              min_tokens=Rule("int", closed(0, INT32_MAX)))
+              min_tokens=Rule("int", closed(0, INT32_MAX)),
+              min_p=Rule("float", closed(0.0, 1.0)))  # vLLM: [0, 1], 0 = off
 
 # HF generate's generation_config (the seed REST API /api/*; also GenerationDefaults and MINDIE_GEN_*).
 HF = _table(
@@ -128,7 +130,7 @@ JOB = _table(num_generations=Rule("int", closed(1, MAX_GENERATIONS)))
 # Structured output (mindie_service.structured.request_forms): the field each dialect spells it with, and its form.
 STRUCTURED = MappingProxyType({
     "openai": ("response_format", "response_format"),  # also TGI's chat form {"type": "json", "value": schema}
-    "vllm": ("structured_outputs", "vllm"),  # openAiSupport "vllm"; also guided_json / _regex / _choice / _grammar
+    "vllm": ("structured_outputs", "vllm"),  # also guided_json / _regex / _choice / _grammar
     "tgi": ("grammar", "tgi_grammar"),  # parameters.grammar (TGI 1.4's shape; an extension of the 1.1 document)
     "mindie": ("grammar", "tgi_grammar"),
     "job": ("response_format", "response_format"),  # a batch job's options, applied to every line

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from mindie_service.errors import ValidationError, check
 from mindie_service.inputs.types import PartsPrompt, TextPrompt
 from mindie_service.params.adapter_name import check_adapter_id
+from mindie_service.params.priority import Scale, read_rank
 from mindie_service.params.ranges import Range, closed
 from mindie_service.params.rule import Field, FieldTable, Rule, read_fields
 from mindie_service.params.structured_field import read_structured
@@ -22,6 +23,9 @@ from multimodal import MediaItem, MediaPolicy, TextPart, parse_parts
 Dialect = Literal["mindie", "tgi"]
 _TABLES: dict[Dialect, FieldTable] = {"mindie": MINDIE, "tgi": TGI}
 _STREAM: FieldTable = {"stream": Field("stream", Rule("bool"))}
+# POST /'s parameters beside the rule table's: the ones read on their own (MindIE.md's list, plus grammar and
+# priority); any other key is refused by name (MindIE's contract has no key that may be ignored).
+_OWN_KEYS = frozenset({"stop", "adapter_id", "grammar", "priority"})
 
 
 def _prompt(body: dict[str, Any], limits: ProtocolLimits) -> TextPrompt | PartsPrompt:
@@ -73,11 +77,22 @@ def _check_joins(v: dict[str, Any], p: dict[str, Any], stream: bool, sampling: b
         check(sampling, "best_of", "1 unless sampling (do_sample or a temperature/top_k/top_p/typical_p)", best_of)
 
 
-def parse_generation(body: dict[str, Any], *, dialect: Dialect, stream: bool,
-                     limits: ProtocolLimits) -> GenerationRequest:
-    """Validate ``body`` (``inputs`` + ``parameters``); raise ValidationError on bad input."""
+def _refuse_unknown(p: dict[str, Any], known: frozenset[str]) -> None:
+    unknown = sorted(k for k in p if k not in known)
+    if unknown:
+        raise ValidationError(f"Parameter parameters.{unknown[0]} is not supported: parameters takes "
+                              f"{', '.join(sorted(known))}")
+
+
+def parse_generation(body: dict[str, Any], *, dialect: Dialect, stream: bool, limits: ProtocolLimits,
+                     priority: Scale | None = None, extra_keys: frozenset[str] | None = None) -> GenerationRequest:
+    """Validate ``body`` (``inputs`` + ``parameters``); raise ValidationError on bad input. ``priority``: the
+    scale ``parameters.priority`` is read on (params.priority; None: the dialect has none). ``extra_keys``:
+    refuse any parameter but the table's, POST /'s own and these (None: leave other keys to the caller)."""
     prompt = _prompt(body, limits)
     p = require_object(body.get("parameters"), "parameters")
+    if extra_keys is not None:
+        _refuse_unknown(p, frozenset(_table(dialect, limits)) | _OWN_KEYS | extra_keys)
     v = read_fields(p, _table(dialect, limits))
     stop = get_str_list(p, "stop", limits.max_stop_sequences, MAX_STOP_LEN)
     adapter = check_adapter_id(get_str(p, "adapter_id", None))
@@ -105,13 +120,17 @@ def parse_generation(body: dict[str, Any], *, dialect: Dialect, stream: bool,
         details=details or decoder_input_details, decoder_input_details=decoder_input_details,
         return_full_text=v.get("return_full_text", False), best_of=v.get("best_of", 1),
         top_n_tokens=v.get("logprobs", 0), sampling=sampling,
+        rank=read_rank(p, priority) if priority is not None else 0,
     )
 
 
-def parse_mindie_request(body: dict[str, Any], limits: ProtocolLimits) -> GenerationRequest:
-    """``{"inputs", "parameters"?, "stream"?}`` -> GenerationRequest (stream absent or null = false)."""
+def parse_mindie_request(body: dict[str, Any], limits: ProtocolLimits,
+                         extra_keys: frozenset[str] = frozenset()) -> GenerationRequest:
+    """``{"inputs", "parameters"?, "stream"?}`` -> GenerationRequest (stream absent or null = false); a
+    parameter that is neither POST /'s nor in ``extra_keys`` (a route's own, read by its caller) is refused."""
     stream = bool(read_fields(body, _STREAM).get("stream", False))
-    return parse_generation(body, dialect="mindie", stream=stream, limits=limits)
+    return parse_generation(body, dialect="mindie", stream=stream, limits=limits, priority="mindie",
+                            extra_keys=extra_keys)
 
 
 def parse_tokenizer_request(body: dict[str, Any]) -> str:

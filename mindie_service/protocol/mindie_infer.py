@@ -6,9 +6,8 @@ same field table: protocol.mindie) plus two parameters of its own:
 - ``timeout``: the request's own deadline in seconds, (0, 3600], MindIE's default 600; the call (queueing
   included) ends with a 504 ``timeout`` error when it passes first, or with ServerConfig.e2eTimeout when
   that is sooner.
-- ``priority``: MindIE's request priority, [1, 5], lower is more urgent, default 5. The scheduler takes it
-  as its rank (engine.sched.order, vLLM's convention: lower first, 0 the default): ``priority - 5``, so
-  every other route's requests (rank 0) rank as MindIE's default; 1 is the most urgent.
+- ``priority``: MindIE's request priority, [1, 5], lower is more urgent, default 5 (POST / takes it too; its
+  mapping onto the scheduler's rank is params.priority's table).
 
 The answer is one JSON object (``/`` answers a one-element list); the stream is ``/``'s frames."""
 from __future__ import annotations
@@ -16,20 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mindie_service.params.ranges import Range, closed
+from mindie_service.params.ranges import Range
 from mindie_service.params.rule import Field, FieldTable, Rule, read_fields
 from mindie_service.protocol.mindie import parse_mindie_request
 from mindie_service.protocol.request import GenerationRequest, GenerationResult, ProtocolLimits
 from mindie_service.protocol.encoders import MindieEncoder
 from mindie_service.protocol.validation import require_object
 
-DEFAULT_PRIORITY = 5  # MindIE: [1, 5], 1 the most urgent
 MAX_TIMEOUT_S = 3600  # MindIE: (0, 3600] seconds
 DEFAULT_TIMEOUT_S = 600
-_INFER: FieldTable = {
-    "priority": Field("priority", Rule("int", closed(1, 5))),
-    "timeout": Field("timeout", Rule("int", Range(0, MAX_TIMEOUT_S))),
-}
+_INFER: FieldTable = {"timeout": Field("timeout", Rule("int", Range(0, MAX_TIMEOUT_S)))}
 
 
 @dataclass(frozen=True)
@@ -38,15 +33,13 @@ class InferRequest:
 
     gen: GenerationRequest
     timeout: float = DEFAULT_TIMEOUT_S
-    rank: int = 0  # the scheduler's rank: priority - DEFAULT_PRIORITY
 
 
 def parse_infer_request(body: dict[str, Any], limits: ProtocolLimits) -> InferRequest:
     """``{"inputs", "stream"?, "parameters"?}`` -> InferRequest; ValidationError (422) on bad input."""
-    gen = parse_mindie_request(body, limits)
+    gen = parse_mindie_request(body, limits, extra_keys=frozenset(_INFER))
     extra = read_fields(require_object(body.get("parameters"), "parameters"), _INFER)
-    rank = extra.get("priority", DEFAULT_PRIORITY) - DEFAULT_PRIORITY
-    return InferRequest(gen, float(extra.get("timeout", DEFAULT_TIMEOUT_S)), rank)
+    return InferRequest(gen, float(extra.get("timeout", DEFAULT_TIMEOUT_S)))
 
 
 class InferEncoder(MindieEncoder):

@@ -107,7 +107,8 @@ def parse_infer(body: dict[str, Any], limits: ProtocolLimits) -> OipRequest:
     check(1 <= len(prompts) <= MAX_BATCH, "inputs[0].shape[0]", f"a batch of 1 to {MAX_BATCH} prompts", len(prompts))
     params = require_object(body.get("parameters"), "parameters")
     check("stream" not in params, "parameters.stream", "absent (use /generate_stream)", params.get("stream"))
-    base = parse_generation({"inputs": "-", "parameters": params}, dialect="mindie", stream=False, limits=limits)
+    base = parse_generation({"inputs": "-", "parameters": params}, dialect="mindie", stream=False, limits=limits,
+                            priority="triton")
     # the answer is tensors: nothing to carry details, token logprobs or the other best_of samples in
     check(not base.details, "parameters.details", "false (an infer answer has no details; use /generate)", True)
     check(base.top_n_tokens == 0, "parameters.top_n_tokens", "0 on /infer", base.top_n_tokens)

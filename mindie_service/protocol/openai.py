@@ -1,8 +1,9 @@
 """POST /v1/completions and /v1/chat/completions: OpenAI's request bodies -> an ``OpenAIRequest``.
 
 Fields and ranges are the rule table's (``params.table.OPENAI_*``, ``VLLM``: OpenAI's documented ranges);
-defaults are OpenAI's (max_tokens 16 on completions, up to the output cap on chat). ``openAiSupport: "vllm"``
-also takes vLLM's extra fields. A field we cannot honour (suffix, ...) is refused by name
+defaults are OpenAI's (max_tokens 16 on completions, up to the output cap on chat). vLLM's extra fields are
+taken too, on every deployment (protocol.vllm_fields; ``openAiSupport`` only decides what /info advertises),
+and vLLM's ``stream_options.continuous_usage_stats``. A field we cannot honour (suffix, ...) is refused by name
 rather than ignored. The model picks its engine (``peek_model``) before the rest is parsed with that model's
 request defaults; an adapter it names was resolved by the catalog.
 """
@@ -17,22 +18,23 @@ from typing import Any, Literal
 from mindie_service.errors import ValidationError, check
 from mindie_service.inputs.types import ChatMessage, ChatPrompt, Prompt, TextPrompt, TokensPrompt
 from mindie_service.params.defaults import RequestDefaults
+from mindie_service.params.priority import read_rank
 from mindie_service.params.rule import Field, FieldTable, read_fields
-from mindie_service.params.table import BOOL, LOGIT_BIAS, OPENAI_CHAT, OPENAI_COMPLETION, VLLM
+from mindie_service.params.table import BOOL, LOGIT_BIAS, OPENAI_CHAT, OPENAI_COMPLETION
 from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
 from mindie_service.params.structured_field import read_structured
 from mindie_service.protocol.validation import get_str, get_str_list
 from mindie_service.protocol.tool_calls import ToolsRequest, message_tool_fields, parse_tools
 from mindie_service.protocol.reasoning_fields import chat_reasoning
 from mindie_service.protocol.openai_fields import CLIENT_FIELDS, ClientFields, client_fields, legacy_functions
-from mindie_service.structured.request_forms import GUIDED, one_of
+from mindie_service.protocol.vllm_fields import FIELDS as VLLM_FIELDS, read_vllm
+from mindie_service.structured.request_forms import one_of
 from mindie_service.structured.tool_formats import ToolFormat, detect
 from mindie_service.structured.grammar_spec import StructuredSpec
 from mindie_service.sampling_params import INT32_MAX, MAX_LOGIT_BIAS, MAX_STOP_LEN, MAX_STOP_STRINGS, SamplingParams
 from multimodal import MediaItem, MediaPolicy
 
 Kind = Literal["completion", "chat"]
-Support = Literal["openai", "vllm"]
 
 MAX_CHOICES = 64  # prompts x n
 MAX_PROMPTS = 64
@@ -41,15 +43,14 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default on /v1/completions
 AUDIO_FORMATS = {"wav": "audio/wav", "mp3": "audio/mpeg", "flac": "audio/flac", "ogg": "audio/ogg"}
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "seed", "presence_penalty",
-           "frequency_penalty", "logit_bias", "stream", "stream_options", "user", "logprobs", "response_format"}
+           "frequency_penalty", "logit_bias", "stream", "stream_options", "user", "logprobs", "response_format",
+           "priority"}
 _FIELDS: dict[str, frozenset[str]] = {
     "completion": frozenset(_COMMON | {"prompt", "echo", "suffix", "best_of"}),
     "chat": frozenset(_COMMON | CLIENT_FIELDS | {"messages", "max_completion_tokens", "top_logprobs",
                                                  "parallel_tool_calls", "tools", "tool_choice",
                                                  "chat_template_kwargs", "thinking_token_budget"}),
 }
-VLLM_FIELDS = frozenset({"top_k", "repetition_penalty", "min_tokens", "ignore_eos", "structured_outputs",
-                         *GUIDED})
 _TABLES: dict[Kind, FieldTable] = {"completion": OPENAI_COMPLETION, "chat": OPENAI_CHAT}
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 
@@ -64,6 +65,7 @@ class OpenAIRequest(GenerationRequest):
     echo: bool = False
     logprobs: int | None = None  # top alternatives per token (0: the chosen token only); None: no logprobs
     include_usage: bool = False
+    continuous_usage: bool = False  # stream_options.continuous_usage_stats (vLLM's): usage in every chunk
     score_only: bool = False  # max_tokens 0 with echo: the prompt's logprobs, no completion (the engine makes one)
     request_id: str = ""  # the response's id is derived from it
     tools: ToolsRequest | None = None  # chat's tools, tool_choice, parallel_tool_calls (protocol.tool_calls)
@@ -98,13 +100,11 @@ def _refuse(body: dict[str, Any], name: str, neutral: Any, why: str) -> None:
         raise ValidationError(f"Parameter {name} must be absent or {neutral!r} ({why}), got {v!r}")
 
 
-def _check_fields(body: dict[str, Any], kind: Kind, support: Support) -> None:
-    allowed = _FIELDS[kind] | (VLLM_FIELDS if support == "vllm" else frozenset())
+def _check_fields(body: dict[str, Any], kind: Kind) -> None:
+    allowed = _FIELDS[kind] | VLLM_FIELDS
     unknown = sorted(k for k in body if k not in allowed)
     if unknown:
-        extra = [k for k in unknown if k in VLLM_FIELDS]
-        hint = (" (vLLM's extra fields need ServerConfig.openAiSupport = \"vllm\")" if extra
-                else f" (this route takes {', '.join(sorted(allowed))})")
+        hint = f" (this route takes {', '.join(sorted(allowed))})"
         raise ValidationError(f"Parameter {unknown[0]} is not supported on /v1/{'chat/' if kind == 'chat' else ''}"
                               f"completions{hint}, got {body[unknown[0]]!r}")
 
@@ -221,20 +221,23 @@ def _logit_bias(v: Any, vocab_size: int) -> dict[int, float]:
     return out
 
 _STREAM_OPTIONS = {"include_usage": Field("include_usage", BOOL),
-                   "include_obfuscation": Field("include_obfuscation", BOOL)}
+                   "include_obfuscation": Field("include_obfuscation", BOOL),
+                   "continuous_usage_stats": Field("continuous_usage_stats", BOOL)}
 
 
-def _stream_options(body: dict[str, Any], stream: bool) -> tuple[bool, bool]:
-    """``stream_options``: only with stream; its include_usage and include_obfuscation (OpenAI's padding of each
-    chunk with random characters, so that a chunk's size does not tell its text's)."""
+def _stream_options(body: dict[str, Any], stream: bool) -> tuple[bool, bool, bool]:
+    """``stream_options``: only with stream; its include_usage, include_obfuscation (OpenAI's padding of each
+    chunk with random characters, so that a chunk's size does not tell its text's) and vLLM's
+    continuous_usage_stats (each chunk carries the usage so far)."""
     opts = body.get("stream_options")
     if opts is None:
-        return False, False
+        return False, False, False
     check(stream, "stream_options", "absent unless stream is true", opts)
     check(isinstance(opts, dict) and set(opts) <= set(_STREAM_OPTIONS), "stream_options",
-          "an object {include_usage, include_obfuscation}", opts)
+          "an object {include_usage, include_obfuscation, continuous_usage_stats}", opts)
     got = read_fields(opts, _STREAM_OPTIONS, "stream_options.")
-    return bool(got.get("include_usage", False)), bool(got.get("include_obfuscation", False))
+    return (bool(got.get("include_usage", False)), bool(got.get("include_obfuscation", False)),
+            bool(got.get("continuous_usage_stats", False)))
 
 
 def _kind_rules(body: dict[str, Any], kind: Kind, v: dict[str, Any], n: int) -> None:
@@ -260,17 +263,7 @@ def _score_only(body: dict[str, Any], kind: Kind) -> tuple[dict[str, Any], bool]
     return {**body, "max_tokens": 1}, True
 
 
-def _vllm(body: dict[str, Any], support: Support, defaults: RequestDefaults, vocab_size: int) -> dict[str, Any]:
-    """vLLM's extra fields (openAiSupport "vllm"), top_k resolved against the model's default and vocabulary."""
-    v = read_fields(body, VLLM) if support == "vllm" else {}
-    top_k = v.get("top_k", defaults.top_k)
-    if top_k is not None and (top_k <= 0 or top_k >= vocab_size):
-        top_k = None  # -1 / 0 (Jan's "0") and the whole vocabulary mean off
-    return {"top_k": top_k, "repetition_penalty": v.get("repetition_penalty") or 1.0,
-            "ignore_eos": v.get("ignore_eos", False), "min_tokens": v.get("min_tokens", 0)}
-
-
-def _structured(body: dict[str, Any], support: Support, tools: ToolsRequest | None) -> StructuredSpec | None:
+def _structured(body: dict[str, Any], tools: ToolsRequest | None) -> StructuredSpec | None:
     """``response_format`` (OpenAI's, or TGI's chat form), vLLM's ``structured_outputs`` / ``guided_*``, or the
     grammar of the tools the model may call."""
     fmt = read_structured(body, "openai")
@@ -279,15 +272,15 @@ def _structured(body: dict[str, Any], support: Support, tools: ToolsRequest | No
     else:
         tools_spec = None
     return one_of(("tools", tools_spec), ("response_format", fmt),
-                  ("structured_outputs", read_structured(body, "vllm") if support == "vllm" else None))
+                  ("structured_outputs", read_structured(body, "vllm")))
 
 
-def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: ProtocolLimits, model: str,
+def parse_openai(body: dict[str, Any], kind: Kind, *, limits: ProtocolLimits, model: str,
                  defaults: RequestDefaults = RequestDefaults(), adapter_id: str | None = None,
                  request_id: str = "", tool_format: ToolFormat | None = None) -> OpenAIRequest:
     """Validate ``body``; raise ValidationError (the route answers 400) naming the parameter. ``tool_format``:
     the model's tool-call format (structured.tool_formats; default: found from no template, hermes)."""
-    _check_fields(body, kind, support)
+    _check_fields(body, kind)
     body, score_only = _score_only(body, kind)
     body, legacy = legacy_functions(body) if kind == "chat" else (body, False)
     client = client_fields(body, chat=kind == "chat")
@@ -295,7 +288,7 @@ def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: 
     think_budget, template_kw = chat_reasoning(body) if kind == "chat" else (None, {})
     v = read_fields(body, _TABLES[kind])
     stream, n = v.get("stream", False), v.get("n", 1)
-    include_usage, obfuscate = _stream_options(body, stream)
+    include_usage, obfuscate, continuous = _stream_options(body, stream)
     prompts = (_completion_prompts(body, limits.vocab_size) if kind == "completion"
                else (_with_tools(chat_messages(body, limits.media_policy or MediaPolicy()), tools, template_kw),))
     check(len(prompts) * n <= MAX_CHOICES, "n", f"at most {MAX_CHOICES} choices in all (prompts x n)",
@@ -306,7 +299,7 @@ def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: 
     logit_bias = _logit_bias(body.get("logit_bias"), limits.vocab_size)
     get_str(body, "user", None)  # an end-user id for the caller's own records; nothing here uses it
     _kind_rules(body, kind, v, n)
-    x = _vllm(body, support, defaults, limits.vocab_size)
+    x = read_vllm(body, defaults, limits.vocab_size)
     temp = v.get("temperature", 1.0 if defaults.temperature is None else defaults.temperature)
     top_p = v.get("top_p", defaults.top_p)
     greedy = temp == 0.0
@@ -314,13 +307,16 @@ def parse_openai(body: dict[str, Any], kind: Kind, *, support: Support, limits: 
     params = SamplingParams(
         max_tokens=v.get("max_tokens", default_max), temperature=temp,
         top_k=0 if greedy else (x["top_k"] or 0), top_p=1.0 if greedy or top_p is None else top_p,
+        min_p=0.0 if greedy else x["min_p"], stop_token_ids=x["stop_token_ids"],
         repetition_penalty=x["repetition_penalty"], frequency_penalty=v.get("frequency_penalty", 0.0),
         presence_penalty=v.get("presence_penalty", 0.0), logit_bias=logit_bias, seed=v.get("seed"), stop=stop,
         ignore_eos=x["ignore_eos"], min_tokens=x["min_tokens"], logprobs=v.get("logprobs") or None,
         prompt_logprobs=echo,
-        adapter_id=adapter_id, structured_outputs=_structured(body, support, tools),
+        adapter_id=adapter_id, structured_outputs=_structured(body, tools),
         cache_key=client.prompt_cache_key, split_reasoning=kind == "chat", thinking_budget=think_budget)
     return OpenAIRequest(
-        prompt=prompts[0], params=params, stream=stream, best_of=n, sampling=not greedy, kind=kind,
-        model=model, prompts=prompts, echo=echo, logprobs=v.get("logprobs"), include_usage=include_usage,
-        score_only=score_only, request_id=request_id, tools=tools, client=client, obfuscate=obfuscate)
+        prompt=prompts[0], params=params, truncate=x["truncate"], stream=stream, best_of=n, sampling=not greedy,
+        kind=kind, model=model, prompts=prompts, echo=echo, logprobs=v.get("logprobs"), include_usage=include_usage,
+        score_only=score_only, request_id=request_id, tools=tools, client=client, obfuscate=obfuscate,
+        continuous_usage=continuous,
+        rank=read_rank(body, "vllm"))

@@ -1,5 +1,6 @@
 """OpenAI's response shapes for /v1/completions and /v1/chat/completions: bodies, SSE chunks ending with
-``data: [DONE]`` (with ``stream_options.include_usage`` a last chunk holding ``usage`` and no choices), and
+``data: [DONE]`` (with ``stream_options.include_usage`` a last chunk holding ``usage`` and no choices; with
+vLLM's ``continuous_usage_stats`` each token's chunk holds its choice's usage so far, as vLLM's do), and
 the error object ``{"error": {"message", "type", "param", "code"}}``."""
 from __future__ import annotations
 
@@ -106,9 +107,12 @@ class OpenAIEncoder(Encoder):
         return out
 
     # -- stream ----------------------------------------------------------------------------------
-    def _chunk(self, req: OpenAIRequest, choices: list[dict[str, Any]]) -> bytes:
+    def _chunk(self, req: OpenAIRequest, choices: list[dict[str, Any]],
+               result: GenerationResult | None = None) -> bytes:
         body = {**self._ids(req, req.request_id), "choices": choices}
-        if req.include_usage:
+        if req.continuous_usage and result is not None:
+            body["usage"] = self.usage(req, [result])  # this choice's tokens so far (vLLM's continuous usage)
+        elif req.include_usage:
             body["usage"] = None
         if req.obfuscate:  # stream_options.include_obfuscation: random padding, so a chunk's size tells nothing
             body["obfuscation"] = secrets.token_urlsafe(12)[:1 + secrets.randbelow(16)]
@@ -153,7 +157,7 @@ class OpenAIEncoder(Encoder):
                                      score_only=req.score_only)
                 lp = completion_logprobs(toks, req.logprobs, text, start)
             choice = {"index": k, "text": text, "logprobs": lp, "finish_reason": fr}
-        return self._chunk(req, [choice])
+        return self._chunk(req, [choice], result)
 
     def stream_end(self, req: GenerationRequest, results: list[GenerationResult]) -> bytes:
         assert isinstance(req, OpenAIRequest)

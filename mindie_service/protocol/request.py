@@ -44,6 +44,7 @@ class GenerationRequest:
     best_of: int = 1
     top_n_tokens: int = 0
     sampling: bool = False  # False: greedy (TGI reports seed null then)
+    rank: int = 0  # the request priority, lower first (params.priority maps each dialect's field onto it)
 
     @property
     def inputs(self) -> str:

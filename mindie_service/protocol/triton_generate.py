@@ -50,7 +50,8 @@ def parse_generate_request(body: dict[str, Any], limits: ProtocolLimits, *, stre
     text = body.get("text_input")
     check(isinstance(text, str) and len(text) > 0, "text_input", "a non-empty string", text)
     params = require_object(body.get("parameters"), "parameters")
-    return parse_generation({"inputs": text, "parameters": params}, dialect="mindie", stream=stream, limits=limits)
+    return parse_generation({"inputs": text, "parameters": params}, dialect="mindie", stream=stream, limits=limits,
+                            priority="triton")
 
 
 def triton_error(err: MindieError) -> dict[str, str]:

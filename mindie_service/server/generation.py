@@ -124,7 +124,7 @@ class GenerationHandler(StreamingHandler):
 
     def submission(self, req: GenerationRequest) -> Submission:
         return Submission([req.prompt], req.params, lambda: self.target(req), [self.engine_id],
-                          truncate=req.truncate, best_of=req.best_of)
+                          truncate=req.truncate, best_of=req.best_of, rank=req.rank)
 
     def _parse_body(self) -> GenerationRequest:
         return self.parse(self.json_body())

@@ -15,15 +15,14 @@ class InferHandler(GenerationHandler):
     """POST /infer: MindIE's native route (POST /'s body plus parameters.priority and .timeout)."""
 
     timeout: float = DEFAULT_TIMEOUT_S
-    rank: int = 0
 
     def parse(self, body: dict[str, Any]) -> GenerationRequest:
         req = parse_infer_request(body, self.ctx.limits)
-        self.timeout, self.rank = req.timeout, req.rank
+        self.timeout = req.timeout
         return req.gen
 
     def submission(self, req: GenerationRequest) -> Submission:
-        return dataclasses.replace(super().submission(req), timeout=self.timeout, rank=self.rank)
+        return dataclasses.replace(super().submission(req), timeout=self.timeout)
 
     @property
     def encoder(self) -> Encoder:

@@ -48,7 +48,7 @@ class OpenAIRouteHandler(GenerationHandler):
         target = catalog.resolve(model)
         self._held, self._engine = target, target.engine
         limits = ProtocolLimits(vocab_size=target.engine.vocab_size, media_policy=self.ctx.media_policy)
-        req = parse_openai(body, self.kind, support=self.ctx.settings.open_ai_support, limits=limits,
+        req = parse_openai(body, self.kind, limits=limits,
                            model=model, defaults=target.defaults, adapter_id=target.adapter_id,
                            request_id=self.request_id, tool_format=tool_format(target.engine, self.ctx))
         self.client_ids = req.client  # the access log records them (server/app.log_request)
@@ -77,7 +77,7 @@ class OpenAIRouteHandler(GenerationHandler):
         many = len(req.prompts) > 1
         ids = [f"{self.engine_id}-{k}" if many else self.engine_id for k in range(len(req.prompts))]
         return Submission(list(req.prompts), req.params, lambda: self.target(req), ids, truncate=req.truncate,
-                          best_of=req.best_of)
+                          best_of=req.best_of, rank=req.rank)
 
 
 class CompletionsHandler(OpenAIRouteHandler):

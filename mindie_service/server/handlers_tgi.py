@@ -7,6 +7,7 @@ from mindie_service.models.demo_marker import demo_checkpoint
 from mindie_service.protocol.encoders import Encoder
 from mindie_service.protocol.request import GenerationRequest
 from mindie_service.protocol.tgi import info_payload, parse_tgi_request
+from mindie_service.protocol.vllm_fields import advertised_fields
 from mindie_service.server.generation import GenerationHandler
 from mindie_service.server.handlers_base import BaseHandler
 from mindie_service.server.handlers_mgmt import unhealthy
@@ -72,5 +73,6 @@ class InfoHandler(BaseHandler):
                    "adapters": sorted(eng.adapter_names()),
                    "weights_report": dict(getattr(eng, "weights_report", None) or {}),
                    "rss_mib": rss_mib(),
-                   "demo_weights": demo_checkpoint(ctx.config.models[0].weight_path) is not None},
+                   "demo_weights": demo_checkpoint(ctx.config.models[0].weight_path) is not None,
+                   **advertised_fields(ctx.settings.open_ai_support)},
         ))

@@ -97,7 +97,7 @@ class OipInferHandler(V2Errors, StreamingHandler):
         req: OipRequest = await self.ctx.run_blocking(self._body)
         g = req.gens[0]
         sub = Submission([x.prompt for x in req.gens], g.params, self.ctx.serving_engine,
-                         [f"{self.engine_id}.{k}" for k in range(len(req.gens))], truncate=g.truncate)
+                         [f"{self.engine_id}.{k}" for k in range(len(req.gens))], truncate=g.truncate, rank=g.rank)
         async with self.frontend.open(sub, t0) as run:
             self.run = run
             self.write_json(infer_response(model, req, await run.results()))

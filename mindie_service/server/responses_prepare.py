@@ -25,7 +25,7 @@ def prepare(ctx: Any, body: dict[str, Any], context: list[dict[str, Any]], reque
     target = catalog.resolve(model)
     try:
         limits = ProtocolLimits(vocab_size=target.engine.vocab_size, media_policy=ctx.media_policy)
-        req = parse_responses(body, context, support="openai", limits=limits, model=model, defaults=target.defaults,
+        req = parse_responses(body, context, limits=limits, model=model, defaults=target.defaults,
                               adapter_id=target.adapter_id, request_id=request_id,
                               tool_format=tool_format(target.engine, ctx))
         if req.options.truncation == "auto":

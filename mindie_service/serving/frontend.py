@@ -118,13 +118,14 @@ class Frontend:
             media_policy=self.media_policy, session_id=session_id, media_executor=self.media_executor)
 
     # -- admission -----------------------------------------------------------------------------------
-    async def admit(self, n: int = 1, timeout: float | None = None, limits: Timeouts | None = None) -> None:
-        """Take ``n`` admission slots, waiting in the queue for at most ``timeout`` seconds (what is left of
-        e2eTimeout); 503 (gate) while loading/draining, 429 when the queue is full, 504 when the wait
+    async def admit(self, n: int = 1, timeout: float | None = None, limits: Timeouts | None = None,
+                    rank: int = 0) -> None:
+        """Take ``n`` admission slots, waiting in the queue (at priority ``rank``) for at most ``timeout`` seconds
+        (what is left of e2eTimeout); 503 (gate) while loading/draining, 429 when the queue is full, 504 when the wait
         outlasts the timeout. ``release(n)`` after."""
         self.gate()
         try:
-            await self.admission.acquire(n, timeout)
+            await self.admission.acquire(n, timeout, rank)
         except TimeoutError:
             raise TimeoutError_(f"the request waited {timeout:.3g} s in the admission queue without a free slot "
                                 f"({(limits or self.timeouts).e2e_name} = {(limits or self.timeouts).e2e:g} s, maxLinkNum = "
@@ -134,10 +135,10 @@ class Frontend:
         self.admission.release(n)
 
     @contextlib.asynccontextmanager
-    async def admitted(self, n: int, t0: float, limits: Timeouts | None = None) -> AsyncIterator[None]:
+    async def admitted(self, n: int, t0: float, limits: Timeouts | None = None, rank: int = 0) -> AsyncIterator[None]:
         """Hold ``n`` slots for the block; time in the queue counts against e2eTimeout (or ``limits``)."""
         to = limits or self.timeouts
-        await self.admit(n, timeout=to.e2e - (time.monotonic() - t0), limits=to)
+        await self.admit(n, timeout=to.e2e - (time.monotonic() - t0), limits=to, rank=rank)
         try:
             yield
         finally:
@@ -159,7 +160,7 @@ class Frontend:
     async def open(self, sub: Submission, t0: float) -> AsyncIterator[Run]:
         """Admitted, keys claimed, engine requests prepared: the call's Run (slots and keys held while open)."""
         limits = self.timeouts.capped(sub.timeout, "parameters.timeout")
-        async with self.admitted(sub.slots, t0, limits):
+        async with self.admitted(sub.slots, t0, limits, sub.rank):
             with self.sessions.claim(k for k in sub.session_ids if k is not None):
                 engine = sub.engine()
                 keys = list(sub.session_ids) or [None] * len(sub.prompts)

@@ -45,7 +45,7 @@ def _tool(name: str, schema: dict) -> dict:
 
 
 def _parse(**body):
-    return parse_openai({"model": "m", "messages": MSGS, **body}, "chat", support="openai",
+    return parse_openai({"model": "m", "messages": MSGS, **body}, "chat",
                         limits=ProtocolLimits(vocab_size=100), model="m", request_id="chatcmpl-1",
                         tool_format=FORMATS["hermes"])
 

@@ -30,7 +30,7 @@ def _msg(body: dict, fmt: str = "hermes"):
 
 
 def _chat(body: dict, fmt: str = "hermes"):
-    return parse_openai({"model": "m", "max_tokens": 16, **body}, "chat", support="openai",
+    return parse_openai({"model": "m", "max_tokens": 16, **body}, "chat",
                         limits=ProtocolLimits(vocab_size=100), model="m", request_id="r1", tool_format=FORMATS[fmt])
 
 

@@ -1,4 +1,4 @@
-"""OpenAI request parsing: OpenAI's defaults and ranges, vLLM's fields only with openAiSupport "vllm",
+"""OpenAI request parsing: OpenAI's defaults and ranges, vLLM's fields on every deployment,
 unsupported fields refused by name, model.json defaults, counts bounded, bad JSON shapes a 400 (never a 500)."""
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from mindie_service.sampling_params import INT32_MAX
 LIM = ProtocolLimits(vocab_size=100)
 
 
-def p(body, kind="completion", support="openai", **kw):
-    return parse_openai({"model": "m", **body}, kind, support=support, limits=LIM, model="m", **kw)
+def p(body, kind="completion", **kw):
+    return parse_openai({"model": "m", **body}, kind, limits=LIM, model="m", **kw)
 
 
 def test_defaults_and_prompt_forms() -> None:
@@ -39,7 +39,7 @@ def test_defaults_and_prompt_forms() -> None:
     ({"prompt": "x", "n": 17}, "n"), ({"prompt": ["x"] * 40, "n": 2}, "n"),
     ({"prompt": "x", "presence_penalty": 3}, "presence_penalty"), ({"prompt": "x", "logit_bias": {"99999": 5}}, "logit_bias"),
     ({"prompt": "x", "logit_bias": {"1": 500}}, "logit_bias[1]"),
-    ({"prompt": "x", "top_k": 3}, "top_k"), ({"prompt": "x", "tools": []}, "tools"),
+    ({"prompt": "x", "min_p": 1.5}, "min_p"), ({"prompt": "x", "tools": []}, "tools"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": [200]}, "prompt[0]"), ({"prompt": "x", "logprobs": 6}, "logprobs"), ({"prompt": ""}, "prompt[0]"),
 ])
@@ -60,11 +60,11 @@ def test_bad_messages_are_validation_errors(messages) -> None:
 
 
 def test_vllm_fields_and_model_defaults() -> None:
-    r = p({"prompt": "x", "top_k": 5, "ignore_eos": True, "repetition_penalty": 1.2}, support="vllm")
+    r = p({"prompt": "x", "top_k": 5, "ignore_eos": True, "repetition_penalty": 1.2})
     assert r.params.top_k == 5 and r.params.ignore_eos and r.params.repetition_penalty == 1.2
-    assert p({"prompt": "x", "min_tokens": 3, "max_tokens": 5}, support="vllm").params.min_tokens == 3
+    assert p({"prompt": "x", "min_tokens": 3, "max_tokens": 5}).params.min_tokens == 3
     with pytest.raises(ValidationError, match="min_tokens"):  # vLLM's rule: at most max_tokens
-        p({"prompt": "x", "min_tokens": 6, "max_tokens": 5}, support="vllm")
+        p({"prompt": "x", "min_tokens": 6, "max_tokens": 5})
     d = RequestDefaults(temperature=0.0, top_p=0.5, top_k=7, max_tokens=9)
     r = p({"prompt": "x"}, defaults=d)
     assert r.params.greedy and r.params.max_tokens == 9

@@ -19,9 +19,9 @@ P = {"max_new_tokens": 7, "top_k": 5, "temperature": 0.5, "seed": 3, "stop": ["x
 
 def test_priority_maps_to_rank_and_timeout_is_kept():
     r = parse_infer_request({"inputs": "hi", "parameters": {"priority": 1, "timeout": 7}}, LIMITS)
-    assert (r.rank, r.timeout) == (-4, 7.0)
+    assert (r.gen.rank, r.timeout) == (-4, 7.0)
     d = parse_infer_request({"inputs": "hi"}, LIMITS)
-    assert (d.rank, d.timeout) == (0, 600.0)  # MindIE's defaults: priority 5, timeout 600 s
+    assert (d.gen.rank, d.timeout) == (0, 600.0)  # MindIE's defaults: priority 5, timeout 600 s
 
 
 @pytest.mark.parametrize("params, message", [

@@ -117,7 +117,7 @@ def _events(llm, req, rid: str) -> list[TokenEvent]:
 
 
 def _chat(body: dict, rid: str = "c1"):
-    return parse_openai({"model": "m", "messages": CONVO, "temperature": 0, **body}, "chat", support="vllm",
+    return parse_openai({"model": "m", "messages": CONVO, "temperature": 0, **body}, "chat",
                         limits=ProtocolLimits(vocab_size=4096), model="m", request_id=rid, tool_format=FORMATS["hermes"])
 
 

@@ -19,7 +19,7 @@ from mindie_service.protocol.responses_request import parse_responses
 from mindie_service.protocol.tool_calls import parse_tools
 from mindie_service.structured.tool_formats import FORMATS
 
-KW = dict(support="openai", limits=ProtocolLimits(vocab_size=1000), model="m", tool_format=FORMATS["hermes"])
+KW = dict(limits=ProtocolLimits(vocab_size=1000), model="m", tool_format=FORMATS["hermes"])
 TOOL = {"type": "function", "name": "get_weather", "description": "weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 

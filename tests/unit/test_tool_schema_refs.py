@@ -42,7 +42,7 @@ def llm(tiny_model):
 
 def _request(tools: list[dict], **body):
     return parse_openai({"model": "m", "messages": [{"role": "user", "content": "call"}], "tools": tools, **body},
-                        "chat", support="openai", limits=ProtocolLimits(vocab_size=100), model="m",
+                        "chat", limits=ProtocolLimits(vocab_size=100), model="m",
                         request_id="chatcmpl-1", tool_format=FORMATS["hermes"])
 
 

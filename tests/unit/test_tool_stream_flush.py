@@ -21,7 +21,7 @@ TOOLS = [{"type": "function", "function": {"name": "weather", "parameters": {"ty
 
 def _request(fmt: str):
     body = {"model": "m", "stream": True, "tools": TOOLS, "messages": [{"role": "user", "content": "hi"}]}
-    return parse_openai(body, "chat", support="openai", limits=ProtocolLimits(vocab_size=100), model="m",
+    return parse_openai(body, "chat", limits=ProtocolLimits(vocab_size=100), model="m",
                         request_id="chatcmpl-1", tool_format=FORMATS[fmt])
 
 

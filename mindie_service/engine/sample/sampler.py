@@ -91,7 +91,7 @@ class Sampler:
 
     @staticmethod
     def _warp(x: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """Temperature, top-k, top-p, typical-p on the sampling rows; returns probabilities."""
+        """Temperature, top-k, top-p, min-p, typical-p on the sampling rows; returns probabilities."""
         dev = x.device
         temp = torch.tensor([s.params.temperature for s in seqs], device=dev, dtype=x.dtype)
         x = x / temp[:, None]
@@ -108,6 +108,10 @@ class Sampler:
             drop = cum <= (1 - top_p)[:, None]
             drop[:, -1] = False  # always keep the most likely token
             x = x.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+        min_p = torch.tensor([s.params.min_p for s in seqs], device=dev, dtype=x.dtype)
+        if (min_p > 0.0).any():  # vLLM's and HF's MinPLogitsWarper: relative to the most likely token
+            probs = x.softmax(-1)
+            x = x.masked_fill(probs < min_p[:, None] * probs.max(-1, keepdim=True).values, float("-inf"))
         typical = torch.tensor([s.params.typical_p for s in seqs], device=dev, dtype=x.dtype)
         if (typical < 1.0).any():
             logp = x.log_softmax(-1)
