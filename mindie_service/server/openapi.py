@@ -35,6 +35,7 @@ _RESPONSE_FORMAT = {"type": "object", "required": ["type"], "properties": {
     "description": "OpenAI's response_format (text, json_object, json_schema {name, schema, strict}); TGI's chat "
                    "form {type: json, value: schema} too. Compact JSON; a cap hit first may cut it (finish length)."}
 _TOOLS = {"type": "array", "items": {"type": "object", "required": ["type", "function"]}}
+_PRIORITY = {"type": "integer", "description": "vLLM's request priority: lower runs first, 0 the default"}
 _DEMO = {"type": "boolean", "description": "Extension: the checkpoint holds the random weights of a demo model "
                                            "(mindie-service demo-model): its answers are gibberish."}
 
@@ -84,7 +85,8 @@ SCHEMAS: dict[str, Any] = {
                                                                                 "maximum": 16},
         "stream": {"type": "boolean"}, "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 5},
         "echo": {"type": "boolean"}, "stop": {"oneOf": [{"type": "string"}, {"type": "array"}]},
-        "seed": {"type": "integer", "minimum": 0}, "user": {"type": "string"}, "response_format": _RESPONSE_FORMAT}},
+        "seed": {"type": "integer", "minimum": 0}, "user": {"type": "string"}, "response_format": _RESPONSE_FORMAT,
+        "priority": _PRIORITY}},
     "ChatCompletionRequest": {"type": "object", "required": ["messages"], "properties": {
         "model": {"type": "string", "description": "absent, \"tgi\" or \"dummy\" (TGI clients): the default model"},
         "messages": {"type": "array", "minItems": 1, "items": {
@@ -108,11 +110,14 @@ SCHEMAS: dict[str, Any] = {
         "prompt_cache_key": {"type": "string", "description": "routing hint across instances; logged"},
         "safety_identifier": {"type": "string", "description": "the end user, logged"},
         "functions": {"type": "array", "items": _OBJ}, "function_call": {"oneOf": [{"enum": ["none", "auto"]}, _OBJ]},
+        "priority": _PRIORITY,
         "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"},
-                                                            "include_obfuscation": {"type": "boolean"}}}}},
+                                                            "include_obfuscation": {"type": "boolean"},
+                                                            "continuous_usage_stats": {"type": "boolean"}}}}},
     "GenerateRequest": {"type": "object", "required": ["inputs"], "properties": {
         "inputs": {"oneOf": [{"type": "string"}, {"type": "array"}]},
-        "parameters": {"type": "object", "properties": {"grammar": _GRAMMAR}}},
+        "parameters": {"type": "object", "properties": {"grammar": _GRAMMAR, "priority": {
+            "type": "integer", "minimum": 1, "maximum": 5, "description": "POST / only: 1 most urgent, 5 the default"}}}},
         "description": "MindIE POST / and TGI /generate, /generate_stream: {inputs, parameters}."},
     "Completion": {"type": "object", "required": ["id", "object", "created", "model", "choices"], "properties": {
         "id": {"type": "string"}, "object": {"enum": ["text_completion", "chat.completion"]},

@@ -38,7 +38,7 @@ def offline(tiny_model):
 
 def _body(prompt: str, stream: bool = False) -> dict:
     return {"inputs": prompt, "stream": stream,
-            "parameters": {"max_new_tokens": MAX, "details": True, "do_sample": False, "ignore_eos": True}}
+            "parameters": {"max_new_tokens": MAX, "details": True, "do_sample": False}}
 
 
 def test_whole_and_streamed_output_match_the_unspeculated_engine(spec_srv, offline):

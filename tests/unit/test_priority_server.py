@@ -1,0 +1,54 @@
+"""Request priority through HTTP to the engine: each route's priority field, through its parser, handler and
+the serving core, reaches the admission queue and the engine request as one rank (params.priority's table),
+in-process on the StandardMock engine."""
+from __future__ import annotations
+
+import json
+
+from mindie_service.devkit.mock_engine import MockEngine
+from mindie_service.engine.contract import EngineRequest
+from tests.inprocess import InProcessServer
+
+
+class _Recording(MockEngine):
+    ranks: list[int]
+
+    def generate(self, request: EngineRequest):
+        self.ranks.append(request.rank)
+        return super().generate(request)
+
+
+class PriorityRoutesTest(InProcessServer):
+    server = {"openAiSupport": "openai"}  # vLLM's priority field is taken whatever the setting
+
+    def make_engine(self, ctx):
+        eng = _Recording(ctx.engine_config)
+        eng.ranks = []
+        return eng
+
+    def _post(self, path: str, body: dict) -> None:
+        r = self.fetch(path, method="POST", body=json.dumps(body), headers={"Content-Type": "application/json"})
+        assert r.code == 200, r.body
+
+    def test_every_route_hands_its_priority_to_admission_and_the_engine(self):
+        admitted: list[int] = []
+        queue = self.ctx.frontend.admission
+        acquire = queue.acquire
+
+        async def spy(n=1, timeout=None, rank=0):
+            admitted.append(rank)
+            return await acquire(n, timeout, rank)
+
+        queue.acquire = spy
+        few = {"max_new_tokens": 2}
+        self._post("/v1/completions", {"model": "mock", "prompt": "hi", "max_tokens": 2, "priority": -7})
+        self._post("/v1/chat/completions", {"model": "mock", "messages": [{"role": "user", "content": "hi"}],
+                                            "max_tokens": 2, "priority": 2})
+        self._post("/", {"inputs": "hi", "parameters": {**few, "priority": 1}})
+        self._post("/infer", {"inputs": "hi", "parameters": {**few, "priority": 3}})
+        self._post("/v2/models/mock/generate", {"text_input": "hi", "parameters": {**few, "priority": 2}})
+        self._post("/v2/models/mock/infer", {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES",
+                                                          "data": ["hi"]}], "parameters": {**few, "priority": 4}})
+        self._post("/generate", {"inputs": "hi", "parameters": few})  # TGI: no priority, the default rank
+        expected = [-7, 2, -4, -2, -3, -1, 0]
+        assert admitted == expected and self.engine.ranks == expected
