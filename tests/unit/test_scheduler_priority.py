@@ -110,3 +110,41 @@ def test_equal_ranks_are_first_come_first_served_whatever_the_wait():
     clock.t = 3 * AGING_S
     _step(s)
     assert [q.request_id for q in s.waiting] == ["r1", "r2"]
+
+
+def _chunked(clock: _Clock | None = None) -> Scheduler:
+    """A 16-token step budget: a 48-token prompt takes three steps."""
+    cfg = EngineConfig(model="x", cache_block_size=4, max_seq_len=256, max_input_token_len=64, max_prefill_tokens=16,
+                       max_batch_size=4, max_prefill_batch_size=4, max_queue_delay_microseconds=0)
+    return Scheduler(cfg, BlockManager(64, 4, enable_prefix_caching=False), clock=clock)
+
+
+def _pieces(out) -> dict[str, int]:
+    return {c.request_id: c.end - c.start for c in out.prefills}
+
+
+def test_a_more_urgent_prompt_takes_the_step_from_less_urgent_ones():
+    s = _chunked()
+    s.add(_seq(0, rank=2, n=48))
+    assert _pieces(_step(s)) == {"r0": 16}  # the low one's prompt, a piece a step
+    s.add(_seq(1, rank=-1, n=24))  # an urgent one arrives: it gets the whole budget, r0's piece waits
+    assert _pieces(_step(s)) == {"r1": 16}
+    assert _pieces(_step(s)) == {"r1": 8}  # still prefilling: r0 still waits (the leftover budget unused)
+    assert _pieces(_step(s)) == {"r0": 16}  # r1 decodes now; r0 goes on
+    s2 = _chunked()
+    s2.add(_seq(0, n=48))
+    _step(s2)
+    s2.add(_seq(1, n=24))  # equal ranks: shared as before, first come first
+    assert _pieces(_step(s2)) == {"r0": 16}
+
+
+def test_a_prompt_that_waited_aging_s_no_longer_yields():
+    from mindie_service.engine.sched.order import AGING_S
+
+    clock = _Clock()
+    s = _chunked(clock)
+    s.add(_seq(0, rank=2, n=48))
+    _step(s)
+    clock.t = AGING_S
+    s.add(_seq(1, rank=-1, n=24))
+    assert _pieces(_step(s)) == {"r0": 16}  # aged: its piece goes first (running order), r1 waits for budget

@@ -1,26 +1,24 @@
 """Continuous batching over the paged KV pool, with chunked prefill. Plain Python (no torch).
 
-Each step every running request computes its next tokens in one forward pass: one token for a
-request that is decoding, the next piece of its prompt for one that is still prefilling. Prompt
-tokens are bounded per step by ``maxPrefillTokens`` (the step's token budget, vLLM's
-max_num_batched_tokens; the running requests' decode tokens ride along), so a long prompt is
-computed over several steps while the others keep streaming, instead of stalling them all for
-its whole prefill. New requests are admitted by urgency (engine.sched.order), then first come first
-served (the head of the queue is never skipped) within maxBatchSize, maxPrefillBatchSize, free blocks and
-the LoRA pool's slots. When blocks run out the least urgent, newest running request is preempted: its K/V is copied to the host pool
-when there is room (ModelConfig.cpuMemSize, engine.kv.swap; it waits in the swapped queue, ahead of
-new requests of its priority, and resumes where it was), else its blocks are freed and it is
+Each step every running request computes its next tokens in one forward pass: one token for a request that is decoding,
+the next piece of its prompt for one that is still prefilling. Prompt tokens are bounded per step by
+``maxPrefillTokens`` (the step's token budget, vLLM's max_num_batched_tokens; the running requests' decode tokens ride
+along), so a long prompt is computed over several steps while the others keep streaming, instead of stalling them all
+for its whole prefill (a more urgent one's prompt first: engine.sched.urgent_first). New requests are admitted by
+urgency (engine.sched.order), then first come first served (the head of the queue is never skipped) within maxBatchSize,
+maxPrefillBatchSize, free blocks and the LoRA pool's slots. When blocks run out the least urgent, newest running request
+is preempted: its K/V is copied to the host pool when there is room (ModelConfig.cpuMemSize, engine.kv.swap; it waits in
+the swapped queue, ahead of new requests of its priority, and resumes where it was), else its blocks are freed and it is
 recomputed later from its prompt plus the tokens it already produced.
 
-maxPreemptCount bounds the preemptions for want of blocks in one round: a decode still without a
-block after the cap waits a step (nothing new is admitted meanwhile); only when nothing at all
-would run does the oldest such decode preempt past the cap, so the engine always progresses.
-0 turns preemption off: each request is admitted only with blocks reserved for its prompt plus its
-maximum output (a beam search for all its beams), so no running request ever lacks a block.
-Two preemptions are not scheduling decisions and do not count against the cap: an online request
-taking a batch-job line's slot or blocks (a priority rule, on even with 0: the line has nothing
-sent that it could lose and resumes later), and a beam search restarting because a fork found no block
-(engine.sample.beam). ``schedule()`` returns plain data (engine.step); ``update()`` applies a step's results."""
+maxPreemptCount bounds the preemptions for want of blocks in one round: a decode still without a block after the cap
+waits a step (nothing new is admitted meanwhile); only when nothing at all would run does the oldest such decode preempt
+past the cap, so the engine always progresses. 0 turns preemption off: each request is admitted only with blocks
+reserved for its prompt plus its maximum output (a beam search for all its beams), so no running request ever lacks a
+block. Two preemptions are not scheduling decisions and do not count against the cap: an online request taking a
+batch-job line's slot or blocks (a priority rule, on even with 0: the line has nothing sent that it could lose and
+resumes later), and a beam search restarting because a fork found no block (engine.sample.beam). ``schedule()`` returns
+plain data (engine.step); ``update()`` applies a step's results."""
 from __future__ import annotations
 
 import logging
@@ -41,6 +39,7 @@ from mindie_service.engine.step import SchedulerOutput
 from mindie_service.engine.kv.swap import HostBlockPool, swap_in, swap_out
 from mindie_service.engine.contract import PRIORITY_ONLINE
 from mindie_service.engine.sched.order import promote_aged, urgency
+from mindie_service.engine.sched.urgent_first import urgent_key, yields
 
 logger = logging.getLogger(__name__)
 
@@ -171,8 +170,9 @@ class Scheduler:
         # Most urgent first (stable: oldest first within each): the last blocks go to online traffic, preemption
         self.running.sort(key=urgency)  # takes the newest batch line, else the least urgent request, first
         yielded = self._make_room_for_online(out)
-        allow = step_allowance(self.cfg, self.running, online_pressed(self.running, self._next_to_admit()),
-                               self.batch_turns)
+        head = self._next_to_admit()
+        allow = step_allowance(self.cfg, self.running, online_pressed(self.running, head), self.batch_turns)
+        urgent = urgent_key(self.cfg, self.blocks, self.running, head)  # engine.sched.urgent_first
         self.batch_turns += len(allow.decodes)
         # Running requests, oldest first: decodes need a slot for their next token (preempt from the
         # newest end when the pool is dry, at most maxPreemptCount); unfinished prompts take their next
@@ -183,7 +183,7 @@ class Scheduler:
             if seq.status is not SeqStatus.RUNNING:
                 continue  # preempted this step with its beam group
             if _prefilling(seq):  # its blocks were allocated at admission (a forked beam's at the fork)
-                budget -= self._prefill_piece(seq, budget, allow, prefills)
+                budget -= 0 if yields(seq, urgent, now) else self._prefill_piece(seq, budget, allow, prefills)
                 continue
             if not allow.runs(seq):  # a batch line skips this step: an online request waits (engine.sched.batch_bound)
                 continue
