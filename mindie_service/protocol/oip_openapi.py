@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-_PARAMS = {"type": "object", "description": "MindIE's sampling parameters (POST /'s table)"}
+_PARAMS = {"type": "object", "description": "MindIE's sampling parameters (POST /'s table)", "properties": {
+    "priority": {"type": "integer", "minimum": 0, "maximum": 5,
+                 "description": "Triton's: 0 the default level; 1 most urgent .. 5 (MindIE's levels)"}}}
 _TENSOR = {"type": "object", "required": ["name", "shape", "datatype", "data"], "properties": {
     "name": {"enum": ["text_input", "input_ids"]}, "shape": {"type": "array", "items": {"type": "integer"}},
     "datatype": {"enum": ["BYTES", "INT32", "INT64"]}, "data": {"type": "array"}, "parameters": {"type": "object"}}}
