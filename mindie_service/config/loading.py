@@ -156,6 +156,7 @@ def _server(srv: dict[str, Any], base: Path) -> ServerSettings:
         api_key_file=_resolve(base, srv["apiKeyFile"]) if srv.get("apiKeyFile") else None,
         management_routes_on_business_port=bool(srv.get("managementRoutesOnBusinessPort")),
         probe_port=None if srv.get("probePort") is None else int(srv["probePort"]),
+        otlp_traces_endpoint=srv["otlpTracesEndpoint"],
         responses_dir=_resolve(base, srv["responsesStore"]["dir"]),
         responses_max=int(srv["responsesStore"]["maxResponses"]),
         responses_max_age=float(srv["responsesStore"]["maxAgeHours"]) * 3600.0)

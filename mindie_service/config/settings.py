@@ -66,6 +66,7 @@ class ServerSettings:
     responses_max: int = 10000  # responsesStore.maxResponses
     responses_max_age: float = 720 * 3600.0  # responsesStore.maxAgeHours, in seconds
     probe_port: int | None = None  # plain-HTTP health routes on management_ip_address (kubelet probes); None = off
+    otlp_traces_endpoint: str | None = None  # OTLP/HTTP traces endpoint (server/tracing.py); None = no tracing
 
     @property
     def max_connections(self) -> int:

@@ -13,6 +13,7 @@ from mindie_service.errors import ConflictError, OverloadedError, TimeoutError_
 from mindie_service.inputs import TextPrompt
 from mindie_service.sampling_params import SamplingParams
 from mindie_service.serving import Frontend, Submission, Timeouts
+from mindie_service.serving.observer import TRACE_HEADERS, SequenceRecord
 from multimodal import MediaPolicy
 
 
@@ -21,6 +22,7 @@ class Tally:
         self.received = 0
         self.ended: list[bool] = []
         self.sequences: list[int] = []
+        self.records: list[SequenceRecord] = []
 
     def observe_received(self, n: int = 1) -> None:
         self.received += n
@@ -30,6 +32,9 @@ class Tally:
 
     def observe_sequence(self, *, prompt_tokens: int, generated: int, ttft: float | None, e2e: float) -> None:
         self.sequences.append(generated)
+
+    def observe_record(self, rec: SequenceRecord) -> None:
+        self.records.append(rec)
 
 
 def frontend(max_running: int = 2, token: float = 30.0) -> tuple[Frontend, MockEngine, Tally]:
