@@ -3,7 +3,7 @@ EngineRequest in, TokenEvent out, the finish reasons, priorities, stats, and the
 the input processor (InputFacts). SamplingParams is re-exported from mindie_service.sampling_params."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Protocol
 
 from mindie_service.sampling_params import SamplingParams
@@ -121,7 +121,7 @@ class EngineStats:
     max_loras: int = 0
     kv_cache_dtype: str = "auto"
     prefix_caching: bool = False
-    iteration_tokens: StepTokenCounts | None = None  # tokens per engine step (the async facade counts them)
+    iteration_tokens: StepTokenCounts = field(default_factory=lambda: StepTokenCounts())  # (the async facade's)
 
 
 # vLLM's iteration_tokens buckets (vllm/v1/metrics/buckets.py ITERATION_TOKENS_BUCKETS): upper bounds of the
@@ -139,7 +139,7 @@ class StepTokenCounts:
     total: int = 0
 
     def __add__(self, other: object) -> StepTokenCounts:
-        if other == 0 or other is None:  # sum()'s start
+        if other == 0:  # sum()'s start
             return self
         assert isinstance(other, StepTokenCounts)
         return StepTokenCounts(tuple(a + b for a, b in zip(self.counts, other.counts)), self.total + other.total)
