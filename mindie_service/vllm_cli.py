@@ -19,6 +19,8 @@ as the key it sets and a problem names the flag. The config file (``--config``) 
 | --kv-cache-dtype | ModelConfig[0].kvCacheDtype (auto, int8) |
 | --enable-lora, --lora-modules, --max-loras, --max-lora-rank | maxLoras (0 without --enable-lora, as vLLM), LoraModules, maxLoraRank |
 | --speculative-config | ModelConfig[0].plugin_params (vLLM's JSON: ngram or a draft model) |
+| --chat-template | ModelConfig[0].chatTemplate (a file's text, or the template given) |
+| --generation-config vllm | nothing to change: vLLM's own sampling defaults are this server's (auto and a folder are refused) |
 | --otlp-traces-endpoint | otlpTracesEndpoint |
 | --disable-log-requests / --enable-log-requests | the access log's per-request lines (off by default, as vLLM) |
 
@@ -63,6 +65,24 @@ def _lora(text: str) -> dict[str, str]:
     return {"name": name, "path": os.path.abspath(path)}
 
 
+def _template(text: str) -> str:
+    """vLLM's --chat-template: a file's text, or the template itself when it is one (holds Jinja markup)."""
+    if os.path.isfile(text):
+        with open(text, encoding="utf-8") as f:
+            return f.read()
+    if "{{" in text or "{%" in text:
+        return text
+    raise argparse.ArgumentTypeError(f"no such file, and not a Jinja template: {text!r}")
+
+
+def _generation_config(text: str) -> str:
+    if text != "vllm":
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: only 'vllm' is taken (vLLM's own sampling defaults, which this server uses); a checkpoint's "
+            "generation_config.json defaults ('auto', or a folder) are not applied to requests here")
+    return text
+
+
 def add_vllm_flags(s: argparse.ArgumentParser) -> None:
     """The vLLM flags `serve` takes (each one's key in the module's table)."""
     s.add_argument("model", nargs="?", default=None, help="vLLM's MODEL: the checkpoint folder to serve "
@@ -86,6 +106,10 @@ def add_vllm_flags(s: argparse.ArgumentParser) -> None:
     g.add_argument("--max-loras", type=int, help="adapters loaded at once (maxLoras)")
     g.add_argument("--max-lora-rank", type=int, help="largest adapter rank (maxLoraRank)")
     g.add_argument("--speculative-config", type=json.loads, help="vLLM's speculative config (JSON)")
+    g.add_argument("--chat-template", type=_template, help="a Jinja chat template file (or the template itself) "
+                   "used instead of the checkpoint's (ModelConfig.chatTemplate)")
+    g.add_argument("--generation-config", type=_generation_config, help="vllm: vLLM's sampling defaults, not the "
+                   "checkpoint's generation_config.json (what this server does; auto and a folder are refused)")
     g.add_argument("--otlp-traces-endpoint", help="OTLP/HTTP traces endpoint (otlpTracesEndpoint)")
     g.add_argument("--disable-log-requests", dest="enable_log_requests", action="store_false", default=None,
                    help="no access-log line per request (vLLM's default)")
@@ -130,7 +154,7 @@ def uses_vllm_flags(args: argparse.Namespace) -> bool:
     keys = ("model", "host", "port", "api_key", "served_model_name", "max_model_len", "max_num_seqs",
             "max_num_batched_tokens", "tensor_parallel_size", "dtype", "quantization", "enable_prefix_caching",
             "kv_cache_dtype", "enable_lora", "lora_modules", "max_loras", "max_lora_rank", "speculative_config",
-            "otlp_traces_endpoint")
+            "otlp_traces_endpoint", "chat_template")
     return any(getattr(args, k, None) is not None for k in keys)
 
 
@@ -223,6 +247,8 @@ class _Apply:
             self.set(f"{M}.quantization", a.quantization, "--quantization")
         if a.kv_cache_dtype is not None:
             self.set(f"{M}.kvCacheDtype", a.kv_cache_dtype, "--kv-cache-dtype")
+        if a.chat_template is not None:
+            self.set(f"{M}.chatTemplate", a.chat_template, "--chat-template")
         if a.speculative_config is not None:
             self.set(f"{M}.plugin_params", json.dumps(plugin_params(a.speculative_config)), "--speculative-config")
 

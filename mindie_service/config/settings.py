@@ -103,6 +103,7 @@ class ModelSettings:
     quantization: str | None = None  # None | "w8a16" | "w8a8"
     kv_cache_dtype: str = "auto"  # "auto" | "int8"
     dtype: str = "auto"  # ModelConfig.dtype (vLLM's --dtype): auto | float32 | float16 | bfloat16
+    chat_template: str | None = None  # ModelConfig.chatTemplate (vLLM's --chat-template): replaces the checkpoint's
     speculative: SpeculativeConfig | None = None  # plugin_params (+ speculationGamma), draft path resolved
 
     @property
@@ -203,6 +204,7 @@ class ServiceConfig:
             dist_port=b.multi_nodes_infer_port,
             model=m.weight_path, model_name=m.name, trust_remote_code=m.trust_remote_code,
             quantization=m.quantization, kv_cache_dtype=m.kv_cache_dtype, dtype=m.dtype,
+            chat_template=m.chat_template,
             max_seq_len=b.max_seq_len, max_input_token_len=b.max_input_token_len, truncation=b.truncation,
             cache_block_size=s.cache_block_size, max_prefill_batch_size=s.max_prefill_batch_size,
             max_prefill_tokens=s.max_prefill_tokens, max_batch_size=s.max_batch_size,

@@ -34,7 +34,7 @@ class AsyncEngine:
         self.engine = engine or LLMEngine(config)
         self.config = self.engine.cfg
         # The frontend tokenizes in the tokenizer pool; the engine thread decodes with its own instance.
-        self.tokenizer = load_tokenizer(self.config.model, self.config.trust_remote_code)
+        self.tokenizer = load_tokenizer(self.config.model, self.config.trust_remote_code, self.config.chat_template)
         self.model_name = self.config.model_name or self.config.model.rstrip("/").rsplit("/", 1)[-1]
         self.vocab_size = self.engine.vocab_size
         self.eos_token_ids = self.engine.eos_token_ids

@@ -84,3 +84,24 @@ def test_a_vllm_flag_not_taken_is_refused_by_name_and_an_unknown_one_as_unknown(
     assert "--gpu-memory-utilization is a vLLM flag mindie-service does not take" in err
     assert main(["serve", "m", "--max-model", "9"]) == 2  # no abbreviations: vLLM's flags are matched whole
     assert "--max-model is" not in capsys.readouterr().err
+
+
+def test_chat_template_from_a_file_or_inline_replaces_the_checkpoints(tmp_path: Path, tiny_model: Path):
+    from mindie_service.models.gguf_checkpoint import load_tokenizer
+
+    f = tmp_path / "t.jinja"
+    f.write_text("<<{{ messages[0]['content'] }}>>")
+    assert loaded(tmp_path, "m", "--chat-template", str(f)).engine_config().chat_template == f.read_text()
+    inline = "[{{ messages[0]['content'] }}]"
+    tmpl = loaded(tmp_path, "m", "--chat-template", inline).engine_config().chat_template
+    tok = load_tokenizer(tiny_model, chat_template=tmpl)
+    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == "[hi]"
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "m", "--chat-template", str(tmp_path / "missing.jinja")])
+    assert exit_.value.code == 2
+
+
+def test_generation_config_takes_vllm_only(tmp_path: Path):
+    loaded(tmp_path, "m", "--generation-config", "vllm")  # vLLM's defaults: this server's
+    with pytest.raises(SystemExit):
+        _parser().parse_known_args(["serve", "m", "--generation-config", "auto"])
