@@ -137,6 +137,9 @@ class VllmFace(InProcessServer):
             assert value(f"vllm:{h}_count") == 3, h
         assert value("vllm:inter_token_latency_seconds_count") == 14  # (6 - 1) + (6 - 1) + (5 - 1)
         assert value("vllm:iteration_tokens_total_sum") == value("vllm:prompt_tokens_total") + 17
+        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                     "vllm:spec_decode_num_drafts"):  # the gateway's and speculation's vllm:* under vLLM's labels too
+            assert [x.labels for x in fams[name].samples] == [lab], name
         assert fams["vllm:iteration_tokens_total"].type == "histogram"
         assert fams["vllm:num_preemptions"].type == "counter"
 
