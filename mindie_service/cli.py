@@ -5,6 +5,8 @@ import argparse
 import logging
 import sys
 
+from mindie_service.vllm_cli import add_vllm_flags, arg_problem, config_overrides, refusal, uses_vllm_flags
+
 # mindie_service.devkit.presets.PRESETS' names (importing it here would load torch for every command;
 # tests/unit/test_cli_help.py keeps the two equal)
 DEMO_PRESETS = ("tiny", "tiny-eos", "tiny-think", "small", "tiny-draft", "small-draft", "tiny-vl", "tiny-audio")
@@ -17,11 +19,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="DEBUG, INFO, WARNING, ERROR or CRITICAL, any case (default: INFO)")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("serve", help="start the HTTP(S) server")
+    s = sub.add_parser("serve", help="start the HTTP(S) server", allow_abbrev=False,
+                       usage="mindie-service serve [MODEL] [--config CONFIG] [--prepare] [vLLM flags]")
     s.add_argument("--config", default="conf/config.json", help="MindIE's config.json (default: conf/config.json)")
     s.add_argument("--prepare", action="store_true",
                    help="place the packaged model and development certificates the config names where nothing "
                         "exists yet (never a demo model, never into an existing folder)")
+    add_vllm_flags(s)
 
     w = sub.add_parser("worker", help="join a multi-node tensor-parallel instance as rank R (multiNodesInferEnabled)")
     w.add_argument("--config", default="conf/config.json",
@@ -82,13 +86,28 @@ def _devkit(args: argparse.Namespace) -> None:
         generate_dev_certs(args.out, if_missing=args.if_missing, force=args.force)
 
 
+def _serve(args: argparse.Namespace, extra: list[str]) -> int:
+    """`serve`: the config file, with vLLM's flags (mindie_service.vllm_cli) over it."""
+    problem = refusal(extra) or arg_problem(args)
+    if problem is not None:
+        print(f"mindie-service serve: {problem}", file=sys.stderr)
+        return 2
+    if args.enable_log_requests is not None:  # the access log's per-request lines (errors are warnings: kept)
+        logging.getLogger("tornado.access").setLevel(logging.INFO if args.enable_log_requests else logging.WARNING)
+    from mindie_service.serve_wiring import cli_wiring
+    from mindie_service.server.main import serve
+    overrides = config_overrides(args) if uses_vllm_flags(args) else None
+    return serve(args.config, cli_wiring(args.prepare), overrides=overrides)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "serve":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
-        from mindie_service.serve_wiring import cli_wiring
-        from mindie_service.server.main import serve
-        return serve(args.config, cli_wiring(args.prepare))
+        return _serve(args, extra)
     if args.command == "worker":
         from mindie_service.config import load_config
         from mindie_service.engine.runner.parallel.join import join_instance

@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from mindie_service.config.gen_defaults import generation_defaults
 from mindie_service.config.messages import S, schema_problems
@@ -32,13 +32,18 @@ ENV_IP = "MIES_CONTAINER_IP"
 ENV_MANAGEMENT_IP = "MIES_CONTAINER_MANAGEMENT_IP"
 
 
-def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> ServiceConfig:
-    """Read, validate and resolve a config.json. ``env`` defaults to ``os.environ`` (read now)."""
+def load_config(path: str | Path, env: Mapping[str, str] | None = None,
+                overrides: Callable[[dict[str, Any]], Mapping[str, str]] | None = None) -> ServiceConfig:
+    """Read, validate and resolve a config.json. ``env`` defaults to ``os.environ`` (read now). ``overrides``
+    changes the JSON before it is checked (`serve MODEL --flags`, vllm_cli.py) and returns key path -> what set it,
+    so that a problem names the flag."""
     cfg_path = Path(os.path.abspath(Path(path).expanduser()))
     env = os.environ if env is None else env
     raw = _read_json(cfg_path)
     data = copy.deepcopy(raw)
     sources = _apply_env(data, env)
+    if overrides is not None and isinstance(data, dict):
+        sources |= overrides(data)
     problems, bad = schema_problems(data, sources)
     plugins: dict[int, PluginParams] = {}
     if isinstance(data, dict):
@@ -156,6 +161,7 @@ def _server(srv: dict[str, Any], base: Path) -> ServerSettings:
         api_key_file=_resolve(base, srv["apiKeyFile"]) if srv.get("apiKeyFile") else None,
         management_routes_on_business_port=bool(srv.get("managementRoutesOnBusinessPort")),
         probe_port=None if srv.get("probePort") is None else int(srv["probePort"]),
+        otlp_traces_endpoint=srv["otlpTracesEndpoint"],
         responses_dir=_resolve(base, srv["responsesStore"]["dir"]),
         responses_max=int(srv["responsesStore"]["maxResponses"]),
         responses_max_age=float(srv["responsesStore"]["maxAgeHours"]) * 3600.0)
@@ -246,7 +252,8 @@ def _build(cfg_path: Path, d: dict[str, Any], raw: dict[str, Any], plugins: dict
         instance_type=m["modelInstanceType"], name=m["modelName"], weight_path=_resolve(base, m["modelWeightPath"]),
         world_size=int(m["worldSize"]), cpu_mem_size_gb=int(m["cpuMemSize"]), npu_mem_size_gb=int(m["npuMemSize"]),
         backend_type=m["backendType"], trust_remote_code=m["trustRemoteCode"], quantization=m["quantization"],
-        kv_cache_dtype=m["kvCacheDtype"], speculative=_speculative(plugins.get(i), base))
+        kv_cache_dtype=m["kvCacheDtype"], dtype=m["dtype"], chat_template=m["chatTemplate"],
+        speculative=_speculative(plugins.get(i), base))
         for i, m in enumerate(dep["ModelConfig"]))
     loras = tuple(LoraModuleSpec(name=lo["name"], path=_resolve(base, lo["path"]),
                                  base_model_name=lo.get("baseModelName") or models[0].name)

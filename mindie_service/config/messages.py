@@ -35,7 +35,8 @@ def show(value: Any) -> str:
 
 def label(path: str, sources: Mapping[str, str]) -> str:
     """The key path, naming the environment variable that set it, if one did."""
-    return f"{path} (set by env {sources[path]})" if path in sources else path
+    src = sources.get(path)
+    return path if src is None else f"{path} (set by {src if src.startswith('--') or ' ' in src else 'env ' + src})"
 
 
 def _join(path: str, key: str) -> str:

@@ -66,6 +66,7 @@ class ServerSettings:
     responses_max: int = 10000  # responsesStore.maxResponses
     responses_max_age: float = 720 * 3600.0  # responsesStore.maxAgeHours, in seconds
     probe_port: int | None = None  # plain-HTTP health routes on management_ip_address (kubelet probes); None = off
+    otlp_traces_endpoint: str | None = None  # OTLP/HTTP traces endpoint (server/tracing.py); None = no tracing
 
     @property
     def max_connections(self) -> int:
@@ -101,6 +102,8 @@ class ModelSettings:
     trust_remote_code: bool
     quantization: str | None = None  # None | "w8a16" | "w8a8"
     kv_cache_dtype: str = "auto"  # "auto" | "int8"
+    dtype: str = "auto"  # ModelConfig.dtype (vLLM's --dtype): auto | float32 | float16 | bfloat16
+    chat_template: str | None = None  # ModelConfig.chatTemplate (vLLM's --chat-template): replaces the checkpoint's
     speculative: SpeculativeConfig | None = None  # plugin_params (+ speculationGamma), draft path resolved
 
     @property
@@ -200,7 +203,8 @@ class ServiceConfig:
             world_size=m.world_size, device_ids=group, multi_node=b.multi_nodes_infer_enabled,
             dist_port=b.multi_nodes_infer_port,
             model=m.weight_path, model_name=m.name, trust_remote_code=m.trust_remote_code,
-            quantization=m.quantization, kv_cache_dtype=m.kv_cache_dtype,
+            quantization=m.quantization, kv_cache_dtype=m.kv_cache_dtype, dtype=m.dtype,
+            chat_template=m.chat_template,
             max_seq_len=b.max_seq_len, max_input_token_len=b.max_input_token_len, truncation=b.truncation,
             cache_block_size=s.cache_block_size, max_prefill_batch_size=s.max_prefill_batch_size,
             max_prefill_tokens=s.max_prefill_tokens, max_batch_size=s.max_batch_size,

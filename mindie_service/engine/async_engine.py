@@ -7,6 +7,8 @@ its KV blocks before the next step."""
 from __future__ import annotations
 
 import asyncio
+import bisect
+import dataclasses
 import functools
 import logging
 import threading
@@ -15,7 +17,8 @@ from typing import Any, AsyncIterator
 
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.core import Event, LLMEngine
-from mindie_service.engine.contract import EngineRequest, EngineStats, FailedEvent, InputFacts, TokenEvent
+from mindie_service.engine.contract import (STEP_TOKEN_BOUNDS, EngineRequest, EngineStats, FailedEvent, InputFacts,
+                                            StepTokenCounts, TokenEvent)
 from mindie_service.errors import GenerationError, IncompleteGenerationError, MindieError, UnhealthyError
 from mindie_service.models.gguf_checkpoint import load_tokenizer
 
@@ -31,7 +34,7 @@ class AsyncEngine:
         self.engine = engine or LLMEngine(config)
         self.config = self.engine.cfg
         # The frontend tokenizes in the tokenizer pool; the engine thread decodes with its own instance.
-        self.tokenizer = load_tokenizer(self.config.model, self.config.trust_remote_code)
+        self.tokenizer = load_tokenizer(self.config.model, self.config.trust_remote_code, self.config.chat_template)
         self.model_name = self.config.model_name or self.config.model.rstrip("/").rsplit("/", 1)[-1]
         self.vocab_size = self.engine.vocab_size
         self.eos_token_ids = self.engine.eos_token_ids
@@ -48,6 +51,8 @@ class AsyncEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._dead: str | None = None
+        self._step_counts = [0] * (len(STEP_TOKEN_BOUNDS) + 1)  # engine steps by tokens (EngineStats.iteration_tokens)
+        self._step_total = 0
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -68,7 +73,16 @@ class AsyncEngine:
         return self._thread is not None and self._thread.is_alive() and self._dead is None
 
     def stats(self) -> EngineStats:
-        return self.engine.stats()
+        steps = StepTokenCounts(tuple(self._step_counts), self._step_total)
+        return dataclasses.replace(self.engine.stats(), iteration_tokens=steps)
+
+    def _count_step(self, events: list[Event]) -> None:
+        """One step's tokens as vLLM counts them: each output token, and a prompt's tokens in the step that gave
+        its first token (vllm.v1.metrics.stats.IterationStats)."""
+        n = sum(1 + ev.num_prompt_tokens for ev in events if isinstance(ev, TokenEvent))
+        if n:
+            self._step_counts[bisect.bisect_left(STEP_TOKEN_BOUNDS, n)] += 1
+            self._step_total += n
 
     def tokenize(self, text: str) -> list[int]:
         return _tokenize(self.tokenizer, text)
@@ -177,7 +191,9 @@ class AsyncEngine:
                     except ValueError as exc:
                         out.append((request.request_id, GenerationError(str(exc))))
                 if self.engine.has_work():
-                    out.extend((ev.request_id, ev) for ev in self.engine.step())
+                    events = self.engine.step()
+                    self._count_step(events)
+                    out.extend((ev.request_id, ev) for ev in events)
                 if out:
                     self._deliver(out)
         except BaseException as exc:  # noqa: BLE001 - the loop itself broke: fail everyone, report unhealthy

@@ -3,13 +3,13 @@ EngineRequest in, TokenEvent out, the finish reasons, priorities, stats, and the
 the input processor (InputFacts). SamplingParams is re-exported from mindie_service.sampling_params."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Protocol
 
 from mindie_service.sampling_params import SamplingParams
 
 __all__ = ["EngineRequest", "EngineStats", "FailedEvent", "FINISH_EOS", "FINISH_LENGTH", "FINISH_STOP",
-           "InputFacts", "PRIORITY_BATCH", "PRIORITY_ONLINE", "SamplingParams", "SessionTokens", "TokenEvent",
+           "InputFacts", "PRIORITY_BATCH", "PRIORITY_ONLINE", "SamplingParams", "SessionTokens", "StepTokenCounts", "TokenEvent",
            "TokenInfo"]
 
 FINISH_LENGTH = "length"
@@ -71,6 +71,10 @@ class TokenEvent:
     reasoning_delta: str = ""
     full_reasoning: str | None = None
     reasoning_tokens: int = 0
+    # Set on the first event, on the engine's clock (time.monotonic): when the scheduler queued the request and
+    # when it first scheduled it (vLLM's queued_ts / scheduled_ts: queue and prefill times); None where unknown.
+    queued_at: float | None = None
+    scheduled_at: float | None = None
 
 
 @dataclass
@@ -117,6 +121,30 @@ class EngineStats:
     max_loras: int = 0
     kv_cache_dtype: str = "auto"
     prefix_caching: bool = False
+    iteration_tokens: StepTokenCounts = field(default_factory=lambda: StepTokenCounts())  # (the async facade's)
+
+
+# vLLM's iteration_tokens buckets (vllm/v1/metrics/buckets.py ITERATION_TOKENS_BUCKETS): upper bounds of the
+# tokens one engine step carried.
+STEP_TOKEN_BOUNDS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+@dataclass(frozen=True)
+class StepTokenCounts:
+    """Engine steps by the tokens they carried, as vLLM counts them (each output token, plus a whole prompt in
+    the step its first token came out): ``counts[i]`` steps within ``STEP_TOKEN_BOUNDS[i]`` and above the bound
+    before (one more for the rest), ``total`` the tokens of them all. Summed over model instances with ``+``."""
+
+    counts: tuple[int, ...] = (0,) * (len(STEP_TOKEN_BOUNDS) + 1)
+    total: int = 0
+
+    def __add__(self, other: object) -> StepTokenCounts:
+        if other == 0:  # sum()'s start
+            return self
+        assert isinstance(other, StepTokenCounts)
+        return StepTokenCounts(tuple(a + b for a, b in zip(self.counts, other.counts)), self.total + other.total)
+
+    __radd__ = __add__
 
 
 class SessionTokens(Protocol):

@@ -45,6 +45,7 @@ class Sequence:
     block_hashes: list[bytes] = field(default_factory=list)
     num_preemptions: int = 0
     arrival: float = 0.0  # when the scheduler queued it (its clock): maxQueueDelayMicroseconds counts from here
+    scheduled_at: float | None = None  # when the scheduler first admitted it (its clock): the queue time's end
     host_blocks: list[int] = field(default_factory=list)  # while SWAPPED: host-pool blocks holding its K/V
     finish_reason: str | None = None
     aborted: bool = False

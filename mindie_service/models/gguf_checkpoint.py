@@ -260,16 +260,21 @@ def _hf_config(path: Path) -> Any:
         raise ValidationError(f"GGUF file {path}: its metadata does not make a model config ({exc})") from exc
 
 
-def load_tokenizer(path: str | Path, trust_remote_code: bool = False) -> Any:
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False, chat_template: str | None = None) -> Any:
     """The checkpoint's tokenizer: from a GGUF file's ``tokenizer.ggml.*`` (and chat template) through
-    transformers, or ``AutoTokenizer.from_pretrained(path)`` for a Hugging Face folder."""
+    transformers, or ``AutoTokenizer.from_pretrained(path)`` for a Hugging Face folder; ``chat_template``
+    replaces the checkpoint's (vLLM's --chat-template)."""
     from transformers import AutoTokenizer
     file = find_gguf(path)
     if file is None:
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-    # Each caller gets its own instance (the engine thread and the frontend's pool each hold one), copied from
-    # one parse of the file: reading a GGUF's vocabulary takes seconds, a copy a tenth of one.
-    return copy.deepcopy(_gguf_tokenizer(str(file.resolve()), file.stat().st_mtime_ns))
+        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    else:
+        # Each caller gets its own instance (the engine thread and the frontend's pool each hold one), copied from
+        # one parse of the file: reading a GGUF's vocabulary takes seconds, a copy a tenth of one.
+        tok = copy.deepcopy(_gguf_tokenizer(str(file.resolve()), file.stat().st_mtime_ns))
+    if chat_template is not None:
+        tok.chat_template = chat_template
+    return tok
 
 
 @lru_cache(maxsize=2)

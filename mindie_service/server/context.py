@@ -2,6 +2,7 @@
 (mindie_service.serving.Frontend: admission, thread pools, input processing, sessions) they call."""
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,8 @@ from mindie_service.fleet.gateway_view import gateway_state
 from mindie_service.netguard import FetchPolicy
 from mindie_service.server.gateway_metrics import GatewayCollector
 from mindie_service.server.metrics import ServiceMetrics
+from mindie_service.server.vllm_metrics import VllmMetrics
+from mindie_service.serving.observer import ObserverGroup, RequestObserver
 from mindie_service.server.responses_prepare import prepare
 from multimodal import MediaPolicy
 
@@ -64,9 +67,17 @@ class ServerContext:
             max_video_frames_decoded=self.settings.max_video_frames_decoded)
         self.metrics = ServiceMetrics(self.model_name, self.stats, config.backend.max_seq_len,
                                       instances=self.instances)
+        observers: list[RequestObserver] = [self.metrics, VllmMetrics(self.metrics.registry, self.model_name,
+                                                                      self.stats, config.backend.max_seq_len)]
+        self.tracer = None  # request spans (server/tracing.py): OpenTelemetry is imported only when configured
+        if self.settings.otlp_traces_endpoint:
+            from mindie_service.server.tracing import RequestTracer
+
+            self.tracer = RequestTracer(self.settings.otlp_traces_endpoint)
+            observers.append(self.tracer)
         self.frontend = Frontend(Timeouts(token=self.settings.token_timeout, e2e=self.settings.e2e_timeout),
                                  self.settings.max_link_num, config.backend.tokenizer_process_number,
-                                 self.media_policy, observer=self.metrics, gate=self._check_open)
+                                 self.media_policy, observer=ObserverGroup(*observers), gate=self._check_open)
         self.metrics.track_admission(lambda: self.admission.running, lambda: self.admission.waiting)
         self.metrics.registry.register(GatewayCollector(  # the gateway's names (vllm:*), per-server totals
             self.model_name, lambda: gateway_state(self.engine) if self.engine is not None else None,
@@ -88,6 +99,8 @@ class ServerContext:
         IOLoop.current().spawn_callback(self.responses_service().resume_all)
 
     async def stop_jobs(self) -> None:
+        if self.tracer is not None:  # the spans still batched go out before the exit
+            await asyncio.get_running_loop().run_in_executor(None, self.tracer.close)
         if self.jobs is not None:
             await self.jobs.shutdown()
             self.jobs.store.close()

@@ -33,6 +33,8 @@ from mindie_service.protocol.validation import parse_json_body
 from mindie_service.server.auth import request_error
 from mindie_service.server.context import ServerContext
 from mindie_service.server.listener import drain_limit, start_linger
+from mindie_service.server.tracing import trace_headers
+from mindie_service.serving.observer import TRACE_HEADERS
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +96,8 @@ class BaseHandler(tornado.web.RequestHandler):
         # Counts handlers whose request is still being served (/v1/status "connections.handlers"): an
         # abandoned upload used to stay here, with the chunks it had read, until shutdown.
         self.ctx.open_handlers += 1
+        if self.ctx.tracer is not None:  # the caller's trace context, for the request spans (server/tracing.py)
+            TRACE_HEADERS.set(trace_headers(self.request.headers.get))
         try:
             await super()._execute(*args, **kwargs)  # type: ignore[misc]
         finally:

@@ -22,7 +22,7 @@ import ssl
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 from mindie_service.config import ServiceConfig, check_files, load_config
 from mindie_service.engine.configs.engine_config import EngineConfig
@@ -330,10 +330,12 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], wiring: 
     return code
 
 
-def serve(config_path: str, wiring: ServeWiring = ServeWiring()) -> int:
-    """Entry point of `mindie-service serve` (the CLI passes its wiring); returns the process exit code."""
+def serve(config_path: str, wiring: ServeWiring = ServeWiring(),
+          overrides: Callable[[dict[str, Any]], Mapping[str, str]] | None = None) -> int:
+    """Entry point of `mindie-service serve` (the CLI passes its wiring, and what its vLLM flags change in the
+    config: ``overrides``, see config.loading.load_config); returns the process exit code."""
     try:
-        cfg = load_config(config_path)
+        cfg = load_config(config_path, overrides=overrides)
         _setup_file_logging(cfg)
         if wiring.prepare is not None:
             wiring.prepare(cfg)

@@ -10,9 +10,12 @@ Kind = Literal["gauge", "counter"]
 
 
 def model_family(kind: Kind, name: str, doc: str, label: list[str], value: float) -> Metric:
+    """A family under ``model_name``; a ``vllm:*`` one also under vLLM's ``engine`` (the engine index, "0":
+    one engine per server), as vLLM labels its own (server/vllm_metrics.py)."""
     cls = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
-    family = cls(name, doc, labels=["model_name"])
-    family.add_metric(label, float(value))
+    vllm = name.startswith("vllm:")
+    family = cls(name, doc, labels=["model_name", "engine"] if vllm else ["model_name"])
+    family.add_metric([*label, "0"] if vllm else label, float(value))
     return family
 
 

@@ -140,6 +140,9 @@ class ServiceMetrics:
             if generated > 1:
                 self.tpot.observe((e2e - ttft) / (generated - 1))
 
+    def observe_record(self, rec: Any) -> None:
+        """vLLM's families read the whole record (server/vllm_metrics.py); MindIE's have what they need."""
+
     def observe_request(self, *, ok: bool, e2e: float | None) -> None:
         """One generation request ended (``e2e`` only for a successful one)."""
         (self.request_success if ok else self.request_failed).inc()

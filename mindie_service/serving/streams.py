@@ -17,7 +17,7 @@ from mindie_service.engine.client import EngineClient
 from mindie_service.engine.contract import EngineRequest, TokenEvent
 from mindie_service.errors import GenerationError, MindieError, TimeoutError_
 from mindie_service.protocol.request import GenerationResult
-from mindie_service.serving.observer import RequestObserver
+from mindie_service.serving.observer import TRACE_HEADERS, RequestObserver, SequenceRecord
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +35,10 @@ class Timeouts:
         if timeout is None or timeout >= self.e2e:
             return self
         return Timeouts(token=min(self.token, timeout), e2e=timeout, e2e_name=name)
+
+
+# Our finish reasons as vLLM's request_success_total labels them (FinishReason: stop, length, abort, error).
+_VLLM_FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
 
 
 def fan_out(ereq: EngineRequest, index: int, best_of: int) -> EngineRequest:
@@ -66,13 +70,40 @@ class RunUsage:
     ttft: float | None = None
 
 
+class _Track:
+    """What one sequence's record needs, gathered as its events come (serving.observer.SequenceRecord)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.first: TokenEvent | None = None
+        self.reason = "abort"  # ended without a finish reason: the client left, a timeout, the service stopped
+        self.cached = 0
+
+    def token(self, ev: TokenEvent) -> None:
+        self.times.append(time.monotonic())
+        if self.first is None:
+            self.first, self.cached = ev, ev.num_cached_tokens
+        if ev.finish_reason is not None:
+            self.reason = _VLLM_FINISH.get(ev.finish_reason, "stop")
+
+    def record(self, ereq: EngineRequest, model: str, prompt_n: int, t0: float, n: int) -> SequenceRecord:
+        t, p, f = self.times, ereq.params, self.first
+        return SequenceRecord(
+            request_id=ereq.request_id, model=model, prompt_tokens=prompt_n, generated=len(t),
+            cached_tokens=self.cached, finish_reason=self.reason, t0=t0, end=time.monotonic(),
+            first=t[0] if t else None, last=t[-1] if t else None,
+            queued_at=f.queued_at if f is not None else None, scheduled_at=f.scheduled_at if f is not None else None,
+            gaps=tuple(b - a for a, b in zip(t, t[1:])), max_tokens=p.max_tokens, n=n,
+            temperature=p.temperature, top_p=p.top_p, trace_headers=TRACE_HEADERS.get())
+
+
 class Run:
     """The samples of one call on one engine (``Frontend.open`` yields it): ``events`` merges them,
     ``results`` folds each into a GenerationResult, ``text`` folds one sample's text."""
 
     def __init__(self, engine: EngineClient, requests: list[EngineRequest], best_of: int, t0: float,
                  timeouts: Timeouts, observer: RequestObserver) -> None:
-        self.engine, self.requests, self.t0 = engine, requests, t0
+        self.engine, self.requests, self.t0, self.best_of = engine, requests, t0, best_of
         self.samples = [fan_out(e, i, best_of) for e in requests for i in range(best_of)]
         self.timeouts, self.observer = timeouts, observer
         self.usage = RunUsage(prompt_tokens=sum(len(e.prompt_token_ids) for e in requests))
@@ -159,6 +190,7 @@ class Run:
         agen = self.engine.generate(ereq)
         first: float | None = None
         n, prompt_n = 0, len(ereq.prompt_token_ids)
+        track = _Track()
         try:
             while True:
                 left = deadline - loop.time()
@@ -179,9 +211,13 @@ class Run:
                     first = time.monotonic()
                     prompt_n = ev.num_prompt_tokens or prompt_n
                 n += 1
+                track.token(ev)
                 yield ev
                 if ev.finish_reason is not None:
                     return
+        except GenerationError:
+            track.reason = "error"
+            raise
         finally:
             await agen.aclose()
             ttft = None if first is None else first - self.t0
@@ -190,3 +226,5 @@ class Run:
                 self.usage.ttft = ttft
             self.observer.observe_sequence(prompt_tokens=prompt_n, generated=n, ttft=ttft,
                                            e2e=time.monotonic() - self.t0)
+            self.observer.observe_record(track.record(
+                ereq, getattr(self.engine, "model_name", ""), prompt_n, self.t0, self.best_of))

@@ -105,7 +105,7 @@ class GatewayMetrics(InProcessServer):
         assert one("vllm:num_requests_waiting").value == waiting
         assert 0 < one("vllm:kv_cache_usage_perc").value == st["cacheUsage"] <= 1
         assert one("vllm:gpu_cache_usage_perc").value == st["cacheUsage"]
-        assert one("vllm:num_requests_running").labels == {"model_name": "mock"}
+        assert one("vllm:num_requests_running").labels == {"model_name": "mock", "engine": "0"}  # vLLM's labels
         lora = one("vllm:lora_requests_info").labels
         assert lora["max_lora"] == str(st["lora"]["maxLora"]) == "2"
         assert lora["running_lora_adapters"] == ",".join(st["lora"]["runningAdapters"]) == truth[0]

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from mindie_service.cli import _parser
 from mindie_service.config import load_config
+from mindie_service.vllm_cli import config_overrides
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 DRAIN_S, CLOSE_S = 60, 5  # server/main.py: DRAIN_TIMEOUT_S, the connection close wait
@@ -38,7 +40,21 @@ def gateway():
 def service_config(app, tmp_path_factory):
     path = tmp_path_factory.mktemp("deploy") / "config.json"
     path.write_text(app["ConfigMap/mindie-service-config"]["data"]["config.json"])
-    return load_config(path, env={"MIES_CONTAINER_IP": "10.1.2.3", "MIES_CONTAINER_MANAGEMENT_IP": "10.1.2.3"})
+    # the Deployment's command, vLLM's flags included, over the ConfigMap's file
+    command = _container(app)[1]["command"]
+    assert command[:2] == ["mindie-service", "serve"]
+    argv = [str(path) if a == "/etc/mindie/config/config.json" else a for a in command[1:]]
+    args, extra = _parser().parse_known_args(argv)
+    assert extra == [] and args.config == str(path)
+    return load_config(path, env={"MIES_CONTAINER_IP": "10.1.2.3", "MIES_CONTAINER_MANAGEMENT_IP": "10.1.2.3"},
+                       overrides=config_overrides(args))
+
+
+def test_the_command_line_is_vllms_and_sets_the_model(service_config):
+    m, e = service_config.models[0], service_config.engine_config()
+    assert (m.name, m.weight_path) == ("qwen2-7b-instruct", "/models/qwen2-7b-instruct")
+    assert (e.max_seq_len, e.max_batch_size, e.enable_prefix_caching, e.max_loras) == (4096, 64, True, 4)
+    assert service_config.server.metrics_port == service_config.server.port == 1025
 
 
 def _container(app):

@@ -13,6 +13,7 @@ from mindie_service.errors import ConflictError, OverloadedError, TimeoutError_
 from mindie_service.inputs import TextPrompt
 from mindie_service.sampling_params import SamplingParams
 from mindie_service.serving import Frontend, Submission, Timeouts
+from mindie_service.serving.observer import TRACE_HEADERS, SequenceRecord
 from multimodal import MediaPolicy
 
 
@@ -21,6 +22,7 @@ class Tally:
         self.received = 0
         self.ended: list[bool] = []
         self.sequences: list[int] = []
+        self.records: list[SequenceRecord] = []
 
     def observe_received(self, n: int = 1) -> None:
         self.received += n
@@ -30,6 +32,9 @@ class Tally:
 
     def observe_sequence(self, *, prompt_tokens: int, generated: int, ttft: float | None, e2e: float) -> None:
         self.sequences.append(generated)
+
+    def observe_record(self, rec: SequenceRecord) -> None:
+        self.records.append(rec)
 
 
 def frontend(max_running: int = 2, token: float = 30.0) -> tuple[Frontend, MockEngine, Tally]:
@@ -155,3 +160,30 @@ def test_a_calls_rank_reaches_every_engine_request():
             await run.results()
     asyncio.run(main())
     assert [e.rank for e in seen] == [-3, -3]
+
+
+def test_each_sequence_is_recorded_with_vllms_finish_reason_and_the_callers_trace_context():
+    fe, engine, seen = frontend(token=0.5)
+    headers = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+
+    async def main():
+        TRACE_HEADERS.set(headers)  # as a handler does while tracing is on
+        async with fe.open(submission(engine, ["a"], best_of=2), time.monotonic()) as run:
+            await run.results()
+    asyncio.run(main())
+    assert [(r.finish_reason, r.generated, len(r.gaps), r.n) for r in seen.records] == [("length", 5, 4, 2)] * 2
+    r = seen.records[0]
+    assert r.trace_headers == headers and r.t0 <= r.first <= r.last <= r.end and r.max_tokens == 5
+
+
+def test_a_sequence_cut_short_is_recorded_as_aborted():
+    fe, engine, seen = frontend(token=0.05)
+    engine.token_delay_s = 3600.0
+
+    async def main():
+        async with fe.open(submission(engine, ["a"]), time.monotonic()) as run:
+            await run.results()
+    with pytest.raises(TimeoutError_):
+        asyncio.run(main())
+    assert [(r.finish_reason, r.generated, r.first, r.trace_headers) for r in seen.records] == [
+        ("abort", 0, None, None)]

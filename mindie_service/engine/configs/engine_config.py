@@ -30,6 +30,7 @@ class EngineConfig:
     dtype: str = "auto"  # auto = the checkpoint's torch_dtype on accelerators, float32 on CPU
     device: str | None = None  # None = choose npu -> cuda -> cpu
     trust_remote_code: bool = False
+    chat_template: str | None = None  # replaces the tokenizer's (ModelConfig.chatTemplate, vLLM's --chat-template)
     max_seq_len: int = 2560
     max_input_token_len: int = 2048
     truncation: bool = False

@@ -116,6 +116,8 @@ class OutputProcessor:
             t.first_event_sent = True
             ev.num_prompt_tokens, ev.seed = seq.num_prompt_tokens, seq.seed
             ev.num_cached_tokens = min(seq.num_cached_tokens, seq.num_prompt_tokens)
+            if seq.scheduled_at:  # an engine with a clock (the serving engine's is time.monotonic)
+                ev.queued_at, ev.scheduled_at = seq.arrival, seq.scheduled_at
             if seq.params.prompt_logprobs:
                 lps = t.prompt_lps + [None] * (seq.num_prompt_tokens - len(t.prompt_lps))
                 tops = t.prompt_tops + [[]] * (seq.num_prompt_tokens - len(t.prompt_tops))

@@ -48,7 +48,7 @@ def load_parts(cfg: EngineConfig, shard: tuple[int, int, Reduce] | None = None,
     loaded = load_model(cfg.model, cfg.dtype, device, cfg.max_seq_len, min(cfg.max_batch_size, 128),
                         quantization=cfg.quantization,
                         quantize_lm_head=cfg.quantize_lm_head, kv_cache_dtype=cfg.kv_cache_dtype, shard=shard)
-    tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code)
+    tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code, cfg.chat_template)
     num_blocks = cfg.num_kv_blocks or auto_num_blocks(cfg, loaded, device,
                                                         extra_block_bytes(device) if extra_block_bytes else 0)
     per_block = kv_bytes_per_block(loaded.model, cfg.cache_block_size, loaded.dtype, cfg.kv_cache_dtype)

@@ -340,7 +340,7 @@ class Scheduler:
             budget -= n
             allow.spend(seq, n)
             self.waiting.popleft()
-            seq.status = SeqStatus.RUNNING
+            seq.status, seq.scheduled_at = SeqStatus.RUNNING, seq.scheduled_at or (self.clock() if self.clock else 0.0)
             self.running.append(seq)
             prefills.append((seq, n))
 
