@@ -164,7 +164,10 @@ def _server(srv: dict[str, Any], base: Path) -> ServerSettings:
         otlp_traces_endpoint=srv["otlpTracesEndpoint"],
         responses_dir=_resolve(base, srv["responsesStore"]["dir"]),
         responses_max=int(srv["responsesStore"]["maxResponses"]),
-        responses_max_age=float(srv["responsesStore"]["maxAgeHours"]) * 3600.0)
+        responses_max_age=float(srv["responsesStore"]["maxAgeHours"]) * 3600.0,
+        files_dir=_resolve(base, srv["filesStore"]["dir"]), files_max_bytes=int(srv["filesStore"]["maxFileBytes"]),
+        files_max_total_bytes=int(srv["filesStore"]["maxTotalBytes"]),
+        batch_completion_windows=tuple(srv["batchCompletionWindows"]))
 
 
 def _key_hashes(srv: dict[str, Any]) -> tuple[tuple[str, str], ...]:

@@ -65,6 +65,10 @@ class ServerSettings:
     responses_dir: str = "responses"  # ServerConfig.responsesStore.dir, resolved
     responses_max: int = 10000  # responsesStore.maxResponses
     responses_max_age: float = 720 * 3600.0  # responsesStore.maxAgeHours, in seconds
+    files_dir: str = "files"  # ServerConfig.filesStore.dir, resolved
+    files_max_bytes: int = 200 * 1024 * 1024  # filesStore.maxFileBytes
+    files_max_total_bytes: int = 10 * 1024 ** 3  # filesStore.maxTotalBytes, per API key
+    batch_completion_windows: tuple[str, ...] = ("24h",)  # ServerConfig.batchCompletionWindows
     probe_port: int | None = None  # plain-HTTP health routes on management_ip_address (kubelet probes); None = off
     otlp_traces_endpoint: str | None = None  # OTLP/HTTP traces endpoint (server/tracing.py); None = no tracing
 

@@ -41,6 +41,11 @@ class JobRunner:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.running_generations = 0  # batch sequences in the engine now (/v1/status, metrics)
 
+    @property
+    def slots(self) -> asyncio.Semaphore:
+        """The batch slots (batchMaxRunning), shared with the OpenAI batches (jobs.batch_runner)."""
+        return self._slots
+
     # ------------------------------------------------------------ lifecycle
     def start(self, job_id: str) -> None:
         if job_id not in self._tasks:

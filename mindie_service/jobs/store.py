@@ -59,10 +59,12 @@ class JobRow:
 
 
 class JobStore:
+    schema = SCHEMA  # a store built on this one (jobs.batch_store) adds its tables
+
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._db = open_db(self.folder / "jobs.sqlite3", SCHEMA)
+        self._db = open_db(self.folder / "jobs.sqlite3", self.schema)
         self._lock = threading.Lock()
 
     def close(self) -> None:

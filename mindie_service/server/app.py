@@ -8,6 +8,8 @@ from tornado.log import access_log
 
 from mindie_service.server.context import ServerContext
 from mindie_service.server.handlers_base import NotFoundHandler
+from mindie_service.server.handlers_batches import BatchCancelHandler, BatchesHandler, BatchHandler
+from mindie_service.server.handlers_files import FileContentHandler, FileHandler, FilesHandler
 from mindie_service.server.handlers_jobs import (CancelJobHandler, JobResultsHandler, JobStatusHandler,
                                                  ListJobsHandler, SubmitJobHandler)
 from mindie_service.server.auth import ADMIN, Auth
@@ -98,6 +100,12 @@ PLANE_ROUTES: dict[str, Routes] = {
         (r"/v1/responses/([^/]+)", ResponseHandler),
         (r"/v1/responses/([^/]+)/input_items", ResponseInputItemsHandler),
         (r"/v1/responses/([^/]+)/cancel", ResponseCancelHandler),
+        (r"/v1/files", FilesHandler),
+        (r"/v1/files/([^/]+)", FileHandler),
+        (r"/v1/files/([^/]+)/content", FileContentHandler),
+        (r"/v1/batches", BatchesHandler),
+        (r"/v1/batches/([^/]+)", BatchHandler),
+        (r"/v1/batches/([^/]+)/cancel", BatchCancelHandler),
         (r"/tokenize", TokenizeHandler),
         (r"/detokenize", DetokenizeHandler),
         (r"/tokenizer_info", TokenizerInfoHandler),

@@ -14,6 +14,9 @@ from mindie_service.catalog.catalog import Catalog
 from mindie_service.config import ServiceConfig
 from mindie_service.engine.client import EngineClient
 from mindie_service.fleet.instances import InstanceStatus, instances_of
+from mindie_service.jobs.batch_lines import BatchEndpoints
+from mindie_service.jobs.batch_runner import BatchRunner
+from mindie_service.jobs.batch_store import BatchStore
 from mindie_service.jobs.runner import JobRunner
 from mindie_service.jobs.store import JobStore
 from mindie_service.engine.contract import EngineStats
@@ -25,6 +28,7 @@ from mindie_service.serving.admission_queue import AdmissionQueue
 from mindie_service.serving.model_lookup import engine_for
 from mindie_service.serving.responses_service import ResponsesService
 from mindie_service.storage.chat_store import ChatCompletionStore
+from mindie_service.storage.files_store import FilesStore
 from mindie_service.storage.responses_store import ResponsesStore
 from mindie_service.fleet.gateway_view import gateway_state
 from mindie_service.netguard import FetchPolicy
@@ -54,6 +58,9 @@ class ServerContext:
         self.jobs: JobRunner | None = None  # batch jobs, once the default model is ready
         self._responses: ResponsesService | None = None  # the Responses API's store, opened on first use
         self._chat_store: ChatCompletionStore | None = None  # stored chat completions (store: true), likewise
+        self.batches: BatchRunner | None = None  # OpenAI batches, once the default model is ready
+        self.batch_endpoints = BatchEndpoints()  # what a batch may call: main fills it (server/batch_routes.py)
+        self._files: FilesStore | None = None  # OpenAI Files, opened on first use
         self.listeners: list[Any] = []  # the HTTP servers (main adds them): their open connections are counted
         # Where any server-side fetch may go (media, catalog downloads, batch-job input files share it).
         self.fetch_policy = FetchPolicy(
@@ -95,6 +102,9 @@ class ServerContext:
         running = self.settings.batch_max_running or max(1, self.engine_config.max_batch_size // 4)
         self.jobs = JobRunner(JobStore(self.settings.batch_jobs_dir), self.engine_for, self.frontend, running)
         self.jobs.resume_all()
+        self.batches = BatchRunner(BatchStore(Path(self.settings.batch_jobs_dir) / "openai"), self.files(),
+                                   self.batch_endpoints, self.jobs.slots, self.run_blocking)
+        self.batches.resume_all()
         # on the IO loop once it runs (the app may be built before it starts, as in tornado's test cases)
         IOLoop.current().spawn_callback(self.responses_service().resume_all)
 
@@ -104,6 +114,9 @@ class ServerContext:
         if self.jobs is not None:
             await self.jobs.shutdown()
             self.jobs.store.close()
+        if self.batches is not None:
+            await self.batches.shutdown()
+            self.batches.store.close()
         if self._responses is not None:
             await self.pause_responses()
             self._responses.store.close()
@@ -112,6 +125,13 @@ class ServerContext:
         """Background responses stop where they are (still in progress in the store): the next start resumes them."""
         if self._responses is not None:
             await self._responses.shutdown()
+
+    def files(self) -> FilesStore:
+        """The Files store (ServerConfig.filesStore), opened on first use."""
+        if self._files is None:
+            s = self.settings
+            self._files = FilesStore(s.files_dir, s.files_max_bytes, s.files_max_total_bytes)
+        return self._files
 
     def responses_service(self) -> ResponsesService:
         """The Responses API's service over its store (ServerConfig.responsesStore), opened on first use."""

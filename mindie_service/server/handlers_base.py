@@ -122,7 +122,7 @@ class BaseHandler(tornado.web.RequestHandler):
     def prepare(self) -> None:
         # Never raise here: an answer sent before the body is read breaks the connection (module doc).
         cl = self.request.headers.get("Content-Length")
-        limit = self.ctx.settings.max_request_bytes
+        limit = self.body_limit()
         if cl is not None and cl.isdigit() and int(cl) > drain_limit(limit):
             self._answer_and_close(self._too_large_error(int(cl)))
             return
@@ -145,6 +145,10 @@ class BaseHandler(tornado.web.RequestHandler):
     def _raise_refusal(self, *args: Any, **kwargs: Any) -> None:
         assert self._refusal is not None
         raise self._refusal
+
+    def body_limit(self) -> int:
+        """Most body bytes this route takes: ServerConfig.maxRequestLength (an upload route sets its own)."""
+        return self.ctx.settings.max_request_bytes
 
     def _too_large_error(self, size: int) -> PayloadTooLargeError:
         return PayloadTooLargeError(f"request body must be at most {self.ctx.settings.max_request_length} MB "
@@ -170,7 +174,7 @@ class BaseHandler(tornado.web.RequestHandler):
         self._size += len(chunk)
         if self._refusal is not None:
             return  # counted and dropped
-        if self._too_large or self._size > self.ctx.settings.max_request_bytes:
+        if self._too_large or self._size > self.body_limit():
             self._too_large = True
             self._chunks.clear()
         else:

@@ -2,7 +2,7 @@
 ``model`` field picks the catalog model (or adapter) and its engine; errors in OpenAI's shape."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from mindie_service.catalog.catalog import Target
 from mindie_service.engine.client import EngineClient
@@ -18,6 +18,34 @@ from mindie_service.server.model_tools import tool_format
 from mindie_service.serving import Submission
 
 _ENCODER = OpenAIEncoder()
+
+
+def parse_route(ctx: Any, body: dict[str, Any], kind: Kind, request_id: str) -> tuple[OpenAIRequest, Target]:
+    """The request and the catalog model it names, held (``catalog.release`` it when done): what the online
+    route and a batch line (server/batch_routes.py) both do with a body."""
+    catalog = ctx.catalog
+    if catalog is None:
+        raise UnhealthyError("the model catalog is still loading")
+    model = peek_model(body, catalog.default_id if kind == "chat" else None)
+    target = catalog.resolve(model)
+    try:
+        limits = ProtocolLimits(vocab_size=target.engine.vocab_size, media_policy=ctx.media_policy)
+        req = parse_openai(body, kind, limits=limits, model=model, defaults=target.defaults,
+                           adapter_id=target.adapter_id, request_id=request_id,
+                           tool_format=tool_format(target.engine, ctx))
+    except BaseException:
+        catalog.release(target)
+        raise
+    return req, target
+
+
+def route_submission(req: OpenAIRequest, engine: Callable[[], EngineClient], engine_id: str,
+                     batch: bool = False) -> Submission:
+    """One engine request per prompt (the completions route takes a list of prompts)."""
+    many = len(req.prompts) > 1
+    ids = [f"{engine_id}-{k}" if many else engine_id for k in range(len(req.prompts))]
+    return Submission(list(req.prompts), req.params, engine, ids, truncate=req.truncate, best_of=req.best_of,
+                      rank=req.rank, batch=batch)
 
 
 class OpenAIRouteHandler(GenerationHandler):
@@ -41,16 +69,8 @@ class OpenAIRouteHandler(GenerationHandler):
         return body
 
     def parse(self, body: dict[str, Any]) -> GenerationRequest:
-        catalog = self.ctx.catalog
-        if catalog is None:
-            raise UnhealthyError("the model catalog is still loading")
-        model = peek_model(body, catalog.default_id if self.kind == "chat" else None)
-        target = catalog.resolve(model)
+        req, target = parse_route(self.ctx, body, self.kind, self.request_id)
         self._held, self._engine = target, target.engine
-        limits = ProtocolLimits(vocab_size=target.engine.vocab_size, media_policy=self.ctx.media_policy)
-        req = parse_openai(body, self.kind, limits=limits,
-                           model=model, defaults=target.defaults, adapter_id=target.adapter_id,
-                           request_id=self.request_id, tool_format=tool_format(target.engine, self.ctx))
         self.client_ids = req.client  # the access log records them (server/app.log_request)
         return req
 
@@ -72,12 +92,8 @@ class OpenAIRouteHandler(GenerationHandler):
         return self._engine
 
     def submission(self, req: GenerationRequest) -> Submission:
-        """One engine request per prompt (the completions route takes a list of prompts)."""
         assert isinstance(req, OpenAIRequest)
-        many = len(req.prompts) > 1
-        ids = [f"{self.engine_id}-{k}" if many else self.engine_id for k in range(len(req.prompts))]
-        return Submission(list(req.prompts), req.params, lambda: self.target(req), ids, truncate=req.truncate,
-                          best_of=req.best_of, rank=req.rank)
+        return route_submission(req, lambda: self.target(req), self.engine_id)
 
 
 class CompletionsHandler(OpenAIRouteHandler):

@@ -32,6 +32,7 @@ from mindie_service.inputs import InputProcessor, TextPrompt
 from mindie_service.sampling_params import SamplingParams
 from mindie_service.server.app import make_app
 from mindie_service.server.auth import Auth
+from mindie_service.server.batch_routes import register_batch_endpoints
 from mindie_service.server.context import ServerContext
 from mindie_service.server.listener import BoundedHTTPServer, drain_limit, raise_open_files_limit
 from npu_ops.memory import rss_bytes  # the ready line's RSS (also in /info, and after a model's load)
@@ -207,6 +208,7 @@ async def _go_ready(ctx: ServerContext, cfg: ServiceConfig, engine: EngineClient
             catalog.start(m.name)
         except Exception as e:  # noqa: BLE001 - one model that cannot start leaves the others serving
             logger.error("model %s not started: %s", m.name, e)
+    register_batch_endpoints(ctx.batch_endpoints, ctx)  # before start_jobs: a resumed batch's lines run at once
     ctx.start_jobs()
     facts = memory_facts(engine, ctx.engine_config.cache_block_size)
     logger.info("ready: model %s on %s (%s), %s; %s", ctx.model_name, engine.device_type, engine.device_reason,

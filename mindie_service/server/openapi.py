@@ -12,6 +12,9 @@ import tornado.web
 from mindie_service.catalog.model_json import LIST_STATES, TRANSIENT_STATES
 from mindie_service.protocol.anthropic_encoder import OPENAPI_SCHEMAS as MESSAGES_SCHEMAS
 from mindie_service.protocol.anthropic_encoder import OPENAPI_SHAPES as MESSAGES_SHAPES
+from mindie_service.protocol.batch_openapi import MULTIPART
+from mindie_service.protocol.batch_openapi import OPENAPI_SCHEMAS as BATCH_SCHEMAS
+from mindie_service.protocol.batch_openapi import OPENAPI_SHAPES as BATCH_SHAPES
 from mindie_service.protocol.oip_openapi import OPENAPI_SCHEMAS as V2_SCHEMAS
 from mindie_service.protocol.oip_openapi import OPENAPI_SHAPES as V2_SHAPES
 from mindie_service.protocol.tokenization import OPENAPI_SCHEMAS as TOKENIZER_SCHEMAS
@@ -151,6 +154,7 @@ SCHEMAS: dict[str, Any] = {
     **TOKENIZER_SCHEMAS,
     **MESSAGES_SCHEMAS,
     **V2_SCHEMAS,
+    **BATCH_SCHEMAS,
 }
 
 # path -> method -> (request schema, 200 schema); routes not listed take and give any JSON.
@@ -175,8 +179,10 @@ _SHAPES: dict[str, dict[str, tuple[str | None, str | None]]] = {
     **TOKENIZER_SHAPES,
     **MESSAGES_SHAPES,
     **V2_SHAPES,
+    **BATCH_SHAPES,
 }
-OPENAI_ERRORS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/responses", *TOKENIZER_SHAPES)
+OPENAI_ERRORS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/responses", "/v1/files",
+                 "/v1/batches", *TOKENIZER_SHAPES)
 
 
 _PATH_PARAMS = ("id", "version")  # a route's capture groups, in order (/v2/models/{id}/versions/{version})
@@ -211,6 +217,9 @@ def _operation(path: str, method: str, cls: type) -> dict[str, Any]:
     content = {"application/json": {"schema": _ref(ok) if ok else _ANY}}
     if ok in ("Completion", "Message", "Response"):
         content["text/event-stream"] = {"schema": {"type": "string"}}
+    if path == "/v1/files/{id}/content":
+        content = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+        ok = "bytes"
     if path.endswith("/generate_stream"):  # events whose data is a TritonGenerateResponse (or, last, a V2Error)
         content["text/event-stream"] = {"schema": {"type": "object", "required": ["data"],
                                                    "properties": {"data": {"type": "string"}}}}
@@ -222,8 +231,8 @@ def _operation(path: str, method: str, cls: type) -> dict[str, Any]:
         op["parameters"] = [{"name": n, "in": "path", "required": True, "schema": {"type": "string"}}
                             for n in _PATH_PARAMS if "{" + n + "}" in path]
     if method in ("post", "put") and (req or method == "post"):
-        op["requestBody"] = {"required": method == "post",
-                             "content": {"application/json": {"schema": _ref(req) if req else _OBJ}}}
+        media = "multipart/form-data" if req in MULTIPART else "application/json"
+        op["requestBody"] = {"required": method == "post", "content": {media: {"schema": _ref(req) if req else _OBJ}}}
     return op
 
 

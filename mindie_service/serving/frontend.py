@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterable, Iterator, Sequence
 
 from mindie_service.engine.client import EngineClient
-from mindie_service.engine.contract import EngineRequest
+from mindie_service.engine.contract import PRIORITY_BATCH, EngineRequest
 from mindie_service.errors import ConflictError, MindieError, TimeoutError_
 from mindie_service.inputs.processor import InputProcessor
 from mindie_service.inputs.types import Prompt
@@ -31,6 +31,9 @@ from mindie_service.serving.streams import Run, Timeouts
 from multimodal import MediaPolicy
 
 logger = logging.getLogger(__name__)
+
+# A batch line waits behind online traffic for as long as it must: its bound is the batch's completion window.
+BATCH_TIMEOUTS = Timeouts(token=365 * 86400.0, e2e=365 * 86400.0, e2e_name="the batch's completion_window")
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class Submission:
     slots: int = 1
     timeout: float | None = None  # the call's own deadline in seconds (MindIE /infer), when sooner than e2eTimeout
     rank: int = 0  # its request priority in the scheduler, lower first (EngineRequest.rank: vLLM's convention)
+    batch: bool = False  # a batch line (jobs.batch_runner): below online traffic, no admission slot, no timeouts
 
 
 @dataclass
@@ -158,18 +162,23 @@ class Frontend:
 
     @contextlib.asynccontextmanager
     async def open(self, sub: Submission, t0: float) -> AsyncIterator[Run]:
-        """Admitted, keys claimed, engine requests prepared: the call's Run (slots and keys held while open)."""
-        limits = self.timeouts.capped(sub.timeout, "parameters.timeout")
-        async with self.admitted(sub.slots, t0, limits, sub.rank):
+        """Admitted, keys claimed, engine requests prepared: the call's Run (slots and keys held while open).
+        A ``batch`` submission takes no admission slot (the batch runner bounds its lines, ServerConfig.
+        batchMaxRunning) and runs at batch priority, unobserved by the online request metrics."""
+        limits = BATCH_TIMEOUTS if sub.batch else self.timeouts.capped(sub.timeout, "parameters.timeout")
+        gate = contextlib.nullcontext() if sub.batch else self.admitted(sub.slots, t0, limits, sub.rank)
+        async with gate:
             with self.sessions.claim(k for k in sub.session_ids if k is not None):
                 engine = sub.engine()
                 keys = list(sub.session_ids) or [None] * len(sub.prompts)
                 ereqs = await asyncio.gather(*(
                     self.engine_request(engine, p, sub.params, rid, truncate=sub.truncate, session_id=key)
                     for p, rid, key in zip(sub.prompts, sub.request_ids, keys)))
-                if sub.rank:
-                    ereqs = [dataclasses.replace(e, rank=sub.rank) for e in ereqs]
-                async with self._run(engine, list(ereqs), sub.best_of, t0, limits) as run:
+                if sub.rank or sub.batch:
+                    ereqs = [dataclasses.replace(e, rank=sub.rank, priority=PRIORITY_BATCH if sub.batch
+                                                 else e.priority) for e in ereqs]
+                async with self._run(engine, list(ereqs), sub.best_of, t0, limits,
+                                     NullObserver() if sub.batch else None) as run:
                     yield run
 
     @contextlib.asynccontextmanager
@@ -182,8 +191,8 @@ class Frontend:
 
     @contextlib.asynccontextmanager
     async def _run(self, engine: EngineClient, ereqs: list[EngineRequest], best_of: int, t0: float,
-                   limits: Timeouts | None = None) -> AsyncIterator[Run]:
-        run = Run(engine, ereqs, best_of, t0, limits or self.timeouts, self.observer)
+                   limits: Timeouts | None = None, observer: RequestObserver | None = None) -> AsyncIterator[Run]:
+        run = Run(engine, ereqs, best_of, t0, limits or self.timeouts, observer or self.observer)
         self.runs.add(run)
         try:
             yield run

@@ -104,13 +104,15 @@ class ResponsesService:
             raise ValidationError(f"Parameter previous_response_id names a response still {row.status}: {prev!r}")
         return row.conversation()
 
-    def _submission(self, gen: ResponseGen, p: Prepared, prompt_ids: tuple[int, ...] | None = None) -> Submission:
-        """The call's submission: its prompt, or (a greedy constrained response resumed) its recorded prompt."""
+    def _submission(self, gen: ResponseGen, p: Prepared, prompt_ids: tuple[int, ...] | None = None,
+                    batch: bool = False) -> Submission:
+        """The call's submission: its prompt, or (a greedy constrained response resumed) its recorded prompt;
+        ``batch``: a batch line's (below online traffic)."""
         chat = p.req.chat
         if prompt_ids is not None:
             return Submission([TokensPrompt(prompt_ids)], chat.params, lambda: p.engine, [gen.id])
         return Submission([chat.prompt], chat.params, lambda: p.engine, [gen.id], truncate=chat.truncate,
-                          session_ids=kept_session(gen.id, p))
+                          session_ids=kept_session(gen.id, p), batch=batch)
 
     def _open(self, gen: ResponseGen, p: Prepared, resume: Resume | None, ereq: EngineRequest | None) -> Any:
         """The generation's Run: of ``ereq`` (made when the response was created), a fresh one, or after a
@@ -142,10 +144,10 @@ class ResponsesService:
 
     # ------------------------------------------------------------ foreground
     async def whole(self, p: Prepared, owner: str, context: list[dict[str, Any]], t0: float,
-                    watch: Callable[[Run], None] = lambda run: None) -> dict[str, Any]:
-        """``watch``: told the Run once it is open (the access log reads its usage)."""
+                    watch: Callable[[Run], None] = lambda run: None, batch: bool = False) -> dict[str, Any]:
+        """``watch``: told the Run once it is open (the access log reads its usage); ``batch``: a batch line."""
         gen = ResponseGen(new_response_id(), p.req)
-        async with self.frontend.open(self._submission(gen, p), t0) as run:
+        async with self.frontend.open(self._submission(gen, p, batch=batch), t0) as run:
             watch(run)
             results = await run.results()
         gen.start()
