@@ -99,7 +99,8 @@ def validate_lines(raw: list[bytes], endpoint: str) -> tuple[list[BatchLine], li
             continue
         problem = _check(obj, endpoint)
         cid = obj.get("custom_id") if isinstance(obj, dict) and isinstance(obj.get("custom_id"), str) else None
-        if cid:
+        cid = cid or None
+        if cid is not None:
             if cid in seen:
                 fatal.append({"code": "duplicate_custom_id", "line": n + 1, "param": "custom_id", "message":
                               "The custom_id for this request is a duplicate of another request (line "
