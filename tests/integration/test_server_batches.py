@@ -161,7 +161,7 @@ def test_refusals_ownership_expiry_and_cancel(tmp_path, tiny_model):
         assert len(out) + len(err) == 200 and len(err) > 0
         assert {r["error"]["code"] for r in err} == {"batch_expired"}
         assert Counter(r["custom_id"] for r in out + err) == Counter(f"l{i}" for i in range(200))
-        _cancel(a, b, fa.id)
+        _cancel(srv, a, b, fa.id)
         page = a.batches.list(limit=2)
         assert len(page.data) == 2 and page.has_more
         rest = a.batches.list(limit=10, after=page.data[-1].id)
@@ -170,12 +170,16 @@ def test_refusals_ownership_expiry_and_cancel(tmp_path, tiny_model):
         srv.stop()
 
 
-def _cancel(a: openai.OpenAI, b: openai.OpenAI, file_id: str) -> None:
+def _cancel(srv: ServerProcess, a: openai.OpenAI, b: openai.OpenAI, file_id: str) -> None:
     batch = a.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
     with pytest.raises(openai.NotFoundError):
         b.batches.retrieve(batch.id)
     with pytest.raises(openai.NotFoundError):
         b.batches.cancel(batch.id)
+    # Its lines run at batch priority (counted apart), never more than batchMaxRunning (1) at once.
+    seen: list[dict[str, int]] = []
+    assert wait_until(lambda: seen.append(srv.status()["batch"]) or seen[-1]["running"] > 0, timeout=60)
+    assert all(s["running"] + s["waiting"] <= 1 for s in seen)
     assert wait_until(lambda: a.batches.retrieve(batch.id).request_counts.completed >= 1, timeout=120)
     assert a.batches.cancel(batch.id).status in ("cancelling", "cancelled")
     done = _wait_done(a, batch.id, timeout=60)
