@@ -94,7 +94,7 @@ class Upload:
             return
         try:
             self._parser.write(chunk)
-        except MultipartParseError as e:
+        except (MultipartParseError, ValueError) as e:  # a malformed body, never a 500
             self.error = f"the multipart body does not parse: {e}"
         if self.error is not None:
             self.discard()
