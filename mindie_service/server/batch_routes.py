@@ -43,7 +43,11 @@ def openai_line(ctx: Any, kind: Kind) -> LineFn:
                     results = await r.results()
             finally:
                 ctx.catalog.release(target)
-            return LineReply(200, _ENCODER.complete(req, results))
+            body = _ENCODER.complete(req, results)
+            if req.client.store:  # chat's store: true, kept for the batch's owner as the route keeps it
+                ctx.chat_store().put(call.owner, body, list(call.body.get("messages") or []),
+                                     dict(req.client.metadata))
+            return LineReply(200, body)
         except MindieError as e:
             return _error(e)
 
