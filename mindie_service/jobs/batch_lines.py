@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 
@@ -46,6 +47,12 @@ class BatchEndpoints:
 
     def urls(self) -> list[str]:
         return sorted(self._fns)
+
+
+def count_lines(path: Path) -> int:
+    """The requests in a JSONL file (its non-blank lines), read a line at a time."""
+    with open(path, "rb") as f:
+        return sum(1 for ln in f if ln.strip())
 
 
 @dataclass(frozen=True)

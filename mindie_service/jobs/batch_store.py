@@ -10,6 +10,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mindie_service.jobs.store import SCHEMA as JOBS_SCHEMA
@@ -60,8 +61,8 @@ class BatchStore(JobStore):
     schema = SCHEMA
 
     def create_batch(self, owner: str, endpoint: str, input_file_id: str, window: str, window_s: float,
-                     metadata: dict[str, str] | None, data: bytes, total: int) -> BatchRow:
-        """The batch, status validating, its input on disk, before this returns."""
+                     metadata: dict[str, str] | None, data: bytes | Path, total: int) -> BatchRow:
+        """The batch, status validating, its input (bytes, or a file copied in) on disk, before this returns."""
         job_id = self.create("", {"value": input_file_id, "type": "file_id"}, {}, 1, data, total)
         bid, now = f"batch_{uuid.uuid4().hex}", int(time.time())
         with self._lock:

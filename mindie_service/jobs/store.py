@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import threading
 import time
@@ -82,13 +83,17 @@ class JobStore:
 
     # ------------------------------------------------------------ jobs
     def create(self, model: str, input_path: dict[str, str], options: dict[str, Any], num_generations: int,
-               data: bytes, lines_total: int) -> str:
-        """Store the input and the job (status validating); on disk before this returns."""
+               data: bytes | Path, lines_total: int) -> str:
+        """Store the input (its bytes, or a file copied in) and the job (status validating); on disk before this
+        returns."""
         job_id = f"job-{uuid.uuid4().hex}"
         d = self.job_dir(job_id)
         d.mkdir(parents=True)
         tmp = d / "input.jsonl.part"
-        tmp.write_bytes(data)
+        if isinstance(data, Path):
+            shutil.copyfile(data, tmp)
+        else:
+            tmp.write_bytes(data)
         os.replace(tmp, self.input_file(job_id))
         for kind in KINDS:
             self.result_file(job_id, kind).touch()

@@ -14,9 +14,9 @@ from typing import Any
 
 from mindie_service.errors import (BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError,
                                    UnhealthyError, check)
+from mindie_service.jobs.batch_lines import count_lines
 from mindie_service.jobs.batch_runner import BatchRunner
 from mindie_service.jobs.batch_store import BatchRow, batch_json
-from mindie_service.jobs.lines import split_lines
 from mindie_service.server.handlers_files import OpenAIStoreHandler
 
 logger = logging.getLogger(__name__)
@@ -83,14 +83,17 @@ class BatchesHandler(_BatchesHandler):
         if f.purpose != "batch":
             raise BadRequestError(f"Parameter input_file_id: the file's purpose is {f.purpose}; a batch takes a "
                                   "file uploaded with purpose batch")
-        data = await self.ctx.run_blocking(self.ctx.files().path(fid).read_bytes)
-        total = len(split_lines(data))
+        path = self.ctx.files().path(fid)
+        total = await self.ctx.run_blocking(count_lines, path)
         check(total > 0, "input_file_id", "a JSONL file with at least one request", "an empty file")
         if total > s.batch_max_lines:
             raise PayloadTooLargeError(f"Parameter input_file_id: a batch holds at most {s.batch_max_lines} requests "
                                        f"(ServerConfig.batchMaxLines), got {total}")
-        b = await self.ctx.run_blocking(runner.store.create_batch, owner, endpoint, fid, window,
-                                        window_seconds(window), metadata, data, total)
+        try:
+            b = await self.ctx.run_blocking(runner.store.create_batch, owner, endpoint, fid, window,
+                                            window_seconds(window), metadata, path, total)
+        except FileNotFoundError:  # deleted meanwhile
+            raise NotFoundError(f"Parameter input_file_id: no such File object: {fid}") from None
         logger.info("batch %s created: %d requests to %s", b.id, total, endpoint)
         self.write_json(self.batch_json(b))
         runner.start(b.id)
