@@ -120,6 +120,7 @@ class JobRunner:
                     t = asyncio.ensure_future(self._generation(job, engine, req, line, g))
                     pending.add(t)
                     t.add_done_callback(pending.discard)
+                    t.add_done_callback(lambda _t: self._slots.release())  # also for a task cancelled unstarted
             if pending:
                 await asyncio.gather(*pending)
         finally:
@@ -147,4 +148,3 @@ class JobRunner:
             self.store.commit(job.job_id, "success", line, gen, record, tokens=n)
         finally:
             self.running_generations -= 1
-            self._slots.release()

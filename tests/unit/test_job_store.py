@@ -67,3 +67,40 @@ def test_jobs_survive_reopening_the_store_and_list_newest_first(tmp_path: Path) 
     assert [j.job_id for j in again.active()] == [first, second]
     assert again.get(first).status == "running"
     assert again.get(first).created_rfc3339.endswith("Z")
+
+
+def test_a_job_cancelled_before_its_generations_start_gives_back_every_slot(tmp_path: Path) -> None:
+    """Cancelling the job cancels its generation tasks; one cancelled before it first ran never enters its body,
+    so the slot it holds must be given back from outside it (batchMaxRunning would shrink for good)."""
+    import asyncio
+
+    from mindie_service.jobs.runner import JobRunner
+
+    class Frontend:
+        async def run_blocking(self, fn, *args):
+            return fn(*args)
+
+        async def engine_request(self, engine, prompt, params, rid):
+            from mindie_service.engine.contract import EngineRequest
+            return EngineRequest(rid, (1, 2), params)
+
+    class Engine:
+        async def generate(self, req):
+            await asyncio.sleep(3600)
+            yield None
+
+    store = JobStore(tmp_path / "jobs")
+    line = b'[{"role": "user", "text": "hi"}]\n'
+    job = store.create("m", {"value": "x", "type": "raw_bytes"}, {"max_tokens": 4, "temperature": 0.0, "top_p": 1.0},
+                       1, line * 3, 3)
+
+    async def go() -> int:
+        runner = JobRunner(store, lambda model: (Engine(), None), Frontend(), max_running=4)  # type: ignore[arg-type]
+        runner.start(job)
+        await asyncio.sleep(0)  # the job ran up to its wait: its three generation tasks are made, none started
+        assert runner.slots._value == 1
+        await runner.cancel(job)
+        await asyncio.sleep(0)
+        return runner.slots._value
+
+    assert asyncio.run(go()) == 4
