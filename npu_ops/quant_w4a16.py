@@ -120,19 +120,21 @@ def to_blocks(w: Int4Weight, kind: str | None = None) -> GgufWeight:
     return GgufWeight(data.contiguous(), kind, (n, k))
 
 
-def quantize_rtn(w: torch.Tensor, group_size: int = GROUP, symmetric: bool = True) -> Int4Weight:
-    """Round-to-nearest int4 per group of ``group_size`` columns (the module docstring's rules), fp16 scales."""
+def quantize_rtn(w: torch.Tensor, group_size: int = GROUP, symmetric: bool = True,
+                 scale_dtype: torch.dtype = torch.float16) -> Int4Weight:
+    """Round-to-nearest int4 per group of ``group_size`` columns (the module docstring's rules), the scales rounded
+    to ``scale_dtype`` (as a checkpoint stores them) before the values are rounded against them."""
     n, k = w.shape
     if k % group_size:
         raise ValueError(f"w4a16 quantizes in groups of {group_size} columns; this weight has {k}")
     g = w.detach().float().reshape(n, k // group_size, group_size)
     if symmetric:
-        scale = (g.abs().amax(-1) / 7).clamp(min=FP16_TINY).half().float()
+        scale = (g.abs().amax(-1) / 7).clamp(min=FP16_TINY).to(scale_dtype).float()
         q = torch.round(g / scale[..., None]).clamp_(-8, 7) + 8
         zero = None
     else:
         lo, hi = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
-        scale = ((hi - lo) / 15).clamp(min=FP16_TINY).half().float()
+        scale = ((hi - lo) / 15).clamp(min=FP16_TINY).to(scale_dtype).float()
         zero = torch.round(-lo / scale).clamp_(0, 15)
         q = (torch.round(g / scale[..., None]) + zero[..., None]).clamp_(0, 15)
     return Int4Weight(q.reshape(n, k).to(torch.uint8), scale, zero, group_size)
@@ -141,7 +143,7 @@ def quantize_rtn(w: torch.Tensor, group_size: int = GROUP, symmetric: bool = Tru
 def nibbles_low_first(packed: torch.Tensor, k: int) -> torch.Tensor:
     """uint8 [n, k]: bytes [n, k / 2] (or int32 words viewed as their little-endian bytes) read two values a byte,
     the low nibble first (compressed-tensors' and msModelSlim's order along a row)."""
-    b = packed.contiguous().view(torch.uint8).reshape(packed.shape[0], -1)
+    b = packed.contiguous().reshape(-1).view(torch.uint8).reshape(packed.shape[0], -1)
     out = torch.stack((b & 0x0F, b >> 4), dim=-1).reshape(b.shape[0], -1)
     return out[:, :k].contiguous()
 

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig
 
-from mindie_service.models import gguf_checkpoint, gguf_packed, gguf_reader, packed_arena, quantize
+from mindie_service.models import gguf_checkpoint, gguf_packed, gguf_reader, packed_arena, quantize, w4a16_checkpoint
 from mindie_service.models.demo_marker import demo_warning, gguf_beside_demo
 from mindie_service.models.registry import family_for
 from mindie_service.models.shard import Reduce, shard_model
@@ -159,6 +159,16 @@ def _load_gguf(model: nn.Module, g: gguf_checkpoint.GgufCheckpoint, quantization
     return g.report
 
 
+def _load_w4a16(model: nn.Module, p: Path, fmt: w4a16_checkpoint.W4Format, keep: bool,
+                prefix_map: dict[str, str]) -> dict[str, str]:
+    """A W4A16 checkpoint's tensors into the model, its int4 weights kept with ``keep``; returns the report."""
+    report: dict[str, str] = {}
+    kept = copy_tensors(model, w4a16_checkpoint.tensors(p, fmt, keep, report), str(p), prefix_map)
+    quantize.install_int4(model, kept)
+    logger.info("%s: %s %s", p.name, fmt.name, report.get("W4A16", "no quantized tensors"))
+    return report
+
+
 def _pack(model: nn.Module, batch_hint: int, torch_dtype: torch.dtype,
           gguf: gguf_checkpoint.GgufCheckpoint | None) -> None:
     """The loaded weights packed for the CPU kernels, in one huge-page arena."""
@@ -181,7 +191,8 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     ``shard`` (rank, world size, all-reduce): keep one tensor-parallel rank's shard (models/shard.py), after
     quantizing (scales shard with their weights) and before packing.
     ``gguf_packed_weights``: a GGUF's quantized weights stay as stored where the CPU kernels run them
-    (models/gguf_packed.py); False dequantizes them all (the fp32 reference the accuracy tests compare with)."""
+    (models/gguf_packed.py), a W4A16 checkpoint's int4 weights (models/w4a16_checkpoint.py) likewise; False
+    dequantizes them all (the fp32 reference the accuracy tests compare with)."""
     p = Path(path)
     ckpt = _open(p)
     if ckpt.gguf is None and (demo := demo_warning(p)) is not None:
@@ -205,6 +216,12 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     if ckpt.gguf is not None:
         keep = gguf_packed.keep_packed(ckpt.gguf.path, device, torch_dtype, quantization, shard, gguf_packed_weights)
         report = _load_gguf(model, ckpt.gguf, quantization, keep)
+    elif (w4 := w4a16_checkpoint.detect(p)) is not None:  # int4 stays int4 unless another scheme is asked for
+        own = quantization in (None, "w4a16")
+        keep = gguf_packed.keep_packed(p, device, torch_dtype, None if own else quantization, shard,
+                                       gguf_packed_weights)
+        report = _load_w4a16(model, p, w4, keep, dict(family.weight_prefixes))
+        prequantized = own
     else:
         prequantized = quantize.load_prequantized(model, p, dict(family.weight_prefixes))
         if not prequantized:
