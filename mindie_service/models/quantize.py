@@ -59,7 +59,11 @@ def requantize_w4a16(model: nn.Module, keep_float: tuple[str, ...] = quant.KEEP_
             logger.warning("w4a16: %s stays float (its %d inputs are not whole groups of %d)", name,
                            mod.in_features, quant_w4a16.GROUP)
             continue
-        kept[name] = {0: quant_w4a16.quantize_rtn(mod.weight.detach().float().cpu())}
+        w = mod.weight.detach().float().cpu()
+        attr = name.rpartition(".")[2]
+        shards = any(pname == attr for pname, _ in getattr(model, "PACKED", {}).values())
+        parts = w.split(model.shard_sizes(attr)) if shards else (w,)  # type: ignore[operator]
+        kept[name] = {i: quant_w4a16.quantize_rtn(p) for i, p in enumerate(parts)}  # rows apart: split or not
     return install_int4(model, kept)
 
 
