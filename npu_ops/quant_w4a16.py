@@ -76,6 +76,15 @@ class Int4Weight:
         return ((self.q.double() - z) * self.full(self.scale).double()).float()
 
 
+def cat_rows(ws: list[Int4Weight]) -> Int4Weight:
+    """Shards of one projection (q, k, v) stacked along the output: one weight, the same values."""
+    if len({w.group_size for w in ws}) != 1:
+        raise ValueError(f"int4 shards of one projection must share a group size, got {[w.group_size for w in ws]}")
+    zero = None if all(w.zero is None for w in ws) else torch.cat(
+        [torch.full_like(w.scale, 8.0) if w.zero is None else w.zero for w in ws])
+    return Int4Weight(torch.cat([w.q for w in ws]), torch.cat([w.scale for w in ws]), zero, ws[0].group_size)
+
+
 def _fp16_exact(t: torch.Tensor) -> bool:
     h = t.half().float()
     return bool(torch.isfinite(h).all() and torch.equal(h, t.float()))

@@ -159,12 +159,13 @@ def _load_gguf(model: nn.Module, g: gguf_checkpoint.GgufCheckpoint, quantization
     return g.report
 
 
-def _load_w4a16(model: nn.Module, p: Path, fmt: w4a16_checkpoint.W4Format, keep: bool,
+def _load_w4a16(model: nn.Module, p: Path, fmt: w4a16_checkpoint.W4Format, keep: bool, blocks: bool,
                 prefix_map: dict[str, str]) -> dict[str, str]:
-    """A W4A16 checkpoint's tensors into the model, its int4 weights kept with ``keep``; returns the report."""
+    """A W4A16 checkpoint's tensors into the model, its int4 weights kept with ``keep`` (as CPU blocks with
+    ``blocks``, else for a device's int4 matmul); returns the report."""
     report: dict[str, str] = {}
-    kept = copy_tensors(model, w4a16_checkpoint.tensors(p, fmt, keep, report), str(p), prefix_map)
-    quantize.install_int4(model, kept)
+    kept = copy_tensors(model, w4a16_checkpoint.tensors(p, fmt, keep, report, blocks), str(p), prefix_map)
+    quantize.install_int4(model, kept, blocks)
     logger.info("%s: %s %s", p.name, fmt.name, report.get("W4A16", "no quantized tensors"))
     return report
 
@@ -218,9 +219,10 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
         report = _load_gguf(model, ckpt.gguf, quantization, keep)
     elif (w4 := w4a16_checkpoint.detect(p)) is not None:  # int4 stays int4 unless another scheme is asked for
         own = quantization in (None, "w4a16")
-        keep = gguf_packed.keep_packed(p, device, torch_dtype, None if own else quantization, shard,
-                                       gguf_packed_weights)
-        report = _load_w4a16(model, p, w4, keep, dict(family.weight_prefixes))
+        on_device = own and gguf_packed_weights and shard is None and device.type in ("cuda", "npu")
+        keep = on_device or gguf_packed.keep_packed(p, device, torch_dtype, None if own else quantization, shard,
+                                                    gguf_packed_weights)
+        report = _load_w4a16(model, p, w4, keep, not on_device, dict(family.weight_prefixes))
         prequantized = own
     else:
         prequantized = quantize.load_prequantized(model, p, dict(family.weight_prefixes))

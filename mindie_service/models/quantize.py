@@ -13,6 +13,7 @@ from torch import nn
 from mindie_service.models import gguf_packed, msmodelslim
 from npu_ops import quant, quant_w4a16
 from npu_ops.quant_w4a16 import Int4Weight
+from npu_ops.w4a16_device import Int4Linear
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +49,11 @@ def pack_quantized(model: nn.Module, act_dtype: torch.dtype) -> int:
     return quant.pack_quantized(model, act_dtype)
 
 
-def requantize_w4a16(model: nn.Module, keep_float: tuple[str, ...] = quant.KEEP_FLOAT) -> int:
+def requantize_w4a16(model: nn.Module, keep_float: tuple[str, ...] = quant.KEEP_FLOAT,
+                     blocks: bool | None = None) -> int:
     """Every linear of a loaded float model but ``keep_float`` to int4 (npu_ops.quant_w4a16.quantize_rtn, groups
-    of 128), one module at a time; a linear whose input is not whole groups stays float, with a WARNING."""
+    of 128), one module at a time; a linear whose input is not whole groups stays float, with a WARNING.
+    ``blocks``: CPU blocks or a device's Int4Linear (``install_int4``); None: by where the model is."""
     kept: dict[str, dict[int, Int4Weight]] = {}
     for name, mod in list(model.named_modules()):
         if not isinstance(mod, nn.Linear) or name.rpartition(".")[2] in keep_float:
@@ -64,16 +67,28 @@ def requantize_w4a16(model: nn.Module, keep_float: tuple[str, ...] = quant.KEEP_
         shards = any(pname == attr for pname, _ in getattr(model, "PACKED", {}).values())
         parts = w.split(model.shard_sizes(attr)) if shards else (w,)  # type: ignore[operator]
         kept[name] = {i: quant_w4a16.quantize_rtn(p) for i, p in enumerate(parts)}  # rows apart: split or not
-    return install_int4(model, kept)
+    if blocks is None:
+        blocks = next(model.parameters()).device.type == "cpu"
+    return install_int4(model, kept, blocks)
 
 
-def install_int4(model: nn.Module, kept: dict[str, dict[int, Int4Weight]]) -> int:
+def install_int4(model: nn.Module, kept: dict[str, dict[int, Int4Weight]], blocks: bool = True) -> int:
     """Swap each module named in ``kept`` ({module: {shard: Int4Weight}}) for a GgufLinear over its weights
-    repacked into CPU blocks with the same values (npu_ops.quant_w4a16.to_blocks); returns how many. Off the CPU
-    kernels the GgufLinear runs its reference (dequantize, then F.linear)."""
-    blocks = {m: {i: quant_w4a16.to_blocks(w) for i, w in shards.items()} for m, shards in kept.items()}
-    n = gguf_packed.install(model, blocks)
-    kinds = sorted({b.kind for s in blocks.values() for b in s.values()})
+    repacked into CPU blocks with the same values (npu_ops.quant_w4a16.to_blocks), or without ``blocks`` (a model
+    for CUDA or Ascend) an Int4Linear over its shards stacked (npu_ops.w4a16_device); returns how many."""
+    if not blocks:
+        for name, shards in kept.items():
+            old = model.get_submodule(name)
+            new = Int4Linear(quant_w4a16.cat_rows([shards[i] for i in sorted(shards)]), getattr(old, "bias", None))
+            if new.weight_q.shape != (old.out_features, old.in_features):
+                raise ValueError(f"{name}: int4 shards make {new.weight_q.shape}, the layer is "
+                                 f"[{old.out_features}, {old.in_features}]")
+            quant.swap_module(model, name, new)
+        logger.info("%d int4 weights kept for the device's int4 matmul", len(kept))
+        return len(kept)
+    blocks_of = {m: {i: quant_w4a16.to_blocks(w) for i, w in shards.items()} for m, shards in kept.items()}
+    n = gguf_packed.install(model, blocks_of)
+    kinds = sorted({b.kind for s in blocks_of.values() for b in s.values()})
     if n:
         logger.info("%d int4 weights repacked into CPU blocks (%s) with the same values", n, ", ".join(kinds))
     return n

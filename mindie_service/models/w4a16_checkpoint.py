@@ -156,9 +156,11 @@ def modules(fmt: W4Format, idx: dict[str, Path]) -> dict[str, str]:
     return {name[:-len(fmt.marker) - 1]: name for name in idx if fmt.is_quantized(name)}
 
 
-def tensors(path: Path, fmt: W4Format, keep: bool, report: dict[str, str]) -> Iterator[tuple[str, Any]]:
-    """The folder's tensors, each quantized linear as ``<module>.weight``: an Int4Weight with ``keep``, else its
-    fp32 value. ``report`` gets a line per quantized tensor and one for the whole."""
+def tensors(path: Path, fmt: W4Format, keep: bool, report: dict[str, str],
+            blocks: bool = True) -> Iterator[tuple[str, Any]]:
+    """The folder's tensors, each quantized linear as ``<module>.weight``: an Int4Weight with ``keep`` (and, for
+    CPU ``blocks``, whole blocks of 32), else its fp32 value. ``report`` gets a line per quantized tensor and one
+    for the whole."""
     idx = _index(path)
     mods = modules(fmt, idx)
     owned = {f"{m}.{part}" for m in mods for part in fmt.parts}
@@ -176,13 +178,14 @@ def tensors(path: Path, fmt: W4Format, keep: bool, report: dict[str, str]) -> It
         except (KeyError, ValueError, RuntimeError) as exc:
             raise _fail(path, f"{m}: {exc}") from exc
         what = f"{fmt.name} int4, group {w.group_size}, {'symmetric' if w.symmetric else 'asymmetric'}"
-        unfit = blocks_unfit(w) if keep else None
+        unfit = blocks_unfit(w) if keep and blocks else None
         if unfit is not None:
             logger.warning("%s: %s.weight dequantized at load (%s)", path.name, m, unfit)
         kinds[what] += 1
         held = keep and unfit is None
         held_n += held
-        report[f"{m}.weight"] = f"{what}: " + (f"kept int4 as {block_kind(w)} blocks" if held else
+        how = f"as {block_kind(w)} blocks" if blocks else "for the device's int4 matmul"
+        report[f"{m}.weight"] = f"{what}: " + (f"kept int4 {how}" if held else
                                                 f"dequantized at load{f' ({unfit})' if unfit else ''}")
         yield f"{m}.weight", w if held else w.dequantize()
     report["W4A16"] = (f"{len(mods)} tensors ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))}): "

@@ -103,3 +103,20 @@ def test_npu_int4_path_matches_the_reference(monkeypatch):
                                                                   antiquant_group_size=packed[3])
         torch.testing.assert_close(y, x @ w.dequantize().T, rtol=1e-5, atol=1e-5)
     assert calls == [128, 128, 0, 0]
+
+
+def test_a_device_model_gets_int4_linears_with_the_cpu_blocks_values(tiny_model, monkeypatch):
+    """install_int4 without blocks (a CUDA or Ascend model): each projection an Int4Linear over its shards stacked,
+    giving what the CPU blocks give (their values are the same; fp32 sums in another order only)."""
+    from mindie_service.models import loader, quantize
+    from npu_ops.gguf_modules import GgufLinear
+    monkeypatch.setattr(loader, "_pack", lambda *a, **k: None)  # keep the dense weights to requantize twice
+    dev = loader.load_model(tiny_model, "float32", torch.device("cpu"), 64).model
+    cpu = loader.load_model(tiny_model, "float32", torch.device("cpu"), 64).model
+    assert quantize.requantize_w4a16(dev, blocks=False) == quantize.requantize_w4a16(cpu, blocks=True) == 4 * 3  # qkv, o, gate_up a layer
+    x = torch.randn(3, 128)
+    for name in ("layers.0.self_attn.qkv_proj", "layers.2.mlp.gate_up_proj", "layers.3.self_attn.o_proj"):
+        a, b = dev.get_submodule(name), cpu.get_submodule(name)
+        assert isinstance(a, Int4Linear) and isinstance(b, GgufLinear)
+        torch.testing.assert_close(a(x), b(x), rtol=1e-5, atol=1e-5)
+    assert not isinstance(dev.layers[0].mlp.down_proj, Int4Linear)  # 352 inputs: not whole groups, stays float
