@@ -170,6 +170,24 @@ def _load_w4a16(model: nn.Module, p: Path, fmt: w4a16_checkpoint.W4Format, keep:
     return report
 
 
+def _fill(model: nn.Module, p: Path, ckpt: _Checkpoint, prefix_map: dict[str, str], device: torch.device,
+          torch_dtype: torch.dtype, quantization: str | None, shard: Any, packed: bool) -> tuple[bool, dict[str, str]]:
+    """The checkpoint's weights into the model; returns (already quantized, the weights report)."""
+    if ckpt.gguf is not None:
+        keep = gguf_packed.keep_packed(ckpt.gguf.path, device, torch_dtype, quantization, shard, packed)
+        return False, _load_gguf(model, ckpt.gguf, quantization, keep)
+    if (w4 := w4a16_checkpoint.detect(p)) is not None:  # int4 stays int4 unless another scheme is asked for
+        own = quantization in (None, "w4a16")
+        on_device = own and packed and shard is None and device.type in ("cuda", "npu")
+        keep = on_device or gguf_packed.keep_packed(p, device, torch_dtype, None if own else quantization, shard,
+                                                    packed)
+        return own, _load_w4a16(model, p, w4, keep, not on_device, prefix_map)
+    if quantize.load_prequantized(model, p, prefix_map):
+        return True, {}
+    load_weights(model, p, prefix_map)
+    return False, {}
+
+
 def _pack(model: nn.Module, batch_hint: int, torch_dtype: torch.dtype,
           gguf: gguf_checkpoint.GgufCheckpoint | None) -> None:
     """The loaded weights packed for the CPU kernels, in one huge-page arena."""
@@ -213,21 +231,8 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
         model = family.build(text_cfg, cos, sin)
     model = model.to_empty(device=staging_device(device))
     model.rope_cos, model.rope_sin = cos, sin
-    prequantized, report = False, {}
-    if ckpt.gguf is not None:
-        keep = gguf_packed.keep_packed(ckpt.gguf.path, device, torch_dtype, quantization, shard, gguf_packed_weights)
-        report = _load_gguf(model, ckpt.gguf, quantization, keep)
-    elif (w4 := w4a16_checkpoint.detect(p)) is not None:  # int4 stays int4 unless another scheme is asked for
-        own = quantization in (None, "w4a16")
-        on_device = own and gguf_packed_weights and shard is None and device.type in ("cuda", "npu")
-        keep = on_device or gguf_packed.keep_packed(p, device, torch_dtype, None if own else quantization, shard,
-                                                    gguf_packed_weights)
-        report = _load_w4a16(model, p, w4, keep, not on_device, dict(family.weight_prefixes))
-        prequantized = own
-    else:
-        prequantized = quantize.load_prequantized(model, p, dict(family.weight_prefixes))
-        if not prequantized:
-            load_weights(model, p, dict(family.weight_prefixes))
+    prequantized, report = _fill(model, p, ckpt, dict(family.weight_prefixes), device, torch_dtype, quantization,
+                                 shard, gguf_packed_weights)
     model = model.to(device=device, dtype=torch_dtype).eval()
     if quantization and not prequantized:
         quantize.quantize_loaded(model, quantization, quantize_lm_head)
