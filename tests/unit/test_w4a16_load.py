@@ -27,13 +27,14 @@ POOL = dict(cache_block_size=4, num_kv_blocks=128, max_seq_len=256)
 FFN = 256  # the tiny model's MLP cut to whole groups of 128 (its own 352 is not)
 ASYM = {"Q4_1", "Q4_1F"}  # Q4_1 where fp16 holds every -scale * zero of a shard, else Q4_1F
 # (layout, group (None: channel-wise), symmetric, the scales' dtype, the CPU block types expected)
-CASES = [("compressed-tensors", 128, True, torch.bfloat16, {"Q4_0"}),
-         ("compressed-tensors", 128, False, torch.float16, ASYM),
-         ("compressed-tensors", None, True, torch.float16, {"Q4_0"}),
-         ("compressed-tensors", None, False, torch.bfloat16, ASYM),
-         ("awq", 128, False, torch.float16, ASYM),
-         ("msmodelslim", 128, True, torch.float32, {"Q4_1F"}),  # fp32 scales fp16 cannot hold
-         ("msmodelslim", None, False, torch.float16, ASYM)]
+CASES = [pytest.param("compressed-tensors", 128, True, torch.bfloat16, {"Q4_0"}, id="ct-g128-sym-bf16"),
+         pytest.param("compressed-tensors", 128, False, torch.float16, ASYM, id="ct-g128-asym-fp16"),
+         pytest.param("compressed-tensors", None, True, torch.float16, {"Q4_0"}, id="ct-channel-sym-fp16"),
+         pytest.param("compressed-tensors", None, False, torch.bfloat16, ASYM, id="ct-channel-asym-bf16"),
+         pytest.param("awq", 128, False, torch.float16, ASYM, id="awq-g128"),
+         # fp32 scales fp16 cannot hold: Q4_1F
+         pytest.param("msmodelslim", 128, True, torch.float32, {"Q4_1F"}, id="msmodelslim-g128-sym-fp32"),
+         pytest.param("msmodelslim", None, False, torch.float16, ASYM, id="msmodelslim-channel-asym")]
 
 
 @pytest.fixture(scope="module")
