@@ -2,7 +2,8 @@
 
 ``Int4Weight`` is the one in-memory form every W4A16 checkpoint reader produces (models/w4a16_checkpoint.py):
 ``q`` uint8 [n, k] holding 0..15, ``scale`` fp32 [n, groups], ``zero`` fp32 [n, groups] in q's unsigned domain
-(None: symmetric, the zero is 8), ``group_size`` columns a group (k: one group a row, channel-wise). Its value,
+(None: symmetric, the zero is 8), ``group_size`` columns a group (k: one group a row, channel-wise; the last group
+of a row may be shorter, as SmolLM2-135M's 576 columns are 4.5 groups of 128). Its value,
 the reference every path is held to, is ``(q - zero) * scale``, computed exactly and rounded once to fp32
 (``dequantize``); with fp16 or bf16 scales and integer zeros that is the exact product.
 
@@ -24,6 +25,7 @@ import logging
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from npu_ops.quant_gguf import GgufWeight
 
@@ -45,10 +47,10 @@ class Int4Weight:
     def __post_init__(self) -> None:
         n, k = self.q.shape
         g = self.group_size
-        if self.q.dtype != torch.uint8 or g <= 0 or k % g:
-            raise ValueError(f"an int4 weight needs uint8 values and whole groups: got {self.q.dtype} "
+        if self.q.dtype != torch.uint8 or g <= 0:
+            raise ValueError(f"an int4 weight needs uint8 values and a group size: got {self.q.dtype} "
                              f"{tuple(self.q.shape)} in groups of {g}")
-        want = (n, k // g)
+        want = (n, -(-k // g))
         self.scale = self.scale.float().reshape(want) if self.scale.numel() == want[0] * want[1] else self.scale
         if tuple(self.scale.shape) != want or (self.zero is not None and self.zero.numel() != self.scale.numel()):
             raise ValueError(f"an int4 weight [{n}, {k}] in groups of {g} needs scales (and zero points) of shape "
@@ -67,7 +69,7 @@ class Int4Weight:
 
     def full(self, t: torch.Tensor) -> torch.Tensor:
         """A per-group tensor [n, groups] spread over every column [n, k]."""
-        return t.repeat_interleave(self.group_size, dim=1)
+        return t.repeat_interleave(self.group_size, dim=1)[:, :self.q.shape[1]]
 
     def dequantize(self) -> torch.Tensor:
         """fp32 [n, k]: (q - zero) * scale, rounded once (float64 holds it exactly for 4-bit q and an integer
@@ -118,11 +120,11 @@ def to_blocks(w: Int4Weight, kind: str | None = None) -> GgufWeight:
     per = w.group_size // QK  # blocks a group
     q = w.q.reshape(n, nb, QK)
     qs = (q[..., :16] | (q[..., 16:] << 4)).contiguous()  # [n, nb, 16]
-    s = w.scale.repeat_interleave(per, dim=1)  # [n, nb]
+    s = w.scale.repeat_interleave(per, dim=1)[:, :nb]  # [n, nb]
     if kind == "Q4_0":
         head = [s.half().reshape(n, nb, 1).view(torch.uint8)]
     else:
-        mn = -s * (8.0 if w.zero is None else w.zero.repeat_interleave(per, dim=1))
+        mn = -s * (8.0 if w.zero is None else w.zero.repeat_interleave(per, dim=1)[:, :nb])
         hdt = torch.half if kind == "Q4_1" else torch.float32
         head = [t.to(hdt).reshape(n, nb, 1).view(torch.uint8) for t in (s, mn)]
     data = torch.cat([*head, qs], dim=-1).reshape(n, -1)
@@ -134,9 +136,8 @@ def quantize_rtn(w: torch.Tensor, group_size: int = GROUP, symmetric: bool = Tru
     """Round-to-nearest int4 per group of ``group_size`` columns (the module docstring's rules), the scales rounded
     to ``scale_dtype`` (as a checkpoint stores them) before the values are rounded against them."""
     n, k = w.shape
-    if k % group_size:
-        raise ValueError(f"w4a16 quantizes in groups of {group_size} columns; this weight has {k}")
-    g = w.detach().float().reshape(n, k // group_size, group_size)
+    pad = -k % group_size  # a shorter last group: zeros do not move its absmax, min or max
+    g = F.pad(w.detach().float(), (0, pad)).reshape(n, -1, group_size)
     if symmetric:
         scale = (g.abs().amax(-1) / 7).clamp(min=FP16_TINY).to(scale_dtype).float()
         q = torch.round(g / scale[..., None]).clamp_(-8, 7) + 8
@@ -146,7 +147,7 @@ def quantize_rtn(w: torch.Tensor, group_size: int = GROUP, symmetric: bool = Tru
         scale = ((hi - lo) / 15).clamp(min=FP16_TINY).to(scale_dtype).float()
         zero = torch.round(-lo / scale).clamp_(0, 15)
         q = (torch.round(g / scale[..., None]) + zero[..., None]).clamp_(0, 15)
-    return Int4Weight(q.reshape(n, k).to(torch.uint8), scale, zero, group_size)
+    return Int4Weight(q.reshape(n, -1)[:, :k].to(torch.uint8).contiguous(), scale, zero, group_size)
 
 
 def nibbles_low_first(packed: torch.Tensor, k: int) -> torch.Tensor:

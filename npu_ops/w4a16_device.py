@@ -39,7 +39,9 @@ def _torch_npu() -> Any:
 
 def cuda_group(w: Int4Weight) -> int | None:
     """The op's group size that expresses ``w``'s groups (None: none does)."""
-    return next((g for g in CUDA_GROUPS if w.group_size % g == 0 and w.shape[1] % g == 0), None)
+    if w.shape[1] % w.group_size:  # a shorter last group
+        return None
+    return next((g for g in CUDA_GROUPS if w.group_size % g == 0), None)
 
 
 def cuda_pack(w: Int4Weight, device: torch.device) -> tuple[torch.Tensor, int, torch.Tensor] | None:
@@ -58,8 +60,11 @@ def cuda_pack(w: Int4Weight, device: torch.device) -> tuple[torch.Tensor, int, t
     return packed, g, sz
 
 
-def npu_pack(w: Int4Weight, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """(weight int32 [k, n / 8], scale, offset or None, group) for ``npu_weight_quant_batchmatmul``."""
+def npu_pack(w: Int4Weight, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...] | None:
+    """(weight int32 [k, n / 8], scale, offset or None, group) for ``npu_weight_quant_batchmatmul``; None outside
+    its contract (a shorter last group, n not a multiple of 8)."""
+    if w.shape[1] % w.group_size or w.shape[0] % 8:
+        return None
     signed = (w.q.to(torch.int32) - 8).T.contiguous().to(device)
     weight = _torch_npu().npu_convert_weight_to_int4pack(signed)
     channel = w.scale.shape[1] == 1

@@ -52,15 +52,16 @@ def pack_quantized(model: nn.Module, act_dtype: torch.dtype) -> int:
 def requantize_w4a16(model: nn.Module, keep_float: tuple[str, ...] = quant.KEEP_FLOAT,
                      blocks: bool | None = None) -> int:
     """Every linear of a loaded float model but ``keep_float`` to int4 (npu_ops.quant_w4a16.quantize_rtn, groups
-    of 128), one module at a time; a linear whose input is not whole groups stays float, with a WARNING.
+    of 128, a row's last group shorter where its inputs are not whole groups), one module at a time; a linear whose
+    inputs are not whole blocks of 32 (the CPU kernels' unit) stays float, with a WARNING.
     ``blocks``: CPU blocks or a device's Int4Linear (``install_int4``); None: by where the model is."""
     kept: dict[str, dict[int, Int4Weight]] = {}
     for name, mod in list(model.named_modules()):
         if not isinstance(mod, nn.Linear) or name.rpartition(".")[2] in keep_float:
             continue
-        if mod.weight is None or mod.in_features % quant_w4a16.GROUP:
-            logger.warning("w4a16: %s stays float (its %d inputs are not whole groups of %d)", name,
-                           mod.in_features, quant_w4a16.GROUP)
+        if mod.weight is None or mod.in_features % quant_w4a16.QK:
+            logger.warning("w4a16: %s stays float (its %d inputs are not whole blocks of %d)", name,
+                           mod.in_features, quant_w4a16.QK)
             continue
         w = mod.weight.detach().float().cpu()
         attr = name.rpartition(".")[2]

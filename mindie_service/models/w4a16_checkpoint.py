@@ -58,6 +58,12 @@ class W4Format:
 
 
 # ---------------------------------------------------------------- the three readers
+def _group(k: int, groups: int) -> int:
+    if groups <= 0 or k % groups:
+        raise ValueError(f"{groups} groups of scales do not split {k} columns evenly")
+    return k // groups
+
+
 def read_compressed_tensors(p: dict[str, torch.Tensor]) -> Int4Weight:
     n, k = (int(v) for v in p["weight_shape"].tolist())
     q = nibbles_low_first(p["weight_packed"], k)  # stored as q + 8: already 0..15
@@ -66,7 +72,7 @@ def read_compressed_tensors(p: dict[str, torch.Tensor]) -> Int4Weight:
     if "weight_zero_point" in p:  # packed down the rows: [ceil(n / 8), groups]
         zp = p["weight_zero_point"]
         zero = nibbles_low_first(zp.T.contiguous(), n).T.float()
-    return Int4Weight(q, scale, zero, k // scale.shape[1])
+    return Int4Weight(q, scale, zero, _group(k, scale.shape[1]))
 
 
 def _awq_unpack(words: torch.Tensor) -> torch.Tensor:
@@ -80,7 +86,7 @@ def read_awq(p: dict[str, torch.Tensor]) -> Int4Weight:
     q = _awq_unpack(p["qweight"]).T.contiguous()  # [n, k]
     zero = _awq_unpack(p["qzeros"]).T.float()
     scale = p["scales"].float().T
-    return Int4Weight(q, scale, zero, q.shape[1] // scale.shape[1])
+    return Int4Weight(q, scale, zero, _group(q.shape[1], scale.shape[1]))
 
 
 def read_msmodelslim(p: dict[str, torch.Tensor]) -> Int4Weight:
@@ -90,7 +96,7 @@ def read_msmodelslim(p: dict[str, torch.Tensor]) -> Int4Weight:
     scale = p["weight_scale"].float().reshape(n, -1)
     off = p.get("weight_offset")
     zero = None if off is None or not off.any() else off.float().reshape(n, -1) + 8
-    return Int4Weight(q, scale, zero, k // scale.shape[1])
+    return Int4Weight(q, scale, zero, _group(k, scale.shape[1]))
 
 
 # ---------------------------------------------------------------- which layout a folder holds

@@ -113,10 +113,11 @@ def test_a_device_model_gets_int4_linears_with_the_cpu_blocks_values(tiny_model,
     monkeypatch.setattr(loader, "_pack", lambda *a, **k: None)  # keep the dense weights to requantize twice
     dev = loader.load_model(tiny_model, "float32", torch.device("cpu"), 64).model
     cpu = loader.load_model(tiny_model, "float32", torch.device("cpu"), 64).model
-    assert quantize.requantize_w4a16(dev, blocks=False) == quantize.requantize_w4a16(cpu, blocks=True) == 4 * 3  # qkv, o, gate_up a layer
-    x = torch.randn(3, 128)
-    for name in ("layers.0.self_attn.qkv_proj", "layers.2.mlp.gate_up_proj", "layers.3.self_attn.o_proj"):
+    assert quantize.requantize_w4a16(dev, blocks=False) == quantize.requantize_w4a16(cpu, blocks=True) == 4 * 4
+    for name in ("layers.0.self_attn.qkv_proj", "layers.2.mlp.gate_up_proj", "layers.3.self_attn.o_proj",
+                 "layers.1.mlp.down_proj"):  # 352 inputs: two groups of 128 and one of 96
         a, b = dev.get_submodule(name), cpu.get_submodule(name)
+        x = torch.randn(3, a.in_features)
         assert isinstance(a, Int4Linear) and isinstance(b, GgufLinear)
         torch.testing.assert_close(a(x), b(x), rtol=1e-5, atol=1e-5)
-    assert not isinstance(dev.layers[0].mlp.down_proj, Int4Linear)  # 352 inputs: not whole groups, stays float
+    assert dev.layers[1].mlp.down_proj.weight_q.scale.shape == (128, 3)
