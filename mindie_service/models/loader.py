@@ -236,6 +236,7 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     model = model.to(device=device, dtype=torch_dtype).eval()
     if quantization and not prequantized:
         quantize.quantize_loaded(model, quantization, quantize_lm_head)
+        report = {**report, **(quantize.int4_report(model) if quantization == "w4a16" else {})}
     if shard is not None:
         shard_model(model, *shard)
     model.kv_cache_dtype = kv_cache_dtype

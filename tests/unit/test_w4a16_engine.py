@@ -40,6 +40,8 @@ def test_w4a16_requantizes_at_load_and_decodes_as_transformers_on_the_dequantize
     m = w4_llm.engine.runner.model
     assert m.layers[0].self_attn.qkv_proj.kinds == ["Q4_0"] and m.layers[3].mlp.down_proj.kinds == ["Q4_0"]
     assert not isinstance(m.lm_head, GgufLinear)  # the head stays float
+    assert m.weights_report["W4A16"] == ("16 linears requantized at load (round to nearest, groups of 128, "
+                                         "symmetric): kept int4 as Q4_0")
     ref = tmp_path / "ref"
     ref.mkdir()
     for f in tiny256.iterdir():
