@@ -151,3 +151,33 @@ def test_rtn_error_is_within_half_a_step():
         iw = quant_w4a16.quantize_rtn(w, symmetric=sym)
         err = (iw.dequantize() - w).abs()
         assert (err <= iw.full(iw.scale) / 2 * (1 + 1e-3)).all()
+
+
+def test_a_load_the_kernels_cannot_run_dequantizes_and_says_so(tiny256, tmp_path, monkeypatch, caplog):
+    from mindie_service.models import gguf_packed
+    w4 = w4a16_writer.write(tiny256, tmp_path / "w4", "awq", 128, False)
+    monkeypatch.setattr(gguf_packed.cpu_kernels, "load", lambda: None)  # the CPU kernels off or not built
+    with caplog.at_level("INFO"):
+        loaded = load_model(w4, "float32", torch.device("cpu"), 256)
+    assert any("dequantized at load (the CPU kernels are switched off or not built)" in r.getMessage()
+               for r in caplog.records)
+    assert loaded.weights_report["W4A16"].endswith("0 kept int4, 28 dequantized at load")
+    assert not isinstance(loaded.model.layers[0].mlp.down_proj, GgufLinear)
+
+
+@pytest.mark.parametrize("qc,why", [
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"}, "gemm"),
+    ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {"weights": {
+        "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 128,
+        "actorder": "group"}}}}, "activation-ordered"),
+    ({"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"g": {"weights": {
+        "num_bits": 8, "type": "float", "strategy": "channel"}}}}, "pack-quantized"),
+], ids=["awq-gemv", "ct-actorder", "ct-fp8"])
+def test_a_w4a16_checkpoint_we_cannot_read_is_refused_naming_why(tiny256, tmp_path, qc, why):
+    w4 = w4a16_writer.write(tiny256, tmp_path / "w4", "compressed-tensors", 128, True)
+    cfg = json.loads((w4 / "config.json").read_text())
+    cfg["quantization_config"] = qc
+    (w4 / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=why) as err:
+        load_model(w4, "float32", torch.device("cpu"), 256)
+    assert str(w4) in str(err.value)
