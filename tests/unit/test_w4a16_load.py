@@ -19,6 +19,7 @@ from mindie_service.models import w4a16_checkpoint
 from mindie_service.models.loader import load_model
 from npu_ops import cpu_kernels, quant_w4a16
 from npu_ops.gguf_modules import GgufLinear
+from tests.unit.test_fused_decode import count_fused_steps
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here")
 
@@ -73,21 +74,24 @@ def _greedy(llm: LLM, n: int = 12) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("fmt,group,sym,sdt,kind", CASES)
-def test_each_layout_loads_int4_and_decodes_as_transformers_on_the_dequantized_weights(tiny256, tmp_path, fmt, group,
-                                                                                        sym, sdt, kind):
+def test_each_layout_loads_int4_and_decodes_as_transformers_on_the_dequantized_weights(tiny256, tmp_path, monkeypatch,
+                                                                                        fmt, group, sym, sdt, kind):
     w4 = w4a16_writer.write(tiny256, tmp_path / "w4", fmt, group, sym, sdt)
     ref = w4a16_writer.reference(w4, tmp_path / "ref")
-    loaded = load_model(w4, "float32", torch.device("cpu"), 256)
-    layer = loaded.model.layers[1]
+    llm = LLM(str(w4), dtype="float32", **POOL)
+    model = llm.engine.runner.model
+    layer = model.layers[1]
     for mod in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
         assert isinstance(mod, GgufLinear) and set(mod.kinds) <= kind, mod
-    assert loaded.weights_report["W4A16"].endswith(f"{7 * 4} kept int4, 0 dequantized at load")
-    assert loaded.weights_report["model.layers.0.mlp.down_proj.weight"].rpartition(" as ")[2] in {f"{k} blocks"
-                                                                                                   for k in kind}
+    assert model.weights_report["W4A16"].endswith(f"{7 * 4} kept int4, 0 dequantized at load")
+    assert model.weights_report["model.layers.0.mlp.down_proj.weight"].rpartition(" as ")[2] in {f"{k} blocks"
+                                                                                                  for k in kind}
     # the packed values are the checkpoint's, dequantized exactly
     want = load_file(str(ref / "model.safetensors"))["model.layers.1.mlp.down_proj.weight"]
     assert torch.equal(layer.mlp.down_proj.dequantized(), want)
-    assert _greedy(LLM(str(w4), dtype="float32", **POOL)) == _hf_greedy(ref)
+    calls = count_fused_steps(monkeypatch)
+    assert _greedy(llm) == _hf_greedy(ref)
+    assert sum(calls) >= 11  # the one-call decode step ran the blocks (Q4_1F's among them)
 
 
 def test_our_packing_is_compressed_tensors_own():
