@@ -2,7 +2,7 @@
 scales) on the tiny model with its MLP cut to whole groups: greedy decoding equals transformers on the same weights
 dequantized, the weights' error is what round-to-nearest gives, and the engine's paths over int4 weights (the fused
 one-call decode step, multi-step bursts, speculation, LoRA) keep the op-by-op tokens, as test_gguf_engine holds
-them for GGUF blocks."""
+them for GGUF blocks (LoRA on a W4A16 checkpoint against the same file dequantized at load)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -12,9 +12,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mindie_service import LLM, SamplingParams
+from mindie_service.devkit import w4a16_writer
 from mindie_service.devkit.lora import build_demo_lora
 from mindie_service.engine.runner.model_runner import ModelRunner
-from mindie_service.models import fused_layers
+from mindie_service.models import fused_layers, gguf_packed
 from npu_ops import cpu_kernels, quant_w4a16
 from npu_ops.gguf_modules import GgufLinear
 from tests.unit.test_fused_decode import count_fused_steps
@@ -82,16 +83,18 @@ def test_bursts_and_speculation_keep_the_tokens(tiny256, w4_llm):  # noqa: F811
 
 
 def test_lora_adds_its_delta_after_the_int4_matmul(tiny256, tmp_path, monkeypatch):  # noqa: F811
+    """On a W4A16 checkpoint (asymmetric: Q4_1F blocks too) against the same file dequantized at load."""
     adapter = str(build_demo_lora(str(tiny256), str(tmp_path / "lora"), rank=8, seed=3))
-    packed = LLM(str(tiny256), dtype="float32", quantization="w4a16", max_loras=1, max_lora_rank=8, **POOL)
+    w4 = w4a16_writer.write(tiny256, tmp_path / "w4", "compressed-tensors", 128, False)
+    packed = LLM(str(w4), dtype="float32", max_loras=1, max_lora_rank=8, **POOL)
     assert isinstance(packed.engine.runner.model.layers[0].mlp.down_proj, GgufLinear)
     packed.engine.load_adapter("a", adapter)
     got, base = _generate(packed, "a"), _generate(packed)
-    # the reference: the same int4 values run by their dequantizing reference (F.linear), LoRA added after
-    monkeypatch.setattr(GgufLinear, "runs_on_cpu_kernels", lambda self: False)
-    ref = LLM(str(tiny256), dtype="float32", quantization="w4a16", max_loras=1, max_lora_rank=8, **POOL)
-    ref.engine.load_adapter("a", adapter)
-    want = _generate(ref, "a")
+    monkeypatch.setattr(gguf_packed, "keep_packed", lambda *a, **k: False)
+    dense = LLM(str(w4), dtype="float32", max_loras=1, max_lora_rank=8, **POOL)
+    assert not isinstance(dense.engine.runner.model.layers[0].mlp.down_proj, GgufLinear)
+    dense.engine.load_adapter("a", adapter)
+    want = _generate(dense, "a")
     assert [t for t, _ in got] == [t for t, _ in want] and [t for t, _ in got] != [t for t, _ in base]
     worst = max(abs(a[k] - b[k]) for (_, la), (_, lb) in zip(got, want)
                 for a, b in zip(la, lb) for k in a if k in b)

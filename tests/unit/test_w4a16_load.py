@@ -91,7 +91,7 @@ def test_each_layout_loads_int4_and_decodes_as_transformers_on_the_dequantized_w
     assert torch.equal(layer.mlp.down_proj.dequantized(), want)
     calls = count_fused_steps(monkeypatch)
     assert _greedy(llm) == _hf_greedy(ref)
-    assert sum(calls) >= 11  # the one-call decode step ran the blocks (Q4_1F's among them)
+    assert calls and all(calls)  # the one-call decode step (and its bursts) ran the blocks, Q4_1F's among them
 
 
 def test_our_packing_is_compressed_tensors_own():
