@@ -69,9 +69,13 @@ def read_compressed_tensors(p: dict[str, torch.Tensor]) -> Int4Weight:
     q = nibbles_low_first(p["weight_packed"], k)  # stored as q + 8: already 0..15
     scale = p["weight_scale"].float().reshape(n, -1)
     zero = None
-    if "weight_zero_point" in p:  # packed down the rows: [ceil(n / 8), groups]
-        zp = p["weight_zero_point"]
+    zp = p.get("weight_zero_point")
+    if zp is not None and zp.dtype == torch.int32:  # packed down the rows: [ceil(n / 8), groups], stored zp + 8
         zero = nibbles_low_first(zp.T.contiguous(), n).T.float()
+    elif zp is not None:  # some writers keep them unpacked, signed: [n, groups]
+        zero = zp.float().reshape(n, -1) + 8
+    if zero is not None and bool((zero == 8).all()):  # symmetric after all: Q4_0 blocks, not Q4_1
+        zero = None
     return Int4Weight(q, scale, zero, _group(k, scale.shape[1]))
 
 

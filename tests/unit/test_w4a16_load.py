@@ -185,3 +185,15 @@ def test_a_w4a16_checkpoint_we_cannot_read_is_refused_naming_why(tiny256, tmp_pa
     with pytest.raises(ValueError, match=why) as err:
         load_model(w4, "float32", torch.device("cpu"), 256)
     assert str(w4) in str(err.value)
+
+
+def test_compressed_tensors_zero_points_unpacked_or_all_eight_are_read_as_such():
+    q = torch.randint(0, 16, (16, 256), dtype=torch.uint8)
+    base = {"weight_packed": w4a16_writer._words_low_first(q), "weight_scale": torch.rand(16, 2).half(),
+            "weight_shape": torch.tensor([16, 256])}
+    zp = torch.randint(-8, 8, (16, 2), dtype=torch.int8)
+    got = w4a16_checkpoint.read_compressed_tensors({**base, "weight_zero_point": zp})
+    assert torch.equal(got.zero, zp.float() + 8)
+    eights = torch.full((2, 2), 0x88888888 - 2 ** 32, dtype=torch.int32)  # packed, every zero point 0 (stored 8)
+    got = w4a16_checkpoint.read_compressed_tensors({**base, "weight_zero_point": eights})
+    assert got.zero is None and quant_w4a16.block_kind(got) == "Q4_0"
