@@ -17,8 +17,12 @@ So the packed weight's values are the reference's bit for bit (for fp32 scales w
 and a zero point, within one fp32 rounding of -scale * zero), and only the order of fp32 sums differs.
 
 ``quantize_rtn`` is ``quantization: w4a16``'s requantization of a float checkpoint: round to nearest, per group of
-128 columns, symmetric by default (scale = absmax / 7 rounded to fp16, q = clamp(round(w / scale), -8, 7) + 8),
-asymmetric on request (scale = (max - min) / 15 in fp16, zero = clamp(round(-min / scale), 0, 15))."""
+128 columns, asymmetric (scale = (max - min) / 15 rounded up to 7 significant bits, so -scale * zero is exact in
+fp16 and the blocks are Q4_1, 5 bits a weight; zero = clamp(round(-min / scale), 0, 15), q = clamp(round(w /
+scale) + zero, 0, 15)); symmetric on request (scale = absmax / 7 in fp16, q = clamp(round(w / scale), -8, 7) + 8:
+Q4_0, 4.5 bits a weight). Asymmetric was chosen by measurement: SmolLM2-135M's weights (its Q4_1 file
+dequantized) requantized both ways, 511 teacher-forced corpus tokens against those fp32 weights: asymmetric top-1
+agreement 0.685, mean KL 0.28, NLL 3.87 -> 4.02; symmetric 0.616, 0.50, 3.87 -> 4.11."""
 from __future__ import annotations
 
 import logging
@@ -33,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 GROUP = 128  # quantization: w4a16's group size
 QK = 32  # values a block of the CPU kernels' types
+ASYM_SCALE_BITS = 7  # an asymmetric scale's significant bits (quantize_rtn): 7 + 4 (the zero) fit fp16's 11
 FP16_TINY = 2.0 ** -24  # the smallest positive fp16 (a subnormal)
 
 
@@ -131,7 +136,13 @@ def to_blocks(w: Int4Weight, kind: str | None = None) -> GgufWeight:
     return GgufWeight(data.contiguous(), kind, (n, k))
 
 
-def quantize_rtn(w: torch.Tensor, group_size: int = GROUP, symmetric: bool = True,
+def _round_up_bits(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """``x`` (> 0) rounded up to ``bits`` significant bits."""
+    m, e = torch.frexp(x)
+    return torch.ldexp(torch.ceil(m * 2.0 ** bits) / 2.0 ** bits, e)
+
+
+def quantize_rtn(w: torch.Tensor, group_size: int = GROUP, symmetric: bool = False,
                  scale_dtype: torch.dtype = torch.float16) -> Int4Weight:
     """Round-to-nearest int4 per group of ``group_size`` columns (the module docstring's rules), the scales rounded
     to ``scale_dtype`` (as a checkpoint stores them) before the values are rounded against them."""
@@ -144,7 +155,8 @@ def quantize_rtn(w: torch.Tensor, group_size: int = GROUP, symmetric: bool = Tru
         zero = None
     else:
         lo, hi = g.amin(-1).clamp(max=0), g.amax(-1).clamp(min=0)
-        scale = ((hi - lo) / 15).clamp(min=FP16_TINY).to(scale_dtype).float()
+        # up to 7 significant bits, so -scale * zero (zero < 16) is exact in fp16: Q4_1 blocks, not Q4_1F
+        scale = _round_up_bits(((hi - lo) / 15).clamp(min=FP16_TINY), ASYM_SCALE_BITS).to(scale_dtype).float()
         zero = torch.round(-lo / scale).clamp_(0, 15)
         q = (torch.round(g / scale[..., None]) + zero[..., None]).clamp_(0, 15)
     return Int4Weight(q.reshape(n, -1)[:, :k].to(torch.uint8).contiguous(), scale, zero, group_size)

@@ -33,7 +33,7 @@ def quantize_loaded(model: nn.Module, scheme: str, lm_head: bool = False) -> Non
         quant.swap_module(model, "lm_head", new.to(head.weight.device))
         n += 1
     logger.info("quantized %d linear layers to %s%s", n, scheme, " (int4 in groups of 128 columns, round to nearest, "
-                "symmetric, fp16 scales)" if scheme == "w4a16" else "")
+                "asymmetric)" if scheme == "w4a16" else "")
 
 
 def load_prequantized(model: nn.Module, path: Path, prefix_map: dict[str, str]) -> bool:
@@ -82,7 +82,7 @@ def int4_report(model: nn.Module) -> dict[str, str]:
         return {}
     kinds = sorted({k for m in mods for k in getattr(m, "kinds", ["device int4"])})
     return {"W4A16": f"{len(mods)} linears requantized at load (round to nearest, groups of {quant_w4a16.GROUP}, "
-                     f"symmetric): kept int4 as {', '.join(kinds)}"}
+                     f"asymmetric): kept int4 as {', '.join(kinds)}"}
 
 
 def install_int4(model: nn.Module, kept: dict[str, dict[int, Int4Weight]], blocks: bool = True) -> int:

@@ -40,8 +40,9 @@ class CudaStandIn:
 def _weights() -> list[quant_w4a16.Int4Weight]:
     torch.manual_seed(0)
     w = torch.randn(32, 512) * 0.05  # n a multiple of 16: the CPU op's contract (CUDA's asks 8)
-    return [quant_w4a16.quantize_rtn(w), quant_w4a16.quantize_rtn(w, symmetric=False),
-            quant_w4a16.quantize_rtn(w, group_size=512), quant_w4a16.quantize_rtn(w, group_size=512, symmetric=False)]
+    return [quant_w4a16.quantize_rtn(w, symmetric=True), quant_w4a16.quantize_rtn(w, symmetric=False),
+            quant_w4a16.quantize_rtn(w, group_size=512, symmetric=True),
+            quant_w4a16.quantize_rtn(w, group_size=512, symmetric=False)]
 
 
 @pytest.mark.parametrize("i", range(4))

@@ -1,5 +1,5 @@
-"""``quantization: w4a16`` (npu_ops.quant_w4a16.quantize_rtn: round to nearest, groups of 128, symmetric, fp16
-scales) on the tiny model with its MLP cut to whole groups: greedy decoding equals transformers on the same weights
+"""``quantization: w4a16`` (npu_ops.quant_w4a16.quantize_rtn: round to nearest, groups of 128, asymmetric, scales of
+7 significant bits: Q4_1 blocks) on the tiny model with its MLP cut to whole groups: greedy decoding equals transformers on the same weights
 dequantized, the weights' error is what round-to-nearest gives, and the engine's paths over int4 weights (the fused
 one-call decode step, multi-step bursts, speculation, LoRA) keep the op-by-op tokens, as test_gguf_engine holds
 them for GGUF blocks (LoRA on a W4A16 checkpoint against the same file dequantized at load)."""
@@ -39,10 +39,10 @@ def w4_llm(tiny256):  # noqa: F811
 def test_w4a16_requantizes_at_load_and_decodes_as_transformers_on_the_dequantized_weights(tiny256, w4_llm,  # noqa: F811
                                                                                          tmp_path):
     m = w4_llm.engine.runner.model
-    assert m.layers[0].self_attn.qkv_proj.kinds == ["Q4_0"] and m.layers[3].mlp.down_proj.kinds == ["Q4_0"]
+    assert m.layers[0].self_attn.qkv_proj.kinds == ["Q4_1"] and m.layers[3].mlp.down_proj.kinds == ["Q4_1"]
     assert not isinstance(m.lm_head, GgufLinear)  # the head stays float
     assert m.weights_report["W4A16"] == ("16 linears requantized at load (round to nearest, groups of 128, "
-                                         "symmetric): kept int4 as Q4_0")
+                                         "asymmetric): kept int4 as Q4_1")
     ref = tmp_path / "ref"
     ref.mkdir()
     for f in tiny256.iterdir():
@@ -83,11 +83,11 @@ def test_bursts_and_speculation_keep_the_tokens(tiny256, w4_llm):  # noqa: F811
 
 
 def test_lora_adds_its_delta_after_the_int4_matmul(tiny256, tmp_path, monkeypatch):  # noqa: F811
-    """On a W4A16 checkpoint (asymmetric: Q4_1F blocks too) against the same file dequantized at load."""
+    """On a W4A16 checkpoint (msModelSlim's fp32 scales: Q4_1F blocks) against the same file dequantized at load."""
     adapter = str(build_demo_lora(str(tiny256), str(tmp_path / "lora"), rank=8, seed=3))
-    w4 = w4a16_writer.write(tiny256, tmp_path / "w4", "compressed-tensors", 128, False)
+    w4 = w4a16_writer.write(tiny256, tmp_path / "w4", "msmodelslim", 128, True, torch.float32)
     packed = LLM(str(w4), dtype="float32", max_loras=1, max_lora_rank=8, **POOL)
-    assert isinstance(packed.engine.runner.model.layers[0].mlp.down_proj, GgufLinear)
+    assert packed.engine.runner.model.layers[0].mlp.down_proj.kinds == ["Q4_1F"]
     packed.engine.load_adapter("a", adapter)
     got, base = _generate(packed, "a"), _generate(packed)
     monkeypatch.setattr(gguf_packed, "keep_packed", lambda *a, **k: False)

@@ -134,9 +134,10 @@ def test_block_types_hold_the_values_exactly_and_the_kernels_match_the_reference
     pow2 = quant_w4a16.Int4Weight(torch.randint(0, 16, (40, 256), dtype=torch.uint8),
                                   2.0 ** -torch.randint(6, 9, (40, 2)).float(), torch.randint(0, 16, (40, 2)).float(),
                                   128)
-    for iw, kind in ((quant_w4a16.quantize_rtn(w), "Q4_0"), (quant_w4a16.quantize_rtn(w, symmetric=False), "Q4_1F"),
-                     (pow2, "Q4_1"), (quant_w4a16.quantize_rtn(w, scale_dtype=torch.float32), "Q4_1F"),
-                     (quant_w4a16.quantize_rtn(w[:, :224]), "Q4_0")):  # 224 columns: groups of 128 and 96
+    rtn = quant_w4a16.quantize_rtn
+    for iw, kind in ((rtn(w, symmetric=True), "Q4_0"), (rtn(w), "Q4_1"),  # w4a16's scales: -scale * zero fp16-exact
+                     (pow2, "Q4_1"), (rtn(w, symmetric=True, scale_dtype=torch.float32), "Q4_1F"),
+                     (rtn(w[:, :224], symmetric=True), "Q4_0"), (rtn(w[:, :224]), "Q4_1")):  # 224: groups of 128, 96
         blocks = quant_w4a16.to_blocks(iw)
         assert blocks.kind == kind
         ref = iw.dequantize()
