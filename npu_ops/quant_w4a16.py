@@ -22,7 +22,8 @@ fp16 and the blocks are Q4_1, 5 bits a weight; zero = clamp(round(-min / scale),
 scale) + zero, 0, 15)); symmetric on request (scale = absmax / 7 in fp16, q = clamp(round(w / scale), -8, 7) + 8:
 Q4_0, 4.5 bits a weight). Asymmetric was chosen by measurement: SmolLM2-135M's weights (its Q4_1 file
 dequantized) requantized both ways, 511 teacher-forced corpus tokens against those fp32 weights: asymmetric top-1
-agreement 0.685, mean KL 0.28, NLL 3.87 -> 4.02; symmetric 0.616, 0.50, 3.87 -> 4.11."""
+agreement 0.687, mean KL 0.30, NLL 3.87 -> 4.03, weights' relative error 0.105 (mean over the linears); symmetric
+0.616, 0.50, 3.87 -> 4.11, 0.125."""
 from __future__ import annotations
 
 import logging

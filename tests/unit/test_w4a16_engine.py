@@ -55,7 +55,7 @@ def test_w4a16_requantizes_at_load_and_decodes_as_transformers_on_the_dequantize
             sd[k] = quant_w4a16.quantize_rtn(v).dequantize()
             rel.append(float((sd[k] - v).norm() / v.norm()))
     save_file(sd, str(ref / "model.safetensors"))
-    assert 0.05 < max(rel) < 0.13  # round to nearest in 4 bits: about 0.1 of a Gaussian weight's norm
+    assert 0.05 < max(rel) < 0.12  # round to nearest in 4 bits: about 0.1 of a Gaussian weight's norm
     assert [t for t, _ in _generate(w4_llm)] == _hf_greedy(ref)
 
 
