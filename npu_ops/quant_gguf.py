@@ -38,7 +38,7 @@ PLUGINS = ("npu_ops.quant_gguf_kquant",)  # modules that register more block typ
 @dataclass(frozen=True)
 class BlockType:
     name: str  # ggml's name: "Q4_0"
-    ggml_type: int  # gguf.GGMLQuantizationType's value
+    ggml_type: int  # gguf.GGMLQuantizationType's value (-1: a type of ours that no GGUF file holds)
     block_size: int  # values a block
     block_bytes: int  # bytes a block
     dequantize: Dequantizer
@@ -79,6 +79,15 @@ def dequantize_q4_1(raw: torch.Tensor) -> torch.Tensor:
     return w.reshape(*raw.shape[:-1], -1)
 
 
+def dequantize_q4_1f(raw: torch.Tensor) -> torch.Tensor:
+    """Ours, not ggml's (npu_ops/quant_w4a16.py): Q4_1 with fp32 d and min, 24 bytes a block; fma(d, q, min)
+    rounds once, as the kernel's does (float64 holds d * q + min exactly at the magnitudes W4A16 gives them)."""
+    b = _blocks(raw, 24)
+    d, mn = b[..., 0:4].contiguous().view(torch.float32), b[..., 4:8].contiguous().view(torch.float32)
+    w = (d.double() * _nibbles(b[..., 8:24]).double() + mn.double()).float()
+    return w.reshape(*raw.shape[:-1], -1)
+
+
 def dequantize_q8_0(raw: torch.Tensor) -> torch.Tensor:
     b = _blocks(raw, 34)
     w = b[..., 2:34].contiguous().view(torch.int8).float() * _f16(b[..., 0:2])
@@ -106,6 +115,7 @@ def register(bt: BlockType) -> None:
 register(BlockType("Q4_0", 2, 32, 18, dequantize_q4_0, "gguf_matmul_q4_0", "gguf_dequant_q4_0"))
 register(BlockType("Q4_1", 3, 32, 20, dequantize_q4_1, "gguf_matmul_q4_1", "gguf_dequant_q4_1"))
 register(BlockType("Q8_0", 8, 32, 34, dequantize_q8_0, "gguf_matmul_q8_0", "gguf_dequant_q8_0"))
+register(BlockType("Q4_1F", -1, 32, 24, dequantize_q4_1f, "gguf_matmul_q4_1f", "gguf_dequant_q4_1f"))  # W4A16's
 
 _plugins_loaded = False
 

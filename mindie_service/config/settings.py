@@ -104,7 +104,7 @@ class ModelSettings:
     npu_mem_size_gb: int  # -1 = size automatically
     backend_type: str
     trust_remote_code: bool
-    quantization: str | None = None  # None | "w8a16" | "w8a8"
+    quantization: str | None = None  # None | "w8a16" | "w8a8" | "w4a16"
     kv_cache_dtype: str = "auto"  # "auto" | "int8"
     dtype: str = "auto"  # ModelConfig.dtype (vLLM's --dtype): auto | float32 | float16 | bfloat16
     chat_template: str | None = None  # ModelConfig.chatTemplate (vLLM's --chat-template): replaces the checkpoint's

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from torch import nn
 from transformers import AutoConfig
 
-from mindie_service.models import gguf_checkpoint, gguf_packed, gguf_reader, packed_arena, quantize
+from mindie_service.models import gguf_checkpoint, gguf_packed, gguf_reader, packed_arena, quantize, w4a16_checkpoint
 from mindie_service.models.demo_marker import demo_warning, gguf_beside_demo
 from mindie_service.models.registry import family_for
 from mindie_service.models.shard import Reduce, shard_model
@@ -159,6 +159,35 @@ def _load_gguf(model: nn.Module, g: gguf_checkpoint.GgufCheckpoint, quantization
     return g.report
 
 
+def _load_w4a16(model: nn.Module, p: Path, fmt: w4a16_checkpoint.W4Format, keep: bool, blocks: bool,
+                prefix_map: dict[str, str]) -> dict[str, str]:
+    """A W4A16 checkpoint's tensors into the model, its int4 weights kept with ``keep`` (as CPU blocks with
+    ``blocks``, else for a device's int4 matmul); returns the report."""
+    report: dict[str, str] = {}
+    kept = copy_tensors(model, w4a16_checkpoint.tensors(p, fmt, keep, report, blocks), str(p), prefix_map)
+    quantize.install_int4(model, kept, blocks)
+    logger.info("%s: %s %s", p.name, fmt.name, report.get("W4A16", "no quantized tensors"))
+    return report
+
+
+def _fill(model: nn.Module, p: Path, ckpt: _Checkpoint, prefix_map: dict[str, str], device: torch.device,
+          torch_dtype: torch.dtype, quantization: str | None, shard: Any, packed: bool) -> tuple[bool, dict[str, str]]:
+    """The checkpoint's weights into the model; returns (already quantized, the weights report)."""
+    if ckpt.gguf is not None:
+        keep = gguf_packed.keep_packed(ckpt.gguf.path, device, torch_dtype, quantization, shard, packed)
+        return False, _load_gguf(model, ckpt.gguf, quantization, keep)
+    if (w4 := w4a16_checkpoint.detect(p)) is not None:  # int4 stays int4 unless another scheme is asked for
+        own = quantization in (None, "w4a16")
+        on_device = own and packed and shard is None and device.type in ("cuda", "npu")
+        keep = on_device or gguf_packed.keep_packed(p, device, torch_dtype, None if own else quantization, shard,
+                                                    packed)
+        return own, _load_w4a16(model, p, w4, keep, not on_device, prefix_map)
+    if quantize.load_prequantized(model, p, prefix_map):
+        return True, {}
+    load_weights(model, p, prefix_map)
+    return False, {}
+
+
 def _pack(model: nn.Module, batch_hint: int, torch_dtype: torch.dtype,
           gguf: gguf_checkpoint.GgufCheckpoint | None) -> None:
     """The loaded weights packed for the CPU kernels, in one huge-page arena."""
@@ -181,7 +210,8 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     ``shard`` (rank, world size, all-reduce): keep one tensor-parallel rank's shard (models/shard.py), after
     quantizing (scales shard with their weights) and before packing.
     ``gguf_packed_weights``: a GGUF's quantized weights stay as stored where the CPU kernels run them
-    (models/gguf_packed.py); False dequantizes them all (the fp32 reference the accuracy tests compare with)."""
+    (models/gguf_packed.py), a W4A16 checkpoint's int4 weights (models/w4a16_checkpoint.py) likewise; False
+    dequantizes them all (the fp32 reference the accuracy tests compare with)."""
     p = Path(path)
     ckpt = _open(p)
     if ckpt.gguf is None and (demo := demo_warning(p)) is not None:
@@ -201,17 +231,12 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
         model = family.build(text_cfg, cos, sin)
     model = model.to_empty(device=staging_device(device))
     model.rope_cos, model.rope_sin = cos, sin
-    prequantized, report = False, {}
-    if ckpt.gguf is not None:
-        keep = gguf_packed.keep_packed(ckpt.gguf.path, device, torch_dtype, quantization, shard, gguf_packed_weights)
-        report = _load_gguf(model, ckpt.gguf, quantization, keep)
-    else:
-        prequantized = quantize.load_prequantized(model, p, dict(family.weight_prefixes))
-        if not prequantized:
-            load_weights(model, p, dict(family.weight_prefixes))
+    prequantized, report = _fill(model, p, ckpt, dict(family.weight_prefixes), device, torch_dtype, quantization,
+                                 shard, gguf_packed_weights)
     model = model.to(device=device, dtype=torch_dtype).eval()
     if quantization and not prequantized:
         quantize.quantize_loaded(model, quantization, quantize_lm_head)
+        report = {**report, **(quantize.int4_report(model) if quantization == "w4a16" else {})}
     if shard is not None:
         shard_model(model, *shard)
     model.kv_cache_dtype = kv_cache_dtype

@@ -1,7 +1,9 @@
 /* GGUF's simple block types as they are stored, fp32 activations: y[m, n_out] = x[m, k] . W^T, W as a GGUF file
  * holds it (row r: k / 32 consecutive blocks). Q4_0 (18 bytes: fp16 d, 16 bytes of nibbles; w = d * (q - 8)),
  * Q4_1 (20 bytes: fp16 d, fp16 min, nibbles; w = d * q + min), Q8_0 (34 bytes: fp16 d, 32 int8; w = d * q). Value j
- * of a block is byte j's low nibble for j < 16, byte j - 16's high nibble after (ggml's order).
+ * of a block is byte j's low nibble for j < 16, byte j - 16's high nibble after (ggml's order). Q4_1F is ours, not
+ * ggml's (npu_ops/quant_w4a16.py): Q4_1 with fp32 d and min (24 bytes), for W4A16 groups whose scale or zero offset
+ * fp16 cannot hold exactly.
  *
  * Numerics (npu_ops/quant_gguf.py holds the reference): each weight is dequantized in registers to exactly the fp32
  * value gguf.quants.dequantize gives it (d * q is exact in fp32, so d * q + min rounds once either way), then
@@ -30,8 +32,9 @@
 #define MR 3  /* x rows a tile (the buffered path) */
 #define MC 64 /* x rows a decoded weight buffer serves */
 
-enum { T_Q4_0 = 0, T_Q4_1 = 1, T_Q8_0 = 2 };
-static const int64_t BLOCK_BYTES[3] = {18, 20, 34};
+enum { T_Q4_0 = 0, T_Q4_1 = 1, T_Q8_0 = 2, T_Q4_1F = 3 };
+static const int64_t BLOCK_BYTES[4] = {18, 20, 34, 24};
+static const int QS_AT[4] = {2, 4, 2, 8}; /* where a block's quants start */
 
 static inline float f16_to_f32(const uint8_t *p) {
     uint16_t h;
@@ -56,17 +59,29 @@ static inline float f16_to_f32(const uint8_t *p) {
 }
 
 /* One block's 32 values, scalar: the reference of the vector decoders and the fallback without AVX2. */
+static inline float f32_at(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+
+/* a block's scale and (Q4_1, Q4_1F) min */
+static inline float block_d(int t, const uint8_t *b) { return t == T_Q4_1F ? f32_at(b) : f16_to_f32(b); }
+static inline float block_min(int t, const uint8_t *b) {
+    return t == T_Q4_1F ? f32_at(b + 4) : t == T_Q4_1 ? f16_to_f32(b + 2) : 0.0f;
+}
+
 static void dequant_block(int t, const uint8_t *b, float *out) {
-    const float d = f16_to_f32(b);
+    const float d = block_d(t, b);
     if (t == T_Q8_0) {
         for (int j = 0; j < QK; ++j) out[j] = d * (float)(int8_t)b[2 + j];
         return;
     }
-    const uint8_t *qs = b + (t == T_Q4_1 ? 4 : 2);
-    const float mn = t == T_Q4_1 ? f16_to_f32(b + 2) : 0.0f;
+    const uint8_t *qs = b + QS_AT[t];
+    const float mn = block_min(t, b);
     for (int j = 0; j < QK / 2; ++j) {
         const int lo = qs[j] & 0x0f, hi = qs[j] >> 4;
-        if (t == T_Q4_1) {
+        if (t != T_Q4_0) {
             out[j] = fmaf(d, (float)lo, mn);
             out[j + QK / 2] = fmaf(d, (float)hi, mn);
         } else {
@@ -83,23 +98,24 @@ static void dequant_row(int t, const uint8_t *w, int64_t k, float *out) {
 void gguf_dequant_q4_0(const uint8_t *w, int64_t k, float *out) { dequant_row(T_Q4_0, w, k, out); }
 void gguf_dequant_q4_1(const uint8_t *w, int64_t k, float *out) { dequant_row(T_Q4_1, w, k, out); }
 void gguf_dequant_q8_0(const uint8_t *w, int64_t k, float *out) { dequant_row(T_Q8_0, w, k, out); }
+void gguf_dequant_q4_1f(const uint8_t *w, int64_t k, float *out) { dequant_row(T_Q4_1F, w, k, out); }
 
 #ifdef __AVX2__
 #include "vec_math.h"
 
 /* The block's 4 chunks of 8 values (k ascending), the values dequant_block gives. */
 static inline __attribute__((always_inline)) void dequant_regs(const int t, const uint8_t *b, __m256 c[4]) {
-    const __m256 d = _mm256_set1_ps(f16_to_f32(b));
+    const __m256 d = _mm256_set1_ps(block_d(t, b));
     if (t == T_Q8_0) {
         for (int i = 0; i < 4; ++i)
             c[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i)))));
         return;
     }
-    const __m128i q = _mm_loadu_si128((const __m128i *)(b + (t == T_Q4_1 ? 4 : 2))), m4 = _mm_set1_epi8(0x0f);
+    const __m128i q = _mm_loadu_si128((const __m128i *)(b + QS_AT[t])), m4 = _mm_set1_epi8(0x0f);
     const __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
     const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-    /* Q4_0: d * (q - 8) = fma(d, q, -8 d), both exact but the one rounding; Q4_1: fma(d, q, min) */
-    const __m256 off = t == T_Q4_1 ? _mm256_set1_ps(f16_to_f32(b + 2)) : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+    /* Q4_0: d * (q - 8) = fma(d, q, -8 d), both exact but the one rounding; Q4_1, Q4_1F: fma(d, q, min) */
+    const __m256 off = t != T_Q4_0 ? _mm256_set1_ps(block_min(t, b)) : _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
     for (int i = 0; i < 4; ++i) c[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part[i])), off);
 }
 
@@ -238,4 +254,7 @@ void gguf_matmul_q4_1(const uint8_t *w, int64_t n_out, int64_t k, const float *x
 }
 void gguf_matmul_q8_0(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
     matmul(T_Q8_0, w, n_out, k, x, m, y);
+}
+void gguf_matmul_q4_1f(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul(T_Q4_1F, w, n_out, k, x, m, y);
 }

@@ -75,6 +75,9 @@ void gguf_matmul_q8_0(const uint8_t *w, int64_t n_out, int64_t k, const float *x
 void gguf_dequant_q4_0(const uint8_t *w, int64_t k, float *out);
 void gguf_dequant_q4_1(const uint8_t *w, int64_t k, float *out);
 void gguf_dequant_q8_0(const uint8_t *w, int64_t k, float *out);
+/* Q4_1 with fp32 d and min (24-byte blocks): W4A16 groups fp16 cannot hold (npu_ops/quant_w4a16.py) */
+void gguf_matmul_q4_1f(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_dequant_q4_1f(const uint8_t *w, int64_t k, float *out);
 /* a projection whose rows are segments of those types, over a team of its own (gguf_linear.c; quant_gguf.linear):
  * 0, or 3 without scratch */
 struct gguf_seg;

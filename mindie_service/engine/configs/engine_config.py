@@ -66,8 +66,9 @@ class EngineConfig:
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default
     cpu_kernels: bool = True  # the C kernels / packed-linear fast path on CPU (env MINDIE_CPU_KERNELS overrides)
     kernel_cache_dir: str | None = None  # where compiled kernels are kept; None = the default (env MINDIE_KERNEL_CACHE overrides)
-    # Weight quantization at load (npu_ops.quant): None = as loaded, "w8a16" or "w8a8". A checkpoint already
-    # quantized by msModelSlim (quant_model_description*.json) loads as it is.
+    # Weight quantization at load (npu_ops.quant): None = as loaded, "w8a16", "w8a8" or "w4a16" (npu_ops.quant_w4a16:
+    # int4 in groups of 128). A checkpoint already quantized (msModelSlim, W4A16: models/w4a16_checkpoint.py) loads
+    # as it is.
     quantization: str | None = None
     # The output projection quantized too (same scheme, per output channel; issue 27): a quarter of its
     # bytes per decoded token, at a measured cost in top-1 agreement (tools/bench_real.py --int8-head).
@@ -132,8 +133,10 @@ class EngineConfig:
                   "an integer >= 1", self.num_kv_blocks)
         check(self.dtype in ("auto", "float32", "float16", "bfloat16"), "dtype",
               "one of auto, float32, float16, bfloat16", self.dtype)
-        check(self.quantization in (None, "w8a16", "w8a8"), "quantization", "one of None, w8a16, w8a8",
+        check(self.quantization in (None, "w8a16", "w8a8", "w4a16"), "quantization", "one of None, w8a16, w8a8, w4a16",
               self.quantization)
+        check(self.quantization != "w4a16" or self.world_size == 1, "quantization",
+              "not w4a16 with tensor parallelism (int4 weights are not sharded)", self.quantization)
         check(self.kv_cache_dtype in ("auto", "int8"), "kv_cache_dtype", "one of auto, int8", self.kv_cache_dtype)
         check(self.kernel_cache_dir is None or (isinstance(self.kernel_cache_dir, str) and self.kernel_cache_dir != ""),
               "kernel_cache_dir", "a non-empty string or None", self.kernel_cache_dir)
