@@ -9,8 +9,8 @@ from typing import Any, Callable, Collection, Protocol
 from mindie_service.sampling_params import SamplingParams
 
 __all__ = ["EngineRequest", "EngineStats", "FailedEvent", "FINISH_EOS", "FINISH_LENGTH", "FINISH_STOP",
-           "InputFacts", "PRIORITY_BATCH", "PRIORITY_ONLINE", "SamplingParams", "SessionTokens", "StepTokenCounts", "TokenEvent",
-           "TokenInfo"]
+           "InputFacts", "PoolRequest", "PoolResult", "PRIORITY_BATCH", "PRIORITY_ONLINE", "SamplingParams",
+           "SessionTokens", "StepTokenCounts", "TokenEvent", "TokenInfo"]
 
 FINISH_LENGTH = "length"
 FINISH_EOS = "eos_token"
@@ -39,6 +39,25 @@ class EngineRequest:
     # The client's session key (/api/* request_id): the engine keeps the finished sequence under it.
     session_id: str | None = None
     continued: bool = False  # the prompt is that session's tokens (a continuation)
+
+
+@dataclass(frozen=True)
+class PoolRequest:
+    """A prefill-only request (engine.pooling): one forward per input, no KV kept, no decode slot. ``task``:
+    "embed" (a pooled vector per input, truncated to ``dimensions`` and renormalised where asked) or "score" (the
+    score head's outputs at each input's last token; a pair is one input, joined by the tokenizer)."""
+
+    request_id: str
+    inputs: tuple[tuple[int, ...], ...]
+    task: str
+    dimensions: int | None = None
+
+
+@dataclass
+class PoolResult:
+    request_id: str
+    vectors: list[list[float]]  # one per input, in order
+    num_prompt_tokens: int
 
 
 @dataclass(frozen=True)
