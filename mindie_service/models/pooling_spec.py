@@ -13,9 +13,10 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 
@@ -29,10 +30,6 @@ ARCH_TASKS: dict[str, frozenset[str]] = {
     "LlamaModel": frozenset({"embed"}),  # a bare encoder (sentence-transformers' Transformer module)
     "LlamaForSequenceClassification": frozenset({"score"}),  # a cross-encoder: a score head on the last token
 }
-SERVED_BY = {"embed": "a decoder LM (last-token pooling) or an embedding checkpoint (LlamaModel, sentence-transformers)",
-             "score": "a sequence-classification checkpoint with one label (LlamaForSequenceClassification, "
-                      "a cross-encoder)",
-             "generate": "a causal LM checkpoint (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"}
 _ST_MODES = {"mean": "mean", "cls": "cls", "lasttoken": "last", "last": "last"}
 _ST_FLAGS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_lasttoken": "last"}
 
@@ -62,6 +59,22 @@ class PoolingSpec:
                 "matryoshka_dimensions": m if isinstance(m, bool) else list(m)}
 
 
+def folder_tasks(folder: Path) -> frozenset[str] | None:
+    """What a checkpoint folder can serve, read from its files without loading it (None: unknown). A GGUF is a
+    causal LM (transformers reads only those)."""
+    cfg = folder / "config.json"
+    if cfg.is_file():
+        try:
+            raw = json.loads(cfg.read_text())
+        except (OSError, ValueError):
+            return None
+        archs = [a for a in raw.get("architectures") or [] if a in ARCH_TASKS] if isinstance(raw, dict) else []
+        return checkpoint_tasks(archs[0] if archs else "", folder, "text_config" in raw)
+    if any(folder.glob("*.gguf")):
+        return ARCH_TASKS["LlamaForCausalLM"]
+    return None
+
+
 def checkpoint_tasks(architecture: str, folder: Path | None, multimodal: bool) -> frozenset[str]:
     """What a checkpoint can serve: by architecture; a sentence-transformers folder embeds only."""
     if folder is not None and (folder / "modules.json").is_file():
@@ -77,7 +90,8 @@ def served_tasks(possible: frozenset[str], task: str) -> frozenset[str]:
         return possible
     if task not in possible:
         raise ValueError(f"Parameter task must be one this checkpoint serves ({', '.join(sorted(possible))}), got "
-                         f"{task!r}: {task} is served by {SERVED_BY.get(task, 'nothing')}")
+                         f"{task!r} (embed: a causal LM or an embedding checkpoint; score: a one-label "
+                         "LlamaForSequenceClassification; generate: a causal LM)")
     return frozenset({task})
 
 
@@ -136,6 +150,7 @@ def _st_mode(cfg: dict[str, Any], folder: Path) -> tuple[str, str]:
 
 def pool(hidden: torch.Tensor, spans: list[tuple[int, int]], spec: PoolingSpec) -> torch.Tensor:
     """One vector per span (start row, token count) of ``hidden`` [T, width], in fp32."""
+    import torch  # here: the catalog reads what a checkpoint serves (checkpoint_tasks) without torch
     rows = []
     for start, n in spans:
         h = hidden[start:start + n].float()
@@ -146,6 +161,7 @@ def pool(hidden: torch.Tensor, spans: list[tuple[int, int]], spec: PoolingSpec) 
 
 def truncate(vectors: torch.Tensor, dimensions: int | None) -> torch.Tensor:
     """Matryoshka truncation to ``dimensions``, renormalised (as vLLM and sentence-transformers' truncate_dim do)."""
+    import torch
     if dimensions is None or dimensions >= vectors.shape[-1]:
         return vectors
     return torch.nn.functional.normalize(vectors[..., :dimensions], dim=-1)

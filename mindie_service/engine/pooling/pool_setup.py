@@ -14,8 +14,8 @@ from mindie_service.engine.contract import PoolRequest
 from mindie_service.engine.kv.block_manager import BlockManager
 from mindie_service.engine.pooling.pool_batch import HiddenFn, PoolBatcher
 from mindie_service.errors import ValidationError
-from mindie_service.models.pooling_spec import (SERVED_BY, PoolingSpec, checkpoint_tasks, read_pooling,
-                                                served_tasks)
+from mindie_service.engine.contract import check_task
+from mindie_service.models.pooling_spec import PoolingSpec, checkpoint_tasks, read_pooling, served_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +53,6 @@ def setup_pooling(cfg: EngineConfig, architecture: str, hf_config: Any, multimod
     return Pooling(tasks, spec, width, batcher)
 
 
-def check_task(tasks: frozenset[str], task: str, model: str) -> None:
-    """ValidationError (400 in OpenAI's shape) naming what serves ``task`` when ``model`` does not."""
-    if task not in tasks:
-        raise ValidationError(f"model {model} does not serve {_WHAT[task]}: it serves {', '.join(sorted(tasks))}; "
-                              f"{_WHAT[task]} are served by {SERVED_BY[task]}")
-
-
 def check_pool_request(p: Pooling, req: PoolRequest, model: str) -> None:
     check_task(p.tasks, req.task, model)
     if req.dimensions is not None:
@@ -67,5 +60,3 @@ def check_pool_request(p: Pooling, req: PoolRequest, model: str) -> None:
         if why is not None:
             raise ValidationError(why)
 
-
-_WHAT = {"embed": "embeddings", "score": "scores (rerank, score)", "generate": "text generation"}
