@@ -34,7 +34,7 @@ def build_st_model(folder: Path, tiny: Path, method: str = "mean", normalize: bo
     tok.chat_template = None  # sentence-transformers 6 wraps a text in the chat template where there is one
     tok.save_pretrained(str(base))
     t = models.Transformer(str(base))
-    mods = [t, models.Pooling(t.get_word_embedding_dimension(), pooling_mode=method)]
+    mods = [t, models.Pooling(t.get_embedding_dimension(), pooling_mode=method)]
     if normalize:
         mods.append(models.Normalize())
     SentenceTransformer(modules=mods, device="cpu").save(str(folder))
