@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.core import Event, LLMEngine
 from mindie_service.engine.contract import (STEP_TOKEN_BOUNDS, EngineRequest, EngineStats, FailedEvent, InputFacts,
-                                            PoolRequest, PoolResult, StepTokenCounts, TokenEvent)
+                                            PoolRequest, PoolResult, StepTokenCounts, TokenEvent, check_task)
 from mindie_service.engine.pooling.pool_setup import Pooling, check_pool_request, setup_pooling
 from mindie_service.errors import GenerationError, IncompleteGenerationError, MindieError, UnhealthyError
 from mindie_service.models.gguf_checkpoint import load_tokenizer
@@ -150,6 +150,7 @@ class AsyncEngine:
         """``request`` comes from the input processor built from ``input_facts``. The engine binds its LoRA adapter (one unloaded since
         raises ValidationError, 422, from the first iteration)."""
         rid = request.request_id
+        check_task(self.tasks, "generate", self.model_name)  # an embedding or rerank model (the serving core asks first)
         queue: asyncio.Queue[Event | Exception] = asyncio.Queue()
         # Checked and registered under the lock the engine thread takes when it dies: a request is either
         # refused here (503) or registered in time to get the engine's IncompleteGenerationError.
