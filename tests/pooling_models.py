@@ -5,26 +5,30 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
 TINY = Path(__file__).resolve().parent.parent / "models" / "tiny"
 
 
-def _config(tiny: Path) -> "object":
+def _config(tiny: Path, shape: dict[str, Any] | None = None) -> Any:
     from transformers import LlamaConfig
     cfg = LlamaConfig.from_pretrained(str(tiny))
     cfg.num_hidden_layers = 2  # small and fast; the shapes that matter (GQA, head_dim) stay the tiny model's
+    for k, v in (shape or {}).items():  # a benchmark's real shape (tools/bench_embeddings.py)
+        setattr(cfg, k, v)
     return cfg
 
 
 def build_st_model(folder: Path, tiny: Path, method: str = "mean", normalize: bool = True,
-                   matryoshka: bool = False, seed: int = 0) -> Path:
-    """A sentence-transformers folder: Transformer(LlamaModel) -> Pooling(method) [-> Normalize]."""
+                   matryoshka: bool = False, seed: int = 0, shape: dict[str, Any] | None = None) -> Path:
+    """A sentence-transformers folder: Transformer(LlamaModel) -> Pooling(method) [-> Normalize]; ``shape``:
+    LlamaConfig fields over the tiny model's (its tokenizer stays)."""
     from sentence_transformers import SentenceTransformer, models
     from transformers import AutoTokenizer, LlamaModel
     base = folder.parent / f"{folder.name}-base"
-    cfg = _config(tiny)
+    cfg = _config(tiny, shape)
     if matryoshka:
         cfg.is_matryoshka = True
     torch.manual_seed(seed)
