@@ -18,7 +18,7 @@ from typing import Any, Sequence as Seq
 from mindie_service.engine.async_engine import engine_pooling, input_facts
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.core import LLMEngine
-from mindie_service.engine.contract import EngineRequest, FailedEvent, PoolRequest
+from mindie_service.engine.contract import EngineRequest, FailedEvent, PoolRequest, check_task
 from mindie_service.engine.pooling.pool_setup import check_pool_request
 from mindie_service.errors import GenerationError, check
 from mindie_service.inputs import InputProcessor, PartsPrompt, Prompt, TextPrompt, TokensPrompt
@@ -124,6 +124,7 @@ class LLM:
         user message's parts in order, e.g. ``[{"type": "image", "image": pil}, {"type": "text", "text": "?"}]``
         (also ``{"type": "video", "video": [frames]}``, ``{"type": "audio", "audio": wav, "sampling_rate": sr}``;
         see mindie_service.models.media_encoders). Parts are rendered with the processor's chat template."""
+        check_task(self.pooling.tasks, "generate", self.engine.cfg.model_name or self.engine.cfg.model)
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)

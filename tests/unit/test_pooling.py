@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mindie_service import LLM, SamplingParams
+from mindie_service.catalog.model_json import ModelRecord
 from mindie_service.engine.async_engine import AsyncEngine
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.contract import EngineRequest, PoolRequest
@@ -108,6 +109,19 @@ def test_a_task_the_checkpoint_cannot_serve_is_refused(tiny_model, scorer):
         llm.embed("x")
     with pytest.raises(ValidationError, match="does not serve scores.*LlamaForSequenceClassification"):
         LLM(str(tiny_model), **SMALL).score("a", "b")
+    with pytest.raises(ValidationError, match="does not serve text generation.*LlamaForCausalLM"):
+        LLM(str(scorer), **SMALL).generate("hi")
+
+
+def test_what_a_folder_serves_and_model_json_task(tiny_model, st_models, scorer):
+    """GET /v1/models reads a stopped model's tasks from its files; model.json's task narrows them."""
+    assert folder_tasks(tiny_model) == {"generate", "embed"}
+    assert folder_tasks(st_models["mean"]) == {"embed"} and folder_tasks(scorer) == {"score"}
+    assert ModelRecord.from_json("m", {"task": "embed"}).task == "embed"
+    assert ModelRecord.from_json("m", {"task": "auto"}).task == "" == ModelRecord.from_json("m", {}).task
+    assert ModelRecord.from_json("m", {"task": "score"}).to_json()["task"] == "score"
+    with pytest.raises(ValidationError, match="task must be one of"):
+        ModelRecord.from_json("m", {"task": "rerank"})
 
 
 def test_pooling_beside_generation_changes_neither(st_models, tiny_model):
