@@ -42,8 +42,8 @@ def _is_ids(v: Any) -> bool:
 
 def parse_embeddings(body: dict[str, Any]) -> PoolCall:
     """OpenAI's CreateEmbeddingRequest: ``input`` a string, a list of strings, a list of token ids, or a list of
-    token-id lists; ``encoding_format`` float | base64; ``dimensions``; ``user`` (recorded nowhere: OpenAI's abuse
-    monitoring field, accepted as OpenAI's clients send it)."""
+    token-id lists; ``encoding_format`` float | base64; ``dimensions``; ``user`` (checked, used by nothing here, as on
+    the chat route: an end-user id for the caller's own records)."""
     _known(body, {"model", "input", "encoding_format", "dimensions", "user"}, "/v1/embeddings")
     model = peek_model(body)
     raw = body.get("input")
@@ -62,6 +62,8 @@ def parse_embeddings(body: dict[str, Any]) -> PoolCall:
     dims = body.get("dimensions")
     check(dims is None or (isinstance(dims, int) and not isinstance(dims, bool) and dims >= 1), "dimensions",
           "an integer >= 1", dims)
+    user = body.get("user")
+    check(user is None or isinstance(user, str), "user", "a string (an end-user id for the caller's records)", user)
     return PoolCall(model, "embed", items, dimensions=dims, encoding_format=fmt)
 
 
