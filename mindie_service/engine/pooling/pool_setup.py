@@ -35,9 +35,12 @@ def setup_pooling(cfg: EngineConfig, architecture: str, hf_config: Any, multimod
     folder = Path(cfg.model) if Path(cfg.model).is_dir() else None
     possible = checkpoint_tasks(architecture, folder, multimodal)
     if parallel or hidden is None:
-        possible = possible & {"generate"}
         if cfg.task in ("embed", "score"):
             raise ValueError(f"Parameter task {cfg.task!r} needs worldSize 1 (pooling runs on one device)")
+        if possible - {"generate"}:
+            logger.info("%s: %s not served with worldSize > 1 (pooling runs on one device)", cfg.model_name or cfg.model,
+                        " and ".join(sorted(possible - {"generate"})))
+        possible = possible & {"generate"}
     tasks = served_tasks(possible, cfg.task)
     override = dict(cfg.pooling)
     spec = read_pooling(folder, hf_config, override) if "embed" in tasks else PoolingSpec()
