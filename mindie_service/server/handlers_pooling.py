@@ -7,11 +7,14 @@ import time
 from typing import Any, Callable
 
 from mindie_service.errors import MindieError, UnhealthyError, ValidationError
+from mindie_service.jobs.batch_lines import LineCall, LineFn, LineReply
 from mindie_service.protocol.openai_encoder import openai_error
 from mindie_service.protocol.pooling_api import (PoolCall, embeddings_answer, parse_embeddings, parse_rerank,
                                                  parse_score, rerank_answer, score_answer)
 from mindie_service.serving.pooling_calls import run_pool
 from mindie_service.server.generation import StreamingHandler
+
+Answer = Callable[[PoolCall, list[list[float]], int], dict[str, Any]]  # the route's encoder of the vectors
 
 
 class _PoolingRoute(StreamingHandler):
@@ -33,20 +36,40 @@ class _PoolingRoute(StreamingHandler):
 
     async def _call(self, t0: float) -> bool:
         call = await self.ctx.run_blocking(lambda: type(self).parse(self.json_body()))
-        catalog = self.ctx.catalog
-        if catalog is None:
-            raise UnhealthyError("the model catalog is still loading")
-        target = catalog.resolve(call.model)
-        try:
-            if target.adapter_id is not None:
-                raise ValidationError(f"Parameter model must name a base model for {call.task} requests, got the "
-                                      f"LoRA adapter {call.model!r} (adapters apply to generation only)")
-            got = await run_pool(self.frontend, target.engine, call.task, call.items, pairs=call.pairs,
-                                 request_id=self.engine_id, t0=t0, dimensions=call.dimensions)
-        finally:
-            catalog.release(target)
-        self.write_json(self.answer(call, got.vectors, got.num_prompt_tokens))
+        self.write_json(await pooled_answer(self.ctx, call, self.answer, self.engine_id, t0))
         return True
+
+
+async def pooled_answer(ctx: Any, call: PoolCall, answer: Answer, request_id: str, t0: float,
+                        batch: bool = False) -> dict[str, Any]:
+    """The route's answer to ``call``: its model resolved in the catalog (held while it runs), the serving core's
+    run (serving/pooling_calls.py), the route's encoder (``answer``)."""
+    catalog = ctx.catalog
+    if catalog is None:
+        raise UnhealthyError("the model catalog is still loading")
+    target = catalog.resolve(call.model)
+    try:
+        if target.adapter_id is not None:
+            raise ValidationError(f"Parameter model must name a base model for {call.task} requests, got the "
+                                  f"LoRA adapter {call.model!r} (adapters apply to generation only)")
+        got = await run_pool(ctx.frontend, target.engine, call.task, call.items, pairs=call.pairs,
+                             request_id=request_id, t0=t0, dimensions=call.dimensions, batch=batch)
+    finally:
+        catalog.release(target)
+    return answer(call, got.vectors, got.num_prompt_tokens)
+
+
+def embeddings_line(ctx: Any) -> LineFn:
+    """/v1/embeddings as an OpenAI batch's endpoint (jobs.batch_lines.BatchEndpoints): the route's parser, run and
+    answer, at batch terms (no admission slot, the batch's window)."""
+    async def run(call: LineCall) -> LineReply:
+        try:
+            pc = parse_embeddings(call.body)
+            body = await pooled_answer(ctx, pc, embeddings_answer, call.request_id, time.monotonic(), batch=True)
+            return LineReply(200, body)
+        except MindieError as e:
+            return LineReply(*openai_error(e))
+    return run
 
 
 class EmbeddingsHandler(_PoolingRoute):
