@@ -15,12 +15,14 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence as Seq
 
-from mindie_service.engine.async_engine import input_facts
+from mindie_service.engine.async_engine import engine_pooling, input_facts
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.core import LLMEngine
-from mindie_service.engine.contract import EngineRequest, FailedEvent
+from mindie_service.engine.contract import EngineRequest, FailedEvent, PoolRequest, check_task
+from mindie_service.engine.pooling.pool_setup import check_pool_request
 from mindie_service.errors import GenerationError, check
 from mindie_service.inputs import InputProcessor, PartsPrompt, Prompt, TextPrompt, TokensPrompt
+from mindie_service.inputs.pool_inputs import pair_inputs, pool_inputs
 from mindie_service.protocol.request import GenerationResult
 from mindie_service.sampling_params import SamplingParams
 
@@ -102,6 +104,7 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self.input_processor = InputProcessor.from_facts(input_facts(self.engine))
         self._ids = itertools.count()
+        self.pooling = engine_pooling(self.engine)  # tasks, pooling (engine.pooling)
         logger.info("LLM: %s ready in %.1f s", model, time.monotonic() - t0)
 
     def shutdown(self) -> None:
@@ -121,6 +124,7 @@ class LLM:
         user message's parts in order, e.g. ``[{"type": "image", "image": pil}, {"type": "text", "text": "?"}]``
         (also ``{"type": "video", "video": [frames]}``, ``{"type": "audio", "audio": wav, "sampling_rate": sr}``;
         see mindie_service.models.media_encoders). Parts are rendered with the processor's chat template."""
+        check_task(self.pooling.tasks, "generate", self.engine.cfg.model_name or self.engine.cfg.model)
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)
@@ -138,6 +142,33 @@ class LLM:
         results = self._run({req.request_id: GenerationResult() for req in requests}, use_tqdm, times)
         return [_output(prompt, req, results[req.request_id], seeds[req.request_id], times[req.request_id])
                 for prompt, req in zip(prompts, requests)]
+
+    def embed(self, inputs: str | Seq[str] | Seq[list[int]], dimensions: int | None = None) -> list[list[float]]:
+        """One embedding per input (a text or a list of token ids), pooled as the checkpoint says
+        (models/pooling_spec.py); ``dimensions``: Matryoshka truncation where the model allows it."""
+        items = [inputs] if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)) else list(inputs)
+        facts = self.input_processor_facts()
+        return self._pool(PoolRequest(f"offline-{next(self._ids)}", pool_inputs(facts, items), "embed", dimensions))
+
+    def score(self, text_1: str, text_2: str | Seq[str]) -> list[float]:
+        """Relevance of each ``text_2`` to ``text_1`` from a one-label sequence classifier (a cross-encoder)."""
+        docs = [text_2] if isinstance(text_2, str) else list(text_2)
+        ins = pair_inputs(self.input_processor_facts(), [(text_1, d) for d in docs])
+        return [v[0] for v in self._pool(PoolRequest(f"offline-{next(self._ids)}", ins, "score"))]
+
+    def input_processor_facts(self) -> Any:
+        return input_facts(self.engine)
+
+    def _pool(self, req: PoolRequest) -> list[list[float]]:
+        check_pool_request(self.pooling, req, self.engine.cfg.model_name or self.engine.cfg.model)
+        batcher = self.pooling.batcher
+        assert batcher is not None  # the check passed: the engine pools
+        batcher.add(req)
+        while True:
+            for _, got in batcher.step(self.engine.has_work()):
+                if isinstance(got, Exception):
+                    raise got
+                return got.vectors
 
     def _run(self, results: dict[str, GenerationResult], use_tqdm: bool,
              times: dict[str, dict[str, float]]) -> dict[str, GenerationResult]:

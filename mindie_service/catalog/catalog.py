@@ -149,7 +149,9 @@ class Catalog:
     def engine_config(self, e: CatalogEntry) -> EngineConfig:
         base = self.config.engine_config(e.config_index or 0)
         cfg = base if e.config_index is not None else dataclasses.replace(
-            base, model=str(e.folder), model_name=e.id, lora_modules=())
+            base, model=str(e.folder), model_name=e.id, lora_modules=(), task="auto", pooling=())
+        if e.record.task:  # model.json's task: an embedding or rerank model
+            cfg = dataclasses.replace(cfg, task=e.record.task)
         cap = e.record.ctx_len()
         if cap is not None and cap < cfg.max_seq_len:  # model.json's ctx_len caps the context, never raises it
             cfg = dataclasses.replace(cfg, max_seq_len=cap, max_input_token_len=min(cfg.max_input_token_len, cap - 1))

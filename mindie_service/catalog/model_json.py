@@ -24,6 +24,7 @@ MAX_MODEL_JSON_BYTES = 1 << 20
 # The seed's Model.state enum; GetModelResponse.state adds the transient ones (our extension).
 LIST_STATES = ("not_downloaded", "downloaded", "running", "stopped")
 TRANSIENT_STATES = ("downloading", "starting", "stopping")
+TASKS = ("", "auto", "generate", "embed", "score")  # model.json's task ("" and "auto": the config's)
 
 
 def check_model_id(model_id: str) -> str:
@@ -49,6 +50,9 @@ class ModelRecord:
     metadata: dict[str, Any] = field(default_factory=dict)
     assets: list[str] = field(default_factory=list)
     engine_parameters: dict[str, Any] = field(default_factory=dict)
+    # What the model serves when started (EngineConfig.task): "" = ModelConfig's task (auto for a folder of
+    # modelsDir), else "generate", "embed" (an embedding model) or "score" (a rerank model).
+    task: str = ""
 
     @classmethod
     def from_json(cls, model_id: str, d: dict[str, Any]) -> "ModelRecord":
@@ -64,14 +68,14 @@ class ModelRecord:
                    source_url=get("source_url", str, ""), settings=get("settings", dict, {}),
                    parameters={str(k): str(v) for k, v in params.items()}, metadata=get("metadata", dict, {}),
                    assets=[str(a) for a in get("assets", list, [])],
-                   engine_parameters=get("engine_parameters", dict, {}))
+                   engine_parameters=get("engine_parameters", dict, {}), task=_task(model_id, d.get("task", "")))
 
     def to_json(self) -> dict[str, Any]:
         return {"type": "model", "version": self.version, "id": self.id, "name": self.name or self.id,
                 "owned_by": self.owned_by, "created": self.created, "description": self.description,
                 "format": self.format, "source_url": self.source_url, "settings": self.settings,
                 "parameters": self.parameters, "metadata": self.metadata, "assets": self.assets,
-                "engine_parameters": self.engine_parameters}
+                "engine_parameters": self.engine_parameters, **({"task": self.task} if self.task else {})}
 
     # -- what the record means for serving ------------------------------------------------------
     def request_defaults(self) -> RequestDefaults:
@@ -104,6 +108,12 @@ class ModelRecord:
             if isinstance(v, int) and not isinstance(v, bool) and v > 1:
                 return v
         return None
+
+
+def _task(model_id: str, v: Any) -> str:
+    if v not in TASKS:
+        raise ValidationError(f"model.json of {model_id}: task must be one of {list(TASKS)}, got {v!r}")
+    return "" if v == "auto" else v
 
 
 def read_model_json(folder: Path, model_id: str) -> ModelRecord | None:

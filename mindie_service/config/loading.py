@@ -247,6 +247,14 @@ def _speculative(parsed: PluginParams | None, base: Path) -> SpeculativeConfig |
     return spec
 
 
+def _pooling(p: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """ModelConfig.pooling -> EngineConfig.pooling's pairs (models/pooling_spec.read_pooling's keys)."""
+    m = p.get("matryoshkaDimensions")
+    pairs = {"method": p.get("type"), "normalize": p.get("normalize"),
+             "matryoshka": tuple(m) if isinstance(m, list) else m}
+    return tuple((k, v) for k, v in pairs.items() if v is not None)
+
+
 def _build(cfg_path: Path, d: dict[str, Any], raw: dict[str, Any], plugins: dict[int, PluginParams]) -> ServiceConfig:
     base = cfg_path.parent
     be, log = d["BackendConfig"], d["LogConfig"]
@@ -256,7 +264,7 @@ def _build(cfg_path: Path, d: dict[str, Any], raw: dict[str, Any], plugins: dict
         world_size=int(m["worldSize"]), cpu_mem_size_gb=int(m["cpuMemSize"]), npu_mem_size_gb=int(m["npuMemSize"]),
         backend_type=m["backendType"], trust_remote_code=m["trustRemoteCode"], quantization=m["quantization"],
         kv_cache_dtype=m["kvCacheDtype"], dtype=m["dtype"], chat_template=m["chatTemplate"],
-        speculative=_speculative(plugins.get(i), base))
+        speculative=_speculative(plugins.get(i), base), task=m["task"], pooling=_pooling(m["pooling"]))
         for i, m in enumerate(dep["ModelConfig"]))
     loras = tuple(LoraModuleSpec(name=lo["name"], path=_resolve(base, lo["path"]),
                                  base_model_name=lo.get("baseModelName") or models[0].name)

@@ -109,6 +109,8 @@ class ModelSettings:
     dtype: str = "auto"  # ModelConfig.dtype (vLLM's --dtype): auto | float32 | float16 | bfloat16
     chat_template: str | None = None  # ModelConfig.chatTemplate (vLLM's --chat-template): replaces the checkpoint's
     speculative: SpeculativeConfig | None = None  # plugin_params (+ speculationGamma), draft path resolved
+    task: str = "auto"  # "auto" | "generate" | "embed" | "score"
+    pooling: tuple[tuple[str, Any], ...] = ()  # EngineConfig.pooling: method, normalize, matryoshka
 
     @property
     def mock(self) -> bool:
@@ -208,7 +210,7 @@ class ServiceConfig:
             dist_port=b.multi_nodes_infer_port,
             model=m.weight_path, model_name=m.name, trust_remote_code=m.trust_remote_code,
             quantization=m.quantization, kv_cache_dtype=m.kv_cache_dtype, dtype=m.dtype,
-            chat_template=m.chat_template,
+            chat_template=m.chat_template, task=m.task, pooling=m.pooling,
             max_seq_len=b.max_seq_len, max_input_token_len=b.max_input_token_len, truncation=b.truncation,
             cache_block_size=s.cache_block_size, max_prefill_batch_size=s.max_prefill_batch_size,
             max_prefill_tokens=s.max_prefill_tokens, max_batch_size=s.max_batch_size,

@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator
 
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.contract import (FINISH_LENGTH, FINISH_STOP, EngineRequest, EngineStats, InputFacts,
+                                            PoolRequest, PoolResult, check_task,
                                             TokenEvent, TokenInfo)
 from mindie_service.errors import ValidationError
 from mindie_service.params.output_cap import output_cap
@@ -40,6 +41,8 @@ class MockEngine:
         self.device_type, self.device_reason, self.dtype = "cpu", "StandardMock: no model", "float32"
         self.modalities: frozenset[str] = frozenset()
         self.weights_report: dict[str, str] = {}
+        self.tasks: frozenset[str] = frozenset({"generate"})  # no model: nothing to pool
+        self.pooling_info: dict[str, Any] = {}
         self.input_facts = InputFacts(tokenize=tokenize, vocab_size=self.vocab_size,
                                       max_input_len=config.effective_max_input_len,
                                       pool_tokens=TOTAL_BLOCKS * config.cache_block_size,
@@ -67,6 +70,10 @@ class MockEngine:
     def _info(self, tid: int, logprob: float | None) -> TokenInfo:
         text = _SPECIAL[tid] if tid < 3 else bytes([tid - 3]).decode("latin-1")
         return TokenInfo(id=tid, logprob=logprob, text=text, special=tid < 3)
+
+    async def pool(self, request: PoolRequest) -> PoolResult:
+        check_task(self.tasks, request.task, self.model_name)
+        raise AssertionError("unreachable: the mock serves generation only")
 
     def abort(self, request_id: str) -> None:
         self._active.pop(request_id, None)

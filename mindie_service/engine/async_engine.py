@@ -18,13 +18,14 @@ from typing import Any, AsyncIterator
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.core import Event, LLMEngine
 from mindie_service.engine.contract import (STEP_TOKEN_BOUNDS, EngineRequest, EngineStats, FailedEvent, InputFacts,
-                                            StepTokenCounts, TokenEvent)
+                                            PoolRequest, PoolResult, StepTokenCounts, TokenEvent, check_task)
+from mindie_service.engine.pooling.pool_setup import Pooling, check_pool_request, setup_pooling
 from mindie_service.errors import GenerationError, IncompleteGenerationError, MindieError, UnhealthyError
 from mindie_service.models.gguf_checkpoint import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
-_Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[Event | Exception]"]
+_Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[Any]"]  # events, a PoolResult, or an exception
 
 
 class AsyncEngine:
@@ -45,6 +46,9 @@ class AsyncEngine:
         enc = self.engine.mm_encoder
         self.modalities = frozenset(enc.modalities) if enc is not None else frozenset()
         self.weights_report = dict(getattr(self.engine.model, "weights_report", None) or {})
+        self.pooling = engine_pooling(self.engine)
+        self.tasks = self.pooling.tasks  # what it serves: "generate", "embed", "score" (models/pooling_spec.py)
+        self.pooling_info = self.pooling.spec.to_json() if "embed" in self.tasks else {}
         self._cond = threading.Condition()
         self._inbox: deque[tuple[str, Any]] = deque()
         self._streams: dict[str, _Stream] = {}
@@ -99,6 +103,31 @@ class AsyncEngine:
     def abort(self, request_id: str) -> None:
         self._post("abort", request_id)
 
+    async def pool(self, request: PoolRequest) -> PoolResult:
+        """A prefill-only request (engine.pooling): ValidationError when this model does not serve its task or its
+        ``dimensions``; cancelling the call drops its inputs not yet run."""
+        check_pool_request(self.pooling, request, self.model_name)
+        rid = request.request_id
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        with self._cond:  # as generate: refused here (503), or registered in time for the engine's failure
+            if not self.healthy():
+                raise UnhealthyError("the engine is not running")
+            if rid in self._streams:
+                raise GenerationError(f"request id {rid!r} is already running")
+            self._streams[rid] = (asyncio.get_running_loop(), queue)
+            self._inbox.append(("pool", request))
+            self._cond.notify()
+        got: Any = None
+        try:
+            got = await queue.get()
+        finally:
+            self._streams.pop(rid, None)
+            if got is None:
+                self.abort(rid)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
     # ------------------------------------------------------------ LoRA adapters
     # The registry is lock-protected and the pool is written only on the engine thread, so these are
     # safe beside the running loop; requests in flight keep their adapter.
@@ -121,6 +150,7 @@ class AsyncEngine:
         """``request`` comes from the input processor built from ``input_facts``. The engine binds its LoRA adapter (one unloaded since
         raises ValidationError, 422, from the first iteration)."""
         rid = request.request_id
+        check_task(self.tasks, "generate", self.model_name)  # an embedding or rerank model (the serving core asks first)
         queue: asyncio.Queue[Event | Exception] = asyncio.Queue()
         # Checked and registered under the lock the engine thread takes when it dies: a request is either
         # refused here (503) or registered in time to get the engine's IncompleteGenerationError.
@@ -154,7 +184,7 @@ class AsyncEngine:
                 self.abort(rid)
 
     # ------------------------------------------------------------ the engine thread
-    def _deliver(self, items: list[tuple[str, Event | Exception]]) -> None:
+    def _deliver(self, items: list[tuple[str, Any]]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Event | Exception]]] = {}
         for rid, ev in items:
             stream = self._streams.get(rid)
@@ -170,7 +200,7 @@ class AsyncEngine:
         try:
             while True:
                 with self._cond:
-                    while not self._inbox and not self.engine.has_work() and not self._stopping:
+                    while not self._inbox and not self._has_work() and not self._stopping:
                         self._cond.wait(timeout=1.0)
                         if hasattr(self.engine, "check_alive"):
                             self.engine.check_alive()  # a tensor-parallel rank that died while idle
@@ -178,10 +208,16 @@ class AsyncEngine:
                         return
                     cmds = list(self._inbox)
                     self._inbox.clear()
-                out: list[tuple[str, Event | Exception]] = []
+                out: list[tuple[str, Any]] = []
                 for kind, payload in cmds:
                     if kind == "abort":
                         self.engine.abort_request(payload)
+                        if self.pooling.batcher is not None:
+                            self.pooling.batcher.abort(payload)
+                        continue
+                    if kind == "pool":
+                        assert self.pooling.batcher is not None  # pool() checked the task
+                        self.pooling.batcher.add(payload)
                         continue
                     request = payload
                     try:
@@ -194,10 +230,15 @@ class AsyncEngine:
                     events = self.engine.step()
                     self._count_step(events)
                     out.extend((ev.request_id, ev) for ev in events)
+                if self.pooling.batcher is not None and self.pooling.batcher.has_work():  # between steps
+                    out.extend(self.pooling.batcher.step(self.engine.has_work()))
                 if out:
                     self._deliver(out)
         except BaseException as exc:  # noqa: BLE001 - the loop itself broke: fail everyone, report unhealthy
             self._die(exc)
+
+    def _has_work(self) -> bool:
+        return self.engine.has_work() or (self.pooling.batcher is not None and self.pooling.batcher.has_work())
 
     def _die(self, exc: BaseException) -> None:
         """Fail every request in flight at once (running, waiting, or still in the inbox) with a 500
@@ -228,6 +269,14 @@ def input_facts(engine: LLMEngine, tokenize: Any = None, tokenizer: Any = None) 
                       truncation=cfg.truncation, adapter_names=engine.lora.names, tokenizer=tok,
                       mm_encoder=engine.mm_encoder, video_frames=min(cfg.video_frames, cfg.max_video_frames),
                       sessions=engine.sessions, grammars=engine.grammar.compiler)
+
+
+def engine_pooling(engine: LLMEngine) -> Pooling:
+    """The engine's tasks and pooling room (engine.pooling), from its parts."""
+    hidden = getattr(engine.runner, "prefill_hidden", None)  # a tensor-parallel runner has none
+    return setup_pooling(engine.cfg, engine.architecture, engine.hf_config, engine.mm_encoder is not None,
+                         engine.ranks is not None, engine.blocks, hidden, engine.model.compute_logits,
+                         int(engine.model.dims.hidden))
 
 
 def _tokenize(tokenizer: Any, text: str) -> list[int]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Protocol, runtime_checkable
 
-from mindie_service.engine.contract import EngineRequest, EngineStats, InputFacts, TokenEvent
+from mindie_service.engine.contract import EngineRequest, EngineStats, InputFacts, PoolRequest, PoolResult, TokenEvent
 
 
 @runtime_checkable
@@ -26,6 +26,10 @@ class EngineClient(Protocol):
     # What the serving core builds this engine's input processor from (tokenizer, limits, media, adapters,
     # sessions); the engine itself never imports input processing.
     input_facts: InputFacts
+    # What it serves: "generate", "embed", "score" (engine.contract.check_task words a refusal), and how it pools
+    # embeddings (models/pooling_spec.PoolingSpec.to_json; empty where it does not embed).
+    tasks: frozenset[str]
+    pooling_info: dict[str, Any]
 
     # Lifecycle.
     def start(self) -> None: ...
@@ -41,6 +45,9 @@ class EngineClient(Protocol):
     def generate(self, request: EngineRequest) -> AsyncIterator[TokenEvent]: ...
 
     def abort(self, request_id: str) -> None: ...
+
+    # A prefill-only request (embeddings, scores): ValidationError when the model does not serve its task.
+    async def pool(self, request: PoolRequest) -> PoolResult: ...
 
     def tokenize(self, text: str) -> list[int]: ...
 

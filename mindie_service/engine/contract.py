@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Protocol
 
+from mindie_service.errors import ValidationError
 from mindie_service.sampling_params import SamplingParams
 
 __all__ = ["EngineRequest", "EngineStats", "FailedEvent", "FINISH_EOS", "FINISH_LENGTH", "FINISH_STOP",
-           "InputFacts", "PRIORITY_BATCH", "PRIORITY_ONLINE", "SamplingParams", "SessionTokens", "StepTokenCounts", "TokenEvent",
-           "TokenInfo"]
+           "InputFacts", "PoolRequest", "PoolResult", "PRIORITY_BATCH", "PRIORITY_ONLINE", "SamplingParams",
+           "SessionTokens", "StepTokenCounts", "TokenEvent", "TokenInfo", "check_task"]
 
 FINISH_LENGTH = "length"
 FINISH_EOS = "eos_token"
@@ -39,6 +40,40 @@ class EngineRequest:
     # The client's session key (/api/* request_id): the engine keeps the finished sequence under it.
     session_id: str | None = None
     continued: bool = False  # the prompt is that session's tokens (a continuation)
+
+
+# What a model serves (EngineClient.tasks; models/pooling_spec.py decides it from the checkpoint and the config).
+SERVED_BY = {"embed": "a decoder LM (last-token pooling) or an embedding checkpoint (LlamaModel, sentence-transformers)",
+             "score": "a sequence-classification checkpoint with one label (LlamaForSequenceClassification, "
+                      "a cross-encoder)",
+             "generate": "a causal LM checkpoint (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"}
+_WHAT = {"embed": "embeddings", "score": "scores (rerank, score)", "generate": "text generation"}
+
+
+def check_task(tasks: frozenset[str], task: str, model: str) -> None:
+    """ValidationError (OpenAI's 400) naming which checkpoint kinds serve ``task`` when ``model`` does not."""
+    if task not in tasks:
+        raise ValidationError(f"model {model} does not serve {_WHAT[task]}: it serves {', '.join(sorted(tasks))}; "
+                              f"{_WHAT[task]} {'is' if task == 'generate' else 'are'} served by {SERVED_BY[task]}")
+
+
+@dataclass(frozen=True)
+class PoolRequest:
+    """A prefill-only request (engine.pooling): one forward per input, no KV kept, no decode slot. ``task``:
+    "embed" (a pooled vector per input, truncated to ``dimensions`` and renormalised where asked) or "score" (the
+    score head's outputs at each input's last token; a pair is one input, joined by the tokenizer)."""
+
+    request_id: str
+    inputs: tuple[tuple[int, ...], ...]
+    task: str
+    dimensions: int | None = None
+
+
+@dataclass
+class PoolResult:
+    request_id: str
+    vectors: list[list[float]]  # one per input, in order
+    num_prompt_tokens: int
 
 
 @dataclass(frozen=True)

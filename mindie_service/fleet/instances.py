@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Sequence
 
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.configs.engine_config import EngineConfig
-from mindie_service.engine.contract import EngineRequest, EngineStats, TokenEvent
+from mindie_service.engine.contract import EngineRequest, EngineStats, PoolRequest, PoolResult, TokenEvent
 from mindie_service.fleet.prefix_routing import PrefixRouter
 from mindie_service.errors import ConflictError, MindieError
 from mindie_service.sampling_params import is_base_adapter
@@ -128,6 +128,7 @@ class InstanceRouter:
         self.model_name, self.vocab_size, self.eos_token_ids = first.model_name, first.vocab_size, first.eos_token_ids
         self.device_type, self.device_reason, self.dtype = first.device_type, first.device_reason, first.dtype
         self.modalities = first.modalities
+        self.tasks, self.pooling_info = first.tasks, first.pooling_info
         self.weights_report = dict(getattr(first, "weights_report", None) or {})
         # The first instance's input facts (same model, config and adapters on every instance), reading sessions
         # through the router's table so a continuation finds its tokens on whichever instance holds them.
@@ -194,19 +195,23 @@ class InstanceRouter:
             if sid is not None and request.continued and sid in self._owner:
                 self._owner.move_to_end(sid)
                 return self._owner[sid]
-            n = len(self.engines)
-            order = [(self._turn + k) % n for k in range(n)]
-            healthy = [i for i in order if self.engines[i].healthy()] or order
-            best = min(healthy, key=lambda i: (self._load[i].in_flight, self._load[i].pending_tokens))
+            healthy, best = self._least_loaded()
             if self.prefix is not None:  # the longest cached prefix, unless much more loaded
                 best = self.prefix.choose(request, healthy, [ld.in_flight for ld in self._load], best).instance
-            self._turn = (best + 1) % n
+            self._turn = (best + 1) % len(self.engines)
             if sid is not None:  # a new generation under this key: its session will live where it runs
                 self._owner[sid] = best
                 self._owner.move_to_end(sid)
                 while len(self._owner) > self._max_owners:
                     self._owner.popitem(last=False)
             return best
+
+    def _least_loaded(self) -> tuple[list[int], int]:
+        """The healthy instances (all, if none is) in turn order, and the one with the least outstanding work."""
+        n = len(self.engines)
+        order = [(self._turn + k) % n for k in range(n)]
+        healthy = [i for i in order if self.engines[i].healthy()] or order
+        return healthy, min(healthy, key=lambda i: (self._load[i].in_flight, self._load[i].pending_tokens))
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenEvent]:
         i = self.choose(request)
@@ -238,6 +243,22 @@ class InstanceRouter:
                     self._adapter_use[adapter] = left  # type: ignore[index]
                 else:
                     del self._adapter_use[adapter]  # type: ignore[arg-type]
+
+    async def pool(self, request: PoolRequest) -> PoolResult:
+        """On the instance with the least outstanding work (its prompt tokens counted while it runs)."""
+        with self._lock:
+            _, i = self._least_loaded()
+            self._turn = (i + 1) % len(self.engines)
+        ld = self._load[i]
+        tokens = sum(len(x) for x in request.inputs)
+        ld.in_flight += 1
+        ld.pending_tokens += tokens
+        ld.routed += 1
+        try:
+            return await self.engines[i].pool(request)
+        finally:
+            ld.in_flight -= 1
+            ld.pending_tokens -= tokens
 
     def abort(self, request_id: str) -> None:
         i = self._requests.get(request_id)

@@ -5,8 +5,8 @@ file with OpenAI's error object (``{"code", "message"}``) and the others run; a 
 the whole batch, as OpenAI's validation does (``duplicate_custom_id``, naming the line).
 
 ``BatchEndpoints`` is the table of URLs a batch may name, each with the function that answers one line the way
-its online route would: the server registers its routes (server/batch_routes.py); a route that comes later
-(``/v1/embeddings``) joins the table the same way."""
+its online route would: the server registers its routes (server/batch_routes.py: chat, completions, responses and
+embeddings)."""
 from __future__ import annotations
 
 import json

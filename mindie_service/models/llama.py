@@ -5,6 +5,7 @@ Tokens of one step are packed flat ([T, hidden]); only attention knows about seq
 embeddings are applied from outside through ``StepContext`` hooks, not woven into the layers."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
@@ -174,3 +175,13 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+
+class LlamaForScore(LlamaForCausalLM):
+    """LlamaForSequenceClassification: the decoder with a ``num_labels``-wide score head (no bias) in place of the
+    LM head; its "logits" are the scores, read at a sequence's last token (models/pooling_spec.py)."""
+
+    def __init__(self, d: LlamaDims, rope_cos: torch.Tensor, rope_sin: torch.Tensor, num_labels: int) -> None:
+        super().__init__(dataclasses.replace(d, tie_embeddings=False), rope_cos, rope_sin)
+        self.num_labels = num_labels
+        self.lm_head = FastLinear(d.hidden, num_labels, bias=False)

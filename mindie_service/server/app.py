@@ -35,6 +35,7 @@ from mindie_service.server.handlers_models import (DownloadModelHandler, Managem
 from mindie_service.server.handlers_openai import ChatCompletionsHandler, CompletionsHandler
 from mindie_service.server.handlers_anthropic import CountTokensHandler, MessagesHandler
 from mindie_service.server.handlers_chat_store import StoredCompletionHandler, StoredMessagesHandler
+from mindie_service.server.handlers_pooling import EmbeddingsHandler, RerankHandler, ScoreHandler
 from mindie_service.server.handlers_responses import (ResponseCancelHandler, ResponseHandler,
                                                       ResponseInputItemsHandler, ResponsesHandler)
 from mindie_service.server.handlers_tokenize import DetokenizeHandler, TokenizeHandler, TokenizerInfoHandler
@@ -96,6 +97,10 @@ PLANE_ROUTES: dict[str, Routes] = {
         (r"/v1/chat/completions/([^/]+)/messages", StoredMessagesHandler),
         (r"/v1/messages", MessagesHandler),
         (r"/v1/messages/count_tokens", CountTokensHandler),
+        (r"/v1/embeddings", EmbeddingsHandler),
+        (r"/rerank", RerankHandler),
+        (r"/v1/rerank", RerankHandler),
+        (r"/score", ScoreHandler),
         (r"/v1/responses", ResponsesHandler),
         (r"/v1/responses/([^/]+)", ResponseHandler),
         (r"/v1/responses/([^/]+)/input_items", ResponseInputItemsHandler),

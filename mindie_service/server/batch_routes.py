@@ -14,6 +14,7 @@ from mindie_service.jobs.batch_lines import BatchEndpoints, LineCall, LineFn, Li
 from mindie_service.protocol.openai import Kind
 from mindie_service.protocol.openai_encoder import OpenAIEncoder, openai_error
 from mindie_service.server.handlers_openai import parse_route, route_submission
+from mindie_service.server.handlers_pooling import embeddings_line
 from mindie_service.server.responses_prepare import prepare
 
 _ENCODER = OpenAIEncoder()
@@ -79,3 +80,4 @@ def register_batch_endpoints(table: BatchEndpoints, ctx: Any) -> None:
     table.register("/v1/chat/completions", openai_line(ctx, "chat"))
     table.register("/v1/completions", openai_line(ctx, "completion"))
     table.register("/v1/responses", responses_line(ctx))
+    table.register("/v1/embeddings", embeddings_line(ctx))

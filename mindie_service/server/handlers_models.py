@@ -11,6 +11,7 @@ from mindie_service.catalog.catalog import Catalog, CatalogEntry
 from mindie_service.catalog.checkpoint_kind import detect, expected_kind
 from mindie_service.errors import ForbiddenError, MindieError, UnhealthyError
 from mindie_service.models.demo_marker import demo_checkpoint
+from mindie_service.models.pooling_spec import folder_tasks
 from mindie_service.protocol.openai_encoder import openai_error
 from mindie_service.server.handlers_base import BaseHandler
 from mindie_service.server.handlers_mgmt import (ManagementOnlyHandler, management_only,
@@ -46,7 +47,10 @@ def model_view(e: CatalogEntry, *, detail: bool) -> dict[str, Any]:
         "parameters": dict(r.parameters), "metadata": meta, "assets": [a.rsplit("/", 1)[-1] for a in r.assets],
         "parent": None, "root": e.id,
         "demo_weights": demo_checkpoint(e.folder) is not None,  # random weights (devkit.json): gibberish answers
+        "tasks": _tasks(e),
     }
+    if e.engine is not None and e.state == "running" and getattr(e.engine, "pooling_info", None):
+        out["pooling"] = dict(e.engine.pooling_info)
     if detail:
         out["engine_parameters"] = dict(r.engine_parameters)
         if e.engine is not None:  # what loading did to each tensor kind (a GGUF's ggml types), while it runs
@@ -56,11 +60,24 @@ def model_view(e: CatalogEntry, *, detail: bool) -> dict[str, Any]:
     return out
 
 
+def _tasks(e: CatalogEntry) -> list[str]:
+    """Extension: what the model serves ("generate", "embed", "score"): its engine's while it runs, else what its
+    checkpoint can, narrowed by model.json's task (the config's ModelConfig.task applies once started)."""
+    if e.engine is not None and e.state == "running":
+        return sorted(e.engine.tasks)
+    if e.mock:
+        return ["generate"]
+    can = folder_tasks(e.folder) if e.folder.is_dir() else None
+    if can is None:
+        return [e.record.task] if e.record.task else []
+    return sorted(can & {e.record.task} if e.record.task else can)
+
+
 def adapter_view(base: CatalogEntry, a: dict[str, Any]) -> dict[str, Any]:
     """A LoRA adapter as vLLM lists it: its base model as ``parent``."""
     return {"id": a["name"], "object": "model", "created": base.record.created, "owned_by": base.record.owned_by,
             "type": "model", "state": "running", "source_url": f"local:{a['name']}", "parameters": {}, "metadata": {},
-            "parent": base.id, "root": base.id}
+            "parent": base.id, "root": base.id, "tasks": ["generate"]}  # adapters apply to generation only
 
 
 class _CatalogHandler(BaseHandler):

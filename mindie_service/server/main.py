@@ -27,6 +27,7 @@ from typing import Any, Callable, Mapping
 from mindie_service.config import ServiceConfig, check_files, load_config
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.client import EngineClient
+from mindie_service.engine.contract import PoolRequest
 from mindie_service.errors import ConfigError, UnhealthyError
 from mindie_service.inputs import InputProcessor, TextPrompt
 from mindie_service.sampling_params import SamplingParams
@@ -100,7 +101,13 @@ def _on_default(ctx: ServerContext, engine: EngineClient | None) -> None:
 
 
 async def warm_up(engine: EngineClient) -> None:
-    """One greedy token through the input processor and the engine: /health turns green only after both answered."""
+    """One greedy token through the input processor and the engine: /health turns green only after both answered.
+    A model that does not generate (an embedding or rerank model) pools one input instead."""
+    if "generate" not in engine.tasks:
+        task = "embed" if "embed" in engine.tasks else "score"
+        ids = tuple(engine.input_facts.tokenize("Hello"))
+        await engine.pool(PoolRequest("warmup", (ids,), task))
+        return
     req = InputProcessor.from_facts(engine.input_facts).process(
         TextPrompt("Hello"), SamplingParams(max_tokens=1, temperature=0.0), request_id="warmup")
     agen = engine.generate(req)

@@ -17,6 +17,8 @@ from mindie_service.protocol.batch_openapi import OPENAPI_SCHEMAS as BATCH_SCHEM
 from mindie_service.protocol.batch_openapi import OPENAPI_SHAPES as BATCH_SHAPES
 from mindie_service.protocol.oip_openapi import OPENAPI_SCHEMAS as V2_SCHEMAS
 from mindie_service.protocol.oip_openapi import OPENAPI_SHAPES as V2_SHAPES
+from mindie_service.protocol.pooling_api import OPENAPI_SCHEMAS as POOLING_SCHEMAS
+from mindie_service.protocol.pooling_api import OPENAPI_SHAPES as POOLING_SHAPES
 from mindie_service.protocol.tokenization import OPENAPI_SCHEMAS as TOKENIZER_SCHEMAS
 from mindie_service.protocol.triton_generate import MODEL_VERSION
 from mindie_service.protocol.tokenization import OPENAPI_SHAPES as TOKENIZER_SHAPES
@@ -41,6 +43,11 @@ _TOOLS = {"type": "array", "items": {"type": "object", "required": ["type", "fun
 _PRIORITY = {"type": "integer", "description": "vLLM's request priority: lower runs first, 0 the default"}
 _DEMO = {"type": "boolean", "description": "Extension: the checkpoint holds the random weights of a demo model "
                                            "(mindie-service demo-model): its answers are gibberish."}
+_TASKS = {"type": "array", "items": {"enum": ["generate", "embed", "score"]},
+          "description": "Extension: what the model serves: generate (completions, chat, ...), embed (/v1/embeddings), "
+                         "score (/rerank, /v1/rerank, /score); a running model's engine says, else its checkpoint."}
+_POOLING = {"type": "object", "description": "Extension, while a model that embeds runs: its pooling (last, mean or "
+                                            "cls), normalize, and matryoshka_dimensions (false, true or the widths)."}
 
 SCHEMAS: dict[str, Any] = {
     "Error": {"type": "object", "required": ["error"], "properties": {
@@ -57,7 +64,8 @@ SCHEMAS: dict[str, Any] = {
         "source_url": {"type": "string"}, "parameters": _OBJ, "metadata": _OBJ,
         "state": {"enum": [None, "downloading", "running", "starting", "stopping"],
                   "description": "Jan's Model.state, a running model's as GetModelResponse says it (Jan's list "
-                                 "says ready)."}, "load_error": _LOAD_ERROR, "demo_weights": _DEMO}},
+                                 "says ready)."}, "load_error": _LOAD_ERROR, "demo_weights": _DEMO,
+        "tasks": _TASKS, "pooling": _POOLING}},
     "ListModelsResponse": {"type": "object", "required": ["object", "data"], "properties": {
         "object": {"const": "list"}, "data": {"type": "array", "items": {"$ref": "#/components/schemas/Model"}}}},
     "GetModelResponse": {"type": "object", "required": ["id", "object", "created", "owned_by", "state",
@@ -65,7 +73,7 @@ SCHEMAS: dict[str, Any] = {
         "id": {"type": "string"}, "object": {"const": "model"}, "created": {"type": "integer"},
         "owned_by": {"type": "string"}, "source_url": {"type": "string"}, "parameters": _OBJ, "metadata": _OBJ,
         "engine_parameters": _OBJ, "format": {"type": "string", "description": "safetensors, gguf or ggufv3"},
-        "demo_weights": _DEMO,
+        "demo_weights": _DEMO, "tasks": _TASKS, "pooling": _POOLING,
         "weights_report": {"type": "object", "additionalProperties": {"type": "string"}, "description":
                            "Extension, while the model runs: what loading did to each tensor kind (a GGUF's "
                            "ggml types: kept, kept packed, converted, dequantized at load) and to each quantized "
@@ -152,6 +160,7 @@ SCHEMAS: dict[str, Any] = {
     "StoredCompletionDeleted": {"type": "object", "required": ["id", "object", "deleted"], "properties": {
         "id": {"type": "string"}, "object": {"const": "chat.completion.deleted"}, "deleted": {"const": True}}},
     **TOKENIZER_SCHEMAS,
+    **POOLING_SCHEMAS,
     **MESSAGES_SCHEMAS,
     **V2_SCHEMAS,
     **BATCH_SCHEMAS,
@@ -177,12 +186,13 @@ _SHAPES: dict[str, dict[str, tuple[str | None, str | None]]] = {
     "/v1/responses/{id}/cancel": {"post": (None, "Response")},
     "/v1/responses/{id}/input_items": {"get": (None, "ResponseItemList")},
     **TOKENIZER_SHAPES,
+    **POOLING_SHAPES,
     **MESSAGES_SHAPES,
     **V2_SHAPES,
     **BATCH_SHAPES,
 }
 OPENAI_ERRORS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/responses", "/v1/files",
-                 "/v1/batches", *TOKENIZER_SHAPES)
+                 "/v1/batches", *TOKENIZER_SHAPES, *POOLING_SHAPES)
 
 
 _PATH_PARAMS = ("id", "version")  # a route's capture groups, in order (/v2/models/{id}/versions/{version})
@@ -248,7 +258,7 @@ def build_document(routes: list[tuple[str, type]], version: str, model_ids: list
     if model_ids:  # examples of `model` that exist, so that clients (and fuzzers) reach past the 404
         schemas = copy.deepcopy(SCHEMAS)
         for name in ("CompletionRequest", "ChatCompletionRequest", "MessagesRequest", "CountTokensRequest",
-                     "ResponseCreateRequest"):
+                     "ResponseCreateRequest", "EmbeddingsRequest", "RerankRequest", "ScoreRequest"):
             schemas[name]["properties"]["model"]["examples"] = list(model_ids)
         for path, ops in paths.items():
             for op in ops.values():

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterable, Iterator, Sequence
 
 from mindie_service.engine.client import EngineClient
-from mindie_service.engine.contract import PRIORITY_BATCH, EngineRequest
+from mindie_service.engine.contract import PRIORITY_BATCH, EngineRequest, check_task
 from mindie_service.errors import ConflictError, MindieError, TimeoutError_
 from mindie_service.inputs.processor import InputProcessor
 from mindie_service.inputs.types import Prompt
@@ -170,6 +170,7 @@ class Frontend:
         async with gate:
             with self.sessions.claim(k for k in sub.session_ids if k is not None):
                 engine = sub.engine()
+                check_task(engine.tasks, "generate", engine.model_name)  # an embedding or rerank model: 400
                 keys = list(sub.session_ids) or [None] * len(sub.prompts)
                 ereqs = await asyncio.gather(*(
                     self.engine_request(engine, p, sub.params, rid, truncate=sub.truncate, session_id=key)

@@ -112,12 +112,14 @@ def test_openai_client_batch_answers_equal_the_online_routes(tmp_path, tiny_mode
 
 
 def _other_endpoints(client: openai.OpenAI) -> None:
-    """/v1/completions and /v1/responses lines answer as their routes do."""
+    """/v1/completions, /v1/responses and /v1/embeddings lines answer as their routes do."""
     comp = {"model": "tiny", "prompt": word_prompts(1, 3, 8, seed=40)[0], "max_tokens": 4, "temperature": 0}
     resp = {"model": "tiny", "input": word_prompts(1, 3, 8, seed=41)[0], "max_output_tokens": 4, "temperature": 0,
             "store": False}
+    emb = {"model": "tiny", "input": word_prompts(2, 3, 8, seed=42), "encoding_format": "float"}
     for url, body, online in (("/v1/completions", comp, lambda: client.completions.create(**comp)),
-                              ("/v1/responses", resp, lambda: client.responses.create(**resp))):
+                              ("/v1/responses", resp, lambda: client.responses.create(**resp)),
+                              ("/v1/embeddings", emb, lambda: client.embeddings.create(**emb))):
         f = client.files.create(file=("x.jsonl", _jsonl([_line("only", body, url)])), purpose="batch")
         done = _wait_done(client, client.batches.create(input_file_id=f.id, endpoint=url,
                                                         completion_window="24h").id)

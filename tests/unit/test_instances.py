@@ -34,6 +34,7 @@ class FakeEngine:
     def __init__(self, name: str = "m", fail_load: bool = False) -> None:
         self.model_name, self.vocab_size, self.eos_token_ids = name, 300, frozenset({2})
         self.device_type, self.device_reason, self.dtype, self.modalities = "cpu", "test", "float32", frozenset()
+        self.tasks, self.pooling_info = frozenset({"generate"}), {}
         self.config = EngineConfig(model="x", max_sessions=8)
         self.sessions = FakeSessions()
         self.input_facts = InputFacts(self.tokenize, vocab_size=300, max_input_len=100, pool_tokens=1000,

@@ -74,6 +74,11 @@ class EngineConfig:
     # bytes per decoded token, at a measured cost in top-1 agreement (tools/bench_real.py --int8-head).
     quantize_lm_head: bool = False
     kv_cache_dtype: str = "auto"  # "auto" = the model dtype; "int8" = int8 K/V with per-token, per-head scales
+    # What the model serves (models/pooling_spec.py): "auto" = all its checkpoint can (a causal LM generates and
+    # embeds), or one of "generate", "embed", "score"; ``pooling`` overrides the checkpoint's pooling: (key, value)
+    # pairs of method ("last" | "mean" | "cls"), normalize (bool), matryoshka (True or a tuple of widths).
+    task: str = "auto"
+    pooling: tuple[tuple[str, Any], ...] = ()
     # Sessions (continue a finished generation by its request_id; engine.sessions.session_store): how many are kept, the
     # share of the KV pool their pinned blocks may hold, the idle time after which one is dropped, and
     # the token ids all of them may keep.
@@ -138,6 +143,8 @@ class EngineConfig:
         check(self.quantization != "w4a16" or self.world_size == 1, "quantization",
               "not w4a16 with tensor parallelism (int4 weights are not sharded)", self.quantization)
         check(self.kv_cache_dtype in ("auto", "int8"), "kv_cache_dtype", "one of auto, int8", self.kv_cache_dtype)
+        check(self.task in ("auto", "generate", "embed", "score"), "task", "one of auto, generate, embed, score",
+              self.task)
         check(self.kernel_cache_dir is None or (isinstance(self.kernel_cache_dir, str) and self.kernel_cache_dir != ""),
               "kernel_cache_dir", "a non-empty string or None", self.kernel_cache_dir)
         check(isinstance(self.world_size, int) and self.world_size >= 1, "world_size", "an integer >= 1",

@@ -174,8 +174,33 @@ class ModelRunner:
                 lps[r].append(lp)
         return toks, lps
 
+    @torch.inference_mode()
+    def prefill_hidden(self, prefills: list[ScheduledChunk]) -> torch.Tensor:
+        """The final hidden states [sum of tokens, hidden] (after the final norm) of whole-prompt chunks that
+        sample nothing: a pooling batch (engine.pooling). Their K/V are written into their blocks as any prefill's;
+        the caller frees the blocks after."""
+        ids, step, _ = self._pack([], prefills)
+        return self.model(ids, step, self.kv_caches)
+
     def _forward(self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk],
                  prompt_logits: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        ids, step, starts = self._pack(decodes, prefills)
+        hidden = self.model(ids, step, self.kv_caches)
+        for c, start in zip(prefills, starts):
+            if c.prompt_logprobs:  # every row that predicts a prompt token (the sampling row does not)
+                rows = c.num_tokens - 1 if c.sample else c.num_tokens
+                prompt_logits[c.request_id] = self.model.compute_logits(hidden[start:start + rows])
+        # Last row of each chunk that samples; a chunk verifying drafts: its last 1 + num_draft rows.
+        counts = [1] * len(decodes) + [c.num_tokens for c in prefills]
+        ends = [r for c, e in zip(decodes + prefills, itertools.accumulate(counts)) if c.sample
+                for r in range(e - 1 - c.num_draft, e)]
+        if not ends:
+            return None
+        return self.model.compute_logits(hidden[torch.tensor(ends, device=self.device)])
+
+    def _pack(self, decodes: list[ScheduledChunk],
+              prefills: list[ScheduledChunk]) -> tuple[torch.Tensor, StepContext, list[int]]:
+        """A forward's input ids, its StepContext and each prefill chunk's first row."""
         dev = self.device
         ids: list[int] = []
         positions: list[int] = []
@@ -221,14 +246,4 @@ class ModelRunner:
             media = [(c, s) for c, s in zip(prefills, starts) if c.mm_inputs is not None]
             if media:
                 step.embeds_override = self.embeds_hook(media)
-        hidden = self.model(torch.tensor(ids, device=dev), step, self.kv_caches)
-        for c, start in zip(prefills, starts):
-            if c.prompt_logprobs:  # every row that predicts a prompt token (the sampling row does not)
-                rows = c.num_tokens - 1 if c.sample else c.num_tokens
-                prompt_logits[c.request_id] = self.model.compute_logits(hidden[start:start + rows])
-        # Last row of each chunk that samples; a chunk verifying drafts: its last 1 + num_draft rows.
-        ends = [r for c, e in zip(chunks, itertools.accumulate(counts)) if c.sample
-                for r in range(e - 1 - c.num_draft, e)]
-        if not ends:
-            return None
-        return self.model.compute_logits(hidden[torch.tensor(ends, device=dev)])
+        return torch.tensor(ids, device=dev), step, starts

@@ -1,0 +1,1 @@
+"""Prefill-only requests (embeddings, scores): batched forwards between the engine's steps, no KV kept."""
