@@ -69,6 +69,13 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     return weight * h.to(dtype)
 
 
+def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decoder layer's residual add, then its next norm: (rms_norm(x + residual), x + residual)."""
+    r = x + residual
+    return rms_norm_ref(r, weight, eps), r
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x.device.type == "npu":
         return _torch_npu().npu_rms_norm(x, weight, eps)[0]
