@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from npu_ops import cpu_kernels, quant_kv
+from npu_ops import cpu_kernels, quant_kv, triton_support
 from npu_ops.device import atb_status
 
 logger = logging.getLogger(__name__)
@@ -27,6 +27,21 @@ def _torch_npu() -> Any:
 
 def _on_npu(t: torch.Tensor) -> bool:
     return t.device.type == "npu"
+
+
+def _triton_on(t: torch.Tensor) -> bool:
+    """Triton kernels take this tensor: on CUDA, or on an NPU through triton-ascend (npu_ops.triton_support)."""
+    kind = "npu" if _on_npu(t) else t.device.type
+    return kind != "cpu" and triton_support.usable(kind)
+
+
+@lru_cache(maxsize=None)
+def _triton(op: str) -> Any:
+    """The Triton kernel module of ``op`` (npu_ops/triton_<op>.py), imported at its first use: importing it
+    imports triton, which only a device that runs the kernels needs."""
+    module = importlib.import_module(f"npu_ops.triton_{op}")
+    logger.info("Triton kernel %s in use", op)
+    return module
 
 
 # Ascend ATB's paged ops (_npu_reshape_and_cache, _npu_paged_attention) take fp16/bf16 caches with a block
@@ -49,14 +64,16 @@ def atb_problem(cache: torch.Tensor) -> str | None:
 
 
 @lru_cache(maxsize=None)
-def _note_fallback(problem: str) -> None:
-    logger.warning("NPU paged attention on the PyTorch reference path: %s", problem)
+def _note_fallback(problem: str, instead: str = "the PyTorch reference path") -> None:
+    logger.warning("NPU paged attention on %s: %s", instead, problem)
 
 
 def _atb_ok(cache: torch.Tensor) -> bool:
+    """ATB's paged ops take this cache; where not, which path runs instead is logged once per reason."""
     problem = atb_problem(cache)
     if problem is not None:
-        _note_fallback(problem)  # once per reason
+        ok, why = triton_support.status("npu")
+        _note_fallback(problem, "Triton kernels (triton-ascend)" if ok else f"the PyTorch reference path ({why})")
     return problem is None
 
 
@@ -81,7 +98,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return _torch_npu().npu_rms_norm(x, weight, eps)[0]
     if x.device.type == "cpu" and cpu_kernels.supports(x, weight):
         return cpu_kernels.rms_norm(x, weight, eps)
+    if x.dim() == 2 and _triton_on(x):
+        return _triton("rms_norm").add_rms_norm(x, None, weight, eps)[0]
     return rms_norm_ref(x, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual): one Triton kernel where Triton runs (the sum is written once and
+    read once), else the add and ``rms_norm``'s own path (the CPU's bit for bit as before)."""
+    if x.dim() == 2 and not _on_npu(x) and _triton_on(x):
+        return _triton("rms_norm").add_rms_norm(x, residual, weight, eps)
+    r = x + residual
+    return rms_norm(r, weight, eps), r
 
 
 # ---------------------------------------------------------------- rotary embedding
@@ -101,6 +130,8 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
         return _torch_npu().npu_rotary_mul(x[None], cos[None, :, None], sin[None, :, None])[0]
     if x.device.type == "cpu" and x.stride(1) == x.shape[2] and cpu_kernels.supports(x, cos, sin):
         return cpu_kernels.rotary(x, cos, sin)
+    if _triton_on(x):
+        return _triton("rotary").rotary(x, cos, sin)
     return rotary_ref(x, cos, sin)
 
 
@@ -132,6 +163,9 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     if _on_npu(k) and not quant_kv.is_quantized(k_cache) and _atb_ok(k_cache):
         _torch_npu()._npu_reshape_and_cache(key=k, value=v, key_cache=k_cache, value_cache=v_cache,
                                             slot_indices=slots.to(torch.int32))
+        return
+    if _triton_on(k) and k_cache.is_contiguous() and v_cache.is_contiguous():  # int8 pages and odd shapes too
+        _triton("kv_write").write_kv(k_cache, v_cache, k, v, slots)
         return
     write_kv_ref(k_cache, v_cache, k, v, slots)
 
@@ -246,23 +280,42 @@ def _decode_npu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, m
     return out
 
 
+def _triton_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                 scale: float, first: int = 0) -> torch.Tensor:
+    """The Triton kernel over the step's query rows from ``first`` on (decode and prefill rows alike)."""
+    assert meta.row_seq is not None and meta.row_pos is not None and meta.block_tables is not None
+    return _triton("attention").paged_attention_rows(q[first:], k_cache, v_cache, meta.block_tables,
+                                                     meta.row_seq[first:], meta.row_pos[first:], scale)
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """The dispatch table (docs/design.md, "Devices and their kernels"): the CPU's C kernels; on an NPU ATB's decode
+    where it takes the cache, the rest through triton-ascend where installed; on CUDA Triton; else the reference."""
+    rows = meta.row_seq is not None and k_cache.is_contiguous() and v_cache.is_contiguous()
     if quant_kv.is_quantized(k_cache):
         if meta.row_seq is not None and quant_kv.kernel_supports(q, k_cache, v_cache):  # int8 pages read in place
             return quant_kv.paged_attention_rows(q, k_cache, v_cache, meta.block_tables, meta.row_seq, meta.row_pos,
                                                  scale)
+        if rows and _triton_on(q):
+            if _on_npu(q):
+                _atb_ok(k_cache)  # says once that ATB takes no int8 pages, and what runs instead
+            return _triton_rows(q, k_cache, v_cache, meta, scale)
         return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale)
-    if (q.device.type == "cpu" and meta.row_seq is not None
-            and cpu_kernels.supports(q, k_cache, v_cache) and k_cache.is_contiguous() and v_cache.is_contiguous()):
+    if q.device.type == "cpu" and not _on_npu(q) and rows and cpu_kernels.supports(q, k_cache, v_cache):
         # Decode and prefill rows in one call, each reading its context in place through the block tables.
         return cpu_kernels.paged_attention_rows(q, k_cache, v_cache, meta.block_tables, meta.row_seq, meta.row_pos,
                                                 scale)
-    if not _on_npu(q) or not meta.num_decode or not _atb_ok(k_cache):
-        # CUDA, and the CPU without its kernel: the reference (SDPA picks flash kernels on CUDA).
-        return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale)
-    out = torch.empty_like(q)
-    out[:meta.num_decode] = _decode_npu(q[:meta.num_decode], k_cache, v_cache, meta, scale)
-    for span in meta.prefills:
-        out[span.start:span.start + span.n] = _prefill_ref(q, k, v, k_cache, v_cache, span, scale)
-    return out
+    if _on_npu(q) and meta.num_decode and _atb_ok(k_cache):
+        out = torch.empty_like(q)
+        out[:meta.num_decode] = _decode_npu(q[:meta.num_decode], k_cache, v_cache, meta, scale)
+        if meta.prefills and rows and _triton_on(q):
+            out[meta.num_decode:] = _triton_rows(q, k_cache, v_cache, meta, scale, meta.num_decode)
+            return out
+        for span in meta.prefills:
+            out[span.start:span.start + span.n] = _prefill_ref(q, k, v, k_cache, v_cache, span, scale)
+        return out
+    if rows and _triton_on(q):  # CUDA; an NPU cache ATB cannot take, or a step of prefills only
+        return _triton_rows(q, k_cache, v_cache, meta, scale)
+    # CUDA without Triton, the CPU without its kernel: the reference (SDPA picks flash kernels on CUDA).
+    return paged_attention_ref(q, k, v, k_cache, v_cache, meta, scale)

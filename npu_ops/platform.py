@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from npu_ops import cpu_kernels
+from npu_ops import cpu_kernels, triton_support
 
 logger = logging.getLogger(__name__)
 
@@ -96,10 +96,11 @@ def staging_device(device: torch.device) -> torch.device:
 def default_dtype(device: torch.device, checkpoint_dtype: str) -> str:
     """The dtype ``dtype: auto`` runs in: fp32 on the CPU, where the C kernels and packed GEMMs are fp32 and
     half-precision matmuls are slower, not faster; on an NPU the checkpoint's half precision, and bfloat16
-    for an fp32 checkpoint (ATB's paged ops take fp16/bf16 only); the checkpoint's own on CUDA."""
+    for an fp32 checkpoint (ATB's paged ops take fp16/bf16 only); the same on CUDA (half the bytes a decode step
+    streams, and tensor cores)."""
     if device.type == "cpu":
         return "float32"
-    if device.type == "npu" and checkpoint_dtype not in ("float16", "bfloat16"):
+    if device.type in ("npu", "cuda") and checkpoint_dtype not in ("float16", "bfloat16"):
         return "bfloat16"
     return checkpoint_dtype
 
@@ -113,5 +114,10 @@ def apply_thread_settings(num_threads: int | None) -> None:
 
 def fast_path_note(device: torch.device) -> str:
     """What the device reason (start-up log, /info) adds about fast paths: on the CPU whether the C kernels
-    run and why (``; CPU kernels: on (...)``); empty elsewhere. Loads the kernels on the CPU."""
-    return f"; {cpu_kernels.describe()}" if device.type == "cpu" else ""
+    run and why (``; CPU kernels: on (...)``); on CUDA and NPUs whether the Triton kernels run and why
+    (``; Triton kernels: on (triton 3.9.0: ...)``). Loads the kernels on the CPU."""
+    if device.type == "cpu":
+        return f"; {cpu_kernels.describe()}"
+    note = triton_support.describe(device.type)
+    logger.info("%s on %s", note, device)
+    return f"; {note}"

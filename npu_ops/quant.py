@@ -18,9 +18,11 @@ Quantization is applied from outside the model (gpt-fast style): ``quantize_mode
 ``FastLinear`` for a ``QuantLinear`` one module at a time, freeing the full-precision weight as it
 goes, so a model is never held twice. Per device the fast path is: the CPU's C kernels
 (csrc/gemm_int8.c, via npu_ops.quant_cpu), Ascend's ``torch_npu.npu_weight_quant_batchmatmul`` /
-``npu_quant_matmul``, CUDA's ``torch._int_mm``; everything else runs the reference below."""
+``npu_quant_matmul``, CUDA's ``torch._int_mm`` (the Triton kernel for the shapes it refuses); everything
+else runs the reference below."""
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import Any
 
@@ -28,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from npu_ops import cpu_kernels, quant_cpu
+from npu_ops import cpu_kernels, quant_cpu, triton_support
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +170,6 @@ class QuantLinear(nn.Module):
 
 # ---------------------------------------------------------------- accelerator paths
 def _torch_npu() -> Any:
-    import importlib
     return importlib.import_module("torch_npu")
 
 
@@ -188,10 +189,14 @@ def _npu_forward(m: QuantLinear, x: torch.Tensor) -> torch.Tensor:
 
 
 def _cuda_w8a8(x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """torch._int_mm wants M > 16 and K, N multiples of 8; other shapes run the reference."""
+    """torch._int_mm wants M > 16 and K, N multiples of 8; other shapes (every decode step's) run the Triton
+    kernel (npu_ops/triton_w8a8.py), or the reference where Triton is not installed."""
     m, k = x.shape
     if m <= 16 or k % 8 or wq.shape[0] % 8:
-        return w8a8_ref(x, wq, w_scale, bias)
+        if not triton_support.usable("cuda"):
+            return w8a8_ref(x, wq, w_scale, bias)
+        xq, xs = quantize_rows(x)
+        return importlib.import_module("npu_ops.triton_w8a8").w8a8_matmul(xq, xs, wq, w_scale, bias, x.dtype)
     xq, xs = quantize_rows(x)
     acc = torch._int_mm(xq, wq.T)
     y = acc.float() * xs[:, None] * w_scale[None, :]

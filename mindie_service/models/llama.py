@@ -14,7 +14,7 @@ from torch import nn
 
 from mindie_service.models import fused_layers
 from npu_ops.linear import FastLinear
-from npu_ops.ops import AttentionMetadata, paged_attention, rms_norm, rotary, silu_mul, write_kv
+from npu_ops.ops import AttentionMetadata, add_rms_norm, paged_attention, rms_norm, rotary, silu_mul, write_kv
 
 
 class LoraApplier(Protocol):
@@ -128,8 +128,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: StepContext,
                 kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx, kv)
-        return x + self.mlp(self.post_attention_layernorm(x), ctx)
+        norm = self.post_attention_layernorm
+        # the residual add and the next norm: one kernel where Triton runs, the add then the norm elsewhere
+        h, x = add_rms_norm(self.self_attn(self.input_layernorm(x), cos, sin, ctx, kv), x, norm.weight, norm.eps)
+        return x + self.mlp(h, ctx)
 
 
 class LlamaForCausalLM(nn.Module):

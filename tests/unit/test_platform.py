@@ -95,6 +95,8 @@ def test_weights_are_staged_in_host_memory_and_dtype_auto_depends_on_the_device(
     assert platform.staging_device(FakeDevice("npu")) == torch.device("cpu")
     assert platform.default_dtype(torch.device("cpu"), "bfloat16") == "float32"
     assert platform.default_dtype(FakeDevice("npu"), "bfloat16") == "bfloat16"
+    assert platform.default_dtype(FakeDevice("cuda"), "float32") == "bfloat16"  # as on the NPU
+    assert platform.default_dtype(FakeDevice("cuda"), "float16") == "float16"
 
 
 def test_thread_settings(monkeypatch):
@@ -108,4 +110,21 @@ def test_thread_settings(monkeypatch):
 def test_fast_path_note_tells_whether_the_cpu_kernels_run(monkeypatch):
     monkeypatch.setattr(platform.cpu_kernels, "describe", lambda: "CPU kernels: off (test); PyTorch reference path")
     assert platform.fast_path_note(torch.device("cpu")) == "; CPU kernels: off (test); PyTorch reference path"
-    assert platform.fast_path_note(FakeDevice("npu")) == ""
+    monkeypatch.setattr(platform.triton_support, "status", {"cuda": (True, "triton 3.9.0"),
+                                                             "npu": (False, "triton-ascend not installed")}.get)
+    note = platform.fast_path_note(FakeDevice("cuda"))
+    assert note.startswith("; Triton kernels: on (triton 3.9.0: paged attention, KV write") and "rotary" in note
+    assert platform.fast_path_note(FakeDevice("npu")) == ("; Triton kernels: off (triton-ascend not installed); "
+                                                          "PyTorch reference path")
+
+
+def test_triton_is_what_cuda_runs_where_it_imports_and_never_the_cpu(monkeypatch):
+    pytest.importorskip("triton")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    platform.triton_support.status.cache_clear()
+    try:
+        assert platform.triton_support.status("cuda") == (True, f"triton {platform.triton_support.triton_import()[0]}")
+        assert not platform.triton_support.usable("cpu")  # the interpreter only where a test asks for it
+        assert not platform.triton_support.usable("npu")  # plain triton has no NPU backend: triton-ascend has
+    finally:
+        platform.triton_support.status.cache_clear()
