@@ -103,7 +103,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, parts.num_blocks, cfg.cache_block_size, self.device, self.dtype,
                                   lora_hook=self.lora.step_applier,
                                   embeds_hook=self.mm_encoder.embeds_hook if self.mm_encoder else None,
-                                  host_blocks=host.num_blocks)
+                                  host_blocks=host.num_blocks, graphs=parts.graphs)
         self.sampler = Sampler()
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, cfg.structured.reasoning_parser)
         self.beams = BeamSearch(self.scheduler, self.outputs, self.eos_token_ids, self.sessions)

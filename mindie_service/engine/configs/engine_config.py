@@ -66,6 +66,7 @@ class EngineConfig:
     num_threads: int | None = None  # CPU intra-op threads; None = torch's default
     cpu_kernels: bool = True  # the C kernels / packed-linear fast path on CPU (env MINDIE_CPU_KERNELS overrides)
     kernel_cache_dir: str | None = None  # where compiled kernels are kept; None = the default (env MINDIE_KERNEL_CACHE overrides)
+    cuda_graphs: bool = True  # decode steps replayed as CUDA graphs on CUDA (engine/runner/cuda_graphs.py); False = eager
     # Weight quantization at load (npu_ops.quant): None = as loaded, "w8a16", "w8a8" or "w4a16" (npu_ops.quant_w4a16:
     # int4 in groups of 128). A checkpoint already quantized (msModelSlim, W4A16: models/w4a16_checkpoint.py) loads
     # as it is.

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.engine.runner.cuda_graphs import GraphPlan, graph_plan
 from mindie_service.engine.runner.model_runner import kv_bytes_per_block
 from mindie_service.models.loader import LoadedModel, load_model
 from mindie_service.models.shard import Reduce
@@ -26,6 +27,7 @@ class EngineParts:
     tokenizer: Any
     eos_token_ids: frozenset[int]
     num_blocks: int
+    graphs: GraphPlan | None = None  # CUDA graphs for decode steps (engine/runner/cuda_graphs.py); None = eager
 
 
 # Bytes of one block of another pool sized with the target's (a speculative draft model's), given the device.
@@ -55,7 +57,9 @@ def load_parts(cfg: EngineConfig, shard: tuple[int, int, Reduce] | None = None,
     logger.info("KV pool: %d blocks of %d tokens (%d tokens, %.1f MiB; the schedule can use %d tokens: "
                 "maxBatchSize x maxSeqLen)", num_blocks, cfg.cache_block_size, num_blocks * cfg.cache_block_size,
                 num_blocks * per_block / 2**20, cfg.max_batch_size * cfg.max_seq_len)
-    return EngineParts(info, loaded, tokenizer, eos_ids(loaded.hf_config, tokenizer), num_blocks)
+    graphs = graph_plan(cfg.cuda_graphs and cfg.world_size == 1, device, cfg.max_batch_size, cfg.max_seq_len,
+                        cfg.cache_block_size)
+    return EngineParts(info, loaded, tokenizer, eos_ids(loaded.hf_config, tokenizer), num_blocks, graphs)
 
 
 def eos_ids(hf_config: Any, tokenizer: Any) -> frozenset[int]:

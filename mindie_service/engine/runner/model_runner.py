@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from mindie_service.engine.runner.cuda_graphs import DecodeGraphs, GraphPlan
 from mindie_service.engine.step import ModelOutput, ScheduledChunk, SchedulerOutput
 from mindie_service.models.fused_decode import FusedDecode
 from mindie_service.models.llama import StepContext
@@ -44,7 +45,7 @@ def kv_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype, kv
 class ModelRunner:
     def __init__(self, model: nn.Module, num_blocks: int, block_size: int, device: torch.device,
                  dtype: torch.dtype, lora_hook: LoraHook | None = None, embeds_hook: EmbedsHook | None = None,
-                 host_blocks: int = 0) -> None:
+                 host_blocks: int = 0, graphs: GraphPlan | None = None) -> None:
         self.model, self.block_size, self.device = model, block_size, device
         self._offsets = torch.arange(block_size, device=device)  # a block's slot offsets (prefix-cache spans)
         self.piece_tokens = PIECE_TOKENS
@@ -62,6 +63,8 @@ class ModelRunner:
         self.host_pool: torch.Tensor | None = None  # [host_blocks, layers, 2, block_size, ...]: at the first swap
         self.lora_hook, self.embeds_hook = lora_hook, embeds_hook
         self.fused = FusedDecode(model, self.kv_caches) if device.type == "cpu" else None
+        # CUDA graphs for plain decode steps (engine/runner/cuda_graphs.py); graph_plan says where they apply
+        self.graphs = DecodeGraphs(model, self.kv_caches, device, graphs) if graphs is not None else None
 
     def _slot(self, table: tuple[int, ...], pos: int) -> int:
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
@@ -133,10 +136,15 @@ class ModelRunner:
         return fused if fused is not None else self._forward(decodes, prefills, prompt_logits)
 
     def _fused_decode(self, decodes: list[ScheduledChunk]) -> torch.Tensor | None:
-        """A step of plain decodes on the CPU in one C call (models/fused_decode.py); None where it does not apply."""
-        if (self.fused is None or not decodes
-                or not all(c.sample and not c.num_draft and not c.adapter_slot for c in decodes)
-                or not self.fused.usable(len(decodes))):
+        """A step of plain decodes in one call: the CPU's C step (models/fused_decode.py) or a CUDA graph's replay;
+        None where neither applies (LoRA rows, drafts, a batch or a context no graph bucket holds)."""
+        if not decodes or not all(c.sample and not c.num_draft and not c.adapter_slot for c in decodes):
+            return None
+        if self.graphs is not None and self.graphs.takes(len(decodes), max(len(c.block_table) for c in decodes)):
+            return self.graphs.run([c.token_ids[0] for c in decodes], [c.start for c in decodes],
+                                   [self._slot(c.block_table, c.start) for c in decodes],
+                                   [c.block_table for c in decodes])
+        if self.fused is None or not self.fused.usable(len(decodes)):
             return None
         return self.fused.run([c.token_ids[0] for c in decodes], [c.start for c in decodes],
                               [self._slot(c.block_table, c.start) for c in decodes], [c.block_table for c in decodes])
@@ -163,7 +171,7 @@ class ModelRunner:
         current = [c.token_ids[0] for c in decodes]
         for s in range(steps):
             rows = [replace(c, start=c.start + s, token_ids=(t,), steps=1) for c, t in zip(decodes, current)]
-            logits = self._forward(rows, [], {})
+            logits = self._piece(rows, [], {})  # a CUDA graph's replay where one applies
             assert logits is not None
             got = first_maxima(logits)
             if got is None:
