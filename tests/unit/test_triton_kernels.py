@@ -1,12 +1,15 @@
 """Every Triton kernel under Triton's interpreter on CPU tensors, against the PyTorch reference it replaces:
 odd block sizes, GQA ratios, a cached prefix (chunked prefill), int8 pages; fp32 / fp16 / bf16. Tiny shapes:
 the interpreter runs each program in numpy. Triton reads TRITON_INTERPRET when a kernel is decorated, so it is
-set before the kernel modules are imported."""
+set before the kernel modules are imported. On a GPU, tools/device_check.py runs the same tests on CUDA tensors
+(MINDIE_TRITON_DEVICE=cuda: compiled kernels, no interpreter)."""
 from __future__ import annotations
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"
+DEVICE = os.environ.get("MINDIE_TRITON_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -15,6 +18,11 @@ pytest.importorskip("triton")
 
 from npu_ops import ops, quant, quant_kv  # noqa: E402
 from npu_ops import triton_attention, triton_kv_write, triton_rms_norm, triton_rotary, triton_w8a8  # noqa: E402
+
+def _on(*ts):
+    """The kernels' inputs on the device under test (the references run on the CPU)."""
+    return [t.to(DEVICE) if isinstance(t, torch.Tensor) else t for t in ts]
+
 
 # The tolerance of each dtype (the interpreter's casts to bfloat16 truncate where a GPU rounds to nearest).
 TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
@@ -86,7 +94,8 @@ def test_paged_attention_rows_match_the_reference(dtype, bs, heads, kvh, d, int8
     if int8:  # a fresh prompt's rows read their K/V from the pages too, as the CPU's int8 kernel does
         k_rows, v_rows = (quant_kv.dequantize(quant_kv.quantize(x), dtype) for x in (k_rows, v_rows))
     want = ops.paged_attention_ref(q, k_rows, v_rows, kc, vc, meta, d ** -0.5)
-    got = triton_attention.paged_attention_rows(q, kc, vc, meta.block_tables, meta.row_seq, meta.row_pos, d ** -0.5)
+    got = triton_attention.paged_attention_rows(*_on(q, kc, vc, meta.block_tables, meta.row_seq, meta.row_pos),
+                                                d ** -0.5).cpu()
     assert got.dtype == dtype and got.shape == q.shape
     rtol, atol = TOL[dtype]
     torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol)
@@ -104,7 +113,9 @@ def test_kv_write_matches_the_reference_and_skips_negative_slots(dtype, int8):
     k, v = qkv[:, :kvh], qkv[:, kvh:2 * kvh]
     slots = torch.tensor([3, 17, 0, 9, -1, 12])
     ops.write_kv_ref(want_k, want_v, k[slots >= 0], v[slots >= 0], slots[slots >= 0])
+    got_k, got_v, k, v, slots = _on(got_k, got_v, k, v, slots)
     triton_kv_write.write_kv(got_k, got_v, k, v, slots)
+    got_k, got_v = got_k.cpu(), got_v.cpu()
     assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)  # int8 rows and scales bit for bit too
 
 
@@ -114,12 +125,14 @@ def test_add_rms_norm_matches_the_reference(dtype):
     x, res = torch.randn(5, 40, generator=g).to(dtype), torch.randn(5, 40, generator=g).to(dtype)
     w = (1 + 0.1 * torch.randn(40, generator=g)).to(dtype)
     want, want_r = ops.add_rms_norm_ref(x, res, w, 1e-5)
-    got, got_r = triton_rms_norm.add_rms_norm(x, res, w, 1e-5)
+    got, got_r = (t.cpu() for t in triton_rms_norm.add_rms_norm(*_on(x, res, w), 1e-5))
     rtol, atol = TOL[dtype]
     torch.testing.assert_close(got_r.float(), want_r.float(), rtol=rtol, atol=atol)
     torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol)
-    alone, same = triton_rms_norm.add_rms_norm(x, None, w, 1e-5)
-    assert same is x
+    xd, wd = _on(x, w)
+    alone, same = triton_rms_norm.add_rms_norm(xd, None, wd, 1e-5)
+    assert same is xd
+    alone = alone.cpu()
     torch.testing.assert_close(alone.float(), ops.rms_norm_ref(x, w, 1e-5).float(), rtol=rtol, atol=atol)
 
 
@@ -132,8 +145,8 @@ def test_rotary_matches_the_reference_on_strided_heads(dtype):
     ang = torch.randn(t, d // 2, generator=g)
     cos, sin = torch.cat([ang.cos()] * 2, -1).to(dtype), torch.cat([ang.sin()] * 2, -1).to(dtype)
     rtol, atol = TOL[dtype]
-    torch.testing.assert_close(triton_rotary.rotary(x, cos, sin).float(), ops.rotary_ref(x, cos, sin).float(),
-                               rtol=rtol, atol=atol)
+    got = triton_rotary.rotary(*_on(x, cos, sin)).cpu()
+    torch.testing.assert_close(got.float(), ops.rotary_ref(x, cos, sin).float(), rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("m,bias", [(1, True), (19, False)])
@@ -144,5 +157,5 @@ def test_w8a8_matmul_matches_the_reference(m, bias):
     wq, ws = quant.quantize_weight(torch.randn(n, k, generator=g))
     b = torch.randn(n, generator=g) if bias else None
     xq, xs = quant.quantize_rows(x)
-    got = triton_w8a8.w8a8_matmul(xq, xs, wq, ws, b, torch.float32)
+    got = triton_w8a8.w8a8_matmul(*_on(xq, xs, wq, ws, b), torch.float32).cpu()
     torch.testing.assert_close(got, quant.w8a8_ref(x, wq, ws, b), rtol=1e-6, atol=1e-5)
