@@ -110,6 +110,8 @@ def test_kv_write_matches_the_reference_and_skips_negative_slots(dtype, int8):
     want_v, got_k, got_v = torch.zeros_like(want_k), torch.zeros_like(want_k), torch.zeros_like(want_k)
     qkv = torch.randn(6, 2 * kvh + 1, d, generator=g).to(dtype)  # k and v are strided views, as in the model
     qkv[2, 0] = 0  # a zero row: scale 1
+    qkv[3, 1] = 0  # a row of exact ties: amax 31.75 gives scale 0.25, so 0.125, 0.375, -0.625 quantize to .5s
+    qkv[3, 1, :4] = torch.tensor([31.75, 0.125, 0.375, -0.625])  # round half to even: 0, 2, -2
     k, v = qkv[:, :kvh], qkv[:, kvh:2 * kvh]
     slots = torch.tensor([3, 17, 0, 9, -1, 12])
     ops.write_kv_ref(want_k, want_v, k[slots >= 0], v[slots >= 0], slots[slots >= 0])
