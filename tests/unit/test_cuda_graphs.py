@@ -1,8 +1,8 @@
 """CUDA graphs for decode steps, held without a GPU: a stand-in graph backend plays torch.cuda.CUDAGraph (a
 capture records the body and its output tensor, a replay runs the body again into that same tensor, reading
-whatever the static buffers hold then). Triton is switched on for CPU tensors: where the CPU has no C kernel
-first (the KV write, the fused residual + norm) the Triton kernels run in Triton's interpreter, as they run inside
-a CUDA graph (padded rows write to slot -1, which only the Triton KV write skips)."""
+whatever the static buffers hold then). Every op takes its CUDA path, the Triton kernels, run by Triton's
+interpreter on CPU tensors (padded rows write to slot -1, which only the Triton KV write skips), and the logits
+are held against the eager CPU path's (the C kernels), so the ops' dispatch inside the model is held too."""
 from __future__ import annotations
 
 import os
@@ -18,6 +18,7 @@ from mindie_service.engine.runner import cuda_graphs  # noqa: E402
 from mindie_service.engine.runner.cuda_graphs import GraphPlan, graph_plan  # noqa: E402
 from mindie_service.engine.runner.model_runner import ModelRunner  # noqa: E402
 from mindie_service.engine.step import ScheduledChunk  # noqa: E402
+from mindie_service.models import fused_layers  # noqa: E402
 from mindie_service.models.loader import load_model  # noqa: E402
 from npu_ops import ops  # noqa: E402
 
@@ -30,8 +31,7 @@ class StandInGraphs:
         self.replays = 0
 
     def capture(self, fn):
-        fn()  # the warm-up run
-        out = fn()  # "captured": the body and where it leaves its output
+        out = fn()  # "captured" (the warm-up run left out): the body and where it leaves its output
         self.captured.append((fn, out))
         return len(self.captured) - 1, out
 
@@ -72,16 +72,19 @@ def _decode(runner: ModelRunner, chunks: list[ScheduledChunk], rows: list[list[i
 
 
 def test_decode_steps_capture_once_per_bucket_replay_and_match_the_eager_cpu_path(model, monkeypatch):
-    prompts = [[5, 9, 14, 3, 7], list(range(20, 29)), list(range(40, 53))]
-    rows = [[0, 1, 2], [0, 2], [0, 1, 2], [1]]  # buckets 4, 2, 4 again, 1
+    prompts = [[5, 9, 14, 3, 7], list(range(20, 29)), list(range(40, 46))]
+    rows = [[0, 1, 2], [0, 2], [0, 1, 2]]  # buckets 4, 2, then 4 again
     eager = _decode(ModelRunner(model, 24, BS, torch.device("cpu"), torch.float32), _chunks(prompts), rows)
-    monkeypatch.setattr(ops, "_triton_on", lambda t: True)  # the kernels a CUDA graph holds, interpreted
+    monkeypatch.setattr(ops, "_triton_on", lambda t: True)  # every op on its CUDA path: Triton, interpreted
+    monkeypatch.setattr(ops.cpu_kernels, "supports", lambda *ts: False)
+    monkeypatch.setattr(fused_layers, "_enabled", False)  # the CPU's one-call layers: none on CUDA
     runner = ModelRunner(model, 24, BS, torch.device("cpu"), torch.float32, graphs=GraphPlan(4, 8))
     standin = runner.graphs.backend = StandInGraphs()
     runner.fused = None  # what a CUDA runner has: no C step to fall back on
     graphed = _decode(runner, _chunks(prompts), rows)
-    assert sorted(runner.graphs.buckets) == [1, 2, 4] and len(standin.captured) == 3  # bucket 4 replayed, not recaptured
-    assert standin.replays == runner.graphs.replays == 4
+    assert {"attention", "kv_write", "rotary", "rms_norm"} <= _loaded()
+    assert sorted(runner.graphs.buckets) == [2, 4] and len(standin.captured) == 2  # bucket 4 replayed, not recaptured
+    assert standin.replays == runner.graphs.replays == 3
     for want, got in zip(eager, graphed):
         assert got.shape == want.shape
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
@@ -98,6 +101,12 @@ def test_rows_a_graph_cannot_hold_run_eager(model):
     assert not runner.graphs.takes(5, 1)  # above the largest bucket
     assert not runner.graphs.takes(2, 9)  # a context wider than the static block tables
     assert runner.graphs.replays == 0 and not runner.graphs.buckets
+
+
+def _loaded() -> set[str]:
+    """The Triton kernel modules the ops have imported (npu_ops/triton_<op>.py)."""
+    import sys
+    return {m.rpartition("triton_")[2] for m in sys.modules if m.startswith("npu_ops.triton_")}
 
 
 class FakeCuda:
