@@ -40,11 +40,17 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def device_tests(dev: str) -> None:
+    """Two pytest runs: Triton reads TRITON_INTERPRET when a kernel is decorated, once a process, so the kernels
+    compiled for the GPU and the stand-in tests (the interpreter on CPU tensors) cannot share one."""
     print("\n== 1. device tests", flush=True)
-    env = dict(os.environ, MINDIE_TRITON_DEVICE=dev, PYTHONPATH=os.pathsep.join([str(ROOT)] + sys.path[2:]))
-    files = ["tests/unit/test_triton_kernels.py", "tests/device", "tests/unit/test_cuda_graphs.py"]
-    rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files], cwd=ROOT, env=env)
-    print(f"device tests: {'passed' if rc == 0 else f'FAILED (rc {rc})'}", flush=True)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    runs = ((["tests/unit/test_triton_kernels.py"], {"MINDIE_TRITON_DEVICE": dev, "TRITON_INTERPRET": "0"}),
+            (["tests/device", "tests/unit/test_cuda_graphs.py"], {"TRITON_INTERPRET": "1"}))
+    for files, extra in runs:
+        env = dict(os.environ, PYTHONPATH=path, **extra)
+        rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files], cwd=ROOT,
+                             env=env)
+        print(f"device tests {' '.join(files)}: {'passed' if rc == 0 else f'FAILED (rc {rc})'}", flush=True)
 
 
 def copy_bandwidth(dev: str, dry: bool) -> float:

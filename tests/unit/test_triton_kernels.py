@@ -161,3 +161,17 @@ def test_w8a8_matmul_matches_the_reference(m, bias):
     xq, xs = quant.quantize_rows(x)
     got = triton_w8a8.w8a8_matmul(*_on(xq, xs, wq, ws, b), torch.float32).cpu()
     torch.testing.assert_close(got, quant.w8a8_ref(x, wq, ws, b), rtol=1e-6, atol=1e-5)
+
+
+def test_decode_shapes_of_a_w8a8_linear_on_cuda_take_the_triton_kernel(monkeypatch):
+    """torch._int_mm refuses M <= 16 (every decode step): QuantLinear's CUDA path runs the Triton kernel there."""
+    calls = []
+    real = triton_w8a8.w8a8_matmul
+    monkeypatch.setattr(quant.triton_support, "usable", lambda kind: kind == "cuda")
+    monkeypatch.setattr(triton_w8a8, "w8a8_matmul", lambda *a: (calls.append(a[0].shape), real(*a))[1])
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(3, 48, generator=g)
+    wq, ws = quant.quantize_weight(torch.randn(40, 48, generator=g))
+    got = quant._cuda_w8a8(*_on(x, wq, ws), None).cpu()
+    assert calls == [(3, 48)]
+    torch.testing.assert_close(got, quant.w8a8_ref(x, wq, ws, None), rtol=1e-6, atol=1e-5)
