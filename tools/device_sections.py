@@ -94,6 +94,8 @@ def _llm(path: Path, dev: str, dtype: str, batch: int, seq: int, **kw: Any):
     from mindie_service.llm import LLM
 
     blocks = batch * -(-seq // 16) + 8
+    if dev == "cpu":  # the dry run: one thread (a team of two on a busy machine waits at every barrier)
+        kw.setdefault("num_threads", 1)
     return LLM(str(path), dtype=dtype, device=dev, max_batch_size=batch, max_prefill_batch_size=batch,
                max_seq_len=seq, max_input_token_len=seq - 1, num_kv_blocks=blocks, cache_block_size=16, **kw)
 
@@ -157,8 +159,29 @@ def parity(dev: str, dry: bool, demo: Path, work: Path) -> None:
               f"divergence {sum(prefix) / (n * new):.1%}", flush=True)
 
 
-def _run_streams(llm: Any, prompts: list[list[int]], new: int) -> tuple[float, float, int]:
-    """(wall s, decode s, decode tokens): decode time from the step that gave every stream its first token."""
+def _time_forwards(llm: Any, dev: str) -> list[tuple[float, float]]:
+    """(start, seconds) of every runner.execute (the forward: a graph's replay or eager), synchronized on CUDA."""
+    runner, spent = llm.engine.runner, []
+    real = runner.execute
+
+    def execute(out: Any) -> Any:
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        result = real(out)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        spent.append((t0, time.perf_counter() - t0))
+        return result
+
+    runner.execute = execute
+    return spent
+
+
+def _run_streams(llm: Any, prompts: list[list[int]], new: int,
+                 forwards: list[tuple[float, float]]) -> tuple[float, float, float, int]:
+    """(wall s, decode s, decode forward s, decode tokens): decode from the step that gave every stream its first
+    token on; its forward time is the part of it spent in the runner (``_time_forwards``)."""
     from mindie_service.inputs import TokensPrompt
     from mindie_service.sampling_params import SamplingParams
 
@@ -182,7 +205,8 @@ def _run_streams(llm: Any, prompts: list[list[int]], new: int) -> tuple[float, f
         if t_dec is None and len(started) == len(reqs):
             t_dec = time.perf_counter()
     end = time.perf_counter()
-    return end - t0, end - (t_dec or t0), dec_tokens
+    t_dec = t_dec or t0
+    return end - t0, end - t_dec, sum(dt for ts, dt in forwards if ts >= t_dec), dec_tokens
 
 
 def throughput(dev: str, dry: bool, work: Path, copy_bw: float) -> None:
@@ -206,14 +230,17 @@ def throughput(dev: str, dry: bool, work: Path, copy_bw: float) -> None:
           f"prompts of {plen} tokens, {new} new tokens each", flush=True)
     for graphs in (True, False):
         llm = _llm(path, dev, str(dtype)[6:], max(streams), plen + new + 16, cuda_graphs=graphs)
+        forwards = _time_forwards(llm, dev)
         for n in streams:
-            _run_streams(llm, prompts[:n], 4)  # warm-up: Triton compiles, this batch's graph is captured
-            wall, dec, dec_tokens = _run_streams(llm, prompts[:n], new)
-            step = dec / max(1, dec_tokens // n)
+            _run_streams(llm, prompts[:n], 4, forwards)  # warm-up: Triton compiles, this batch's graph is captured
+            wall, dec, fwd, dec_tokens = _run_streams(llm, prompts[:n], new, forwards)
+            steps = max(1, dec_tokens // n)
             step_bytes = weight_bytes + n * (plen + new / 2) * kv_token_bytes
             e2e = n * new / wall
-            print(f"graphs {'on ' if graphs else 'off'} {n:3d} streams: decode step {step * 1e3:7.3f} ms "
-                  f"({dec_tokens / max(dec, 1e-9):8.0f} tok/s), {step_bytes / step / 1e9:7.1f} GB/s = "
-                  f"{step_bytes / step / copy_bw:5.1%} of copy bandwidth; end to end {e2e:8.0f} tok/s vs "
-                  f"transformers {hf_tok_s[n]:8.0f} tok/s: x{e2e / hf_tok_s[n]:.2f}", flush=True)
+            print(f"graphs {'on ' if graphs else 'off'} {n:3d} streams: decode step {dec / steps * 1e3:7.3f} ms, its "
+                  f"forward {fwd / steps * 1e3:7.3f} ms ({dec_tokens / max(dec, 1e-9):7.0f} tok/s); bandwidth "
+                  f"{step_bytes * steps / max(fwd, 1e-9) / 1e9:6.1f} GB/s in the forward = "
+                  f"{step_bytes * steps / max(fwd, 1e-9) / copy_bw:5.1%} of the copy's, "
+                  f"{step_bytes * steps / max(dec, 1e-9) / copy_bw:5.1%} over the whole step; end to end "
+                  f"{e2e:7.0f} tok/s vs transformers {hf_tok_s[n]:7.0f} tok/s: x{e2e / hf_tok_s[n]:.2f}", flush=True)
         _free(llm)
