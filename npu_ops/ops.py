@@ -179,6 +179,7 @@ class PrefillSpan:
     n: int
     ctx_len: int  # cached prefix + n
     ctx_slots: torch.Tensor | None  # [ctx_len] slots when part of the context comes from the cache
+    table_row: int | None = None  # its row of AttentionMetadata.block_tables (the Triton kernel's tiles)
 
 
 @dataclass
@@ -197,6 +198,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor | None = None  # [S, max_blocks] int32: each sequence's blocks, decodes first
     row_seq: torch.Tensor | None = None  # [T] int32: the block_tables row of each token
     row_pos: torch.Tensor | None = None  # [T] int32: each token's position in its sequence
+    prefill_tiles: torch.Tensor | None = None  # the Triton kernel's prefill tiles, built by its first layer
 
 
 def _gather(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -282,10 +284,25 @@ def _decode_npu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, m
 
 def _triton_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                  scale: float, first: int = 0) -> torch.Tensor:
-    """The Triton kernel over the step's query rows from ``first`` on (decode and prefill rows alike)."""
+    """The Triton kernel over the step's query rows from ``first`` on: decode rows one a program, prefill spans
+    that name their block-table row in tiles of several rows; returns [T - first, heads, D]."""
     assert meta.row_seq is not None and meta.row_pos is not None and meta.block_tables is not None
-    return _triton("attention").paged_attention_rows(q[first:], k_cache, v_cache, meta.block_tables,
-                                                     meta.row_seq[first:], meta.row_pos[first:], scale)
+    kernels = _triton("attention")
+    spans = [s for s in meta.prefills if s.table_row is not None and s.start >= first]
+    tiled = sum(s.n for s in spans)
+    if tiled == 0 or len(meta.prefills) != len(spans) or meta.num_decode + tiled != q.shape[0]:
+        return kernels.paged_attention_rows(q[first:], k_cache, v_cache, meta.block_tables, meta.row_seq[first:],
+                                            meta.row_pos[first:], scale)
+    out = torch.empty_like(q)
+    if first < meta.num_decode:
+        kernels.paged_attention_rows(q[first:meta.num_decode], k_cache, v_cache, meta.block_tables,
+                                     meta.row_seq[first:meta.num_decode], meta.row_pos[first:meta.num_decode], scale,
+                                     out=out[first:meta.num_decode])
+    if meta.prefill_tiles is None:  # once a step: every layer's tiles are the same
+        meta.prefill_tiles = kernels.span_tiles([(s.start, s.table_row, s.ctx_len - s.n, s.n) for s in spans],
+                                                q.shape[1] // k_cache.shape[2], q.device)
+    kernels.paged_attention_tiles(q, k_cache, v_cache, meta.block_tables, meta.prefill_tiles, scale, out=out)
+    return out[first:]
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,

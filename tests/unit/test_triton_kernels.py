@@ -58,7 +58,7 @@ def _step(lens: list[int], new: list[int], bs: int, tables: list[list[int]], k, 
         first = lens[i] - new[i]
         if new[i] > 1:
             ctx = torch.tensor([tables[i][p // bs] * bs + p % bs for p in range(lens[i])])
-            spans.append(ops.PrefillSpan(len(rows_seq), new[i], lens[i], ctx if first else None))
+            spans.append(ops.PrefillSpan(len(rows_seq), new[i], lens[i], ctx if first else None, table_row=r))
         for p in range(first, lens[i]):
             rows_seq.append(r)
             rows_pos.append(p)
@@ -87,7 +87,7 @@ CASES = [  # (dtype, block size, heads, kv heads, head dim, int8 pages)
 @pytest.mark.parametrize("dtype,bs,heads,kvh,d,int8", CASES)
 def test_paged_attention_rows_match_the_reference(dtype, bs, heads, kvh, d, int8):
     g = torch.Generator().manual_seed(bs * 31 + heads)
-    lens, new = [2 * bs + 3, 1, 9, 11], [1, 1, 4, 11]  # decodes, a chunk over a cached prefix, a fresh prompt
+    lens, new = [2 * bs + 3, 1, 9, 19], [1, 1, 4, 19]  # decodes, a chunk over a cached prefix, a fresh prompt
     kc, vc, _, tables, k, v = _pages(lens, bs, kvh, d, dtype, g, int8)
     meta, k_rows, v_rows = _step(lens, new, bs, tables, k, v)
     q = torch.randn(meta.row_seq.shape[0], heads, d, generator=g).to(dtype)
@@ -99,6 +99,11 @@ def test_paged_attention_rows_match_the_reference(dtype, bs, heads, kvh, d, int8
     assert got.dtype == dtype and got.shape == q.shape
     rtol, atol = TOL[dtype]
     torch.testing.assert_close(got.float(), want.float(), rtol=rtol, atol=atol)
+    # as the ops dispatch it: decode rows one a program, each prefill span's rows in tiles of several
+    meta.block_tables, meta.row_seq, meta.row_pos = _on(meta.block_tables, meta.row_seq, meta.row_pos)
+    tiled = ops._triton_rows(*_on(q, kc, vc), meta, d ** -0.5).cpu()
+    assert meta.prefill_tiles is not None and meta.prefill_tiles.shape[0] >= 2
+    torch.testing.assert_close(tiled.float(), want.float(), rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("dtype,int8", [(torch.float16, False), (torch.bfloat16, False), (torch.float32, True)])

@@ -230,7 +230,7 @@ class ModelRunner:
             if first > 0:  # every context position's slot, block by block (no Python loop over positions)
                 blocks = torch.tensor(c.block_table[:(end + self.block_size - 1) // self.block_size], device=dev)
                 ctx_slots = (blocks[:, None] * self.block_size + self._offsets).reshape(-1)[:end]
-            spans.append(PrefillSpan(start, n, end, ctx_slots))
+            spans.append(PrefillSpan(start, n, end, ctx_slots, len(decodes) + len(spans)))  # its block_tables row
             starts.append(start)
             counts.append(n)
         chunks = decodes + prefills
