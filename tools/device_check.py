@@ -44,8 +44,11 @@ def device_tests(dev: str) -> None:
     compiled for the GPU and the stand-in tests (the interpreter on CPU tensors) cannot share one."""
     print("\n== 1. device tests", flush=True)
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    runs = ((["tests/unit/test_triton_kernels.py"], {"MINDIE_TRITON_DEVICE": dev, "TRITON_INTERPRET": "0"}),
-            (["tests/device", "tests/unit/test_cuda_graphs.py"], {"TRITON_INTERPRET": "1"}))
+    compiled = ["tests/unit/test_triton_kernels.py", "tests/device/test_npu_ops.py",
+                "tests/device/test_npu_contracts.py"]
+    interpreted = ["tests/device/test_triton_ascend_contracts.py", "tests/unit/test_cuda_graphs.py"]
+    runs = ((compiled, {"MINDIE_TRITON_DEVICE": dev, "TRITON_INTERPRET": "0"}),
+            (interpreted, {"TRITON_INTERPRET": "1"}))
     for files, extra in runs:
         env = dict(os.environ, PYTHONPATH=path, **extra)
         rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files], cwd=ROOT,

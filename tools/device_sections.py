@@ -213,7 +213,7 @@ def throughput(dev: str, dry: bool, work: Path, copy_bw: float) -> None:
     print("\n== 5. decode throughput: engine vs transformers' batched generate, graphs on and off", flush=True)
     shape = DRY if dry else LLAMA_1B
     path = random_checkpoint(shape, work, dev)
-    streams, plen, new = ((1, 2), 8, 4) if dry else ((1, 16, 64), 32, 128)
+    streams, plen, new = ((2,), 8, 4) if dry else ((1, 16, 64), 32, 128)
     dtype = torch.float32 if dry else torch.bfloat16
     prompts = _prompts(max(streams), plen, shape.vocab, 2)
     hf = _hf(path, dev, dtype)

@@ -60,9 +60,11 @@ def test_int8_pages_on_the_npu_run_triton_ascend(npu):
     q, kc, vc, bt, host = _decode_case(torch.float16, 16, torch.device("cpu"), d=32)  # fp16 pages, through ATB
     standin.calls.clear()
     k8, v8 = (torch.zeros(*kc.shape[:3], quant_kv.row_bytes(32), dtype=torch.int8) for _ in range(2))
-    slots = torch.arange(kc.shape[0] * kc.shape[1])
-    ops.write_kv(k8, v8, kc.view(-1, *kc.shape[2:]), vc.view(-1, *vc.shape[2:]), slots)  # every page, quantized
-    assert torch.equal(k8, quant_kv.quantize(kc.float()).view(k8.shape))
+    bs = kc.shape[1]
+    slots = torch.tensor([int(b) * bs + o for row, n in zip(bt.tolist(), host.tolist()) for p, b in enumerate(row)
+                          for o in range(bs) if p * bs + o < n])  # each sequence's context, quantized
+    ops.write_kv(k8, v8, kc.view(-1, *kc.shape[2:])[slots], vc.view(-1, *vc.shape[2:])[slots], slots)
+    assert torch.equal(k8.view(-1, *k8.shape[2:])[slots], quant_kv.quantize(kc.float()).view(-1, *k8.shape[2:])[slots])
     got = ops.paged_attention(q, q[:, :2], q[:, :2], k8, v8, _rows_meta(q, bt, host), 32 ** -0.5)
     want = _reference(q, quant_kv.dequantize(k8, torch.float32), quant_kv.dequantize(v8, torch.float32), bt, host,
                       32 ** -0.5)

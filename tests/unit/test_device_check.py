@@ -30,4 +30,4 @@ def test_the_device_check_dry_runs_every_section_on_the_cpu(tiny_model, tmp_path
     assert len(diffs) == 7 and max(diffs) < 1e-4, out  # fp32 in the dry run: each kernel as the reference
     assert "demo model: 2/2 outputs identical" in out
     for graphs in ("on ", "off"):
-        assert len(re.findall(rf"graphs {graphs}\s+\d+ streams: decode step", out)) == 2, out
+        assert len(re.findall(rf"graphs {graphs}\s+2 streams: decode step", out)) == 1, out

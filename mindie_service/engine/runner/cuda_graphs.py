@@ -116,7 +116,8 @@ class DecodeGraphs:
         hidden = self.model(self.ids[:b], StepContext(positions=self.positions[:b], attn=meta), self.kv_caches)
         return self.model.compute_logits(hidden)
 
-    def run(self, ids: list[int], positions: list[int], slots: list[int], tables: list[tuple[int, ...]]) -> torch.Tensor:
+    def run(self, ids: list[int], positions: list[int], slots: list[int],
+            tables: list[tuple[int, ...]]) -> torch.Tensor:
         """Logits [len(ids), vocab] of one decode step: copy into the static buffers, then replay the bucket's
         graph (captured first if this is the bucket's first step)."""
         n = len(ids)
