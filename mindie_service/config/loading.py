@@ -186,7 +186,7 @@ def _backend(be: dict[str, Any], base: Path) -> BackendSettings:
         max_loras=int(dep["maxLoras"]), max_lora_rank=int(dep["maxLoraRank"]), video_frames=int(dep["videoFrames"]),
         max_video_frames=int(dep["maxVideoFrames"]),
         num_threads=None if dep["numThreads"] is None else int(dep["numThreads"]),
-        cpu_kernels=dep["cpuKernels"],
+        cpu_kernels=dep["cpuKernels"], cuda_graphs=dep["cudaGraphs"],
         kernel_cache_dir=None if dep["kernelCacheDir"] is None else _resolve(base, dep["kernelCacheDir"]),
         models_dir=_resolve(base, dep["modelsDir"]), max_model_download_mb=int(dep["maxModelDownloadMb"]),
         multi_nodes_infer_enabled=bool(be.get("multiNodesInferEnabled", False)),

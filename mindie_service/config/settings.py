@@ -135,6 +135,7 @@ class BackendSettings:
     max_video_frames: int
     num_threads: int | None
     cpu_kernels: bool
+    cuda_graphs: bool  # decode steps as CUDA graphs (engine/runner/cuda_graphs.py)
     kernel_cache_dir: str | None  # resolved; None = npu_ops's default
     multi_nodes_infer_enabled: bool = False  # ranks 1.. join by `mindie-service worker` (env rendezvous)
     multi_nodes_infer_port: int | None = None  # the rendezvous port; None = a free local port
@@ -223,7 +224,8 @@ class ServiceConfig:
             max_loras=b.max_loras, max_lora_rank=b.max_lora_rank,
             lora_modules=tuple(lo for lo in self.lora_modules if lo.base_model_name == m.name),
             video_frames=b.video_frames, max_video_frames=b.max_video_frames, num_threads=b.num_threads,
-            cpu_kernels=b.cpu_kernels, kernel_cache_dir=b.kernel_cache_dir, max_sessions=s.max_sessions,
+            cpu_kernels=b.cpu_kernels, cuda_graphs=b.cuda_graphs, kernel_cache_dir=b.kernel_cache_dir,
+            max_sessions=s.max_sessions,
             session_kv_share=s.session_kv_share, session_idle_seconds=s.session_idle_seconds,
             max_session_tokens=s.max_session_tokens,
             session_spill_dir=None if s.session_spill_dir is None else (

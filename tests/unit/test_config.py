@@ -160,6 +160,8 @@ BAD: list[tuple[str, Callable[[dict[str, Any]], None], list[str]]] = [
      ["BackendConfig.interNodeTLSEnabled", "false", "got true"]),
     ("cpuKernels not a boolean", lambda d: deploy(d).update(cpuKernels="yes"),
      [f"{D}.cpuKernels", "a boolean", '"yes"']),
+    ("cudaGraphs not a boolean", lambda d: deploy(d).update(cudaGraphs=1),
+     [f"{D}.cudaGraphs", "a boolean", "1"]),
     ("kernelCacheDir empty", lambda d: deploy(d).update(kernelCacheDir=""),
      [f"{D}.kernelCacheDir", "a non-empty string or null", 'got ""']),
 ]
@@ -345,7 +347,8 @@ def test_schema_defaults_agree_with_engine_defaults(tmp_path: Path) -> None:
 
 def test_engine_config_mapping(tmp_path: Path) -> None:
     doc = shipped()
-    deploy(doc).update(numThreads=2, truncation=True, cpuKernels=False, kernelCacheDir="../cache/kernels")
+    deploy(doc).update(numThreads=2, truncation=True, cpuKernels=False, kernelCacheDir="../cache/kernels",
+                       cudaGraphs=False)
     sched(doc).update(numKvBlocks=500, maxPreemptCount=3, maxQueueDelayMicroseconds=700, enablePrefixCaching=False)
     model0(doc).update(trustRemoteCode=True)
     second = {**model0(doc), "modelName": "other", "modelWeightPath": "/w/other", "npuMemSize": 7}
@@ -361,7 +364,7 @@ def test_engine_config_mapping(tmp_path: Path) -> None:
     assert (e.max_preempt_count, e.max_queue_delay_microseconds, e.num_kv_blocks) == (3, 700, 500)
     assert (e.kv_cache_memory_gb, e.enable_prefix_caching, e.num_threads) == (2.0, False, 2)
     assert (e.max_loras, e.max_lora_rank, e.video_frames, e.max_video_frames) == (4, 64, 8, 32)
-    assert (e.cpu_kernels, e.kernel_cache_dir) == (False, str(tmp_path / "cache" / "kernels"))
+    assert (e.cpu_kernels, e.kernel_cache_dir, e.cuda_graphs) == (False, str(tmp_path / "cache" / "kernels"), False)
     assert e.lora_modules == (LoraModuleSpec("a1", "/ad/a1", "SmolLM2-135M-Instruct"),)
     e.validate()
     e2 = cfg.engine_config(1)
