@@ -146,7 +146,7 @@ def test_a_model_not_yet_downloaded_shows_the_format_its_source_names(tmp_path):
 
     def view(record):
         entry = SimpleNamespace(id="m", record=record, progress=None, error=None, state="not_downloaded",
-                                folder=tmp_path / "absent", engine=None)
+                                folder=tmp_path / "absent", engine=None, mock=False)
         return model_view(entry, detail=False)["format"]
     assert view(ModelRecord(id="m", source_url="https://h/a/b.gguf")) == "gguf"
     assert view(ModelRecord(id="m", source_url="https://h/a", assets=["model.safetensors"])) == "safetensors"
