@@ -99,6 +99,14 @@ class GenerationError(MindieError):
     error_type = "generation"
 
 
+class ModelLoadError(MindieError):
+    """The model a request names failed to load (its ``load_error``): 424, until the management port starts it
+    again (a failed load is not retried by every request)."""
+
+    status = 424
+    error_type = "model_load_failed"
+
+
 class IncompleteGenerationError(MindieError):
     """The engine stopped before this request finished (engine thread or a rank died): 500."""
 

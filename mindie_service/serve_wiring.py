@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import time
 import shlex
 from pathlib import Path
 
@@ -127,6 +128,9 @@ def ready_banner(cfg: ServiceConfig) -> str:
 
 def model_engine(ec: EngineConfig, mock: bool) -> EngineClient:
     """The engine of one model (runs in a worker thread): the devkit's mock for a mock model."""
+    from mindie_service.devkit.faults import load_delay
+
+    time.sleep(load_delay(os.environ))  # the testing hook's slow_load (0 unless MINDIE_SERVICE_FAULTS says)
     if mock:
         from mindie_service.devkit.mock_engine import MockEngine
 

@@ -18,7 +18,8 @@ from typing import Any, Awaitable, Callable
 
 from mindie_service.catalog.checkpoint_kind import check_folder, declared_kind, detect
 from mindie_service.catalog.entry import CatalogEntry
-from mindie_service.catalog.fit_estimate import estimate
+from mindie_service.catalog.fit_estimate import estimate, loaded_estimate
+from mindie_service.catalog.memory_meter import LoadMeter
 from mindie_service.catalog.model_json import ModelRecord, check_model_id, read_model_json
 from mindie_service.catalog.shared_files import first_user
 from mindie_service.engine.client import EngineClient
@@ -61,6 +62,7 @@ class Catalog:
         self.entries: dict[str, CatalogEntry] = {}
         self._lock = threading.Lock()  # resolve runs in the tokenizer pool, stop on the IO loop
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.on_release: Callable[[CatalogEntry], None] = lambda e: None  # a model's last hold ended (residency)
         for i, m in enumerate(config.models):
             folder = Path(m.weight_path)
             rec = read_model_json(folder, m.name) or ModelRecord(id=m.name, name=m.name)
@@ -123,9 +125,15 @@ class Catalog:
             t.entry.active += 1
             return t
 
+    def hold_lock(self) -> threading.Lock:
+        """The lock ``resolve`` takes: a state change under it is seen by every later request."""
+        return self._lock
+
     def release(self, target: Target) -> None:
         with self._lock:
             target.entry.active -= 1
+            if target.entry.active == 0:
+                self.on_release(target.entry)
 
     def _resolve(self, name: str) -> Target:
         e = self.entries.get(name)
@@ -176,7 +184,7 @@ class Catalog:
         world = self.config.models[e.config_index].world_size if e.config_index is not None else 1
         try:
             est = estimate(e.folder, cfg.max_seq_len, world_size=world, float_bytes=_float_bytes(cfg.dtype))
-        except ValidationError as ex:  # an unreadable checkpoint: the load says so, as the model's load_error
+        except (ValidationError, ValueError, OSError) as ex:  # unreadable: the load says so, as its load_error
             logger.warning("model %s: no memory estimate (%s); starting it reports why", e.id, ex)
             return
         free, _ = memory_info(torch.device("cpu"))
@@ -187,11 +195,26 @@ class Catalog:
                                 f"({each}weights {est.weights / 2**30:.2f} GiB + a minimum KV pool "
                                 f"{est.kv_min / 2**30:.2f} GiB) and {free / 2**30:.2f} GiB are free")
 
+    def need_bytes(self, e: CatalogEntry) -> int:
+        """What ``e`` is expected to take once loaded, before a load measured it: the header estimate of its
+        weights plus its KV pool as configured (0 for a mock, or a checkpoint whose header cannot be read)."""
+        if e.mock:
+            return 0
+        cfg = self.engine_config(e)
+        world = self.config.models[e.config_index].world_size if e.config_index is not None else 1
+        try:
+            return loaded_estimate(e.folder, cfg, world) * len(self.instance_configs(e, cfg))
+        except (ValidationError, OSError, ValueError) as ex:
+            logger.warning("model %s: no memory estimate (%s)", e.id, ex)
+            return 0
+
     def start(self, model_id: str) -> CatalogEntry:
         """Begin starting a model (background); 409 while busy or not downloaded, 409 if it won't fit."""
         e = self.get(model_id)
         if e.state in ("running", "starting"):
             return e
+        if e.state == "sleeping" and e.engine is not None:  # level 1 keeps the engine (catalog/sleep.py wakes it)
+            raise ConflictError(f"model {model_id} is asleep with its weights loaded: POST /wake_up?model={model_id}")
         if e.state in ("stopping", "downloading", "not_downloaded"):
             raise ConflictError(f"model {model_id} cannot start while {e.state}")
         if not e.mock and detect(e.folder) is None:
@@ -207,24 +230,32 @@ class Catalog:
         return e
 
     async def _start(self, e: CatalogEntry, cfg: EngineConfig) -> None:
-        engine = None
+        engine, meter = None, LoadMeter()
         try:
             assert self.build is not None
             build, mock = self.build, e.mock
-            engine = await asyncio.get_running_loop().run_in_executor(
-                None, build_instances, self.instance_configs(e, cfg), lambda ec: build(ec, mock))
+
+            def built() -> EngineClient:
+                meter.begin()
+                out = build_instances(self.instance_configs(e, cfg), lambda ec: build(ec, mock))
+                meter.built()
+                return out
+            engine = await asyncio.get_running_loop().run_in_executor(None, built)
             if not e.mock and e.record.engine_parameters:  # the model.json prefixes for template-less checkpoints
                 engine.input_facts.chat_prefixes = e.record.prefixes()
             engine.start()
             e.progress = {"phase": "warming up"}
             if self.warm_up is not None:
                 await self.warm_up(engine)
+            meter.warmed()
+            e.memory = meter.result(engine, e.mock)
             e.loaded(engine)
             if e.config_index == 0:
                 self.on_default(engine)
-            logger.info("model %s running", e.id)
+            logger.info("model %s: starting -> running (loaded in %.2f s; measured %s)", e.id, e.last_load_s or 0.0,
+                        ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in e.memory.as_json().items()))
         except Exception as ex:  # a start failure is the model's state, never the server's
-            logger.exception("model %s failed to start", e.id)
+            logger.exception("model %s: starting -> failed", e.id)
             if engine is not None:
                 engine.shutdown()
             e.state, e.error = "failed", f"{type(ex).__name__}: {ex}"
@@ -237,7 +268,7 @@ class Catalog:
         e = self.get(model_id)
         if e.state in ("stopped", "downloaded", "stopping", "not_downloaded", "failed"):
             return e
-        if e.state != "running":
+        if e.state not in ("running", "sleeping"):  # asleep: what is still loaded goes (level 1's weights)
             raise ConflictError(f"model {model_id} cannot stop while {e.state}")
         with self._lock:
             e.state = "stopping"  # new requests get 503 from here on
@@ -260,8 +291,8 @@ class Catalog:
             await loop.run_in_executor(None, engine.shutdown)
             del engine
         gc.collect()  # weights and the KV pool go back now, not at some later collection
-        e.state = "stopped"
-        logger.info("model %s stopped", e.id)
+        e.state, e.sleep_level = "stopped", 0
+        logger.info("model %s: stopping -> stopped", e.id)
 
     def delete(self, model_id: str) -> None:
         e = self.get(model_id)

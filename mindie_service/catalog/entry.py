@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from mindie_service.catalog.model_json import ModelRecord
+from mindie_service.catalog.residency_stats import MeasuredMemory, ModelCounters
 from mindie_service.engine.client import EngineClient
 
 
@@ -24,6 +25,17 @@ class CatalogEntry:
     active: int = 0  # requests holding this model (from resolve to their response's end): stop waits for them
     loading_since: float | None = None  # time.monotonic() when its start began (while starting)
     last_load_s: float | None = None  # how long its last start took in this process (the next one's ETA)
+    # Residency (catalog/residency.py): when a request last used it (wall clock), when it goes idle-unloaded
+    # (monotonic; None = never), what its load measured, and whether residency parked it (unloaded or asleep, to
+    # be loaded again by the next request that names it).
+    last_used: float | None = None
+    idle_since: float | None = None
+    keep_alive_s: float | None = None  # the last request's keep_alive (None: the model's idleUnloadSeconds)
+    waiting: int = 0  # requests waiting for its load: a model just loaded is theirs before it can be evicted
+    memory: MeasuredMemory | None = None
+    parked: bool = False
+    sleep_level: int = 0  # 1: KV pool freed, 2: weights too (state "sleeping")
+    counters: ModelCounters = field(default_factory=ModelCounters)
 
     def begin_loading(self, phase: str = "loading the weights") -> None:
         self.state, self.error, self.loading_since = "starting", None, time.monotonic()
@@ -54,6 +66,7 @@ class CatalogEntry:
         if self.loading_since is not None:
             self.last_load_s = time.monotonic() - self.loading_since
         self.engine, self.state, self.loading_since, self.progress = engine, "running", None, {}
+        self.idle_since, self.parked, self.sleep_level = time.monotonic(), False, 0
 
     @property
     def owned_folder(self) -> bool:

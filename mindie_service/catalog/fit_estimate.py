@@ -107,3 +107,14 @@ def estimate(folder: Path, max_seq_len: int, world_size: int = 1, float_bytes: i
         kv = kv_min_bytes(cfg, max_seq_len, float_bytes)
     ws = max(1, world_size)
     return MemoryEstimate(w // ws, kv // ws)
+
+
+def loaded_estimate(folder: Path, cfg: Any, world_size: int = 1) -> int:
+    """Bytes one instance of the model takes once loaded, per device, from its headers: the weights plus the KV pool
+    as ``cfg`` (an EngineConfig) sizes it (``num_kv_blocks`` blocks, else at least one full-length sequence)."""
+    fb = 2 if cfg.dtype in ("float16", "bfloat16") else 4
+    est = estimate(folder, cfg.max_seq_len, world_size=world_size, float_bytes=fb)
+    pool = est.kv_min
+    if cfg.num_kv_blocks:  # kv_min is one max_seq_len sequence: per token, times the configured pool's tokens
+        pool = est.kv_min * cfg.num_kv_blocks * cfg.cache_block_size // max(1, cfg.max_seq_len)
+    return est.weights + pool

@@ -17,6 +17,7 @@ from typing import Any
 
 from mindie_service.config.messages import D, S, SC, label, show
 from mindie_service.config.schema import load_schema
+from mindie_service.catalog.residency_policy import check_budget
 from mindie_service.engine.configs.engine_config import cross_field_problems
 from mindie_service.engine.configs.spec_config import SpeculativeConfig
 from mindie_service.errors import ValidationError
@@ -90,6 +91,7 @@ def cross_key_problems(data: dict[str, Any], bad: set[str], sources: Mapping[str
                  f"= {math.ceil(seq / cbs)}, got {kvb}")
     p += _select_batch_problems(_section(data, "BackendConfig", "ScheduleConfig"), bad, sources)
     p += _address_problems(_section(data, S), bad, sources)
+    p += _residency_problems(_section(data, S), bad)
     srv = _section(data, S)
     if srv.get("managementRoutesOnBusinessPort") is True and not srv.get("managementApiKeys") \
             and not srv.get("apiKeyFile"):
@@ -119,6 +121,18 @@ def _select_batch_problems(sch: dict[str, Any], bad: set[str], sources: Mapping[
             p.append(f"{label(path, sources)} must be {default}, MindIE's default (it only tunes supportSelectBatch, "
                      f"and {_NO_SELECT_BATCH}), got {show(sch[key])}")
     return p
+
+
+def _residency_problems(srv: dict[str, Any], bad: set[str]) -> list[str]:
+    """modelMemoryBudget's share is at most 100% (the schema's pattern checked its shape)."""
+    budget = srv.get("modelMemoryBudget")
+    if not isinstance(budget, str) or f"{S}.modelMemoryBudget" in bad:
+        return []
+    try:
+        check_budget(budget)
+    except ValueError as e:
+        return [f"{S}.{e}"]
+    return []
 
 
 def _address_problems(srv: dict[str, Any], bad: set[str], sources: Mapping[str, str]) -> list[str]:

@@ -71,6 +71,13 @@ class ServerSettings:
     batch_completion_windows: tuple[str, ...] = ("24h",)  # ServerConfig.batchCompletionWindows
     probe_port: int | None = None  # plain-HTTP health routes on management_ip_address (kubelet probes); None = off
     otlp_traces_endpoint: str | None = None  # OTLP/HTTP traces endpoint (server/tracing.py); None = no tracing
+    # Residency (catalog/residency.py): loads on demand, how many models and how much memory, idle unloads
+    business_model_loads: bool = True
+    loadable_models: tuple[str, ...] | None = None  # None = every catalog model
+    model_load_timeout: float = 300.0  # modelLoadTimeoutSeconds
+    max_loaded_models: int | None = None
+    model_memory_budget: str | None = None  # "6GiB" or "50%"
+    idle_unload_seconds: float | None = None
 
     @property
     def max_connections(self) -> int:

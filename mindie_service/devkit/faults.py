@@ -9,6 +9,8 @@ logged as a WARNING); comma-separated ``kind=marker`` entries:
 ``kill_engine=MARK``   the step raises ``EngineDeadError`` when a request whose prompt contains MARK is in it:
                        the engine thread stops, every request in flight fails (500 ``incomplete_generation``)
                        and the server exits with code 3 (``server/main.py``).
+``slow_load=SECONDS``  every model's engine build waits SECONDS first (a load long enough to be interrupted:
+                       the kill-during-load test).
 
 Never set it in production: anyone who knows a marker can fail requests or stop the service. The hook
 wraps the engine's ``runner.execute`` on one engine instance; nothing else in the engine knows of it."""
@@ -23,7 +25,7 @@ from mindie_service.errors import ConfigError, EngineDeadError
 logger = logging.getLogger(__name__)
 
 ENV = "MINDIE_SERVICE_FAULTS"
-_KINDS = ("fail_request", "kill_engine")
+_KINDS = ("fail_request", "kill_engine", "slow_load")
 
 
 class InjectedFault(RuntimeError):
@@ -34,6 +36,7 @@ class InjectedFault(RuntimeError):
 class FaultPlan:
     fail_marker: str | None = None
     kill_marker: str | None = None
+    slow_load_s: float = 0.0
 
     @classmethod
     def parse(cls, spec: str) -> "FaultPlan":
@@ -48,7 +51,14 @@ class FaultPlan:
                 raise ConfigError(f"{ENV}: {entry!r} must be one of {', '.join(k + '=MARKER' for k in _KINDS)} "
                                   f"(each at most once, the marker not empty)")
             found[kind] = marker
-        return cls(fail_marker=found.get("fail_request"), kill_marker=found.get("kill_engine"))
+        slow = found.get("slow_load", "0")
+        try:
+            slow_s = float(slow)
+        except ValueError:
+            slow_s = -1.0
+        if not 0 <= slow_s <= 3600:
+            raise ConfigError(f"{ENV}: slow_load={slow} must be a number of seconds in [0, 3600]")
+        return cls(fail_marker=found.get("fail_request"), kill_marker=found.get("kill_engine"), slow_load_s=slow_s)
 
     @property
     def active(self) -> bool:
@@ -58,6 +68,15 @@ class FaultPlan:
 def plan_from_env(environ: Mapping[str, str]) -> FaultPlan | None:
     spec = environ.get(ENV, "").strip()
     return FaultPlan.parse(spec) if spec else None
+
+
+def load_delay(environ: Mapping[str, str]) -> float:
+    """Seconds each engine build waits first (``slow_load``), logged as a WARNING; 0 without the variable."""
+    plan = plan_from_env(environ)
+    if plan is None or not plan.slow_load_s:
+        return 0.0
+    logger.warning("FAULT INJECTION ACTIVE (%s): this engine build waits %.1f s first", ENV, plan.slow_load_s)
+    return plan.slow_load_s
 
 
 def install(llm: Any, plan: FaultPlan) -> None:

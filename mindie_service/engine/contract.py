@@ -157,6 +157,7 @@ class EngineStats:
     kv_cache_dtype: str = "auto"
     prefix_caching: bool = False
     iteration_tokens: StepTokenCounts = field(default_factory=lambda: StepTokenCounts())  # (the async facade's)
+    kv_pool_bytes: int = 0  # the KV pool's tensors as allocated (residency's measured memory reads it)
 
 
 # vLLM's iteration_tokens buckets (vllm/v1/metrics/buckets.py ITERATION_TOKENS_BUCKETS): upper bounds of the

@@ -230,7 +230,7 @@ class LLMEngine:
                            kv_events_published=kv.published_batches if kv else 0,
                            kv_events_dropped=kv.dropped_batches if kv else 0, block_size=cfg.cache_block_size,
                            max_loras=cfg.max_loras, kv_cache_dtype=cfg.kv_cache_dtype,
-                           prefix_caching=cfg.enable_prefix_caching,
+                           prefix_caching=cfg.enable_prefix_caching, kv_pool_bytes=self.runner.kv_pool_bytes,
                            **(self.spec.counters.stats_fields() if self.spec is not None else {}))
 
     # ------------------------------------------------------------ the step

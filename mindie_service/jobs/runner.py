@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.contract import FINISH_LENGTH, PRIORITY_BATCH, EngineRequest
@@ -33,7 +33,7 @@ def job_params(job: JobRow) -> SamplingParams:
 
 
 class JobRunner:
-    def __init__(self, store: JobStore, engine_for: Callable[[str], tuple[EngineClient, str | None]],
+    def __init__(self, store: JobStore, engine_for: Callable[[str], Awaitable[tuple[EngineClient, str | None]]],
                  frontend: Frontend, max_running: int) -> None:
         self.store, self.engine_for, self.frontend = store, engine_for, frontend
         self.max_running = max(1, max_running)
@@ -80,7 +80,7 @@ class JobRunner:
             return
         try:
             self.store.reconcile(job_id)
-            engine, adapter = self.engine_for(job.model)
+            engine, adapter = await self.engine_for(job.model)  # loaded on demand
             self.store.set_status(job_id, "running")
             await self._lines(job, engine, adapter)
         except asyncio.CancelledError:

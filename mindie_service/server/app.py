@@ -29,6 +29,7 @@ from mindie_service.server.handlers_mindie import MindieGenerateHandler, Tokeniz
 from mindie_service.server.handlers_v2 import (ModelMetadataHandler, ModelReadyHandler, OipInferHandler,
                                                ServerMetadataHandler, TritonGenerateHandler,
                                                TritonGenerateStreamHandler)
+from mindie_service.server.handlers_sleep import IsSleepingHandler, SleepHandler, WakeUpHandler
 from mindie_service.server.handlers_models import (DownloadModelHandler, ManagementOnlyModelHandler, ModelHandler,
                                                    ModelsHandler, ModelViewHandler, StartModelHandler,
                                                    StopModelHandler)
@@ -61,6 +62,8 @@ MANAGEMENT_ONLY: list[tuple[str, type[tornado.web.RequestHandler], tuple[str, ..
     (r"/stopService", StopServiceHandler, ("post",)),
     (r"/v1/load_lora_adapter", LoadLoraHandler, ("post",)),
     (r"/v1/unload_lora_adapter", UnloadLoraHandler, ("post",)),
+    (r"/sleep", SleepHandler, ("post",)),
+    (r"/wake_up", WakeUpHandler, ("post",)),
 ]
 
 _MODEL = r"/v2/models/([^/]+)"
@@ -127,6 +130,7 @@ PLANE_ROUTES: dict[str, Routes] = {
         (r"/v1/config", ConfigHandler),
         (r"/v1/status", StatusHandler),
         (r"/v1/sessions/([^/]+)", SessionHandler),  # GET export / PUT import (server/handlers_sessions.py)
+        (r"/is_sleeping", IsSleepingHandler),  # POST /sleep and /wake_up: MANAGEMENT_ONLY
         (r"/v1/models", ModelsHandler),
         *[(path, cls) for path, cls, _ in MANAGEMENT_ONLY],
     ],

@@ -13,9 +13,10 @@ from mindie_service.errors import MindieError, ValidationError
 from mindie_service.jobs.batch_lines import BatchEndpoints, LineCall, LineFn, LineReply
 from mindie_service.protocol.openai import Kind
 from mindie_service.protocol.openai_encoder import OpenAIEncoder, openai_error
-from mindie_service.server.handlers_openai import parse_route, route_submission
+from mindie_service.params.keep_alive import take_keep_alive
+from mindie_service.server.handlers_openai import hold_route, parse_route, route_submission
 from mindie_service.server.handlers_pooling import embeddings_line
-from mindie_service.server.responses_prepare import prepare
+from mindie_service.server.responses_prepare import prepare_held
 
 _ENCODER = OpenAIEncoder()
 
@@ -37,8 +38,10 @@ def openai_line(ctx: Any, kind: Kind) -> LineFn:
     async def run(call: LineCall) -> LineReply:
         try:
             _no_stream(call.body)
-            req, target = await ctx.run_blocking(parse_route, ctx, call.body, kind, call.request_id)
+            keep_alive = take_keep_alive(call.body)
+            target = await hold_route(ctx, call.body, kind, keep_alive)  # loaded on demand, as the route does
             try:
+                req = await ctx.run_blocking(parse_route, ctx, call.body, kind, call.request_id, target)
                 sub = route_submission(req, lambda: target.engine, call.request_id, batch=True)
                 async with ctx.frontend.open(sub, time.monotonic()) as r:
                     results = await r.results()
@@ -64,7 +67,7 @@ def responses_line(ctx: Any) -> LineFn:
             svc = ctx.responses_service()
             prev = call.body.get("previous_response_id")
             context = svc.history(prev if isinstance(prev, str) else None, call.owner)
-            p = await ctx.run_blocking(prepare, ctx, call.body, context, call.request_id)
+            p = await prepare_held(ctx, call.body, context, call.request_id)
             try:
                 return LineReply(200, await svc.whole(p, call.owner, context, time.monotonic(), batch=True))
             finally:

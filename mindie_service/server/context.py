@@ -10,7 +10,10 @@ from typing import Any, Callable
 
 from tornado.ioloop import IOLoop
 
-from mindie_service.catalog.catalog import Catalog
+from mindie_service.catalog.catalog import Catalog, Target
+from mindie_service.catalog.memory_meter import LoadMeter
+from mindie_service.catalog.residency import Residency
+from mindie_service.catalog.residency_policy import ResidencyPolicy
 from mindie_service.config import ServiceConfig
 from mindie_service.engine.client import EngineClient
 from mindie_service.fleet.instances import InstanceStatus, instances_of
@@ -25,7 +28,7 @@ from mindie_service.protocol.encoders import MindieEncoder, TgiEncoder
 from mindie_service.protocol.request import ProtocolLimits
 from mindie_service.serving import Frontend, Timeouts
 from mindie_service.serving.admission_queue import AdmissionQueue
-from mindie_service.serving.model_lookup import engine_for
+from mindie_service.serving.model_lookup import engine_for, hold_model
 from mindie_service.serving.responses_service import ResponsesService
 from mindie_service.storage.chat_store import ChatCompletionStore
 from mindie_service.storage.files_store import FilesStore
@@ -36,7 +39,8 @@ from mindie_service.server.gateway_metrics import GatewayCollector
 from mindie_service.server.metrics import ServiceMetrics
 from mindie_service.server.vllm_metrics import VllmMetrics
 from mindie_service.serving.observer import ObserverGroup, RequestObserver
-from mindie_service.server.responses_prepare import prepare
+from mindie_service.server.model_metrics import ModelResidencyCollector
+from mindie_service.server.responses_prepare import prepare_held
 from multimodal import MediaPolicy
 
 logger = logging.getLogger(__name__)
@@ -95,6 +99,10 @@ class ServerContext:
         self.request_stop: Callable[[], None] = lambda: None  # set by main: starts the drain
         # Every model, its state and its engine; main gives it the engine builder (models start and stop).
         self.catalog: Catalog | None = Catalog(config, Path(config.backend.models_dir), build=None)
+        # Which models are loaded: on demand, within maxLoadedModels / modelMemoryBudget, idle ones unloaded.
+        self.residency = Residency(self.catalog, ResidencyPolicy.from_settings(self.settings))
+        self.boot_meter = LoadMeter()  # the default model's load at start-up, measured (server/main.py)
+        self.metrics.registry.register(ModelResidencyCollector(self.residency))
 
     # -- batch jobs ------------------------------------------------------------------------------
     def start_jobs(self) -> None:
@@ -139,7 +147,7 @@ class ServerContext:
             s = self.settings
             self._responses = ResponsesService(
                 ResponsesStore(s.responses_dir, s.responses_max, s.responses_max_age), self.frontend,
-                lambda body, context, rid: self.run_blocking(prepare, self, body, context, rid))
+                lambda body, context, rid: prepare_held(self, body, context, rid))
         return self._responses
 
     def chat_store(self) -> ChatCompletionStore:
@@ -185,9 +193,20 @@ class ServerContext:
             raise self.loading_error()
         return self._limits
 
-    def engine_for(self, model: str) -> tuple[EngineClient, str | None]:
-        """The running engine ``model`` names (a catalog model, or a LoRA adapter on one) and the adapter."""
-        return engine_for(self.catalog, model, self.model_name, lambda: self.loaded_engine)
+    async def engine_for(self, model: str, loads: bool = True) -> tuple[EngineClient, str | None]:
+        """The engine ``model`` names (a catalog model, loaded on demand unless ``loads`` is false, or a LoRA adapter
+        on one) and the adapter."""
+        return await engine_for(self.residency, model, self.model_name, lambda: self.loaded_engine, loads)
+
+    async def hold(self, model: str, keep_alive: float | None) -> Target:
+        """``model`` running and held for one request (catalog.release after): the one door (serving/model_lookup)."""
+        return await hold_model(self.residency, model, keep_alive)
+
+    def default_parked(self) -> bool:
+        """The default model was unloaded by residency (idle, evicted, asleep) and the next request loads it."""
+        e = self.catalog.entries.get(self.model_name) if self.catalog is not None else None
+        return (e is not None and e.parked and e.state in ("stopped", "sleeping", "starting", "stopping")
+                and self.residency.policy.may_load(e.id))
 
     @property
     def open_connections(self) -> int:
@@ -201,7 +220,8 @@ class ServerContext:
         return instances_of(self.engine) if self.engine is not None else None
 
     def healthy(self) -> bool:
-        return self.ready and self.engine is not None and self.engine.healthy()
+        """Ready, and the default model serves now or loads on the next request (parked by residency)."""
+        return self.ready and ((self.engine is not None and self.engine.healthy()) or self.default_parked())
 
     async def run_blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run tokenization (and other CPU work) off the IO loop, in the serving core's tokenizer pool."""

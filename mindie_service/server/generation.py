@@ -7,13 +7,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from contextlib import aclosing
 from typing import Any, Coroutine, Iterator
 
 from tornado.iostream import StreamBufferFullError, StreamClosedError
 
+from mindie_service.catalog.catalog import Target
 from mindie_service.engine.client import EngineClient
 from mindie_service.errors import MindieError
+from mindie_service.params.keep_alive import take_keep_alive
 from mindie_service.protocol.encoders import Encoder, StreamState
 from mindie_service.protocol.request import GenerationRequest, GenerationResult
 from mindie_service.server.context import ServerContext
@@ -34,6 +37,36 @@ class StreamingHandler(BaseHandler):
         self._task: asyncio.Future[bool] | None = None
         self._client_gone = False
         self.run: Run | None = None  # the generation's Run, for the access log (its usage)
+        self._held: Target | None = None  # the catalog model serving this request, held until it ends
+
+    # -- the model: loaded on demand through the one door (ServerContext.hold), held until the request ends -------
+    async def hold_model(self, model: str | None = None, keep_alive: float | None = None) -> Target | None:
+        """Hold ``model`` (None: the default model, behind `/`, TGI, REST and v2), loading it first when it is
+        stopped or asleep; the wait counts in the request's time to first token (it runs after the tally's t0)."""
+        if self.ctx.catalog is None or not self.ctx.ready:
+            return None  # the gate answers (503 while the default model loads at start-up)
+        self._release()
+        name = model or self.ctx.model_name
+        before = self.ctx.catalog.entries.get(name)
+        loading = before is not None and before.state != "running"
+        t0 = time.monotonic()
+        self._held = await self.ctx.hold(name, keep_alive)
+        if loading:  # the client can tell a load's wait from the model's own time to first token
+            self.set_header("X-Model-Load-Wait", f"{time.monotonic() - t0:.3f}")
+        return self._held
+
+    def held_engine(self) -> EngineClient:
+        """The held model's engine, else the default model's (503 when it is not running)."""
+        return self._held.engine if self._held is not None else self.ctx.serving_engine()
+
+    def _release(self) -> None:
+        if self._held is not None and self.ctx.catalog is not None:
+            self.ctx.catalog.release(self._held)
+            self._held = None
+
+    def on_finish(self) -> None:
+        self._release()
+        super().on_finish()
 
     @property
     def frontend(self) -> Frontend:
@@ -45,6 +78,7 @@ class StreamingHandler(BaseHandler):
         if self._task is not None and not self._task.done():
             logger.info("%s: client disconnected, aborting", self.request_id)
             self._task.cancel()
+        self._release()  # an aborted request's sequences still count (Residency.idle reads the engine)
 
     async def serve(self, work: Coroutine[Any, Any, bool]) -> bool:
         """Run ``work`` as the task a disconnect cancels; False when the client left (before or during it)."""
@@ -119,15 +153,20 @@ class GenerationHandler(StreamingHandler):
         raise NotImplementedError
 
     def target(self, req: GenerationRequest) -> EngineClient:
-        """The engine serving ``req``: the default model's (the OpenAI routes pick theirs by ``model``)."""
-        return self.ctx.serving_engine()
+        """The engine serving ``req``: the held model's (the default model's, unless ``model`` picked another)."""
+        return self.held_engine()
+
+    async def hold_for(self, body: dict[str, Any], keep_alive: float | None) -> None:
+        """Hold the model ``body`` names (the OpenAI routes read ``model``); here the default model."""
+        await self.hold_model(None, keep_alive)
 
     def submission(self, req: GenerationRequest) -> Submission:
         return Submission([req.prompt], req.params, lambda: self.target(req), [self.engine_id],
                           truncate=req.truncate, best_of=req.best_of, rank=req.rank)
 
-    def _parse_body(self) -> GenerationRequest:
-        return self.parse(self.json_body())
+    def _read_body(self) -> tuple[dict[str, Any], float | None]:
+        body = self.json_body()
+        return body, take_keep_alive(body)  # every route's keep_alive, taken before the dialect's parser
 
     async def post(self) -> None:
         with self.frontend.tally() as tally:
@@ -136,7 +175,9 @@ class GenerationHandler(StreamingHandler):
     async def _generate(self, t0: float) -> bool:
         # JSON decoding and validation run in the tokenizer pool, off the IO loop, before the admission
         # queue: a request that can never run takes no place in it.
-        req = await self.ctx.run_blocking(self._parse_body)
+        body, keep_alive = await self.ctx.run_blocking(self._read_body)
+        await self.hold_for(body, keep_alive)
+        req = await self.ctx.run_blocking(self.parse, body)
         async with self.frontend.open(self.submission(req), t0) as run:
             self.run = run
             if req.stream:

@@ -39,13 +39,16 @@ class MessagesHandler(OpenAIRouteHandler):
         self.set_status(status)
         return body
 
-    def parse(self, body: dict[str, Any]) -> GenerationRequest:
-        catalog = self.ctx.catalog
-        if catalog is None:
+    async def hold_for(self, body: dict[str, Any], keep_alive: float | None) -> None:
+        if self.ctx.catalog is None:
             raise UnhealthyError("the model catalog is still loading")
+        await self.hold_model(peek_model(body), keep_alive)  # Messages names its model: no default
+
+    def parse(self, body: dict[str, Any]) -> GenerationRequest:
+        target = self._held
+        if target is None:
+            raise self.ctx.loading_error()
         model = peek_model(body)
-        target = catalog.resolve(model)
-        self._held, self._engine = target, target.engine
         req = parse_messages(body, model=model, policy=self.ctx.media_policy, vocab_size=target.engine.vocab_size,
                              adapter_id=target.adapter_id, request_id=self.request_id,
                              tool_format=tool_format(target.engine, self.ctx))
@@ -72,7 +75,7 @@ class CountTokensHandler(BaseHandler):
             raise UnhealthyError("the model catalog is still loading")
         body = self.json_body()
         model = peek_model(body)
-        target = catalog.resolve(model)
+        target = await self.ctx.hold(model, None)  # loaded on demand, as /v1/messages would
         try:
             engine: EngineClient = target.engine
             prompt = parse_count_tokens(body, tool_format(engine, self.ctx), self.ctx.media_policy)

@@ -25,15 +25,16 @@ from mindie_service.server.handlers_base import BaseHandler
 logger = logging.getLogger(__name__)
 
 
-def check_model(ctx: ServerContext, model: str) -> None:
-    """404 unless ``model`` names a catalog model or a loaded adapter (it need not be running yet)."""
+async def check_model(ctx: ServerContext, model: str) -> None:
+    """404 unless ``model`` names a catalog model or a loaded adapter (it need not be running yet: the job's run
+    loads it)."""
     if ctx.catalog is None:
-        ctx.engine_for(model)
+        await ctx.engine_for(model)
         return
     try:
         ctx.catalog.get(model)
     except NotFoundError:
-        ctx.engine_for(model)  # an adapter name resolves through the running models
+        await ctx.engine_for(model, loads=False)  # an adapter name resolves through the running models
 
 
 def job_json(job: JobRow, store: Any, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -72,7 +73,7 @@ class SubmitJobHandler(_JobsHandler):
     async def post(self) -> None:
         runner, ctx = self.runner, self.ctx
         spec = parse_job_request(self.json_body(), ctx.engine_config.max_iter_times)
-        check_model(ctx, spec.model)
+        await check_model(ctx, spec.model)
         await self._check_structured(spec)
         data = await self._read_input(spec.input_path)
         lines = split_lines(data)
@@ -96,7 +97,7 @@ class SubmitJobHandler(_JobsHandler):
         if structured is None:
             return
         try:
-            engine, _ = self.ctx.engine_for(spec.model)
+            engine, _ = await self.ctx.engine_for(spec.model, loads=False)  # a submit never loads a model
         except MindieError:
             return
         await self.ctx.run_blocking(self.ctx.frontend.processor(engine).check_structured, structured)

@@ -14,6 +14,7 @@ from mindie_service.errors import ForbiddenError, UnhealthyError
 from mindie_service.server.gateway_metrics import gateway_json
 from mindie_service.server.handlers_base import BaseHandler
 from mindie_service.server.metrics import CONTENT_TYPE
+from mindie_service.server.residency_view import residency_json
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +132,10 @@ class StatusHandler(BaseHandler):
         if st is None and state == "starting" and not self.ctx.draining:
             self.write_json(self._starting_json())
             return
+        if st is None and self.ctx.default_parked():  # unloaded by residency; the next request loads it
+            self.write_json({"status": "ready", "model": {"id": self.ctx.model_name, "state": state, "error": None},
+                             "residency": residency_json(self.ctx.residency)})
+            return
         if st is None:
             raise unhealthy(self.ctx)
         self.write_json({
@@ -148,6 +153,7 @@ class StatusHandler(BaseHandler):
             # BackendConfig.modelInstanceNumber: each instance (the figures above are their sums)
             "instances": [_instance_json(i) for i in self.ctx.instances() or ()],
             **gateway_json(gateway_state(self.ctx.engine)),  # what /metrics' vllm:* families show
+            "residency": residency_json(self.ctx.residency),  # every catalog model's state and memory (issue 46)
         })
 
 

@@ -16,12 +16,14 @@ from mindie_service.protocol.openai_encoder import openai_error
 from mindie_service.server.handlers_base import BaseHandler
 from mindie_service.server.handlers_mgmt import (ManagementOnlyHandler, management_only,
                                                  management_only_message)
+from mindie_service.server.residency_view import memory_view
 
 logger = logging.getLogger(__name__)
 
 # Model.state of the list's entries (null when neither running nor changing). A running model reads "running" in
 # the list as in GetModelResponse (Jan's seed says "ready" in its list enum; one word for one state here).
-_LIST_STATE = {"running": "running", "starting": "starting", "stopping": "stopping", "downloading": "downloading"}
+_LIST_STATE = {"running": "running", "starting": "starting", "stopping": "stopping", "downloading": "downloading",
+               "sleeping": "sleeping"}
 _DETAIL_STATE = {"failed": "stopped"}  # the seed's enum has no "failed": load_error says why
 
 
@@ -48,6 +50,8 @@ def model_view(e: CatalogEntry, *, detail: bool) -> dict[str, Any]:
         "parent": None, "root": e.id,
         "demo_weights": demo_checkpoint(e.folder) is not None,  # random weights (devkit.json): gibberish answers
         "tasks": _tasks(e),
+        # residency (issue 46): the catalog's own state word (failed, sleeping...), when a request last used it
+        "status": e.state, "last_used": None if e.last_used is None else round(e.last_used, 3),
     }
     if e.engine is not None and e.state == "running" and getattr(e.engine, "pooling_info", None):
         out["pooling"] = dict(e.engine.pooling_info)
@@ -110,7 +114,8 @@ class ModelViewHandler(_CatalogHandler):
     """GET /v1/models/{id} (GetModelResponse, with the transient states)."""
 
     def get(self, model_id: str) -> None:
-        self.write_json(model_view(self.catalog.get(model_id), detail=True))
+        e = self.catalog.get(model_id)
+        self.write_json({**model_view(e, detail=True), "memory": memory_view(e, self.catalog.need_bytes(e))})
 
     @management_only
     def delete(self, model_id: str) -> None:

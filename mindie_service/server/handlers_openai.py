@@ -2,10 +2,11 @@
 ``model`` field picks the catalog model (or adapter) and its engine; errors in OpenAI's shape."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from mindie_service.catalog.catalog import Target
 from mindie_service.engine.client import EngineClient
+
 from mindie_service.errors import MindieError, UnhealthyError
 from mindie_service.protocol.encoders import Encoder
 from mindie_service.protocol.request import GenerationRequest, GenerationResult, ProtocolLimits
@@ -20,23 +21,28 @@ from mindie_service.serving import Submission
 _ENCODER = OpenAIEncoder()
 
 
-def parse_route(ctx: Any, body: dict[str, Any], kind: Kind, request_id: str) -> tuple[OpenAIRequest, Target]:
-    """The request and the catalog model it names, held (``catalog.release`` it when done): what the online
-    route and a batch line (server/batch_routes.py) both do with a body."""
+async def hold_route(ctx: Any, body: dict[str, Any], kind: Kind, keep_alive: float | None,
+                     hold: Callable[[str, float | None], Awaitable[Target | None]] | None = None) -> Target:
+    """The catalog model ``body`` names, loaded on demand and held (``catalog.release`` it when done): through the
+    handler's ``hold`` (it keeps the hold for its request) or the one door itself (a batch line)."""
     catalog = ctx.catalog
     if catalog is None:
         raise UnhealthyError("the model catalog is still loading")
     model = peek_model(body, catalog.default_id if kind == "chat" else None)
-    target = catalog.resolve(model)
-    try:
-        limits = ProtocolLimits(vocab_size=target.engine.vocab_size, media_policy=ctx.media_policy)
-        req = parse_openai(body, kind, limits=limits, model=model, defaults=target.defaults,
-                           adapter_id=target.adapter_id, request_id=request_id,
-                           tool_format=tool_format(target.engine, ctx))
-    except BaseException:
-        catalog.release(target)
-        raise
-    return req, target
+    target = await hold(model, keep_alive) if hold is not None else await ctx.hold(model, keep_alive)
+    if target is None:
+        raise ctx.loading_error()
+    return target
+
+
+def parse_route(ctx: Any, body: dict[str, Any], kind: Kind, request_id: str, target: Target) -> OpenAIRequest:
+    """The request for ``target``, the held model ``body`` names: what the online route and a batch line
+    (server/batch_routes.py) both do with a body."""
+    model = peek_model(body, ctx.catalog.default_id if kind == "chat" else None)
+    limits = ProtocolLimits(vocab_size=target.engine.vocab_size, media_policy=ctx.media_policy)
+    return parse_openai(body, kind, limits=limits, model=model, defaults=target.defaults,
+                        adapter_id=target.adapter_id, request_id=request_id,
+                        tool_format=tool_format(target.engine, ctx))
 
 
 def route_submission(req: OpenAIRequest, engine: Callable[[], EngineClient], engine_id: str,
@@ -54,11 +60,6 @@ class OpenAIRouteHandler(GenerationHandler):
 
     kind: Kind = "completion"
 
-    def initialize(self, ctx: Any) -> None:
-        super().initialize(ctx)
-        self._engine: EngineClient | None = None
-        self._held: Target | None = None
-
     @property
     def encoder(self) -> Encoder:
         return _ENCODER
@@ -68,28 +69,15 @@ class OpenAIRouteHandler(GenerationHandler):
         self.set_status(status)  # a bad value is OpenAI's 400, not our 422
         return body
 
+    async def hold_for(self, body: dict[str, Any], keep_alive: float | None) -> None:
+        self._held = await hold_route(self.ctx, body, self.kind, keep_alive, self.hold_model)
+
     def parse(self, body: dict[str, Any]) -> GenerationRequest:
-        req, target = parse_route(self.ctx, body, self.kind, self.request_id)
-        self._held, self._engine = target, target.engine
+        if self._held is None:  # (the gate refuses first: the default model is still loading at start-up)
+            raise self.ctx.loading_error()
+        req = parse_route(self.ctx, body, self.kind, self.request_id, self._held)
         self.client_ids = req.client  # the access log records them (server/app.log_request)
         return req
-
-    def on_finish(self) -> None:
-        self._release()
-        super().on_finish()
-
-    def on_connection_close(self) -> None:
-        super().on_connection_close()  # the request is aborted (the engine frees it; stop waits for that too)
-        self._release()
-
-    def _release(self) -> None:
-        if self._held is not None and self.ctx.catalog is not None:
-            self.ctx.catalog.release(self._held)
-            self._held = None
-
-    def target(self, req: GenerationRequest) -> EngineClient:
-        assert self._engine is not None  # parse picked it
-        return self._engine
 
     def submission(self, req: GenerationRequest) -> Submission:
         assert isinstance(req, OpenAIRequest)

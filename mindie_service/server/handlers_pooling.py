@@ -42,12 +42,12 @@ class _PoolingRoute(StreamingHandler):
 
 async def pooled_answer(ctx: Any, call: PoolCall, answer: Answer, request_id: str, t0: float,
                         batch: bool = False) -> dict[str, Any]:
-    """The route's answer to ``call``: its model resolved in the catalog (held while it runs), the serving core's
+    """The route's answer to ``call``: its model (loaded on demand, held while it runs), the serving core's
     run (serving/pooling_calls.py), the route's encoder (``answer``)."""
     catalog = ctx.catalog
     if catalog is None:
         raise UnhealthyError("the model catalog is still loading")
-    target = catalog.resolve(call.model)
+    target = await ctx.hold(call.model, None)  # loaded on demand through the one door (serving/model_lookup)
     try:
         if target.adapter_id is not None:
             raise ValidationError(f"Parameter model must name a base model for {call.task} requests, got the "

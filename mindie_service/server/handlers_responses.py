@@ -22,7 +22,7 @@ from mindie_service.protocol.openai_encoder import openai_error
 from mindie_service.protocol.responses_encoder import error_event, frame
 from mindie_service.protocol.responses_events import Event
 from mindie_service.server.generation import StreamingHandler
-from mindie_service.server.responses_prepare import owner_of, prepare
+from mindie_service.server.responses_prepare import owner_of, prepare_held
 from mindie_service.serving.responses_service import ResponsesService
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class ResponsesHandler(_ResponsesHandler):
         svc, owner = self.service, self.owner()
         prev = body.get("previous_response_id")
         context = svc.history(prev if isinstance(prev, str) else None, owner)
-        p = await self.ctx.run_blocking(prepare, self.ctx, body, context, self.request_id)
+        p = await prepare_held(self.ctx, body, context, self.request_id)
         if p.req.options.background:
             try:
                 resp = await svc.submit(p, owner, context)  # the task releases the model

@@ -44,10 +44,11 @@ class _RestHandler(StreamingHandler):
             tally.ok = await self.serve(self._generate(tally))
 
     async def _generate(self, tally: RequestTally) -> bool:
+        await self.hold_model()  # the default model, loaded on demand (no keep_alive field here)
         req: RestRequest = await self.ctx.run_blocking(self._parse)
         n = len(req.prompts)
         tally.count(n)  # a batch counts as that many requests, in admission and in metrics
-        sub = Submission([TextPrompt(p.prompt) for p in req.prompts], req.params(), self.ctx.serving_engine,
+        sub = Submission([TextPrompt(p.prompt) for p in req.prompts], req.params(), self.held_engine,
                          [f"{_PREFIX}-{next(_ids)}" for _ in req.prompts],
                          session_ids=[p.request_id for p in req.prompts], slots=n)
         async with self.frontend.open(sub, tally.t0) as run:

@@ -20,12 +20,10 @@ class _TokenizerRoute(BaseHandler):
         self.set_status(status)
         return body
 
-    def engine(self, model: str | None) -> EngineClient:
+    async def engine(self, model: str | None) -> EngineClient:
         if not self.ctx.ready:
             raise self.ctx.loading_error()
-        if model is None:
-            return self.ctx.loaded_engine
-        return self.ctx.engine_for(model)[0]
+        return (await self.ctx.engine_for(model or self.ctx.model_name))[0]  # loaded on demand
 
     @staticmethod
     def hf_tokenizer(engine: EngineClient) -> Any:
@@ -37,7 +35,7 @@ class TokenizeHandler(_TokenizerRoute):
 
     async def post(self) -> None:
         req = parse_tokenize(self.json_body())
-        engine = self.engine(req.model)
+        engine = await self.engine(req.model)
         limit = self.ctx.engine_config.max_seq_len
         bound = self.ctx.frontend.processor(engine).text_bound
         chars = len(req.prompt) if req.prompt is not None else sum(len(str(m.content)) for m in req.messages)
@@ -69,7 +67,7 @@ class DetokenizeHandler(_TokenizerRoute):
 
     async def post(self) -> None:
         model, ids = parse_detokenize(self.json_body())
-        engine = self.engine(model)
+        engine = await self.engine(model)
         check_vocab(ids, engine.vocab_size)
         text = await self.ctx.run_blocking(engine.detokenize, ids)
         self.write_json({"prompt": text})
@@ -78,7 +76,7 @@ class DetokenizeHandler(_TokenizerRoute):
 class TokenizerInfoHandler(_TokenizerRoute):
     """GET /tokenizer_info (vLLM): the default model's tokenizer configuration (special tokens, chat template)."""
 
-    def get(self) -> None:
-        engine = self.engine(self.get_query_argument("model", None))
+    async def get(self) -> None:
+        engine = await self.engine(self.get_query_argument("model", None))
         self.write_json(tokenizer_info(self.hf_tokenizer(engine), self.ctx.engine_config.max_seq_len,
                                        engine.vocab_size))

@@ -94,9 +94,10 @@ class OipInferHandler(V2Errors, StreamingHandler):
         return parse_infer(parse_json_body(self.body(), ctype), self.ctx.limits)
 
     async def _infer(self, model: ModelRef, t0: float) -> bool:
+        await self.hold_model()  # the default model, loaded on demand (no keep_alive field here)
         req: OipRequest = await self.ctx.run_blocking(self._body)
         g = req.gens[0]
-        sub = Submission([x.prompt for x in req.gens], g.params, self.ctx.serving_engine,
+        sub = Submission([x.prompt for x in req.gens], g.params, self.held_engine,
                          [f"{self.engine_id}.{k}" for k in range(len(req.gens))], truncate=g.truncate, rank=g.rank)
         async with self.frontend.open(sub, t0) as run:
             self.run = run

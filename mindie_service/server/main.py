@@ -209,7 +209,12 @@ async def _go_ready(ctx: ServerContext, cfg: ServiceConfig, engine: EngineClient
     engine.start()
     ctx.attach_engine(engine)
     await warm_up(engine)
+    ctx.boot_meter.warmed()
+    entry = catalog.entries[ctx.model_name]
+    entry.memory = ctx.boot_meter.result(engine, entry.mock)  # the default model's footprint, measured as any load's
+    entry.counters.loaded(entry.last_load_s or 0.0)
     ctx.ready = True
+    ctx.residency.start()  # idle models unload from here on
     for m in cfg.models[1:]:  # every ModelConfig entry is started at boot, in the background
         try:
             catalog.start(m.name)
@@ -276,6 +281,7 @@ async def _drain(ctx: ServerContext, servers: list[BoundedHTTPServer], engine: E
         except asyncio.TimeoutError:
             pass
     await ctx.stop_jobs()  # batch jobs stop where they are and resume at the next start
+    await ctx.residency.shutdown()
     if ctx.catalog is not None:
         await ctx.catalog.shutdown()
     if engine is not None:
@@ -319,11 +325,13 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], wiring: 
     catalog.on_default = lambda e: _on_default(ctx, e)
     catalog.entries[ctx.model_name].begin_loading()
     try:
+        ctx.boot_meter.begin()
         load = loop.run_in_executor(None, build_engine, cfg, wiring)
         await asyncio.wait([load, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         if not load.done():
             await _await_load_or_force(load, signals.force)
         engine = wiring.wrap_engine(await load)
+        ctx.boot_meter.built()
         if not stop.is_set():
             await _go_ready(ctx, cfg, engine, wiring)
             watcher = asyncio.ensure_future(watch_engine(ctx, stop))

@@ -35,6 +35,10 @@ _GRAMMAR = {"type": ["object", "null"], "required": ["type", "value"], "x-extens
             "properties": {"type": {"enum": ["json", "regex"]}, "value": {}},
             "description": "Extension of the TGI 1.1 document (TGI 1.4's shape): the output matches a JSON Schema "
                            "(value: the schema, or its JSON text) or a regular expression. Compact JSON."}
+# Ollama's keep_alive on every generation route (params/keep_alive.py)
+_KEEP_ALIVE = {"oneOf": [{"type": "number"}, {"type": "string"}],
+               "description": "how long the model stays loaded after this request: seconds or a duration (\"5m\"); "
+                              "0 unloads it after the request, a negative value keeps it loaded"}
 _RESPONSE_FORMAT = {"type": "object", "required": ["type"], "properties": {
     "type": {"enum": ["text", "json_object", "json_schema", "json", "regex"]}, "json_schema": _OBJ, "value": {}},
     "description": "OpenAI's response_format (text, json_object, json_schema {name, schema, strict}); TGI's chat "
@@ -88,7 +92,7 @@ SCHEMAS: dict[str, Any] = {
         "id": {"type": "string"}, "object": {"const": "model"}, "deleted": {"type": "boolean"}}},
     "DownloadModelResponse": {"type": "object", "required": ["message"], "properties": {"message": {"type": "string"}}},
     "CompletionRequest": {"type": "object", "required": ["model", "prompt"], "properties": {
-        "model": {"type": "string"}, "prompt": {"oneOf": [{"type": "string"}, {"type": "array"}]},
+        "keep_alive": _KEEP_ALIVE, "model": {"type": "string"}, "prompt": {"oneOf": [{"type": "string"}, {"type": "array"}]},
         "max_tokens": {"type": ["integer", "null"], "minimum": 0,
                        "description": "0 only with echo: true (scores the prompt: its logprobs, no completion)"},
         "temperature": {"type": "number", "minimum": 0, "maximum": 2},
@@ -99,6 +103,7 @@ SCHEMAS: dict[str, Any] = {
         "seed": {"type": "integer", "minimum": 0}, "user": {"type": "string"}, "response_format": _RESPONSE_FORMAT,
         "priority": _PRIORITY}},
     "ChatCompletionRequest": {"type": "object", "required": ["messages"], "properties": {
+        "keep_alive": _KEEP_ALIVE,
         "model": {"type": "string", "description": "absent, \"tgi\" or \"dummy\" (TGI clients): the default model"},
         "messages": {"type": "array", "minItems": 1, "items": {
             "type": "object", "required": ["role", "content"], "properties": {
@@ -126,6 +131,7 @@ SCHEMAS: dict[str, Any] = {
                                                             "include_obfuscation": {"type": "boolean"},
                                                             "continuous_usage_stats": {"type": "boolean"}}}}},
     "GenerateRequest": {"type": "object", "required": ["inputs"], "properties": {
+        "keep_alive": _KEEP_ALIVE,
         "inputs": {"oneOf": [{"type": "string"}, {"type": "array"}]},
         "parameters": {"type": "object", "properties": {"grammar": _GRAMMAR, "priority": {
             "type": "integer", "minimum": 1, "maximum": 5, "description": "POST / only: 1 most urgent, 5 the default"}}}},
@@ -136,6 +142,7 @@ SCHEMAS: dict[str, Any] = {
         "usage": {"type": "object", "required": ["prompt_tokens", "completion_tokens", "total_tokens"]}},
         "description": "Non-stream body; with stream: true, text/event-stream chunks ending with data: [DONE]."},
     "ResponseCreateRequest": {"type": "object", "required": ["input"], "properties": {
+        "keep_alive": _KEEP_ALIVE,
         "model": {"type": "string", "description": "absent: the default model"},
         "input": {"oneOf": [{"type": "string"}, {"type": "array", "items": _OBJ}]},
         "instructions": {"type": ["string", "null"]}, "max_output_tokens": {"type": ["integer", "null"], "minimum": 1},

@@ -1,10 +1,13 @@
 """Schemathesis against /openapi.json of a running server (StandardMock: the frontend, no weights), at small
 scale: every documented non-destructive operation, a few examples each. No 5xx, and no response that
-breaks the document (status, content type, body schema)."""
+breaks the document (status, content type, body schema). The catalog also holds stopped models (issue 46) that the
+document names as examples: a copy of the tiny model, loaded on demand (maxLoadedModels 2: the default and it), and
+one whose load fails (424, never a 5xx)."""
 from __future__ import annotations
 
 from pathlib import Path
 
+import shutil
 import subprocess
 import sys
 
@@ -23,7 +26,11 @@ EXCLUDED = r"^/(stopService|v1/models/[^/]+/(stop|start)|v1/models/download/.*|v
 def server(tmp_path_factory, tiny_model):
     tmp: Path = tmp_path_factory.mktemp("schemathesis")
     (tmp / "models").mkdir()
-    cfg = write_config(tmp / "config.json", tiny_model, deploy={
+    shutil.copytree(tiny_model, tmp / "models" / "tiny2")
+    (tmp / "models" / "broken").mkdir()
+    shutil.copy(tiny_model / "config.json", tmp / "models" / "broken" / "config.json")
+    (tmp / "models" / "broken" / "model.safetensors").write_bytes(b"not a safetensors file")
+    cfg = write_config(tmp / "config.json", tiny_model, server={"maxLoadedModels": 2}, deploy={
         "modelsDir": str(tmp / "models"),
         "ModelConfig": [{"modelName": "tiny", "modelWeightPath": str(tiny_model), "modelInstanceType": "StandardMock"}]})
     s = ServerProcess(cfg, tmp / "server.log").start().wait_ready()

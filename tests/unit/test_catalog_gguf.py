@@ -137,6 +137,7 @@ def test_a_gguf_is_parsed_once_for_weights_config_and_tokenizer(tmp_path, tiny_g
 
 def test_a_model_not_yet_downloaded_shows_the_format_its_source_names(tmp_path):
     from mindie_service.catalog.checkpoint_kind import expected_kind
+    from mindie_service.catalog.entry import CatalogEntry
     from mindie_service.catalog.model_json import ModelRecord
     from mindie_service.server.handlers_models import model_view
 
@@ -145,8 +146,7 @@ def test_a_model_not_yet_downloaded_shows_the_format_its_source_names(tmp_path):
     assert expected_kind("https://h/x.tar.gz", []) is None
 
     def view(record):
-        entry = SimpleNamespace(id="m", record=record, progress=None, error=None, state="not_downloaded",
-                                folder=tmp_path / "absent", engine=None, mock=False)
+        entry = CatalogEntry("m", tmp_path / "absent", record, state="not_downloaded")
         return model_view(entry, detail=False)["format"]
     assert view(ModelRecord(id="m", source_url="https://h/a/b.gguf")) == "gguf"
     assert view(ModelRecord(id="m", source_url="https://h/a", assets=["model.safetensors"])) == "safetensors"

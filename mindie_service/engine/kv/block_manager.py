@@ -304,6 +304,17 @@ class BlockManager:
         seq.num_computed_tokens = seq.num_cached_tokens = seq.num_registered_blocks = 0
         self._leave(seq)
 
+    def forget_cache(self) -> None:
+        """The KV pool's contents are gone (a level-1 sleep): every block free and out of the prefix cache. Only
+        with no block held (ValueError otherwise)."""
+        if any(self.ref_counts):
+            raise ValueError("blocks are still held by sequences or kept sessions")
+        self.cached.clear()
+        self.block_hash = [None] * self.num_blocks
+        self.free = OrderedDict((i, None) for i in range(self.num_blocks))
+        if self.events is not None:
+            self.events.cleared()
+
     # ------------------------------------------------------------ reservations
     def promised_to(self, seq: Sequence) -> int:
         return self._promised.get(owner(seq), 0)

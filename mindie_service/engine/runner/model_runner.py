@@ -53,18 +53,38 @@ class ModelRunner:
         # One allocation for every layer's K and V (huge pages on the CPU, see npu_ops.memory); zeros, not
         # empty: padded gathers read unused slots, and NaN bits there would poison masked scores.
         if getattr(model, "kv_cache_dtype", "auto") == "int8":  # each row: head_dim int8 + its fp32 scale
-            pool = memory.zeros((d.layers, 2, num_blocks, block_size, d.kv_heads, quant_kv.row_bytes(d.head_dim)),
-                                torch.int8, device)
+            self._pool_spec = ((d.layers, 2, num_blocks, block_size, d.kv_heads, quant_kv.row_bytes(d.head_dim)),
+                               torch.int8)
         else:
-            pool = memory.zeros((d.layers, 2, num_blocks, block_size, d.kv_heads, d.head_dim), dtype, device)
-        self.kv_caches = [(pool[i, 0], pool[i, 1]) for i in range(d.layers)]
-        self.kv_pool = pool
+            self._pool_spec = ((d.layers, 2, num_blocks, block_size, d.kv_heads, d.head_dim), dtype)
         self.host_blocks = host_blocks  # cpuMemSize's pool, in blocks (engine.kv.swap)
         self.host_pool: torch.Tensor | None = None  # [host_blocks, layers, 2, block_size, ...]: at the first swap
         self.lora_hook, self.embeds_hook = lora_hook, embeds_hook
-        self.fused = FusedDecode(model, self.kv_caches) if device.type == "cpu" else None
-        # CUDA graphs for plain decode steps (engine/runner/cuda_graphs.py); graph_plan says where they apply
-        self.graphs = DecodeGraphs(model, self.kv_caches, device, graphs) if graphs is not None else None
+        self._graph_plan = graphs  # CUDA graphs for plain decode steps (engine/runner/cuda_graphs.py; graph_plan)
+        self.kv_pool: torch.Tensor | None = None
+        self.alloc_pool()
+
+    def alloc_pool(self) -> None:
+        """The KV pool (at start, and on waking from a level-1 sleep), its per-layer views, and the fused decoder
+        and the decode graphs over them (graphs are captured again on first use)."""
+        shape, dtype = self._pool_spec
+        pool = memory.zeros(shape, dtype, self.device)
+        self.kv_caches = [(pool[i, 0], pool[i, 1]) for i in range(shape[0])]
+        self.kv_pool = pool
+        self.fused = FusedDecode(self.model, self.kv_caches) if self.device.type == "cpu" else None
+        plan = self._graph_plan
+        self.graphs = DecodeGraphs(self.model, self.kv_caches, self.device, plan) if plan is not None else None
+
+    def release_pool(self) -> int:
+        """Level-1 sleep: every reference to the KV pool (views, the fused decoder's table, the swap pool) dropped,
+        so its memory goes back; the bytes it held. ``alloc_pool`` makes a fresh one."""
+        freed = self.kv_pool_bytes
+        self.kv_caches, self.kv_pool, self.fused, self.host_pool, self.graphs = [], None, None, None, None
+        return freed
+
+    @property
+    def kv_pool_bytes(self) -> int:
+        return 0 if self.kv_pool is None else self.kv_pool.numel() * self.kv_pool.element_size()
 
     def _slot(self, table: tuple[int, ...], pos: int) -> int:
         return table[pos // self.block_size] * self.block_size + pos % self.block_size
