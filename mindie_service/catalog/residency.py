@@ -98,18 +98,44 @@ class Residency:
 
     async def _bring_up(self, e: CatalogEntry, deadline: float) -> None:
         """Wait (until ``deadline``) for ``e``'s one load, starting it when none runs."""
-        task = self._loads.get(e.id)
-        if task is None:
-            task = self._loads[e.id] = asyncio.ensure_future(self._load(e, deadline))
-            task.add_done_callback(lambda _t, mid=e.id: self._loads.pop(mid, None))
+        task = self._task(e, deadline)
         left = deadline - asyncio.get_running_loop().time()
         try:
             await asyncio.wait_for(asyncio.shield(task), max(left, 0.0))
         except asyncio.TimeoutError:
             why = self._no_room.get(e.id)
-            if why is not None:  # still waiting for room, not loading: the budget is the answer
+            if why is None and e.state in LOADABLE:  # its load never began: queued behind other models' loads
+                why = "loads run one at a time and other models' loads were ahead of it"
+            if why is not None:  # waiting for room (or its turn), not loading: capacity is the answer
                 raise self._overloaded(e, why) from None
             raise self._timeout(e) from None
+
+    def _task(self, e: CatalogEntry, deadline: float) -> asyncio.Task[None]:
+        """``e``'s one load task, begun when none runs (its error is each waiter's; none left unread)."""
+        task = self._loads.get(e.id)
+        if task is None:
+            task = self._loads[e.id] = asyncio.ensure_future(self._load(e, deadline))
+
+            def done(t: asyncio.Task[None], mid: str = e.id) -> None:
+                self._loads.pop(mid, None)
+                if not t.cancelled() and t.exception() is not None:
+                    logger.info("model %s: not loaded: %s", mid, t.exception())
+            task.add_done_callback(done)
+        return task
+
+    async def start_requested(self, e: CatalogEntry) -> None:
+        """The management port's start: room made as for a request (429 naming the budget when none frees up
+        within modelLoadTimeoutSeconds), then it answers once the load has begun (the route answers at once)."""
+        if e.state in ("running", "starting") or e.state not in LOADABLE + ("failed", "stopping"):
+            self.catalog.start(e.id)  # (running: nothing; not downloaded, downloading: its 409)
+            return
+        if e.state == "failed":
+            e.state = "stopped"  # a start once the cause is gone: loaded again, room made first
+        task = self._task(e, asyncio.get_running_loop().time() + self.policy.load_timeout_s)
+        while not task.done() and e.state != "starting":
+            await asyncio.sleep(POLL_S)
+        if task.done():
+            task.result()  # its 409 / 429, else nothing
 
     def _overloaded(self, e: CatalogEntry, why: str) -> OverloadedError:
         return OverloadedError(f"model {e.id} cannot be loaded now: {why}, and every loaded model has requests in "
@@ -127,7 +153,7 @@ class Residency:
                 return
             if e.state == "sleeping":  # level 2: nothing of it is loaded
                 e.state, e.sleep_level = "stopped", 0
-            logger.info("model %s: %s -> starting (requested by a request naming it)", e.id, e.state)
+            logger.info("model %s: %s -> starting (requested)", e.id, e.state)
             try:
                 self.catalog.start(e.id)  # a MindieError (409: does not fit the memory left) is the request's answer
             except MindieError:

@@ -131,10 +131,12 @@ class ModelHandler(ModelViewHandler):
 
 
 class StartModelHandler(_CatalogHandler):
-    """PUT /v1/models/{id}/start: answers at once (state "starting"); 409 when it won't fit or is busy."""
+    """PUT /v1/models/{id}/start: answers once the load began (state "starting"); 409 when it won't fit the memory
+    left or is busy; 429 when maxLoadedModels / modelMemoryBudget leave no room (residency, as for a request)."""
 
-    def put(self, model_id: str) -> None:
-        e = self.catalog.start(model_id)
+    async def put(self, model_id: str) -> None:
+        e = self.catalog.get(model_id)
+        await self.ctx.residency.start_requested(e)
         self.write_json({"id": e.id, "object": "model", "state": e.state})
 
 

@@ -311,3 +311,27 @@ class OneAtATimeTest(ResidencyServer):
         results = await asyncio.gather(*(self.complete(m) for m in ("m1", "m2") * 3))
         assert [code for code, _ in results] == [200] * 6, results
         assert self.builds == {"m1": 1, "m2": 1}  # no thrash: each loaded once, its three requests served
+
+
+class ManagementStartTest(ResidencyServer):
+    server = {"maxLoadedModels": 1, "modelLoadTimeoutSeconds": 0.5}
+
+    async def start(self, model: str) -> tuple[int, dict[str, Any]]:
+        r = await self.http_client.fetch(self.get_url(f"/v1/models/{model}/start"), method="PUT", body=b"",
+                                         raise_error=False)
+        return r.code, json.loads(r.body)
+
+    @gen_test(timeout=60)
+    async def test_a_management_start_makes_room_as_a_request_does(self) -> None:
+        code, body = await self.start("m1")  # the idle default model goes first
+        assert code == 200 and body["state"] in ("starting", "running"), body
+        while self.state("m1") == "starting":
+            await asyncio.sleep(0.02)
+        assert self.resident() == ["m1"]
+        held = self.ctx.catalog.resolve("m1")
+        try:
+            code, body = await self.start("m2")  # m1 has a request in flight: no room within the bound
+            assert code == 429 and "maxLoadedModels = 1" in body["error"]["message"], body
+            assert self.state("m2") == "stopped"
+        finally:
+            self.ctx.catalog.release(held)
