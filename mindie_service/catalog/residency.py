@@ -192,6 +192,11 @@ class Residency:
         """``e``'s measurement when it is its own (not the process's first load, which paid the runtime's start)."""
         return e.memory if e.memory is not None and not e.memory.includes_runtime_start else None
 
+    def no_room(self, e: CatalogEntry) -> str | None:
+        """Why ``e`` would not fit now beside the resident models without unloading one (None: it fits)."""
+        others = [x for x in self.catalog.entries.values() if x is not e and self.resident(x)]
+        return self._full(e, others, self.need_bytes(e))
+
     def _full(self, e: CatalogEntry, others: list[CatalogEntry], need: int) -> str | None:
         """Why ``e`` does not fit beside ``others`` (None: it fits)."""
         if self.policy.max_loaded is not None and len(others) >= self.policy.max_loaded:

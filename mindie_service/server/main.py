@@ -215,7 +215,11 @@ async def _go_ready(ctx: ServerContext, cfg: ServiceConfig, engine: EngineClient
     entry.counters.loaded(entry.last_load_s or 0.0)
     ctx.ready = True
     ctx.residency.start()  # idle models unload from here on
-    for m in cfg.models[1:]:  # every ModelConfig entry is started at boot, in the background
+    for m in cfg.models[1:]:  # every ModelConfig entry is started at boot, in the background, as far as room allows
+        why = ctx.residency.no_room(catalog.entries[m.name])
+        if why is not None:
+            logger.info("model %s not started at boot: %s; the first request naming it loads it", m.name, why)
+            continue
         try:
             catalog.start(m.name)
         except Exception as e:  # noqa: BLE001 - one model that cannot start leaves the others serving

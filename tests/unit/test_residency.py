@@ -321,6 +321,11 @@ class ManagementStartTest(ResidencyServer):
                                          raise_error=False)
         return r.code, json.loads(r.body)
 
+    def test_boot_starts_only_what_fits(self) -> None:
+        """server/main starts the other ModelConfig entries at boot only where no_room says they fit."""
+        assert "maxLoadedModels = 1" in self.ctx.residency.no_room(self.ctx.catalog.entries["m1"])
+        assert self.ctx.residency.no_room(self.ctx.catalog.entries["mock"]) is None  # itself does not count
+
     @gen_test(timeout=60)
     async def test_a_management_start_makes_room_as_a_request_does(self) -> None:
         code, body = await self.start("m1")  # the idle default model goes first
