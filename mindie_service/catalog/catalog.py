@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable
 from mindie_service.catalog.checkpoint_kind import check_folder, declared_kind, detect
 from mindie_service.catalog.entry import CatalogEntry
 from mindie_service.catalog.fit_estimate import estimate, loaded_estimate
-from mindie_service.catalog.memory_meter import LoadMeter
+from mindie_service.catalog.memory_meter import LoadMeter, trim_heap
 from mindie_service.catalog.model_json import ModelRecord, check_model_id, read_model_json
 from mindie_service.catalog.shared_files import first_user
 from mindie_service.engine.client import EngineClient
@@ -291,6 +291,7 @@ class Catalog:
             await loop.run_in_executor(None, engine.shutdown)
             del engine
         gc.collect()  # weights and the KV pool go back now, not at some later collection
+        trim_heap()  # and the heap pages they leave free go back to the system, not to the next load
         e.state, e.sleep_level = "stopped", 0
         logger.info("model %s: stopping -> stopped", e.id)
 

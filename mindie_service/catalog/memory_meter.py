@@ -3,6 +3,7 @@ accelerator) read before its engine is built, after it is built, and after its w
 time (catalog/residency.py), so each difference is that model's alone."""
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 from dataclasses import dataclass
@@ -38,6 +39,15 @@ def _rss() -> int:
     from npu_ops.memory import rss_bytes  # noqa: PLC0415
 
     return rss_bytes() or 0
+
+
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's malloc_trim) after a model is unloaded: without it
+    a freed model's small allocations stay in the process's RSS and the next load adds to them. No-op elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def total_memory() -> int:
