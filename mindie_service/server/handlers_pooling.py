@@ -7,6 +7,7 @@ import time
 from typing import Any, Callable
 
 from mindie_service.errors import MindieError, UnhealthyError, ValidationError
+from mindie_service.params.keep_alive import take_keep_alive
 from mindie_service.jobs.batch_lines import LineCall, LineFn, LineReply
 from mindie_service.protocol.openai_encoder import openai_error
 from mindie_service.protocol.pooling_api import (PoolCall, embeddings_answer, parse_embeddings, parse_rerank,
@@ -35,19 +36,21 @@ class _PoolingRoute(StreamingHandler):
             tally.ok = await self.serve(self._call(tally.t0))
 
     async def _call(self, t0: float) -> bool:
-        call = await self.ctx.run_blocking(lambda: type(self).parse(self.json_body()))
-        self.write_json(await pooled_answer(self.ctx, call, self.answer, self.engine_id, t0))
+        body = await self.ctx.run_blocking(self.json_body)
+        keep_alive = take_keep_alive(body)  # Ollama's keep_alive, as on every generation route
+        call = await self.ctx.run_blocking(type(self).parse, body)
+        self.write_json(await pooled_answer(self.ctx, call, self.answer, self.engine_id, t0, keep_alive=keep_alive))
         return True
 
 
 async def pooled_answer(ctx: Any, call: PoolCall, answer: Answer, request_id: str, t0: float,
-                        batch: bool = False) -> dict[str, Any]:
+                        batch: bool = False, keep_alive: float | None = None) -> dict[str, Any]:
     """The route's answer to ``call``: its model (loaded on demand, held while it runs), the serving core's
     run (serving/pooling_calls.py), the route's encoder (``answer``)."""
     catalog = ctx.catalog
     if catalog is None:
         raise UnhealthyError("the model catalog is still loading")
-    target = await ctx.hold(call.model, None)  # loaded on demand through the one door (serving/model_lookup)
+    target = await ctx.hold(call.model, keep_alive)  # loaded on demand through the one door (serving/model_lookup)
     try:
         if target.adapter_id is not None:
             raise ValidationError(f"Parameter model must name a base model for {call.task} requests, got the "

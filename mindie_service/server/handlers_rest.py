@@ -17,6 +17,7 @@ from mindie_service.engine.contract import EngineRequest
 from mindie_service.errors import MindieError
 from mindie_service.generation_config import GenerationConfig
 from mindie_service.inputs.types import TextPrompt
+from mindie_service.params.keep_alive import take_keep_alive
 from mindie_service.protocol.rest import RestRequest, parse_generate_batch, parse_generate_one, parse_rest_body
 from mindie_service.server.generation import StreamingHandler
 from mindie_service.serving import Run, RequestTally, Submission
@@ -36,16 +37,18 @@ class _RestHandler(StreamingHandler):
     def _defaults(self) -> GenerationConfig:
         return GenerationConfig().merged(self.ctx.config.generation_defaults)
 
-    def _parse(self) -> RestRequest:
-        return self.parse_rest(parse_rest_body(self.body()), self._defaults())
+    def _parse(self) -> tuple[RestRequest, float | None]:
+        body = parse_rest_body(self.body())
+        keep_alive = take_keep_alive(body)  # Ollama's keep_alive, as on every generation route
+        return self.parse_rest(body, self._defaults()), keep_alive
 
     async def post(self) -> None:
         with self.frontend.tally() as tally:
             tally.ok = await self.serve(self._generate(tally))
 
     async def _generate(self, tally: RequestTally) -> bool:
-        await self.hold_model()  # the default model, loaded on demand (no keep_alive field here)
-        req: RestRequest = await self.ctx.run_blocking(self._parse)
+        req, keep_alive = await self.ctx.run_blocking(self._parse)
+        await self.hold_model(None, keep_alive)  # the default model, loaded on demand
         n = len(req.prompts)
         tally.count(n)  # a batch counts as that many requests, in admission and in metrics
         sub = Submission([TextPrompt(p.prompt) for p in req.prompts], req.params(), self.held_engine,

@@ -9,6 +9,7 @@ from mindie_service.protocol.encoders import Encoder
 from mindie_service.protocol.oip_binary import read_binary_request
 from mindie_service.protocol.oip import OipRequest, infer_response, model_metadata, parse_infer, server_metadata
 from mindie_service.protocol.request import GenerationRequest
+from mindie_service.params.keep_alive import take_keep_alive
 from mindie_service.protocol.validation import parse_json_body
 from mindie_service.protocol.triton_generate import (ModelRef, TritonEncoder, parse_generate_request, request_id,
                                                      resolve_model, triton_error)
@@ -85,17 +86,18 @@ class OipInferHandler(V2Errors, StreamingHandler):
         with self.frontend.tally() as tally:
             tally.ok = await self.serve(self._infer(model, tally.t0))
 
-    def _body(self) -> OipRequest:
+    def _body(self) -> tuple[OipRequest, float | None]:
         header = self.request.headers.get("Inference-Header-Content-Length")
         if header is not None:  # the binary tensor extension (tritonclient's default for inputs)
-            return parse_infer(read_binary_request(self.body(), header), self.ctx.limits)
-        # tritonclient sends its JSON body with no Content-Type: JSON is this route's only body
-        ctype = self.request.headers.get("Content-Type") or "application/json"
-        return parse_infer(parse_json_body(self.body(), ctype), self.ctx.limits)
+            body = read_binary_request(self.body(), header)
+        else:  # tritonclient sends its JSON body with no Content-Type: JSON is this route's only body
+            body = parse_json_body(self.body(), self.request.headers.get("Content-Type") or "application/json")
+        keep_alive = take_keep_alive(body)  # Ollama's keep_alive, as on every generation route
+        return parse_infer(body, self.ctx.limits), keep_alive
 
     async def _infer(self, model: ModelRef, t0: float) -> bool:
-        await self.hold_model()  # the default model, loaded on demand (no keep_alive field here)
-        req: OipRequest = await self.ctx.run_blocking(self._body)
+        req, keep_alive = await self.ctx.run_blocking(self._body)
+        await self.hold_model(None, keep_alive)  # the default model, loaded on demand
         g = req.gens[0]
         sub = Submission([x.prompt for x in req.gens], g.params, self.held_engine,
                          [f"{self.engine_id}.{k}" for k in range(len(req.gens))], truncate=g.truncate, rank=g.rank)

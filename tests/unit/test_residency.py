@@ -238,6 +238,24 @@ class KeepAliveTest(ResidencyServer):
         assert self.state("m2") == "running" and self.state("m3") == "running"
 
     @gen_test(timeout=60)
+    async def test_keep_alive_on_the_default_models_routes(self) -> None:
+        r = await self.post("/api/generate-one", {"prompt": "hi", "request_id": "r1", "keep_alive": 0})  # REST
+        assert r.code == 200, r.body
+        evictions = self.ctx.catalog.entries["mock"].counters.evictions
+        assert await self.settle("mock", "stopped", within=2.0)
+        assert evictions["keep_alive"] == 1 and evictions["idle"] == 0  # its keep_alive, not idleUnloadSeconds
+        assert self.ctx.healthy()  # unloaded by residency: the next request loads it
+        r = await self.post("/", {"inputs": "hi", "keep_alive": "0s", "parameters": {"max_new_tokens": 2}})
+        assert r.code == 200 and float(r.headers["X-Model-Load-Wait"]) >= 0, r.body
+        assert await self.settle("mock", "stopped", within=2.0)
+        assert evictions["keep_alive"] == 2 and evictions["idle"] == 0
+        r = await self.post("/v2/models/mock/infer", {"keep_alive": -1, "inputs": [
+            {"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]})
+        assert r.code == 200, r.body
+        await asyncio.sleep(0.7)
+        assert self.state("mock") == "running"  # -1: kept past idleUnloadSeconds
+
+    @gen_test(timeout=60)
     async def test_malformed_keep_alive_is_refused_in_the_route_shape(self) -> None:
         for bad in ("soon", "5 minutes", True, [1], "1e999h"):
             code, body = await self.complete("m1", keep_alive=bad)
