@@ -104,7 +104,7 @@ def test_shipped_config_loads_with_cpu_values() -> None:
     assert (cfg.backend.max_seq_len, cfg.backend.max_input_token_len) == (2560, 2048)
     sc = cfg.schedule
     assert (sc.max_batch_size, sc.max_prefill_batch_size, sc.max_prefill_tokens, sc.max_iter_times,
-            sc.cache_block_size) == (64, 16, 8192, 512, 16)
+            sc.cache_block_size) == (64, 16, 512, 512, 16)
 
 
 # --- one bad value, one message naming key path, rule and value ---------------------------------
@@ -360,7 +360,7 @@ def test_engine_config_mapping(tmp_path: Path) -> None:
     assert (e.model, e.model_name, e.trust_remote_code) == (str(tmp_path / "models" / "SmolLM2-135M-Instruct"),
                                                             "SmolLM2-135M-Instruct", True)
     assert (e.max_seq_len, e.max_input_token_len, e.truncation, e.cache_block_size) == (2560, 2048, True, 16)
-    assert (e.max_batch_size, e.max_prefill_batch_size, e.max_prefill_tokens, e.max_iter_times) == (64, 16, 8192, 512)
+    assert (e.max_batch_size, e.max_prefill_batch_size, e.max_prefill_tokens, e.max_iter_times) == (64, 16, 512, 512)
     assert (e.max_preempt_count, e.max_queue_delay_microseconds, e.num_kv_blocks) == (3, 700, 500)
     assert (e.kv_cache_memory_gb, e.enable_prefix_caching, e.num_threads) == (2.0, False, 2)
     assert (e.max_loras, e.max_lora_rank, e.video_frames, e.max_video_frames) == (4, 64, 8, 32)
