@@ -95,7 +95,10 @@ def test_a_job_cancelled_before_its_generations_start_gives_back_every_slot(tmp_
                        1, line * 3, 3)
 
     async def go() -> int:
-        runner = JobRunner(store, lambda model: (Engine(), None), Frontend(), max_running=4)  # type: ignore[arg-type]
+        async def engine_for(model: str):
+            return Engine(), None
+
+        runner = JobRunner(store, engine_for, Frontend(), max_running=4)  # type: ignore[arg-type]
         runner.start(job)
         await asyncio.sleep(0)  # the job ran up to its wait: its three generation tasks are made, none started
         assert runner.slots._value == 1
