@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from mindie_service.errors import ConfigError
-from mindie_service.serving.observer import SequenceRecord
+from mindie_service.serving.observer import NullObserver, SequenceRecord
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ SPAN_NAME = "llm_request"
 TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context, as vLLM reads it
 
 
-class RequestTracer:
+class RequestTracer(NullObserver):  # it reads only the full records (observe_record)
     """A ``RequestObserver`` that ends each sequence's record as a span (serving.observer.SequenceRecord)."""
 
     def __init__(self, endpoint: str, service_name: str = "mindie-service") -> None:
@@ -43,15 +43,6 @@ class RequestTracer:
         self.kind = SpanKind.SERVER
         self.propagator = TraceContextTextMapPropagator()
         logger.info("request spans go to %s (OTLP/HTTP)", endpoint)
-
-    def observe_received(self, n: int = 1) -> None:
-        pass
-
-    def observe_request(self, *, ok: bool, e2e: float | None) -> None:
-        pass
-
-    def observe_sequence(self, *, prompt_tokens: int, generated: int, ttft: float | None, e2e: float) -> None:
-        pass
 
     def observe_record(self, rec: SequenceRecord) -> None:
         # the record's times are monotonic; a span's are the wall clock's nanoseconds

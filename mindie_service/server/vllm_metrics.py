@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, M
 from prometheus_client.registry import Collector
 
 from mindie_service.engine.contract import STEP_TOKEN_BOUNDS
-from mindie_service.serving.observer import SequenceRecord
+from mindie_service.serving.observer import NullObserver, SequenceRecord
 
 ENGINE = "0"  # vLLM's engine label: the data-parallel engine index; one engine per server here
 FINISH_REASONS = ("stop", "length", "abort", "error")  # vllm.v1.engine.FinishReason (less repetition: never ours)
@@ -75,7 +75,7 @@ class _EngineFamilies(Collector):
         yield h
 
 
-class VllmMetrics:
+class VllmMetrics(NullObserver):  # it reads only the full records (observe_record)
     """vLLM's request families in ``registry`` (the metrics port's); a ``RequestObserver`` of the serving core."""
 
     def __init__(self, registry: CollectorRegistry, model_name: str, stats: Callable[[], Any],
@@ -132,15 +132,6 @@ class VllmMetrics:
             self.h[name].labels(model, ENGINE).observe(max(0.0, value))
 
     # -- serving.observer.RequestObserver ------------------------------------------------------------
-    def observe_received(self, n: int = 1) -> None:
-        pass
-
-    def observe_request(self, *, ok: bool, e2e: float | None) -> None:
-        pass
-
-    def observe_sequence(self, *, prompt_tokens: int, generated: int, ttft: float | None, e2e: float) -> None:
-        pass
-
     def observe_record(self, rec: SequenceRecord) -> None:
         model = rec.model or self.model_name
         lab = (model, ENGINE)

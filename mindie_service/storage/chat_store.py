@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mindie_service.storage.sqlite_db import open_db
+from mindie_service.storage.sqlite_db import dumps as _dumps, open_db
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chat_completions (
@@ -25,9 +25,6 @@ CREATE TABLE IF NOT EXISTS chat_completions (
 CREATE INDEX IF NOT EXISTS chat_completions_created ON chat_completions (created);
 """
 
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 @dataclass(frozen=True)

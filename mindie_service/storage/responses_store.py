@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from mindie_service.storage.sqlite_db import open_db
+from mindie_service.storage.sqlite_db import dumps as _dumps, open_db
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -35,9 +35,6 @@ CREATE TABLE IF NOT EXISTS response_events (
 """
 ACTIVE = ("queued", "in_progress")
 
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 @dataclass(frozen=True)

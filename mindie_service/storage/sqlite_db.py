@@ -1,8 +1,10 @@
 """The one way the durable stores (batch jobs, responses) open their SQLite file."""
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 
 def open_db(path: Path, schema: str) -> sqlite3.Connection:
@@ -13,3 +15,8 @@ def open_db(path: Path, schema: str) -> sqlite3.Connection:
     db.execute("PRAGMA synchronous=NORMAL")  # WAL: a commit survives a process kill
     db.executescript(schema)
     return db
+
+
+def dumps(obj: Any) -> str:
+    """A stored JSON value: compact, UTF-8 as it is, no NaN."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
