@@ -98,7 +98,8 @@ class ServerContext:
         self.tgi_encoder = TgiEncoder()
         self.request_stop: Callable[[], None] = lambda: None  # set by main: starts the drain
         # Every model, its state and its engine; main gives it the engine builder (models start and stop).
-        self.catalog: Catalog | None = Catalog(config, Path(config.backend.models_dir), build=None)
+        self.catalog: Catalog | None = Catalog(config, Path(config.backend.models_dir), build=None,
+                                               on_default=self._default_changed)
         # Which models are loaded: on demand, within maxLoadedModels / modelMemoryBudget, idle ones unloaded.
         self.residency = Residency(self.catalog, ResidencyPolicy.from_settings(self.settings))
         self.boot_meter = LoadMeter()  # the default model's load at start-up, measured (server/main.py)
@@ -164,10 +165,20 @@ class ServerContext:
         if self.catalog is not None and self.catalog.entries[self.model_name].engine is not engine:
             self.catalog.attach(self.model_name, engine)
 
+    def _default_changed(self, engine: EngineClient | None) -> None:
+        """The default model (ModelConfig[0], behind `/` and the TGI routes) started or stopped via the catalog."""
+        if engine is None:
+            self.engine = None
+        else:
+            self.attach_engine(engine)
+
     @property
     def loaded_engine(self) -> EngineClient:
         """The engine, or 503 while the model is still loading (or stopped through the catalog)."""
         if self.engine is None:
+            if self.ready and self.default_parked():
+                raise UnhealthyError(f"the default model {self.model_name} is unloaded (idle or evicted); a "
+                                     "generation request loads it again")
             if self.ready:
                 raise UnhealthyError(f"the default model is not running (PUT /v1/models/{self.model_name}/start)")
             raise self.loading_error()
@@ -201,6 +212,13 @@ class ServerContext:
     async def hold(self, model: str, keep_alive: float | None) -> Target:
         """``model`` running and held for one request (catalog.release after): the one door (serving/model_lookup)."""
         return await hold_model(self.residency, model, keep_alive)
+
+    async def default_engine(self) -> EngineClient:
+        """The default model's engine for a route that reads it (TGI's /info, MindIE's tokenizer, sessions): loaded
+        on demand, as for a generation request, when residency parked it (idle, keep_alive 0, evicted, asleep)."""
+        if self.engine is None and self.ready and self.default_parked():
+            self.catalog.release(await self.hold(self.model_name, None))
+        return self.loaded_engine
 
     def default_parked(self) -> bool:
         """The default model was unloaded by residency (idle, evicted, asleep) and the next request loads it."""

@@ -29,7 +29,7 @@ class TokenizerHandler(BaseHandler):
         text = parse_tokenizer_request(self.json_body())
         if not self.ctx.ready:
             raise self.ctx.loading_error()
-        engine = self.ctx.loaded_engine
+        engine = await self.ctx.default_engine()
         # A text longer than the model's whole context could ever take is refused before it is tokenized:
         # tokenizing a body-sized string costs seconds of CPU and gigabytes of memory for nothing.
         bound, limit = self.ctx.frontend.processor(engine).text_bound, self.ctx.engine_config.max_seq_len

@@ -35,7 +35,7 @@ def spill_of(engine: Any) -> Any:
 
 class SessionHandler(BaseHandler):
     async def get(self, request_id: str) -> None:
-        spill = spill_of(self.ctx.loaded_engine)
+        spill = spill_of(await self.ctx.default_engine())
         data = await asyncio.get_running_loop().run_in_executor(None, spill.export, request_id)
         if data is None:
             raise NotFoundError(f"no kept session {request_id!r}")
@@ -43,7 +43,7 @@ class SessionHandler(BaseHandler):
         self.finish(data)
 
     async def put(self, request_id: str) -> None:
-        spill = spill_of(self.ctx.loaded_engine)
+        spill = spill_of(await self.ctx.default_engine())
         from mindie_service.engine.sessions.session_file import decode
 
         body = self.body()

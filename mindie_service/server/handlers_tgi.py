@@ -55,11 +55,12 @@ class HealthHandler(BaseHandler):
 class InfoHandler(BaseHandler):
     """GET /info: TGI's Info, with real values."""
 
-    def get(self) -> None:
+    async def get(self) -> None:
         ctx = self.ctx
-        if ctx.engine is None:
+        if ctx.engine is None and not (ctx.ready and ctx.default_parked()):
             raise unhealthy(ctx)
-        eng, ec, limits = ctx.loaded_engine, ctx.engine_config, ctx.limits
+        eng = await ctx.default_engine()  # a default model parked by residency loads, as for a request
+        ec, limits = ctx.engine_config, ctx.limits
         st = eng.stats()
         self.write_json(info_payload(
             model_id=ctx.model_name, dtype=eng.dtype, device_type=eng.device_type,

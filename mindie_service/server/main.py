@@ -92,14 +92,6 @@ def build_engine(cfg: ServiceConfig, wiring: ServeWiring) -> EngineClient:
                               cfg.backend.instance_routing)
 
 
-def _on_default(ctx: ServerContext, engine: EngineClient | None) -> None:
-    """The default model (ModelConfig[0], behind `/` and the TGI routes) started or stopped via the catalog."""
-    if engine is None:
-        ctx.engine = None
-    else:
-        ctx.attach_engine(engine)
-
-
 async def warm_up(engine: EngineClient) -> None:
     """One greedy token through the input processor and the engine: /health turns green only after both answered.
     A model that does not generate (an embedding or rerank model) pools one input instead."""
@@ -326,7 +318,6 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], wiring: 
     catalog = ctx.catalog
     assert catalog is not None
     catalog.build, catalog.warm_up = wiring.model_engine, warm_up
-    catalog.on_default = lambda e: _on_default(ctx, e)
     catalog.entries[ctx.model_name].begin_loading()
     try:
         ctx.boot_meter.begin()

@@ -256,6 +256,16 @@ class KeepAliveTest(ResidencyServer):
         assert self.state("mock") == "running"  # -1: kept past idleUnloadSeconds
 
     @gen_test(timeout=60)
+    async def test_routes_that_read_the_parked_default_model_load_it(self) -> None:
+        """TGI's /info and MindIE's tokenizer answer after keep_alive 0 parked the default model, as a generation
+        request would (a 503 "stopped" there was what schemathesis found)."""
+        for path, body in (("/info", None), ("/v1/tokenizer", {"inputs": "hi"})):
+            r = await self.post("/api/generate-one", {"prompt": "hi", "request_id": "r1", "keep_alive": 0})
+            assert r.code == 200 and await self.settle("mock", "stopped", within=2.0), r.body
+            r = await (self.post(path, body) if body else self.http_client.fetch(self.get_url(path), raise_error=False))
+            assert r.code == 200 and self.state("mock") == "running", (path, r.body)
+
+    @gen_test(timeout=60)
     async def test_malformed_keep_alive_is_refused_in_the_route_shape(self) -> None:
         for bad in ("soon", "5 minutes", True, [1], "1e999h"):
             code, body = await self.complete("m1", keep_alive=bad)
