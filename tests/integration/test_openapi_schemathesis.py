@@ -5,6 +5,7 @@ document names as examples: a copy of the tiny model, loaded on demand (maxLoade
 one whose load fails (424, never a 5xx)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import shutil
@@ -16,6 +17,9 @@ import pytest
 from tests.server_utils import ServerProcess, write_config
 
 pytestmark = pytest.mark.slow
+# One fixed seed, so that a run is repeatable and CI's verdict is the code's, not the draw's. Other seeds explore:
+# MINDIE_ST_SEED=<n> (CI's seed 170468628235044265135265401331556255452 found the parked default model's /info 503).
+SEED = os.environ.get("MINDIE_ST_SEED", "20261128")
 # Destructive or state-changing routes stay out (the issue's list, plus the batch-job and adapter routes); the
 # catalog, adapter and stopService routes are management-port routes now, fuzzed by test_control_fuzz.py.
 EXCLUDED = r"^/(stopService|v1/models/[^/]+/(stop|start)|v1/models/download/.*|v1/(load|unload)_lora_adapter" \
@@ -44,7 +48,7 @@ def test_no_5xx_and_responses_match_the_document(server, tmp_path):
     cmd = [str(Path(sys.executable).parent / "st"), "run", server.url() + "/openapi.json", "--max-examples", "15",
            "--exclude-path-regex", EXCLUDED, "--exclude-method", "DELETE", "--phases", "examples,coverage,fuzzing",
            "-c", "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
-           "--workers", "1", "--suppress-health-check", "all", "--no-color"]
+           "--workers", "1", "--suppress-health-check", "all", "--no-color", "--seed", SEED]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     report.write_text(r.stdout + r.stderr)
     print(r.stdout[-4000:])
