@@ -4,9 +4,13 @@ server, then under a saturating low-priority load (--streams streams of long pro
 to back), and their ratio (target: loaded p50 within 1.3x of idle p50).
 
 The probes go one after another (a probe's TTFT is never its sibling's queueing), each with the dialect's most
-urgent priority; the load runs at its least urgent. ``--baseline`` also measures the probes under the same load at
-the default priority, which shows what priority buys. Priority fields per route (params.priority's table):
-``/v1/completions`` vLLM's ``priority`` (lower first), ``/infer`` MindIE's ``parameters.priority`` (1 first).
+urgent priority, after a random pause of up to ``--gap-ms`` (so they do not arrive in step with the engine's steps);
+the load runs at its least urgent. ``--baseline`` also measures probes at the default priority, alternating with the
+urgent ones under the same load: the load's 32 identical streams move in waves (all prefilling, then all decoding),
+and probes measured one set after the other would compare phases of the load, not priorities. Each set of probes
+has prompts of its own (a prompt seen before would find its blocks in the prefix cache). Priority fields per route
+(params.priority's table): ``/v1/completions`` vLLM's ``priority`` (lower first), ``/infer`` MindIE's
+``parameters.priority`` (1 first).
 
 Against a running server:   tools/bench_priority.py --url http://127.0.0.1:1025
 Against one it starts:      tools/bench_priority.py --model models/small   (plain HTTP, the shipped
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -67,9 +72,16 @@ async def _ttft(session: aiohttp.ClientSession, url: str, route: str, model: str
 
 
 async def _probes(session: aiohttp.ClientSession, args: argparse.Namespace, url: str, model: str,
-                  priority: int | None) -> list[float]:
-    short = prompts(args.probes, args.probe_words, seed=7)
-    return [await _ttft(session, url, args.route, model, p, args.probe_tokens, priority) for p in short]
+                  priorities: list[int | None], seed: int) -> list[list[float]]:
+    """TTFTs of ``args.probes`` probes at each of ``priorities`` (alternating), one probe at a time."""
+    rng = random.Random(seed)
+    sets = [prompts(args.probes, args.probe_words, seed=seed + k) for k in range(len(priorities))]
+    out: list[list[float]] = [[] for _ in priorities]
+    for i in range(args.probes):
+        for k, priority in enumerate(priorities):
+            await asyncio.sleep(rng.uniform(0, args.gap_ms / 1e3))
+            out[k].append(await _ttft(session, url, args.route, model, sets[k][i], args.probe_tokens, priority))
+    return out
 
 
 async def _load(session: aiohttp.ClientSession, args: argparse.Namespace, url: str, model: str, stop: asyncio.Event,
@@ -88,13 +100,14 @@ async def _measure(args: argparse.Namespace, url: str) -> dict:
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
         async with session.get(url + "/v1/models") as r:
             model = (await r.json())["data"][0]["id"]
-        await _probes(session, args, url, model, URGENT[args.route])  # warm-up (kernels, caches)
-        idle = await _probes(session, args, url, model, URGENT[args.route])
+        await _probes(session, args, url, model, [URGENT[args.route]], seed=7)  # warm-up (kernels, caches)
+        idle = (await _probes(session, args, url, model, [URGENT[args.route]], seed=17))[0]
         stop, done = asyncio.Event(), []
         loads = [asyncio.ensure_future(_load(session, args, url, model, stop, done)) for _ in range(args.streams)]
         await asyncio.sleep(args.warmup_s)  # the load's prefills under way and the batch full
-        loaded = await _probes(session, args, url, model, URGENT[args.route])
-        base = await _probes(session, args, url, model, None) if args.baseline else []
+        loaded, *rest = await _probes(session, args, url, model,
+                                      [URGENT[args.route]] + ([None] if args.baseline else []), seed=27)
+        base = rest[0] if rest else []
         stop.set()
         for t in loads:
             t.cancel()
@@ -135,6 +148,7 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--probes", type=int, default=20, help="high-priority requests per measurement")
     ap.add_argument("--probe-words", type=int, default=12)
     ap.add_argument("--probe-tokens", type=int, default=8)
+    ap.add_argument("--gap-ms", type=float, default=50.0, help="a random pause of up to this before each probe")
     ap.add_argument("--warmup-s", type=float, default=10.0, help="load time before the loaded probes")
     ap.add_argument("--baseline", action="store_true", help="also probe under load at the default priority")
     ap.add_argument("--kv-blocks", type=int, default=None, help="--model: numKvBlocks (default: sized by the engine)")
@@ -156,8 +170,10 @@ def main() -> int:
             if proc is not None:
                 stop_process(proc)
     print(json.dumps(res))
+    base = (f"; default priority under the same load {res['default_priority_p50_s'] * 1e3:.1f} ms"
+            if "default_priority_p50_s" in res else "")
     print(f"# high-priority TTFT p50: idle {res['idle_p50_s'] * 1e3:.1f} ms, under {args.streams} low-priority "
-          f"streams {res['loaded_p50_s'] * 1e3:.1f} ms: {res['ratio']:.2f}x (target <= 1.3x)", file=sys.stderr)
+          f"streams {res['loaded_p50_s'] * 1e3:.1f} ms: {res['ratio']:.2f}x (target <= 1.3x){base}", file=sys.stderr)
     return 0
 
 

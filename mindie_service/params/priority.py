@@ -4,10 +4,10 @@ victims all follow it, then arrival). This is the one table:
 
 | routes                                          | field                 | scale, as the dialect has it                   | default | rank                     |
 |-------------------------------------------------|-----------------------|------------------------------------------------|---------|--------------------------|
-| OpenAI ``/v1/completions``, ``/v1/chat/...``    | ``priority`` (vLLM's) | an int32, lower first (vLLM's convention)      | 0       | ``priority``             |
+| OpenAI ``/v1/completions``, ``/v1/chat/...``, ``/v1/responses`` | ``priority`` (vLLM's) | an int32, lower first (vLLM's convention) | 0 | ``priority`` |
 | MindIE ``POST /``, ``POST /infer``              | ``parameters.priority`` | [1, 5], 1 the most urgent                    | 5       | ``priority - 5``         |
 | Triton ``/v2/.../generate(_stream)``, OIP ``/v2/.../infer`` | ``parameters.priority`` | [0, 5]: Triton's 0 is the default level, 1..5 MindIE's levels (1 the most urgent) | 0 | 0 for 0, else ``priority - 5`` |
-| every other route (TGI, Anthropic, Responses, /api/*) | none            |                                                | -       | 0                        |
+| every other route (TGI, Anthropic, /api/*)      | none                  |                                                | -       | 0                        |
 | batch-job lines (jobs/)                         | none                  | a class of their own below every online request | -      | (class PRIORITY_BATCH)   |
 
 So MindIE's default level (5), Triton's default (0) and vLLM's default (0) are one rank; MindIE's 1 is vLLM's

@@ -6,7 +6,8 @@ conversation make the same engine request: greedy output is identical. What Resp
 ``instructions`` (a system message first), ``input`` items (protocol.responses_input), the flat function
 tools, ``text.format``, ``include``, ``truncation``, ``metadata``, ``store``, ``background`` and
 ``previous_response_id`` (the handler prepends the stored conversation), ``reasoning.effort`` (chat's
-``reasoning_effort``: a thinking budget, or no thinking). A field we cannot honour (built-in tools such as
+``reasoning_effort``: a thinking budget, or no thinking). vLLM's ``priority`` is taken as on the other OpenAI
+routes (params.priority: lower first, 0 the default). A field we cannot honour (built-in tools such as
 web_search, ``reasoning.summary``, ``conversation``) is refused by name."""
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from mindie_service.protocol.responses_input import input_items, to_messages
 FIELDS = frozenset({"model", "input", "instructions", "tools", "tool_choice", "parallel_tool_calls", "text",
                     "max_output_tokens", "temperature", "top_p", "top_logprobs", "metadata", "user", "store",
                     "include", "truncation", "stream", "background", "previous_response_id", "reasoning",
-                    "service_tier", "stream_options"})
+                    "service_tier", "stream_options", "priority"})
 INCLUDABLE = frozenset({"message.output_text.logprobs"})
 # chat's name -> the Responses field it came from (an error names the field the client wrote)
 CHAT_NAMES = {"max_completion_tokens": "max_output_tokens", "reasoning_effort": "reasoning.effort", "response_format": "text.format",
@@ -160,7 +161,8 @@ def chat_body(body: dict[str, Any], messages: list[dict[str, Any]], text_format:
     """The chat completions body of the same call."""
     out: dict[str, Any] = {"model": body.get("model"), "messages": messages}
     for src, dst in (("temperature", "temperature"), ("top_p", "top_p"), ("max_output_tokens", "max_completion_tokens"),
-                     ("parallel_tool_calls", "parallel_tool_calls"), ("user", "user"), ("stream", "stream")):
+                     ("parallel_tool_calls", "parallel_tool_calls"), ("user", "user"), ("stream", "stream"),
+                     ("priority", "priority")):
         if body.get(src) is not None:
             out[dst] = body[src]
     effort = _reasoning(body.get("reasoning"))

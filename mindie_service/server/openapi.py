@@ -149,7 +149,7 @@ SCHEMAS: dict[str, Any] = {
         "temperature": {"type": "number", "minimum": 0, "maximum": 2}, "stream": {"type": "boolean"},
         "background": {"type": "boolean"}, "store": {"type": "boolean"}, "tools": {"type": "array", "items": _OBJ},
         "previous_response_id": {"type": ["string", "null"]}, "text": _OBJ,
-        "metadata": {"type": "object", "additionalProperties": {"type": "string"}}},
+        "metadata": {"type": "object", "additionalProperties": {"type": "string"}}, "priority": _PRIORITY},
         "description": "OpenAI's Responses create body (function tools only)."},
     "Response": {"type": "object", "required": ["id", "object", "status", "output"], "properties": {
         "id": {"type": "string"}, "object": {"const": "response"}, "status": {"enum": [

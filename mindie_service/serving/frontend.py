@@ -185,8 +185,8 @@ class Frontend:
     @contextlib.asynccontextmanager
     async def open_prepared(self, engine: EngineClient, ereqs: list[EngineRequest], t0: float) -> AsyncIterator[Run]:
         """A call whose engine requests are made already (a stored response's continuation after a restart:
-        its prompt passed the input rules when it was first made): admitted, then run."""
-        async with self.admitted(1, t0):
+        its prompt passed the input rules when it was first made): admitted at their rank, then run."""
+        async with self.admitted(1, t0, rank=ereqs[0].rank):
             async with self._run(engine, ereqs, 1, t0) as run:
                 yield run
 

@@ -110,9 +110,9 @@ class ResponsesService:
         ``batch``: a batch line's (below online traffic)."""
         chat = p.req.chat
         if prompt_ids is not None:
-            return Submission([TokensPrompt(prompt_ids)], chat.params, lambda: p.engine, [gen.id])
+            return Submission([TokensPrompt(prompt_ids)], chat.params, lambda: p.engine, [gen.id], rank=chat.rank)
         return Submission([chat.prompt], chat.params, lambda: p.engine, [gen.id], truncate=chat.truncate,
-                          session_ids=kept_session(gen.id, p), batch=batch)
+                          session_ids=kept_session(gen.id, p), rank=chat.rank, batch=batch)
 
     def _open(self, gen: ResponseGen, p: Prepared, resume: Resume | None, ereq: EngineRequest | None) -> Any:
         """The generation's Run: of ``ereq`` (made when the response was created), a fresh one, or after a
@@ -128,7 +128,7 @@ class ResponsesService:
         if params.structured_outputs is not None:
             return self.frontend.open(self._submission(gen, p, resume.prompt_ids), t0)
         params = dataclasses.replace(params, max_tokens=max(1, params.max_tokens - len(resume.output_ids)))
-        ereq = EngineRequest(gen.id, resume.prompt_ids + resume.output_ids, params)
+        ereq = EngineRequest(gen.id, resume.prompt_ids + resume.output_ids, params, rank=p.req.chat.rank)
         return self.frontend.open_prepared(p.engine, [ereq], t0)
 
     def _save(self, gen: ResponseGen, owner: str, context: list[dict[str, Any]], background: bool) -> None:
@@ -182,6 +182,7 @@ class ResponsesService:
         chat = p.req.chat
         ereq = await self.frontend.engine_request(p.engine, chat.prompt, chat.params, gen.id, truncate=chat.truncate,
                                                   session_id=kept_session(gen.id, p)[0])
+        ereq = dataclasses.replace(ereq, rank=chat.rank)
         evs = gen.start(queued=True)
         self._save(gen, owner, context, True)
         self.store.record(gen.id, [], evs)

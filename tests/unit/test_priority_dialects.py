@@ -13,6 +13,7 @@ from mindie_service.protocol.mindie_infer import parse_infer_request
 from mindie_service.protocol.oip import parse_infer
 from mindie_service.protocol.openai import parse_openai
 from mindie_service.protocol.request import ProtocolLimits
+from mindie_service.protocol.responses_request import parse_responses
 from mindie_service.protocol.triton_generate import parse_generate_request
 from mindie_service.serving.admission_queue import AdmissionQueue
 
@@ -21,6 +22,10 @@ LIM = ProtocolLimits(vocab_size=100)
 
 def _openai(v):
     return parse_openai({"model": "m", "prompt": "x", "priority": v}, "completion", limits=LIM, model="m").rank
+
+
+def _responses(v):
+    return parse_responses({"model": "m", "input": "x", "priority": v}, [], limits=LIM, model="m").chat.rank
 
 
 def _root(v):
@@ -43,6 +48,7 @@ def _oip(v):
 
 @pytest.mark.parametrize("parse, values, ranks", [
     (_openai, [-10, -1, 0, 3, None], [-10, -1, 0, 3, 0]),  # vLLM: lower first, 0 default
+    (_responses, [-10, 0, 3, None], [-10, 0, 3, 0]),  # vLLM's field on /v1/responses too
     (_root, [1, 2, 5, None], [-4, -3, 0, 0]),  # MindIE: [1, 5], 1 most urgent, 5 default
     (_infer, [1, 4, None], [-4, -1, 0]),
     (_triton, [0, 1, 5, None], [0, -4, 0, 0]),  # Triton: 0 is the default level
@@ -52,7 +58,8 @@ def test_each_dialect_maps_its_direction_onto_one_rank(parse, values, ranks):
 
 
 @pytest.mark.parametrize("parse, bad", [(_root, 0), (_root, 6), (_infer, 0), (_triton, 6), (_triton, -1),
-                                        (_oip, 7), (_openai, "1"), (_openai, True)])
+                                        (_oip, 7), (_openai, "1"), (_openai, True), (_responses, 1.5),
+                                        (_responses, 2 ** 31)])
 def test_out_of_scale_is_refused_naming_priority(parse, bad):
     with pytest.raises(ValidationError, match="priority"):
         parse(bad)

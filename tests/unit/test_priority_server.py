@@ -49,6 +49,13 @@ class PriorityRoutesTest(InProcessServer):
         self._post("/v2/models/mock/generate", {"text_input": "hi", "parameters": {**few, "priority": 2}})
         self._post("/v2/models/mock/infer", {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES",
                                                           "data": ["hi"]}], "parameters": {**few, "priority": 4}})
+        self._post("/v1/responses", {"model": "mock", "input": "hi", "max_output_tokens": 2, "priority": -5})
         self._post("/generate", {"inputs": "hi", "parameters": few})  # TGI: no priority, the default rank
-        expected = [-7, 2, -4, -2, -3, -1, 0]
+        expected = [-7, 2, -4, -2, -3, -1, -5, 0]
         assert admitted == expected and self.engine.ranks == expected
+
+    def test_responses_refuses_a_bad_priority_in_its_error_shape(self):
+        r = self.fetch("/v1/responses", method="POST", headers={"Content-Type": "application/json"},
+                       body=json.dumps({"model": "mock", "input": "hi", "priority": "high"}))
+        err = json.loads(r.body)["error"]
+        assert r.code == 400 and err["param"] == "priority" and "priority" in err["message"], r.body

@@ -10,7 +10,10 @@ Two bounds, both ScheduleConfig keys:
   step carries at most this many batch tokens in all (a decoding line counts one, a prompt chunk its
   length): its first token is not computed beside the whole batch. Decoding lines go first, those that ran
   least recently first (so every line progresses), then prompt tokens; at least one token, so batch
-  work never stops while online traffic keeps arriving."""
+  work never stops while online traffic keeps arriving.
+
+The prompt bound also holds online prompts less urgent than an urgent request seen lately (``live``, engine.sched.
+urgent_first.Watch): they share batchPrefillTokens a step, apart from the batch lines' own."""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -20,6 +23,7 @@ from mindie_service.engine.contract import PRIORITY_ONLINE
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.sequence import Sequence
 from mindie_service.engine.sched.chunks import prefilling
+from mindie_service.engine.sched.urgent_first import Urgent
 
 
 @dataclass
@@ -30,6 +34,8 @@ class BatchAllowance:
     prompt_left: int  # batch prompt tokens still allowed this step
     total_left: int | None = None  # batch tokens of any kind still allowed; None: no online request waits
     decodes: set[str] = field(default_factory=set)  # with total_left: the running batch lines that decode
+    live: Urgent | None = None  # online prompts it outranks take at most live_left tokens this step
+    live_left: int = 0
 
     def runs(self, seq: Sequence) -> bool:
         """Whether ``seq``, running and decoding, decodes this step (False: it skips the step, keeping its
@@ -41,18 +47,22 @@ class BatchAllowance:
         """Of ``n`` more tokens ``seq`` would compute this step (prompt tokens, or a decode's draft tokens /
         a resumed line's decode with ``prompt`` False), how many it may."""
         if seq.priority == PRIORITY_ONLINE:
-            return n
+            return min(n, self.live_left) if self._held(seq, prompt) else n
         if prompt:
             n = min(n, self.prompt_left)
         return max(0, n if self.total_left is None else min(n, self.total_left))
 
     def spend(self, seq: Sequence, n: int, prompt: bool = True) -> None:
         if seq.priority == PRIORITY_ONLINE:
+            self.live_left -= n if self._held(seq, prompt) else 0
             return
         if prompt:
             self.prompt_left -= n
         if self.total_left is not None:
             self.total_left -= n
+
+    def _held(self, seq: Sequence, prompt: bool) -> bool:
+        return prompt and self.live is not None and self.live.outranks(seq)
 
 
 def online_pressed(running: Iterable[Sequence], head: Sequence | None) -> bool:
@@ -62,12 +72,14 @@ def online_pressed(running: Iterable[Sequence], head: Sequence | None) -> bool:
             or any(s.priority == PRIORITY_ONLINE and prefilling(s) for s in running))
 
 
-def step_allowance(cfg: EngineConfig, running: list[Sequence], pressed: bool, turns: int) -> BatchAllowance:
+def step_allowance(cfg: EngineConfig, running: list[Sequence], pressed: bool, turns: int,
+                   live: Urgent | None = None) -> BatchAllowance:
     """This step's allowance; with ``pressed`` (online_pressed), the batch lines that decode are chosen now,
-    least recently chosen first (round robin), and given turns ``turns + 1``, ``turns + 2``..."""
+    least recently chosen first (round robin), and given turns ``turns + 1``, ``turns + 2``... ``live``: the
+    online prompts it outranks share the prompt bound (urgent_first.Watch)."""
     prompt = cfg.max_prefill_tokens if cfg.batch_prefill_tokens is None else cfg.batch_prefill_tokens
     if not pressed or cfg.batch_tokens_beside_online is None:
-        return BatchAllowance(prompt)
+        return BatchAllowance(prompt, live=live, live_left=prompt)
     bound = cfg.batch_tokens_beside_online
     lines = [s for s in running if s.priority != PRIORITY_ONLINE and s.group is None and not prefilling(s)]
     lines.sort(key=lambda s: s.batch_turn)  # stable: oldest first among equals
@@ -76,4 +88,4 @@ def step_allowance(cfg: EngineConfig, running: list[Sequence], pressed: bool, tu
     for s in lines[bound:]:
         s.draft_token_ids.clear()  # it skips this step
     chosen = lines[:bound]
-    return BatchAllowance(prompt, bound - len(chosen), {s.request_id for s in chosen})
+    return BatchAllowance(prompt, bound - len(chosen), {s.request_id for s in chosen}, live, prompt)

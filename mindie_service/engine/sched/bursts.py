@@ -10,12 +10,15 @@ request (EOS, a stop string, max_tokens) and the scheduler trims the slots past 
 Taken only where nothing else would notice: at most ``MAX_ROWS`` decodes, no prefill in the step and nothing
 waiting or swapped, every row plain greedy (no logprobs, penalties, bias, grammar, LoRA, beams or drafts), and
 steps fast enough that a burst stays within BURST_BUDGET_S (a request arriving during one waits at most that).
+Rows that asked to come after default traffic (request rank > 0, batch-job lines) never burst: a more urgent
+request arriving meanwhile waits for one of their steps, not a burst of them (engine.sched.urgent_first).
 Plain Python (no torch): the scheduler's side."""
 from __future__ import annotations
 
 import statistics
 from collections import deque
 
+from mindie_service.engine.contract import PRIORITY_ONLINE
 from mindie_service.engine.kv.block_manager import BlockManager
 from mindie_service.engine.sequence import Sequence
 
@@ -50,10 +53,11 @@ class BurstPacer:
 
 
 def eligible(seq: Sequence) -> bool:
-    """A decode whose next tokens are its logits' first maxima, with nothing else asked of them."""
+    """A decode whose next tokens are its logits' first maxima, with nothing else asked of them, of an online request
+    at the default rank or more urgent."""
     p = seq.params
-    return (p.greedy and not p.logprobs and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0
-            and p.presence_penalty == 0.0 and not p.logit_bias and p.structured_outputs is None
+    return (seq.priority == PRIORITY_ONLINE and seq.rank <= 0 and p.greedy and not p.logprobs
+            and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0 and not p.logit_bias and p.structured_outputs is None
             and seq.grammar is None and (seq.thinking is None or seq.thinking.budget is None)
             and seq.group is None and not seq.adapter_slot and not seq.draft_token_ids
             and len(seq.output_token_ids) >= p.min_tokens)  # the C argmax bans nothing

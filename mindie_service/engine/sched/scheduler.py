@@ -4,21 +4,21 @@ Each step every running request computes its next tokens in one forward pass: on
 the next piece of its prompt for one that is still prefilling. Prompt tokens are bounded per step by
 ``maxPrefillTokens`` (the step's token budget, vLLM's max_num_batched_tokens; the running requests' decode tokens ride
 along), so a long prompt is computed over several steps while the others keep streaming, instead of stalling them all
-for its whole prefill (a more urgent one's prompt first: engine.sched.urgent_first). New requests are admitted by
-urgency (engine.sched.order), then first come first served (the head of the queue is never skipped) within maxBatchSize,
-maxPrefillBatchSize, free blocks and the LoRA pool's slots. When blocks run out the least urgent, newest running request
-is preempted: its K/V is copied to the host pool when there is room (ModelConfig.cpuMemSize, engine.kv.swap; it waits in
-the swapped queue, ahead of new requests of its priority, and resumes where it was), else its blocks are freed and it is
-recomputed later from its prompt plus the tokens it already produced.
+for its whole prefill (a more urgent one's prompt first, in a short step: engine.sched.urgent_first). New requests are
+admitted by urgency (engine.sched.order), then first come first served (the head of the queue is never skipped) within
+maxBatchSize, maxPrefillBatchSize, free blocks and the LoRA pool's slots. When blocks run out, or a more urgent head
+finds no room, the least urgent, newest running request is preempted: its K/V is copied to the host pool when there is
+room (ModelConfig.cpuMemSize, engine.kv.swap; it waits in the swapped queue, ahead of new requests of its priority,
+and resumes where it was), else its blocks are freed and it is recomputed later from its prompt and its output.
 
 maxPreemptCount bounds the preemptions for want of blocks in one round: a decode still without a block after the cap
 waits a step (nothing new is admitted meanwhile); only when nothing at all would run does the oldest such decode preempt
 past the cap, so the engine always progresses. 0 turns preemption off: each request is admitted only with blocks
 reserved for its prompt plus its maximum output (a beam search for all its beams), so no running request ever lacks a
-block. Two preemptions are not scheduling decisions and do not count against the cap: an online request taking a
-batch-job line's slot or blocks (a priority rule, on even with 0: the line has nothing sent that it could lose and
-resumes later), and a beam search restarting because a fork found no block (engine.sample.beam). ``schedule()`` returns
-plain data (engine.step); ``update()`` applies a step's results."""
+block. A more urgent head's preemptions have a cap of their own (maxPreemptCount a step; 0: none). Two are not
+scheduling decisions and have none: an online request taking a batch-job line's slot or blocks (a priority rule, on even
+with 0: the line has nothing sent that it could lose and resumes later), and a beam search restarting because a fork
+found no block (engine.sample.beam). ``schedule()`` returns plain data (engine.step); ``update()`` applies a step."""
 from __future__ import annotations
 
 import logging
@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from operator import attrgetter
 from typing import Protocol
 
-from mindie_service.engine.sched.admit_rules import queue_delay, reservation_blocks, room_for
+from mindie_service.engine.sched.admit_rules import queue_delay, reservation_blocks
 from mindie_service.engine.sched.batch_bound import BatchAllowance, online_pressed, step_allowance
 from mindie_service.engine.kv.block_manager import BlockManager
 from mindie_service.engine.sched import bursts
@@ -37,9 +37,8 @@ from mindie_service.engine.sessions.session_store import SessionStore
 from mindie_service.engine.sched.chunks import chunk as _chunk, prefilling as _prefilling, spec_chunk as _spec_chunk  # noqa: E501
 from mindie_service.engine.step import SchedulerOutput
 from mindie_service.engine.kv.swap import HostBlockPool, swap_in, swap_out
-from mindie_service.engine.contract import PRIORITY_ONLINE
 from mindie_service.engine.sched.order import promote_aged, urgency
-from mindie_service.engine.sched.urgent_first import urgent_key, yields
+from mindie_service.engine.sched.urgent_first import Urgent, Watch, room_victim, urgent_key
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +62,10 @@ class Scheduler:
         self.swapped: deque[Sequence] = deque()  # K/V in the host pool; resume ahead of waiting (same priority)
         self.running: list[Sequence] = []
         self.seqs: dict[str, Sequence] = {}
-        self.num_preemptions = 0
         self.batch_turns = 0  # turns batch lines took beside a waiting online request (engine.sched.batch_bound)
+        self.watch = Watch()  # online ranks seen lately: less urgent prompts run in short pieces (sched.urgent_first)
         self.decode_steps = 1  # a burst's steps (engine.sched.bursts): the engine's pacer sets it after each decode step
-        self.num_swap_outs = self.num_swap_ins = 0  # sequences (not blocks) moved to the host pool, and back
+        self.num_preemptions = self.num_swap_outs = self.num_swap_ins = 0  # swaps: sequences (not blocks) out, and back
 
     # ------------------------------------------------------------ queue
     def add(self, seq: Sequence) -> None:
@@ -169,21 +168,21 @@ class Scheduler:
         budget = self.cfg.max_prefill_tokens
         # Most urgent first (stable: oldest first within each): the last blocks go to online traffic, preemption
         self.running.sort(key=urgency)  # takes the newest batch line, else the least urgent request, first
-        yielded = self._make_room_for_online(out)
+        yielded = self._make_room(out, now)
         head = self._next_to_admit()
-        allow = step_allowance(self.cfg, self.running, online_pressed(self.running, head), self.batch_turns)
-        urgent = urgent_key(self.cfg, self.blocks, self.running, head)  # engine.sched.urgent_first
+        live = self.watch.live(self.running, head, now)
+        allow = step_allowance(self.cfg, self.running, online_pressed(self.running, head), self.batch_turns, live)
+        urgent = Urgent(urgent_key(self.cfg, self.blocks, self.running, head), now)  # engine.sched.urgent_first
         self.batch_turns += len(allow.decodes)
-        # Running requests, oldest first: decodes need a slot for their next token (preempt from the
-        # newest end when the pool is dry, at most maxPreemptCount); unfinished prompts take their next
-        # piece of the budget.
+        # Running requests, most urgent first: decodes need a slot for their next token (preempt from the newest end
+        # when the pool is dry, at most maxPreemptCount); unfinished prompts take their next piece of the budget.
         cap = self.cfg.max_preempt_count
         stalled: list[Sequence] = []  # decodes without a block once the cap is reached: they wait a step
         for seq in list(self.running):
             if seq.status is not SeqStatus.RUNNING:
                 continue  # preempted this step with its beam group
             if _prefilling(seq):  # its blocks were allocated at admission (a forked beam's at the fork)
-                budget -= 0 if yields(seq, urgent, now) else self._prefill_piece(seq, budget, allow, prefills)
+                budget -= 0 if urgent.yields(seq) else self._prefill_piece(seq, budget, allow, prefills)
                 continue
             if not allow.runs(seq):  # a batch line skips this step: an online request waits (engine.sched.batch_bound)
                 continue
@@ -193,8 +192,7 @@ class Scheduler:
                 continue  # stalled, or preempted itself (a beam group's beams may still follow it)
             budget -= self._keep_drafts(seq, budget, allow)
             decodes.append(seq)
-        # A beam group preempted above may have had beams already picked: they are gone.
-        decodes = [s for s in decodes if s.status is SeqStatus.RUNNING]
+        decodes = [s for s in decodes if s.status is SeqStatus.RUNNING]  # a preempted beam group's picked beams
         prefills = [(s, n) for s, n in prefills if s.status is SeqStatus.RUNNING]
         stalled = [s for s in stalled if s.status is SeqStatus.RUNNING]
         if stalled and not decodes and not prefills:
@@ -203,7 +201,8 @@ class Scheduler:
             if self._make_slot(stalled[0], out, len(self.running)):
                 decodes.append(stalled[0])
         if len(out.preempted) == yielded and not stalled:  # no request short of blocks: admit
-            self._admit(out, decodes, prefills, budget, allow)
+            self._admit(out, decodes, prefills, budget, allow, urgent)
+        decodes = urgent.alone(decodes, prefills, self.blocks)  # an urgent prompt's step: the others wait
         if self.adapters is not None:  # one LoRA segment per adapter (stable: order kept within each)
             decodes.sort(key=attrgetter("adapter_slot"))
             prefills.sort(key=lambda p: p[0].adapter_slot)
@@ -258,17 +257,17 @@ class Scheduler:
         logger.debug("group %s restarts (%d)", group.request_id, group.restarts)
         return seq
 
-    def _make_room_for_online(self, out: SchedulerOutput) -> int:
-        """An online request at the head of the queue that finds no batch slot or too few free blocks
-        preempts batch-job lines, newest first, until it fits (whatever maxPreemptCount says): batch work
-        only fills what online traffic leaves. Returns how many were preempted."""
-        n = 0
-        while (head := self._next_to_admit()) is not None and head.priority == PRIORITY_ONLINE:
-            short = len(self.running) >= self.cfg.max_batch_size or not room_for(self.cfg, self.blocks, head)
-            batch = [q for q in self.running if q.priority > PRIORITY_ONLINE]
-            if not short or not batch:
+    def _make_room(self, out: SchedulerOutput, now: float | None) -> int:
+        """The head of the queue that finds no batch slot or too few free blocks preempts, until it fits, batch-job
+        lines when it is online (batch work only fills what online traffic leaves), then less urgent requests of
+        its class (engine.sched.urgent_first.room_victim). Returns how many were preempted."""
+        n = by_rank = 0
+        while (head := self._next_to_admit()) is not None:
+            victim = room_victim(self.cfg, self.blocks, self.running, head, by_rank, now)
+            if victim is None:
                 break
-            self._preempt(batch[-1], out)
+            by_rank += victim.priority == head.priority
+            self._preempt(victim, out)
             n += 1
         return n
 
@@ -306,10 +305,11 @@ class Scheduler:
         return self.waiting[0] if self.waiting else None
 
     def _admit(self, out: SchedulerOutput, decodes: list[Sequence], prefills: list[tuple[Sequence, int]],
-               budget: int, allow: BatchAllowance) -> None:
+               budget: int, allow: BatchAllowance, urgent: Urgent) -> None:
         """Resume swapped requests (as decodes) and admit waiting ones, first come first served within a
-        priority, while the budget, the batch allowance and the limits allow."""
-        while (seq := self._next_to_admit()) is not None:
+        priority, while the budget, the batch allowance and the limits allow; none that gives way to a more
+        urgent prompt in this step (``urgent``: the step stays short)."""
+        while (seq := self._next_to_admit()) is not None and not urgent.outranks(seq):
             if seq.status is SeqStatus.SWAPPED:
                 if (batch_rows(self.running) >= self.cfg.max_batch_size or allow.room(seq, 1, prompt=False) < 1
                         or not self._resume(seq, out)):
