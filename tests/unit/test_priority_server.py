@@ -3,6 +3,7 @@ the serving core, reaches the admission queue and the engine request as one rank
 in-process on the StandardMock engine."""
 from __future__ import annotations
 
+import asyncio
 import json
 
 from mindie_service.devkit.mock_engine import MockEngine
@@ -53,6 +54,26 @@ class PriorityRoutesTest(InProcessServer):
         self._post("/generate", {"inputs": "hi", "parameters": few})  # TGI: no priority, the default rank
         expected = [-7, 2, -4, -2, -3, -1, -5, 0]
         assert admitted == expected and self.engine.ranks == expected
+
+    def test_a_background_response_runs_at_its_priority(self):
+        admitted: list[int] = []
+        queue = self.ctx.frontend.admission
+        acquire = queue.acquire
+
+        async def spy(n=1, timeout=None, rank=0):
+            admitted.append(rank)
+            return await acquire(n, timeout, rank)
+
+        queue.acquire = spy
+        r = self.fetch("/v1/responses", method="POST", headers={"Content-Type": "application/json"},
+                       body=json.dumps({"model": "mock", "input": "hi", "max_output_tokens": 2, "priority": 3,
+                                        "background": True}))
+        assert r.code == 200, r.body
+        for _ in range(200):  # the background task runs on the server's loop
+            if self.engine.ranks:
+                break
+            self.io_loop.run_sync(lambda: asyncio.sleep(0.01))
+        assert admitted == [3] and self.engine.ranks == [3]
 
     def test_responses_refuses_a_bad_priority_in_its_error_shape(self):
         r = self.fetch("/v1/responses", method="POST", headers={"Content-Type": "application/json"},
