@@ -74,6 +74,17 @@ def test_an_urgent_arrival_runs_alone_in_the_very_next_step():
     assert _pieces(out) == {"r1": 16} and {c.request_id for c in out.decodes} == {"r0", "r3"}
 
 
+def test_a_stream_waits_out_at_most_one_step_in_a_row():
+    s = _sched()
+    s.add(_seq(0, rank=5, out=64))
+    _step(s)
+    s.add(_seq(1, rank=-3, n=24))  # an urgent prompt over two steps
+    out = _step(s)
+    assert _pieces(out) == {"r1": 16} and out.decodes == []
+    out = _step(s)
+    assert _pieces(out) == {"r1": 8} and [c.request_id for c in out.decodes] == ["r0"]  # its turn
+
+
 def test_decodes_go_on_while_the_urgent_request_cannot_run():
     s = _sched(adapters=_NoSlotFor("r1"))
     s.add(_seq(0, rank=5))

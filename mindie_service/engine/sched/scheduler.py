@@ -202,7 +202,7 @@ class Scheduler:
                 decodes.append(stalled[0])
         if len(out.preempted) == yielded and not stalled:  # no request short of blocks: admit
             self._admit(out, decodes, prefills, budget, allow, urgent)
-        decodes = urgent.alone(decodes, prefills, self.blocks)  # an urgent prompt's step: the others wait
+        decodes = self.watch.alone(urgent, decodes, prefills, self.blocks)  # an urgent prompt's step: others wait
         if self.adapters is not None:  # one LoRA segment per adapter (stable: order kept within each)
             decodes.sort(key=attrgetter("adapter_slot"))
             prefills.sort(key=lambda p: p[0].adapter_slot)

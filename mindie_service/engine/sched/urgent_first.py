@@ -5,7 +5,8 @@ While a more urgent request's prompt runs (it is prefilling, or it is the waitin
 urgent request of its class gives way (``Urgent.outranks``):
 
 - its running prompt piece waits, so the urgent prefill has the step's token budget; its decode waits too when the
-  urgent prompt does run in the step (``Urgent.alone``): the step is about as short as on an idle server;
+  urgent prompt does run in the step (``Watch.alone``), though never two steps in a row (a stream's gap between
+  tokens at most doubles under a flow of urgent prompts): the step is about as short as on an idle server;
 - it is not admitted, nor resumed from the swapped queue, in that step: the budget the urgent prompt leaves is
   not spent on the next long prompt, so the step is not a 512-token prefill of someone else's (the step the urgent
   request's first token waits for);
@@ -54,19 +55,6 @@ class Urgent:
         in step)."""
         return seq.group is None and self.outranks(seq)
 
-    def alone(self, decodes: list[Sequence], prefills: list[tuple[Sequence, int]],
-              blocks: BlockManager) -> list[Sequence]:
-        """The decodes that run beside this step's prompts: none that yields when a prompt of the key's urgency is in
-        the step (only then: a decode never waits for an urgent request that cannot run yet, a LoRA slot or blocks
-        short). The slot for its next token stays its own; its drafts and their slots are dropped."""
-        if not any(urgency(s) == self.key for s, _ in prefills):
-            return decodes
-        for s in decodes:
-            if self.yields(s) and s.draft_token_ids:
-                s.draft_token_ids.clear()
-                blocks.trim(s)
-        return [s for s in decodes if not self.yields(s)]
-
 
 def urgent_key(cfg: EngineConfig, blocks: BlockManager, running: list[Sequence],
                head: Sequence | None) -> tuple[int, int] | None:
@@ -103,10 +91,28 @@ def room_victim(cfg: EngineConfig, blocks: BlockManager, running: list[Sequence]
 
 @dataclass
 class Watch:
-    """The ranks of the online requests seen in the engine in the last LIVE_S (rank -> when last seen)."""
+    """What the scheduler keeps from step to step: the ranks of the online requests seen in the engine in the last
+    LIVE_S (rank -> when last seen), and the decodes that waited out the last step for an urgent prompt."""
 
     seen: dict[int, float] = field(default_factory=dict)
     live_s: float = LIVE_S
+    paused: set[str] = field(default_factory=set)
+
+    def alone(self, urgent: Urgent, decodes: list[Sequence], prefills: list[tuple[Sequence, int]],
+              blocks: BlockManager) -> list[Sequence]:
+        """The decodes that run beside this step's prompts: none that yields to ``urgent`` when a prompt of its key's
+        urgency is in the step (only then: a decode never waits for an urgent request that cannot run yet, a LoRA
+        slot or blocks short), but each that waited out the last step. A waiting one keeps the slot for its next
+        token; its drafts and their slots are dropped."""
+        wait: set[str] = set()
+        if any(urgency(s) == urgent.key for s, _ in prefills):
+            wait = {s.request_id for s in decodes if urgent.yields(s) and s.request_id not in self.paused}
+        self.paused = wait
+        for s in decodes:
+            if s.request_id in wait and s.draft_token_ids:
+                s.draft_token_ids.clear()
+                blocks.trim(s)
+        return [s for s in decodes if s.request_id not in wait]
 
     def live(self, running: Iterable[Sequence], head: Sequence | None, now: float | None) -> Urgent | None:
         """Look at the running requests and ``head`` (the next to admit): the most urgent online key still live,
