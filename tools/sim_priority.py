@@ -54,7 +54,6 @@ class Sim:
         self.args, self.rng, self.n = args, random.Random(0), 0
         self.inbox: list[tuple[float, Sequence]] = []
         self.first: dict[str, float] = {}  # request id -> time of its first token
-        self.done: dict[str, float] = {}
 
     def submit(self, at: float, prompt: int, out: int, rank: int) -> str:
         self.n += 1
@@ -94,7 +93,6 @@ class Sim:
             self.first.setdefault(c.request_id, self.t)
             if len(seq.output_token_ids) + k >= seq.max_output:
                 finished[c.request_id] = "length"
-                self.done[c.request_id] = self.t
         self.sched.update(out, sampled, finished)
         return list(finished)
 
