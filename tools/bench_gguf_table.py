@@ -3,8 +3,9 @@ as soon as that file is measured, so a long run shows its rows as they come and 
 
 Columns: the file's size, the weight bytes one decode token reads and the bandwidth bound they give at the triad
 measured just before; one stream's decode rate and its share of that bound; N streams; the 512-token prefill; our
-KV pool (bytes and tokens); resident memory after load and at the end against issue 44's goal, file size + KV pool
-+ 300 MB (ours only: llama.cpp maps the file and sizes its own context). Ratios in brackets are ours against
+KV pool (bytes and tokens); resident memory before the load (the interpreter and its imports), after it and at the
+end against issue 44's goal, file size + KV pool + 300 MB (ours only: llama.cpp maps the file and sizes its own
+context). Ratios in brackets are ours against
 llama.cpp on the same file (above 1: ours is better; prefill: the ratio of its time to ours)."""
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ from typing import Any
 
 MB = 1e6
 GOAL_SLACK = 300 * MB  # issue 44: RSS after load <= file size + KV pool + 300 MB
+
+
+def mb(n: float) -> str:
+    return f"{n / MB:.1f}" if n < 10 * MB else f"{n / MB:.0f}"
 
 
 def fmt_ratio(a: float | None, b: float | None, higher_better: bool = True) -> str:
@@ -43,7 +48,8 @@ class Table:
     def head(self) -> list[str]:
         cols = ["file", "engine", "file MB", "MB/token", "triad GB/s", "bound tok/s", "1 stream decode tok/s",
                 "of bound", *[f"{n} streams tok/s" for n in self.counts], f"prefill {self.prefill} s",
-                "KV pool MB (tokens)", "RSS load MB", "RSS end MB", "goal MB (file + KV + 300)", "RSS <= goal"]
+                "KV pool MB (tokens)", "RSS before load MB", "RSS load MB", "RSS end MB", "goal MB (file + KV + 300)",
+                "RSS load/end <= goal"]
         return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
 
     def start(self, preface: list[str]) -> None:
@@ -68,8 +74,8 @@ class Table:
 
     def _write(self, footer: list[str] | None = None) -> None:
         if self.markdown is not None:
-            self.markdown.write_text("\n".join([*self.preface, "", *self.head(), *self.lines, "", *(footer or [])])
-                                     + "\n", encoding="utf-8")
+            text = "\n\n".join(self.preface) + "\n\n" + "\n".join([*self.head(), *self.lines, "", *(footer or [])])
+            self.markdown.write_text(text + "\n", encoding="utf-8")
 
     def _line(self, r: dict[str, Any], eng: str) -> str:
         e = r[eng]
@@ -89,9 +95,10 @@ class Table:
         streams = [cell(f"streams_{n}") + (f" P={e[f'slots_{n}']}" if f"slots_{n}" in e else "") for n in self.counts]
         share = f"{e['decode'] / bound:.0%}" if bound and e.get("decode") else ""
         ours = eng == "ours"
-        kv = f"{e.get('kv_bytes', 0) / MB:.0f} ({e.get('kv_tokens', 0)})" if ours else ""
+        kv = f"{mb(e.get('kv_bytes', 0))} ({e.get('kv_tokens', 0)})" if ours else ""
+        before = mb(e["rss_start"]) if "rss_start" in e else ""
         goal = f"{memory_goal(r, e) / MB:.0f}" if ours else ""
         return (f"| {r['file']} | {eng} | {r.get('file_bytes', 0) / MB:.0f} | {r.get('bytes', 0) / MB:.0f} | "
                 f"{r['triad']:.1f} | {bound:.1f} | {cell('decode')} | {share} | " + " | ".join(streams) +
-                f" | {cell('prefill_s', False)} | {kv} | {e.get('rss_load', 0) / MB:.0f} | "
+                f" | {cell('prefill_s', False)} | {kv} | {before} | {e.get('rss_load', 0) / MB:.0f} | "
                 f"{e.get('rss_end', 0) / MB:.0f} | {goal} | {verdict(r, e) if ours else ''} |")
