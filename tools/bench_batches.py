@@ -16,12 +16,10 @@ timestamps aside).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import random
-import statistics
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -29,13 +27,11 @@ from typing import Any
 
 import openai
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mindie_service.devkit.presets import build_demo_model  # noqa: E402
-from tests.prompts import word_prompts  # noqa: E402
-from tests.server_utils import ServerProcess, write_config  # noqa: E402
-from tools.bench_jobs import GOAL, conversations, overrides  # noqa: E402
+from tests.server_utils import ServerProcess  # noqa: E402
+from tools.bench_online import (compare, conversations, main as bench_main, online_round, overrides,  # noqa: E402
+                                start_server)
 
 VOLATILE = ("id", "created", "cached_tokens")
 
@@ -48,15 +44,6 @@ def ttft(client: openai.OpenAI, prompt: str) -> float:
             if chunk.choices and chunk.choices[0].delta.content:
                 return time.perf_counter() - t0
     raise RuntimeError("no token")
-
-
-def online_round(client: openai.OpenAI, n: int, seed: int) -> list[float]:
-    rng = random.Random(seed)
-    out = []
-    for p in word_prompts(n, 8, 40, seed=seed):
-        out.append(ttft(client, p))
-        time.sleep(rng.uniform(0.02, 0.12))  # arrivals fall anywhere in the batch's steps
-    return out
 
 
 def bodies(n: int, max_tokens: int) -> list[dict[str, Any]]:
@@ -72,13 +59,8 @@ def strip(obj: Any) -> Any:
 
 
 def start(args: argparse.Namespace, tmp: Path) -> tuple[ServerProcess, openai.OpenAI]:
-    schedule = json.loads((ROOT / "conf" / "config.json").read_text())["BackendConfig"]["ScheduleConfig"]
-    schedule.update(overrides(args.schedule))
-    server = {"batchJobsDir": str(tmp / "jobs"), "filesStore": {"dir": str(tmp / "files")}, "maxLinkNum": 64,
-              **overrides(args.server)}
-    cfg = write_config(tmp / "config.json", Path(args.model), model_name="small", server=server,
-                       deploy={"maxSeqLen": 1024, "maxInputTokenLen": 512}, schedule=schedule)
-    srv = ServerProcess(cfg, tmp / f"server-{len(list(tmp.glob('server*.log')))}.log").start().wait_ready(300)
+    server = {"batchJobsDir": str(tmp / "jobs"), "filesStore": {"dir": str(tmp / "files")}}
+    srv = start_server(args, tmp, server, f"server-{len(list(tmp.glob('server*.log')))}.log")
     return srv, openai.OpenAI(base_url=srv.url() + "/v1", api_key="none", max_retries=0, timeout=600)
 
 
@@ -94,15 +76,15 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
     srv, client = start(args, tmp)
     lines = bodies(args.lines, args.max_tokens)
     try:
-        online_round(client, 5, seed=99)  # warm-up
-        before = online_round(client, args.online, seed=1)
+        online_round(functools.partial(ttft, client), 5, seed=99)  # warm-up
+        before = online_round(functools.partial(ttft, client), args.online, seed=1)
         data = "".join(json.dumps({"custom_id": f"line-{i}", "method": "POST", "url": "/v1/chat/completions",
                                    "body": b}) + "\n" for i, b in enumerate(lines)).encode()
         f = client.files.create(file=("bench.jsonl", data), purpose="batch")
         t0 = time.monotonic()
         bid = client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h").id
         time.sleep(2.0)  # let the batch fill its share of the engine
-        busy = online_round(client, args.online, seed=1)
+        busy = online_round(functools.partial(ttft, client), args.online, seed=1)
         if args.kill:
             wait(client, bid, lambda b: b.request_counts.completed >= args.lines // 3 or b.status == "completed")
             srv.proc.kill()
@@ -112,39 +94,24 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
         took = time.monotonic() - t0
         out = [json.loads(x) for x in client.files.content(b.output_file_id).text.splitlines()] \
             if b.output_file_id else []
-        after = online_round(client, args.online, seed=1)
+        after = online_round(functools.partial(ttft, client), args.online, seed=1)
         same = sum(strip(r["response"]["body"]) == strip(client.chat.completions.create(
             **lines[int(r["custom_id"].split("-")[1])]).model_dump(exclude_unset=True)) for r in out[:args.check])
     finally:
         srv.stop()
-    idle = statistics.median(before + after)
-    ratio = statistics.median(busy) / idle
     counts = Counter(r["custom_id"] for r in out)
     print(f"load {os.getloadavg()[0]:.2f}; schedule overrides {overrides(args.schedule)}")
-    print(f"online TTFT p50 idle {idle * 1e3:.1f} ms, beside a {args.lines}-line batch {statistics.median(busy) * 1e3:.1f}"
-          f" ms (p90 {statistics.quantiles(busy, n=10)[-1] * 1e3:.1f}): ratio {ratio:.2f}, goal <= {GOAL} "
-          f"{'met' if ratio <= GOAL else 'NOT met'}")
+    print(compare(before, busy, after, f"a {args.lines}-line batch"))
     print(f"batch {b.status} in {took:.0f} s{' across a kill -9' if args.kill else ''}: "
           f"{b.request_counts.completed}/{args.lines} answered, {len(counts)} custom_ids, "
           f"{sum(c > 1 for c in counts.values())} written twice; {same}/{min(args.check, len(out))} bodies equal "
           "the online route's", flush=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(ROOT / "models" / "small"))
-    ap.add_argument("--lines", type=int, default=200)
-    ap.add_argument("--online", type=int, default=40)
-    ap.add_argument("--max-tokens", type=int, default=64, help="output tokens of each batch line")
+def _flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--check", type=int, default=20, help="lines compared with the online route afterwards")
     ap.add_argument("--kill", action="store_true", help="kill -9 the server a third of the way and restart it")
-    ap.add_argument("--schedule", action="append", default=[], metavar="KEY=JSON")
-    ap.add_argument("--server", action="append", default=[], metavar="KEY=JSON")
-    args = ap.parse_args()
-    build_demo_model("small", args.model, if_missing=True)
-    with tempfile.TemporaryDirectory() as tmp_s:
-        run(args, Path(tmp_s))
 
 
 if __name__ == "__main__":
-    main()
+    bench_main(__doc__, lines=200, max_tokens=64, run=run, more=_flags)

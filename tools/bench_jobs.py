@@ -15,25 +15,20 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import json
 import os
-import random
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mindie_service.devkit.presets import build_demo_model  # noqa: E402
-from tests.prompts import WORDS, word_prompts  # noqa: E402
-from tests.server_utils import ServerProcess, write_config  # noqa: E402
-
-GOAL = 1.3
+from tests.server_utils import ServerProcess  # noqa: E402
+from tools.bench_online import (compare, conversations, main as bench_main, online_round, overrides,  # noqa: E402
+                                start_server)
 
 
 def ttft(srv: ServerProcess, prompt: str) -> float:
@@ -47,88 +42,38 @@ def ttft(srv: ServerProcess, prompt: str) -> float:
     raise RuntimeError("no token")
 
 
-def online_round(srv: ServerProcess, n: int, seed: int) -> list[float]:
-    rng = random.Random(seed)
-    out = []
-    for p in word_prompts(n, 8, 40, seed=seed):
-        out.append(ttft(srv, p))
-        time.sleep(rng.uniform(0.02, 0.12))  # arrivals fall anywhere in the batch's steps
-    return out
-
-
-def conversations(n: int, seed: int) -> list[list[dict[str, str]]]:
-    """``n`` three-message conversations (user, assistant, user) of 40-100 words in all."""
-    rng = random.Random(seed)
-    convs = []
-    for _ in range(n):
-        total = rng.randint(40, 100)
-        a = rng.randint(10, total - 20)
-        b = rng.randint(5, total - a - 10)
-        sizes = (a, b, total - a - b)
-        texts = [" ".join(rng.choice(WORDS) for _ in range(k)).capitalize() for k in sizes]
-        convs.append([{"role": r, "text": t} for r, t in zip(("user", "assistant", "user"), texts)])
-    return convs
-
-
-def overrides(pairs: list[str]) -> dict[str, object]:
-    return {k: json.loads(v) for k, v in (p.split("=", 1) for p in pairs)}
-
-
 def job_status(srv: ServerProcess, job: str) -> dict:
     return srv.get(f"/batch_inference/job_status?job_id={job}").json()
 
 
 def run(args: argparse.Namespace, tmp: Path) -> None:
-    schedule = json.loads((ROOT / "conf" / "config.json").read_text())["BackendConfig"]["ScheduleConfig"]
-    schedule.update(overrides(args.schedule))
-    server = {"batchJobsDir": str(tmp / "jobs"), "maxLinkNum": 64, **overrides(args.server)}
-    cfg = write_config(tmp / "config.json", Path(args.model), model_name="small", server=server,
-                       deploy={"maxSeqLen": 1024, "maxInputTokenLen": 512}, schedule=schedule)
-    srv = ServerProcess(cfg, tmp / "server.log").start().wait_ready(300)
+    srv = start_server(args, tmp, {"batchJobsDir": str(tmp / "jobs")}, "server.log")
+    probe = functools.partial(ttft, srv)
     try:
-        online_round(srv, 5, seed=99)  # warm-up
-        before = online_round(srv, args.online, seed=1)
+        online_round(probe, 5, seed=99)  # warm-up
+        before = online_round(probe, args.online, seed=1)
         lines = "\n".join(json.dumps(c) for c in conversations(args.lines, seed=2))
         body = {"model": "small", "options": {"max_tokens": args.max_tokens, "temperature": 0},
                 "prompt_file_path": {"type": "raw_bytes", "value": base64.b64encode(lines.encode()).decode()}}
         job = srv.post("/batch_inference/submit_job", body).json()["job_id"]
         time.sleep(2.0)  # let the job fill its share of the batch
         t_job = time.monotonic()
-        busy = online_round(srv, args.online, seed=1)
+        busy = online_round(probe, args.online, seed=1)
         written = job_status(srv, job)["metadata"]["generations_written"]
         while job_status(srv, job)["status"] in ("validating", "running"):
             time.sleep(1.0)
         st = job_status(srv, job)
-        after = online_round(srv, args.online, seed=1)
+        after = online_round(probe, args.online, seed=1)
     finally:
         srv.stop()
-    idle = statistics.median(before + after)
-    ratio = statistics.median(busy) / idle
     print(f"schedule overrides {overrides(args.schedule)} server overrides {overrides(args.server)}; "
           f"load {os.getloadavg()[0]:.2f}")
-    print(f"online TTFT p50 idle {idle * 1e3:.1f} ms (before {statistics.median(before) * 1e3:.1f}, after "
-          f"{statistics.median(after) * 1e3:.1f}), beside a {args.lines}-line job {statistics.median(busy) * 1e3:.1f} ms "
-          f"(p90 {statistics.quantiles(busy, n=10)[-1] * 1e3:.1f}): ratio {ratio:.2f}, goal <= {GOAL} "
-          f"{'met' if ratio <= GOAL else 'NOT met'}")
+    print(compare(before, busy, after, f"a {args.lines}-line job"))
     done = st["status"] == "completed" and st["metadata"]["generations_written"] == args.lines
     print(f"job {st['status']}: {st['metadata']['generations_written']}/{args.lines} lines written "
           f"({written} during the online round), {st['metadata']['tokens']} tokens, "
           f"{time.monotonic() - t_job + 2:.0f} s; every line finished: {done}", flush=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(ROOT / "models" / "small"))
-    ap.add_argument("--lines", type=int, default=600)
-    ap.add_argument("--online", type=int, default=40)
-    ap.add_argument("--max-tokens", type=int, default=128, help="output tokens of each job line")
-    ap.add_argument("--schedule", action="append", default=[], metavar="KEY=JSON")
-    ap.add_argument("--server", action="append", default=[], metavar="KEY=JSON")
-    args = ap.parse_args()
-    build_demo_model("small", args.model, if_missing=True)
-    with tempfile.TemporaryDirectory() as tmp_s:
-        run(args, Path(tmp_s))
-
-
 if __name__ == "__main__":
-    main()
+    bench_main(__doc__, lines=600, max_tokens=128, run=run)

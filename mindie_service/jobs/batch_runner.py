@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable
 from mindie_service.jobs.batch_lines import BatchEndpoints, BatchLine, LineCall, LineReply, validate_lines
 from mindie_service.jobs.batch_store import BatchRow, BatchStore
 from mindie_service.jobs.lines import split_lines
+from mindie_service.jobs.tasks import SlotTasks, TaskTable
 from mindie_service.storage.files_store import FilesStore
 
 logger = logging.getLogger(__name__)
@@ -42,14 +43,11 @@ class BatchRunner:
                  run_blocking: RunBlocking) -> None:
         self.store, self.files, self.endpoints, self.slots = store, files, endpoints, slots
         self.run_blocking = run_blocking
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks = TaskTable("openai")
 
     # ------------------------------------------------------------ lifecycle
     def start(self, bid: str) -> None:
-        if bid not in self._tasks:
-            task = asyncio.get_running_loop().create_task(self._run(bid), name=f"openai-{bid}")
-            self._tasks[bid] = task
-            task.add_done_callback(lambda _t: self._tasks.pop(bid, None))
+        self._tasks.start(bid, lambda: self._run(bid))
 
     def resume_all(self) -> None:
         for b in self.store.unfinished():
@@ -60,22 +58,13 @@ class BatchRunner:
         """The batch stops taking lines and ends cancelled with what was recorded; False when it had ended."""
         if not self.store.set_batch(bid, "cancelling", only_from=("validating", "in_progress")):
             return False
-        await self._stop(bid)
+        await self._tasks.stop(bid)
         self.start(bid)  # finalizes what was written, then cancelled
         return True
 
-    async def _stop(self, bid: str) -> None:
-        task = self._tasks.get(bid)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
     async def shutdown(self) -> None:
         """Stop every batch where it is (it resumes at the next start)."""
-        tasks = list(self._tasks.values())
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.shutdown()
 
     # ------------------------------------------------------------ one batch
     async def _run(self, bid: str) -> None:
@@ -126,22 +115,10 @@ class BatchRunner:
     async def _lines(self, b: BatchRow, good: list[BatchLine]) -> None:
         done = self.store.done(b.job_id)
         fn = self.endpoints.get(b.endpoint)
-        pending: set[asyncio.Task[None]] = set()
-        try:
+        async with SlotTasks(self.slots) as tasks:
             for ln in good:
-                if ("success", ln.line, 0) in done or ("error", ln.line, 0) in done:
-                    continue
-                await self.slots.acquire()
-                t = asyncio.ensure_future(self._line(b, ln, fn))
-                pending.add(t)
-                t.add_done_callback(pending.discard)
-                t.add_done_callback(lambda _t: self.slots.release())  # also for a task cancelled before it ran
-            if pending:
-                await asyncio.gather(*pending)
-        finally:
-            for t in pending:
-                t.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+                if ("success", ln.line, 0) not in done and ("error", ln.line, 0) not in done:
+                    await tasks.spawn(self._line, b, ln, fn)
 
     async def _line(self, b: BatchRow, ln: BatchLine, fn: Any) -> None:
         rid = f"{b.id}-{ln.line}"

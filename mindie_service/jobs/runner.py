@@ -3,19 +3,26 @@ guards), each generation through the engine at batch priority, folded by the ser
 result committed (jobs.store).
 
 At most ``max_running`` generations of all jobs are in the engine at once (ServerConfig.batchMaxRunning).
-A job resumes after a restart at the (line, generation) pairs not yet committed."""
+A job resumes after a restart at the (line, generation) pairs not yet committed.
+
+Each line holds its model from its input processing until its last generation ends, through the one door every
+request takes (``hold``: loaded on demand; ``release`` after), with the job's ``keep_alive`` (Ollama's, taken at
+submit): a model stop waits for the lines in flight only, never for the whole job, and idleness counts from the
+last line's end. Lines overlap, so a running job keeps its model held."""
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
 from mindie_service.engine.client import EngineClient
 from mindie_service.engine.contract import FINISH_LENGTH, PRIORITY_BATCH, EngineRequest
 from mindie_service.errors import MindieError, ValidationError
 from mindie_service.jobs.lines import parse_line, split_lines
 from mindie_service.jobs.store import JobRow, JobStore
+from mindie_service.jobs.tasks import SlotTasks, TaskTable
+from mindie_service.params.keep_alive import parse_keep_alive
 from mindie_service.params.structured_field import read_structured
 from mindie_service.sampling_params import SamplingParams
 from mindie_service.serving import Frontend, fold
@@ -32,13 +39,45 @@ def job_params(job: JobRow) -> SamplingParams:
                           structured_outputs=read_structured(o, "job", "options."))
 
 
+def job_keep_alive(job: JobRow) -> float | None:
+    """The job's keep_alive (stored as seconds, -1 for Ollama's "keep loaded"), given to each line's hold."""
+    v = job.options.get("keep_alive")
+    return None if v is None else parse_keep_alive(v)
+
+
+class HeldModel(Protocol):
+    """A model held for one line (catalog.Target): its engine and the adapter the job's ``model`` names."""
+
+    engine: EngineClient
+    adapter_id: str | None
+
+
+Hold = Callable[[str, "float | None"], Awaitable[HeldModel]]
+
+
+class _LineHold:
+    """One line's hold on its model, given back when the line's last generation task ends (cancelled ones too)."""
+
+    def __init__(self, held: HeldModel, release: Callable[[HeldModel], None]) -> None:
+        self.held, self._release, self._refs = held, release, 1  # the line's own reference, dropped after its loop
+
+    def add(self, task: "asyncio.Future[None]") -> None:
+        self._refs += 1
+        task.add_done_callback(lambda _t: self.drop())
+
+    def drop(self) -> None:
+        self._refs -= 1
+        if self._refs == 0:
+            self._release(self.held)
+
+
 class JobRunner:
-    def __init__(self, store: JobStore, engine_for: Callable[[str], Awaitable[tuple[EngineClient, str | None]]],
-                 frontend: Frontend, max_running: int) -> None:
-        self.store, self.engine_for, self.frontend = store, engine_for, frontend
+    def __init__(self, store: JobStore, hold: Hold, release: Callable[[HeldModel], None], frontend: Frontend,
+                 max_running: int) -> None:
+        self.store, self.hold, self.release, self.frontend = store, hold, release, frontend
         self.max_running = max(1, max_running)
         self._slots = asyncio.Semaphore(self.max_running)
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks = TaskTable("batch")
         self.running_generations = 0  # batch sequences in the engine now (/v1/status, metrics)
 
     @property
@@ -48,10 +87,7 @@ class JobRunner:
 
     # ------------------------------------------------------------ lifecycle
     def start(self, job_id: str) -> None:
-        if job_id not in self._tasks:
-            task = asyncio.get_running_loop().create_task(self._run(job_id), name=f"batch-{job_id}")
-            self._tasks[job_id] = task
-            task.add_done_callback(lambda _t: self._tasks.pop(job_id, None))
+        self._tasks.start(job_id, lambda: self._run(job_id))
 
     def resume_all(self) -> None:
         for job in self.store.active():
@@ -61,17 +97,11 @@ class JobRunner:
     async def cancel(self, job_id: str) -> None:
         """The job ends failed with metadata.cancelled; what was written stays."""
         self.store.set_status(job_id, "failed", cancelled=True)
-        task = self._tasks.get(job_id)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await self._tasks.stop(job_id)
 
     async def shutdown(self) -> None:
         """Stop every job where it is (they resume at the next start)."""
-        tasks = list(self._tasks.values())
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.shutdown()
 
     # ------------------------------------------------------------ one job
     async def _run(self, job_id: str) -> None:
@@ -80,9 +110,9 @@ class JobRunner:
             return
         try:
             self.store.reconcile(job_id)
-            engine, adapter = await self.engine_for(job.model)  # loaded on demand
+            first = _LineHold(await self.hold(job.model, job_keep_alive(job)), self.release)  # loaded on demand
             self.store.set_status(job_id, "running")
-            await self._lines(job, engine, adapter)
+            await self._lines(job, first)
         except asyncio.CancelledError:
             raise
         except MindieError as e:
@@ -97,36 +127,43 @@ class JobRunner:
             self.store.set_status(job_id, "completed")
             logger.info("batch job %s completed", job_id)
 
-    async def _lines(self, job: JobRow, engine: EngineClient, adapter: str | None) -> None:
-        data = await self.frontend.run_blocking(self.store.input_file(job.job_id).read_bytes)
-        done = self.store.done(job.job_id)
-        params = dataclasses.replace(job_params(job), adapter_id=adapter)
-        pending: set[asyncio.Task[None]] = set()
+    async def _lines(self, job: JobRow, first: _LineHold) -> None:
+        """Each line not yet done, under a hold of its own (``first``: the hold the job's start took, the first
+        pending line's)."""
+        spare: _LineHold | None = first
         try:
-            for line, raw in enumerate(split_lines(data)):
-                todo = [g for g in range(job.num_generations)
-                        if ("success", line, g) not in done and ("error", line, g) not in done]
-                if ("error", line, BAD_LINE) in done or not todo:
-                    continue
-                try:
-                    req = await self.frontend.engine_request(engine, parse_line(raw), params,
-                                                             f"{job.job_id}-{line}")
-                except ValidationError as e:  # includes refused media: the line fails, the job goes on
-                    self.store.commit(job.job_id, "error", line, BAD_LINE, {"line": line, "error": e.message},
-                                      failed_line=True)
-                    continue
-                for g in todo:
-                    await self._slots.acquire()
-                    t = asyncio.ensure_future(self._generation(job, engine, req, line, g))
-                    pending.add(t)
-                    t.add_done_callback(pending.discard)
-                    t.add_done_callback(lambda _t: self._slots.release())  # also for a task cancelled unstarted
-            if pending:
-                await asyncio.gather(*pending)
+            data = await self.frontend.run_blocking(self.store.input_file(job.job_id).read_bytes)
+            done = self.store.done(job.job_id)
+            params = job_params(job)
+            async with SlotTasks(self._slots) as tasks:
+                for line, raw in enumerate(split_lines(data)):
+                    todo = [g for g in range(job.num_generations)
+                            if ("success", line, g) not in done and ("error", line, g) not in done]
+                    if ("error", line, BAD_LINE) in done or not todo:
+                        continue
+                    held, spare = spare or _LineHold(await self.hold(job.model, job_keep_alive(job)),
+                                                     self.release), None
+                    try:
+                        await self._line(job, held, tasks, params, line, raw, todo)
+                    finally:
+                        held.drop()
         finally:
-            for t in pending:
-                t.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            if spare is not None:
+                spare.drop()
+
+    async def _line(self, job: JobRow, held: _LineHold, tasks: SlotTasks, params: SamplingParams, line: int,
+                    raw: bytes, todo: list[int]) -> None:
+        engine = held.held.engine
+        try:
+            req = await self.frontend.engine_request(engine, parse_line(raw),
+                                                     dataclasses.replace(params, adapter_id=held.held.adapter_id),
+                                                     f"{job.job_id}-{line}")
+        except ValidationError as e:  # includes refused media: the line fails, the job goes on
+            self.store.commit(job.job_id, "error", line, BAD_LINE, {"line": line, "error": e.message},
+                              failed_line=True)
+            return
+        for g in todo:
+            held.add(await tasks.spawn(self._generation, job, engine, req, line, g))
 
     async def _generation(self, job: JobRow, engine: EngineClient, req: EngineRequest, line: int, gen: int) -> None:
         self.running_generations += 1

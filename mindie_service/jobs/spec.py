@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from mindie_service.errors import ValidationError, check
+from mindie_service.params.keep_alive import FOREVER, parse_keep_alive
 from mindie_service.params.output_cap import output_cap
 from mindie_service.params.rule import read_fields
 from mindie_service.params.structured_field import read_structured
@@ -34,11 +35,16 @@ class JobOptions:
     top_p: float = 1.0
     logprobs: bool = False
     response_format: dict[str, Any] | None = None  # OpenAI's, applied to every line (structured.request_forms)
+    keep_alive: float | None = None  # the body's top-level keep_alive (Ollama's), given to each line's model hold
 
     def to_json(self) -> dict[str, Any]:
-        out = {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-               "logprobs": self.logprobs}
-        return out if self.response_format is None else {**out, "response_format": self.response_format}
+        out: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                               "logprobs": self.logprobs}
+        if self.response_format is not None:
+            out["response_format"] = self.response_format
+        if self.keep_alive is not None:  # stored as Ollama writes it: seconds, -1 = keep loaded
+            out["keep_alive"] = -1 if self.keep_alive == FOREVER else self.keep_alive
+        return out
 
 
 @dataclass(frozen=True)
@@ -58,10 +64,11 @@ def parse_path(v: Any, field: str) -> PathSpec:
 
 
 def parse_job_request(body: Mapping[str, Any], max_tokens_cap: int) -> JobRequest:
-    """``{model, prompt_file_path, options?, num_generations?}``; ``options`` and ``num_generations`` are read
-    through the rule table (``params.table.JOB_OPTIONS``, ``JOB``), max_tokens capped by maxIterTimes
+    """``{model, prompt_file_path, options?, num_generations?, keep_alive?}``; ``options`` and ``num_generations``
+    are read through the rule table (``params.table.JOB_OPTIONS``, ``JOB``), max_tokens capped by maxIterTimes
     (``max_tokens_cap``) as every other route's output is (params.output_cap; the engine caps each line again
-    by its prompt)."""
+    by its prompt). ``keep_alive`` (beyond the seed, as on every generation route) applies to each line's hold of
+    the model (jobs.runner)."""
     model = body.get("model")
     check(isinstance(model, str) and model != "", "model", "a non-empty string", model)
     path = parse_path(body.get("prompt_file_path"), "prompt_file_path")
@@ -75,7 +82,7 @@ def parse_job_request(body: Mapping[str, Any], max_tokens_cap: int) -> JobReques
     n = read_fields(body, JOB).get("num_generations", 1)
     opts = JobOptions(output_cap(o.get("max_tokens", DEFAULT_MAX_TOKENS), 0, max_iter_times=max_tokens_cap),
                       o.get("temperature", 0.0), o.get("top_p", 1.0), o.get("logprobs", False),
-                      raw_opts.get("response_format"))
+                      raw_opts.get("response_format"), parse_keep_alive(body.get("keep_alive")))
     return JobRequest(model, path, opts, n)
 
 

@@ -1,7 +1,8 @@
 """``keep_alive``: how long a model stays loaded after a request, Ollama's semantics (its ``api.Duration``):
 a number of seconds, or a duration string as Go's ``time.ParseDuration`` reads it ("5m", "1h30m", "300ms",
 "-1s"); ``0`` unloads the model once the request is done, any negative value keeps it loaded until it is stopped
-or evicted. A top-level field of every generation route's body, taken out by the model lookup (one door)."""
+or evicted. A top-level field of the body of every route that serves a model (generation, embeddings, tokenize,
+batch jobs), taken out before the dialect's parser and given to the model lookup (one door)."""
 from __future__ import annotations
 
 import math
@@ -14,6 +15,10 @@ FOREVER = math.inf
 MAX_KEEP_ALIVE_S = 10 * 365 * 86400.0  # beyond ten years: say -1
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+# The field in the OpenAPI documents (server/openapi.py, protocol/tokenization.py)
+OPENAPI_SCHEMA = {"oneOf": [{"type": "number"}, {"type": "string"}],
+                  "description": "how long the model stays loaded after this request: seconds or a duration "
+                                 "(\"5m\"); 0 unloads it after the request, a negative value keeps it loaded"}
 _RULE = ('a number of seconds or a duration such as "5m", "1h30m", "300ms" (0 = unload after this request, '
          'a negative value = keep loaded)')
 

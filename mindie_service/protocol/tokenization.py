@@ -11,6 +11,7 @@ from typing import Any
 
 from mindie_service.errors import ValidationError, check
 from mindie_service.inputs.types import ChatMessage
+from mindie_service.params.keep_alive import OPENAPI_SCHEMA as KEEP_ALIVE
 from mindie_service.protocol.openai import chat_messages
 from mindie_service.protocol.reasoning_fields import template_kwargs
 from mindie_service.protocol.tool_calls import parse_tools
@@ -132,14 +133,16 @@ OPENAPI_SCHEMAS: dict[str, Any] = {
             "type": "object", "required": ["role", "content"], "properties": {
                 "role": {"enum": list(_ROLES)}, "content": {"oneOf": [{"type": "string"}, {"type": "array"}]}}}},
         "add_special_tokens": {"type": "boolean"}, "add_generation_prompt": {"type": "boolean"},
-        "return_token_strs": {"type": "boolean"}},
-        "description": "vLLM's TokenizeCompletionRequest ({prompt}) or TokenizeChatRequest ({messages})."},
+        "return_token_strs": {"type": "boolean"}, "keep_alive": KEEP_ALIVE},
+        "description": "vLLM's TokenizeCompletionRequest ({prompt}) or TokenizeChatRequest ({messages}); Ollama's "
+                       "keep_alive beside them."},
     "TokenizeResponse": {"type": "object", "required": ["count", "max_model_len", "tokens"], "properties": {
         "count": {"type": "integer"}, "max_model_len": {"type": "integer"},
         "tokens": {"type": "array", "items": {"type": "integer"}},
         "token_strs": {"type": ["array", "null"], "items": {"type": "string"}}}},
     "DetokenizeRequest": {"type": "object", "required": ["tokens"], "properties": {
-        "model": {"type": "string"}, "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}}},
+        "model": {"type": "string"}, "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "keep_alive": KEEP_ALIVE}},
     "DetokenizeResponse": {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
     "TokenizerInfoResponse": {"type": "object", "required": ["tokenizer_class", "eos_token"], "properties": {
         "tokenizer_class": {"type": "string"}, "bos_token": _STR_OR_NULL, "eos_token": _STR_OR_NULL,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 from tornado.ioloop import IOLoop
 
@@ -109,7 +110,8 @@ class ServerContext:
     def start_jobs(self) -> None:
         """Open the job store (ServerConfig.batchJobsDir) and resume the jobs a restart interrupted."""
         running = self.settings.batch_max_running or max(1, self.engine_config.max_batch_size // 4)
-        self.jobs = JobRunner(JobStore(self.settings.batch_jobs_dir), self.engine_for, self.frontend, running)
+        self.jobs = JobRunner(JobStore(self.settings.batch_jobs_dir), self.hold, self.release,  # type: ignore[arg-type]
+                              self.frontend, running)
         self.jobs.resume_all()
         self.batches = BatchRunner(BatchStore(Path(self.settings.batch_jobs_dir) / "openai"), self.files(),
                                    self.batch_endpoints, self.jobs.slots, self.run_blocking)
@@ -212,6 +214,20 @@ class ServerContext:
     async def hold(self, model: str, keep_alive: float | None) -> Target:
         """``model`` running and held for one request (catalog.release after): the one door (serving/model_lookup)."""
         return await hold_model(self.residency, model, keep_alive)
+
+    def release(self, target: Target) -> None:
+        """Let go of a ``hold``: idleness (keep_alive, idleUnloadSeconds) counts from the last release."""
+        assert self.catalog is not None
+        self.catalog.release(target)
+
+    @contextlib.asynccontextmanager
+    async def held(self, model: str, keep_alive: float | None) -> AsyncIterator[Target]:
+        """``model`` held for a ``with`` block (a route answered at once: tokenize, detokenize)."""
+        target = await self.hold(model, keep_alive)
+        try:
+            yield target
+        finally:
+            self.release(target)
 
     async def default_engine(self) -> EngineClient:
         """The default model's engine for a route that reads it (TGI's /info, MindIE's tokenizer, sessions): loaded

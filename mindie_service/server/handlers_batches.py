@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from mindie_service.errors import (BadRequestError, ConflictError, NotFoundError, PayloadTooLargeError,
-                                   UnhealthyError, check)
+                                   UnhealthyError, ValidationError, check)
 from mindie_service.jobs.batch_lines import count_lines
 from mindie_service.jobs.batch_runner import BatchRunner
 from mindie_service.jobs.batch_store import BatchRow, batch_json
@@ -65,6 +65,9 @@ class BatchesHandler(_BatchesHandler):
     async def post(self) -> None:
         runner, s = self.runner, self.ctx.settings
         body = await self.ctx.run_blocking(self.json_body)
+        if "keep_alive" in body:  # a batch holds no model itself: each line does, with its own body's keep_alive
+            raise ValidationError("Parameter keep_alive is not taken by a batch: put it in the body of each line of "
+                                  "the input file, where it applies to that line's hold of its model")
         unknown = sorted(set(body) - set(FIELDS))
         check(not unknown, "body", f"an object of {', '.join(FIELDS)}", unknown)
         endpoint, window = body.get("endpoint"), body.get("completion_window")

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mindie_service.engine.client import EngineClient
+from mindie_service.params.keep_alive import take_keep_alive
 from mindie_service.protocol.encoders import Encoder
 from mindie_service.errors import ValidationError
 from mindie_service.protocol.request import GenerationRequest
@@ -23,13 +25,18 @@ class MindieGenerateHandler(GenerationHandler):
 
 
 class TokenizerHandler(BaseHandler):
-    """POST /v1/tokenizer {"inputs": "..."} -> {"token_number": N, "tokens": [ids]}."""
+    """POST /v1/tokenizer {"inputs": "...", "keep_alive"?} -> {"token_number": N, "tokens": [ids]}."""
 
     async def post(self) -> None:
-        text = parse_tokenizer_request(self.json_body())
+        body = self.json_body()
+        keep_alive = take_keep_alive(body)  # Ollama's keep_alive, as on every generation route
+        text = parse_tokenizer_request(body)
         if not self.ctx.ready:
             raise self.ctx.loading_error()
-        engine = await self.ctx.default_engine()
+        async with self.ctx.held(self.ctx.model_name, keep_alive) as target:  # the default model, loaded on demand
+            await self._answer(target.engine, text)
+
+    async def _answer(self, engine: EngineClient, text: str) -> None:
         # A text longer than the model's whole context could ever take is refused before it is tokenized:
         # tokenizing a body-sized string costs seconds of CPU and gigabytes of memory for nothing.
         bound, limit = self.ctx.frontend.processor(engine).text_bound, self.ctx.engine_config.max_seq_len

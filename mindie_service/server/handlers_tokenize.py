@@ -1,12 +1,15 @@
 """vLLM's tokenizer routes on the business port: POST /tokenize, POST /detokenize, GET /tokenizer_info
 (shapes in protocol/tokenization.py). lm-eval's ``tokenizer_backend=remote`` finds them on its own
-(``check_remote_tokenizer_support``) and tokenizes with the served model's tokenizer. Errors in OpenAI's shape."""
+(``check_remote_tokenizer_support``) and tokenizes with the served model's tokenizer. Errors in OpenAI's shape.
+/tokenize and /detokenize take Ollama's ``keep_alive`` as the generation routes do (params/keep_alive.py)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, AsyncContextManager
 
+from mindie_service.catalog.catalog import Target
 from mindie_service.engine.client import EngineClient
 from mindie_service.errors import ContextLengthError, MindieError
+from mindie_service.params.keep_alive import take_keep_alive
 from mindie_service.protocol.openai_encoder import openai_error
 from mindie_service.protocol.tokenization import (TokenizeRequest, check_vocab, parse_detokenize, parse_tokenize,
                                                   tokenize_response, tokenizer_info)
@@ -20,10 +23,12 @@ class _TokenizerRoute(BaseHandler):
         self.set_status(status)
         return body
 
-    async def engine(self, model: str | None) -> EngineClient:
+    def held(self, model: str | None, keep_alive: float | None = None) -> AsyncContextManager[Target]:
+        """``model`` (None: the default model) held while the route answers: loaded on demand through the one door
+        (ServerContext.hold), ``keep_alive`` (Ollama's, as on every generation route) counting from the answer."""
         if not self.ctx.ready:
             raise self.ctx.loading_error()
-        return (await self.ctx.engine_for(model or self.ctx.model_name))[0]  # loaded on demand
+        return self.ctx.held(model or self.ctx.model_name, keep_alive)
 
     @staticmethod
     def hf_tokenizer(engine: EngineClient) -> Any:
@@ -34,8 +39,13 @@ class TokenizeHandler(_TokenizerRoute):
     """POST /tokenize (vLLM): {"prompt", "add_special_tokens"} or {"messages"} -> {"tokens", "count", "max_model_len"}."""
 
     async def post(self) -> None:
-        req = parse_tokenize(self.json_body())
-        engine = await self.engine(req.model)
+        body = self.json_body()
+        keep_alive = take_keep_alive(body)
+        req = parse_tokenize(body)
+        async with self.held(req.model, keep_alive) as target:
+            await self._answer(target.engine, req)
+
+    async def _answer(self, engine: EngineClient, req: TokenizeRequest) -> None:
         limit = self.ctx.engine_config.max_seq_len
         bound = self.ctx.frontend.processor(engine).text_bound
         chars = len(req.prompt) if req.prompt is not None else sum(len(str(m.content)) for m in req.messages)
@@ -66,10 +76,12 @@ class DetokenizeHandler(_TokenizerRoute):
     """POST /detokenize (vLLM): {"tokens": [ids]} -> {"prompt": text} (special tokens kept)."""
 
     async def post(self) -> None:
-        model, ids = parse_detokenize(self.json_body())
-        engine = await self.engine(model)
-        check_vocab(ids, engine.vocab_size)
-        text = await self.ctx.run_blocking(engine.detokenize, ids)
+        body = self.json_body()
+        keep_alive = take_keep_alive(body)
+        model, ids = parse_detokenize(body)
+        async with self.held(model, keep_alive) as target:
+            check_vocab(ids, target.engine.vocab_size)
+            text = await self.ctx.run_blocking(target.engine.detokenize, ids)
         self.write_json({"prompt": text})
 
 
@@ -77,6 +89,7 @@ class TokenizerInfoHandler(_TokenizerRoute):
     """GET /tokenizer_info (vLLM): the default model's tokenizer configuration (special tokens, chat template)."""
 
     async def get(self) -> None:
-        engine = await self.engine(self.get_query_argument("model", None))
-        self.write_json(tokenizer_info(self.hf_tokenizer(engine), self.ctx.engine_config.max_seq_len,
-                                       engine.vocab_size))
+        async with self.held(self.get_query_argument("model", None)) as target:
+            engine = target.engine
+            self.write_json(tokenizer_info(self.hf_tokenizer(engine), self.ctx.engine_config.max_seq_len,
+                                           engine.vocab_size))

@@ -10,6 +10,7 @@ from typing import Any
 import tornado.web
 
 from mindie_service.catalog.model_json import LIST_STATES, TRANSIENT_STATES
+from mindie_service.params.keep_alive import OPENAPI_SCHEMA as KEEP_ALIVE_SCHEMA
 from mindie_service.protocol.anthropic_encoder import OPENAPI_SCHEMAS as MESSAGES_SCHEMAS
 from mindie_service.protocol.anthropic_encoder import OPENAPI_SHAPES as MESSAGES_SHAPES
 from mindie_service.protocol.batch_openapi import MULTIPART
@@ -35,10 +36,7 @@ _GRAMMAR = {"type": ["object", "null"], "required": ["type", "value"], "x-extens
             "properties": {"type": {"enum": ["json", "regex"]}, "value": {}},
             "description": "Extension of the TGI 1.1 document (TGI 1.4's shape): the output matches a JSON Schema "
                            "(value: the schema, or its JSON text) or a regular expression. Compact JSON."}
-# Ollama's keep_alive on every generation route (params/keep_alive.py)
-_KEEP_ALIVE = {"oneOf": [{"type": "number"}, {"type": "string"}],
-               "description": "how long the model stays loaded after this request: seconds or a duration (\"5m\"); "
-                              "0 unloads it after the request, a negative value keeps it loaded"}
+_KEEP_ALIVE = KEEP_ALIVE_SCHEMA  # Ollama's keep_alive on every route that serves a model (params/keep_alive.py)
 _RESPONSE_FORMAT = {"type": "object", "required": ["type"], "properties": {
     "type": {"enum": ["text", "json_object", "json_schema", "json", "regex"]}, "json_schema": _OBJ, "value": {}},
     "description": "OpenAI's response_format (text, json_object, json_schema {name, schema, strict}); TGI's chat "

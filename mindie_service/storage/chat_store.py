@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mindie_service.storage.sqlite_db import dumps as _dumps, open_db
+from mindie_service.storage.sqlite_db import dumps as _dumps, open_db, prune
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chat_completions (
@@ -73,9 +73,7 @@ class ChatCompletionStore:
                 self._db.execute("INSERT INTO chat_completions VALUES (?, ?, ?, ?, ?, ?, ?)",
                                  (completion["id"], now, owner, str(completion.get("model", "")), _dumps(metadata),
                                   _dumps(messages), _dumps(completion)))
-                self._db.execute("DELETE FROM chat_completions WHERE created < ?", (now - self.max_age,))
-                self._db.execute("DELETE FROM chat_completions WHERE id IN (SELECT id FROM chat_completions "
-                                 "ORDER BY created DESC LIMIT -1 OFFSET ?)", (self.max_rows,))
+                prune(self._db, "chat_completions", now - self.max_age, self.max_rows)
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

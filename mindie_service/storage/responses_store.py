@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from mindie_service.storage.sqlite_db import dumps as _dumps, open_db
+from mindie_service.storage.sqlite_db import dumps as _dumps, open_db, prune
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -189,20 +189,9 @@ class ResponsesStore:
     # ------------------------------------------------------------ bounds
     def prune(self) -> int:
         """Drop finished rows past ``max_age`` and, past ``max_responses``, the oldest finished ones."""
-        with self._lock:
-            cut = time.time() - self.max_age
-            old = [r for (r,) in self._db.execute(
-                "SELECT id FROM responses WHERE created < ? AND status NOT IN (?, ?)", (cut, *ACTIVE))]
-            total = self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0] - len(old)
-            over = max(0, total - self.max_responses + 1)  # room for the row about to come
-            if over:
-                old += [r for (r,) in self._db.execute(
-                    "SELECT id FROM responses WHERE created >= ? AND status NOT IN (?, ?) ORDER BY created LIMIT ?",
-                    (cut, *ACTIVE, over))]
-            for rid in old:
-                for table in ("responses", "response_tokens", "response_events"):
-                    self._db.execute(f"DELETE FROM {table} WHERE id = ?", (rid,))
-        return len(old)
+        with self._lock:  # room for the row about to come
+            return prune(self._db, "responses", time.time() - self.max_age, self.max_responses, room=1,
+                         keep="status IN (?, ?)", keep_args=ACTIVE, also=("response_tokens", "response_events"))
 
 
 _COLS = "id, created, owner, status, background, body, context, items, response, prompt"

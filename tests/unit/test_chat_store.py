@@ -3,6 +3,7 @@ store that survives reopening (kill -9 leaves a completion whole or absent: one 
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import pytest
 
@@ -12,6 +13,15 @@ from mindie_service.storage.chat_store import ChatCompletionStore, ListQuery
 def _put(s: ChatCompletionStore, cid: str, owner: str = "", model: str = "m", **meta: str) -> None:
     s.put(owner, {"id": cid, "object": "chat.completion", "model": model, "choices": []},
           [{"role": "user", "content": cid}], dict(meta))
+
+
+def test_age_bound_drops_completions_past_it(tmp_path, monkeypatch):
+    s = ChatCompletionStore(tmp_path, 100, 60)
+    _put(s, "c_old")
+    now = time.time()
+    monkeypatch.setattr(time, "time", lambda: now + 120)
+    _put(s, "c_new")
+    assert s.get("c_old", "") is None and s.get("c_new", "") is not None
 
 
 def test_reads_are_the_owner_s_only(tmp_path):

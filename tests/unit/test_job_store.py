@@ -94,11 +94,17 @@ def test_a_job_cancelled_before_its_generations_start_gives_back_every_slot(tmp_
     job = store.create("m", {"value": "x", "type": "raw_bytes"}, {"max_tokens": 4, "temperature": 0.0, "top_p": 1.0},
                        1, line * 3, 3)
 
-    async def go() -> int:
-        async def engine_for(model: str):
-            return Engine(), None
+    class Held:
+        engine, adapter_id = Engine(), None
 
-        runner = JobRunner(store, engine_for, Frontend(), max_running=4)  # type: ignore[arg-type]
+    holds: list[int] = []
+
+    async def go() -> int:
+        async def hold(model: str, keep_alive: float | None):
+            holds.append(1)
+            return Held()
+
+        runner = JobRunner(store, hold, lambda _t: holds.append(-1), Frontend(), max_running=4)  # type: ignore[arg-type]
         runner.start(job)
         await asyncio.sleep(0)  # the job ran up to its wait: its three generation tasks are made, none started
         assert runner.slots._value == 1
@@ -107,3 +113,31 @@ def test_a_job_cancelled_before_its_generations_start_gives_back_every_slot(tmp_
         return runner.slots._value
 
     assert asyncio.run(go()) == 4
+    assert holds.count(1) == 3 and sum(holds) == 0  # a hold on the model per line, each given back
+
+
+def test_a_job_started_twice_runs_once() -> None:
+    """A resume beside a submit (or two resumes) starts the job's task once; once it ended, a start runs it again."""
+    import asyncio
+
+    from mindie_service.jobs.tasks import TaskTable
+
+    runs: list[str] = []
+
+    async def go() -> None:
+        table = TaskTable("batch")
+
+        async def job() -> None:
+            runs.append("ran")
+            await asyncio.sleep(0.01)
+
+        table.start("j", job)
+        table.start("j", job)
+        await asyncio.sleep(0.05)
+        assert runs == ["ran"]
+        table.start("j", job)  # the first one ended: the table forgot it
+        await asyncio.sleep(0.05)
+        await table.shutdown()
+
+    asyncio.run(go())
+    assert runs == ["ran", "ran"]

@@ -1,34 +1,26 @@
 """``quantization: w4a16`` (npu_ops.quant_w4a16.quantize_rtn: round to nearest, groups of 128, asymmetric, scales of
 7 significant bits: Q4_1 blocks) on the tiny model with its MLP cut to whole groups: greedy decoding equals transformers on the same weights
 dequantized, the weights' error is what round-to-nearest gives, and the engine's paths over int4 weights (the fused
-one-call decode step, multi-step bursts, speculation, LoRA) keep the op-by-op tokens, as test_gguf_engine holds
-them for GGUF blocks (LoRA on a W4A16 checkpoint against the same file dequantized at load)."""
+one-call decode step, multi-step bursts, speculation, LoRA) keep the op-by-op tokens: the checks test_gguf_engine
+runs on GGUF blocks (tests/packed_checks.py; LoRA on a W4A16 checkpoint against the same file dequantized at load)."""
 from __future__ import annotations
 
-from pathlib import Path
+import functools
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mindie_service import LLM, SamplingParams
+from mindie_service import LLM
 from mindie_service.devkit import w4a16_writer
 from mindie_service.devkit.lora import build_demo_lora
-from mindie_service.engine.runner.model_runner import ModelRunner
-from mindie_service.models import fused_layers, gguf_packed
 from npu_ops import cpu_kernels, quant_w4a16
 from npu_ops.gguf_modules import GgufLinear
-from tests.unit.test_fused_decode import count_fused_steps
+from tests import packed_checks
 from tests.unit.test_w4a16_load import POOL, PROMPTS, _hf_greedy, tiny256  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here")
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def _generate(llm: LLM, adapter: str | None = None) -> list[tuple]:
-    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=3)
-    out = llm.generate(PROMPTS, [params] * len(PROMPTS), use_tqdm=False, adapter_id=adapter)
-    return [(list(o.outputs[0].token_ids), [dict(lp) for lp in o.outputs[0].logprobs]) for o in out]
 
 
 @pytest.fixture(scope="module")
@@ -56,46 +48,21 @@ def test_w4a16_requantizes_at_load_and_decodes_as_transformers_on_the_dequantize
             rel.append(float((sd[k] - v).norm() / v.norm()))
     save_file(sd, str(ref / "model.safetensors"))
     assert 0.05 < max(rel) < 0.12  # round to nearest in 4 bits: about 0.1 of a Gaussian weight's norm
-    assert [t for t, _ in _generate(w4_llm)] == _hf_greedy(ref)
+    assert [t for t, _ in packed_checks.generate(w4_llm, PROMPTS)] == _hf_greedy(ref)
 
 
 def test_the_fused_decode_step_gives_the_op_by_op_logits(w4_llm, monkeypatch):
-    calls = count_fused_steps(monkeypatch)
-    fused = _generate(w4_llm)
-    assert sum(calls) >= 11  # the decode steps took the C call
-    monkeypatch.setattr(ModelRunner, "_fused_decode", lambda self, decodes: None)
-    assert _generate(w4_llm) == fused
-    fused_layers.set_enabled(False)  # every layer op by op: the same bits
-    try:
-        assert _generate(w4_llm) == fused
-    finally:
-        fused_layers.set_enabled(True)
+    packed_checks.fused_step_is_op_by_op(w4_llm, PROMPTS, monkeypatch)
 
 
 def test_bursts_and_speculation_keep_the_tokens(tiny256, w4_llm):  # noqa: F811
-    one = _generate(w4_llm)
-    burst = LLM(str(tiny256), dtype="float32", quantization="w4a16", decode_steps=4, **POOL)
-    assert _generate(burst) == one
-    spec = LLM(str(tiny256), dtype="float32", quantization="w4a16",
-               speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
-                                   "prompt_lookup_min": 1, "dynamic": False}, **POOL)
-    assert [t for t, _ in _generate(spec)] == [t for t, _ in one]
+    packed_checks.bursts_and_speculation_keep_the_tokens(
+        functools.partial(LLM, str(tiny256), dtype="float32", quantization="w4a16", **POOL), PROMPTS, plain=w4_llm)
 
 
 def test_lora_adds_its_delta_after_the_int4_matmul(tiny256, tmp_path, monkeypatch):  # noqa: F811
     """On a W4A16 checkpoint (msModelSlim's fp32 scales: Q4_1F blocks) against the same file dequantized at load."""
     adapter = str(build_demo_lora(str(tiny256), str(tmp_path / "lora"), rank=8, seed=3))
     w4 = w4a16_writer.write(tiny256, tmp_path / "w4", "msmodelslim", 128, True, torch.float32)
-    packed = LLM(str(w4), dtype="float32", max_loras=1, max_lora_rank=8, **POOL)
+    packed = packed_checks.lora_after_the_packed_matmul(str(w4), adapter, PROMPTS, POOL, monkeypatch)
     assert packed.engine.runner.model.layers[0].mlp.down_proj.kinds == ["Q4_1F"]
-    packed.engine.load_adapter("a", adapter)
-    got, base = _generate(packed, "a"), _generate(packed)
-    monkeypatch.setattr(gguf_packed, "keep_packed", lambda *a, **k: False)
-    dense = LLM(str(w4), dtype="float32", max_loras=1, max_lora_rank=8, **POOL)
-    assert not isinstance(dense.engine.runner.model.layers[0].mlp.down_proj, GgufLinear)
-    dense.engine.load_adapter("a", adapter)
-    want = _generate(dense, "a")
-    assert [t for t, _ in got] == [t for t, _ in want] and [t for t, _ in got] != [t for t, _ in base]
-    worst = max(abs(a[k] - b[k]) for (_, la), (_, lb) in zip(got, want)
-                for a, b in zip(la, lb) for k in a if k in b)
-    assert worst < 1e-4
