@@ -1,22 +1,44 @@
-"""The checks an engine over weights kept packed (GGUF blocks: tests/unit/test_gguf_engine.py; W4A16's int4:
-test_w4a16_engine.py) must pass, written once: the fused one-call decode step gives the op-by-op step's tokens and
-log-probs bit for bit; multi-step bursts and n-gram speculation keep the tokens; a LoRA adapter added after the
-packed matmul matches the same adapter over the file dequantized at load (greedy tokens equal, log-probs within
-1e-4: fp32 accumulation order only)."""
+"""The checks weights kept packed must pass, written once. A GGUF file loaded packed (test_gguf_packed_load.py,
+test_gguf_kquant_load.py): every linear and the tied head read the file's blocks, and teacher-forced log-probs equal
+the file dequantized at load within 1e-4. An engine over packed weights (GGUF blocks: test_gguf_engine.py; W4A16's
+int4: test_w4a16_engine.py): the fused one-call decode step gives the op-by-op step's tokens and log-probs bit for
+bit; multi-step bursts and n-gram speculation keep the tokens; a LoRA adapter added after the packed matmul matches
+the same adapter over the file dequantized at load (greedy tokens equal, log-probs within 1e-4: fp32 accumulation
+order only)."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
+import torch
 
 from mindie_service import LLM, SamplingParams
+from mindie_service.devkit.quant_eval import compare, teacher_forced_logprobs
 from mindie_service.engine.runner.model_runner import ModelRunner
 from mindie_service.models import fused_layers, gguf_packed
-from npu_ops.gguf_modules import GgufLinear
+from npu_ops.gguf_modules import GgufEmbedding, GgufLinear
 from tests.unit.test_fused_decode import count_fused_steps
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1,
          "dynamic": False}
+
+
+def all_packed(m: Any) -> None:
+    """Every projection, the embeddings and the tied head of model ``m`` read the file's blocks."""
+    assert isinstance(m.embed_tokens, GgufEmbedding) and isinstance(m.lm_head, GgufLinear)
+    assert m.lm_head.parts[0] is m.embed_tokens.weight_q  # the tied head reads the embeddings' bytes
+    assert all(isinstance(mod, GgufLinear) for layer in m.layers
+               for mod in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj))
+
+
+def matches_the_dequantized_load(f: Path, tokens: list[int], seq_len: int, label: str) -> None:
+    """Teacher-forced log-probs of ``f`` loaded packed against the same file dequantized at load."""
+    ref = teacher_forced_logprobs(f, tokens, seq_len=seq_len, chunk=16, gguf_packed=False)
+    got = teacher_forced_logprobs(f, tokens, seq_len=seq_len, chunk=16)
+    assert (got - ref).abs().max() < 1e-4
+    agree = compare(label, ref, got, torch.tensor(tokens[1:]))
+    assert agree.top1_agreement == 1.0 and agree.mean_kl < 1e-8, agree
 
 
 def generate(llm: LLM, prompts: list[list[int]], adapter: str | None = None) -> list[tuple]:

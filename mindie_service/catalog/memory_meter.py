@@ -41,6 +41,12 @@ def _rss() -> int:
     return rss_bytes() or 0
 
 
+def _live_rss() -> int:
+    """The RSS once the C heap's free pages went back (``trim_heap``): what is in use, not what the allocator kept."""
+    trim_heap()
+    return _rss()
+
+
 def trim_heap() -> None:
     """Give the C heap's free pages back to the system (glibc's malloc_trim) after a model is unloaded: without it
     a freed model's small allocations stay in the process's RSS and the next load adds to them. No-op elsewhere."""
@@ -71,13 +77,13 @@ class LoadMeter:
     dev2: int = 0
 
     def begin(self) -> None:
-        self.rss0, self.dev0 = _rss(), _device_used()
+        self.rss0, self.dev0 = _live_rss(), _device_used()
 
     def built(self) -> None:
-        self.rss1 = _rss()
+        self.rss1 = _live_rss()
 
     def warmed(self) -> None:
-        self.rss2, self.dev2 = _rss(), _device_used()
+        self.rss2, self.dev2 = _live_rss(), _device_used()
 
     def result(self, engine: Any, mock: bool = False) -> MeasuredMemory:
         """``mock``: a StandardMock load (no torch model: it does not start the runtime, and is not counted)."""

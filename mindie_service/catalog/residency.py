@@ -44,6 +44,11 @@ class Residency:
         self._no_room: dict[str, str] = {}  # model -> why it does not fit yet, while its load waits for room
         self._lock = asyncio.Lock()  # one load (and its making room) at a time
         self._reaper: asyncio.Task[None] | None = None
+        # What loads here measured beyond their header estimate at most (the tokenizer, the model's objects, heap the
+        # load left): an unmeasured model's estimate leaves it out, so its fit check adds it. And each model's
+        # highest measurement: a load measures a little more or less each time (requests on other models run beside it).
+        self.beyond_estimate = 0
+        self._highest: dict[str, int] = {}
         catalog.on_release = self._released
 
     # -- the door --------------------------------------------------------------------------------------------------
@@ -164,6 +169,7 @@ class Residency:
             await self._settled(e)
             if e.state == "running":
                 e.counters.loaded(e.last_load_s or 0.0)
+                self._learn(e)
             else:
                 e.counters.load_failures += 1
 
@@ -180,12 +186,29 @@ class Residency:
         """What ``e`` takes while resident: its measured footprint when known, else the estimate."""
         m = self.measured(e)
         if m is not None:
-            return m.weights if e.state == "sleeping" else m.total
-        return self.catalog.need_bytes(e)
+            return m.weights if e.state == "sleeping" else self.need_bytes(e)
+        return self.need_bytes(e)
 
     def need_bytes(self, e: CatalogEntry) -> int:
+        """What ``e`` takes once loaded: its highest measurement, else its header estimate plus what measured loads
+        here took beyond theirs (a mock's estimate, 0, stays 0)."""
         m = self.measured(e)
-        return m.total if m is not None else self.catalog.need_bytes(e)
+        if m is not None:
+            return max(m.total, self._highest.get(e.id, 0))
+        est = self.catalog.need_bytes(e)
+        return est + self.beyond_estimate if est else 0
+
+    def _learn(self, e: CatalogEntry) -> None:
+        """A load measured: keep its highest total, and how far its estimate fell short."""
+        m = self.measured(e)
+        if m is None:
+            return
+        self._highest[e.id] = max(self._highest.get(e.id, 0), m.total)
+        est = self.catalog.need_bytes(e)
+        if est and m.total - est > self.beyond_estimate:
+            self.beyond_estimate = m.total - est
+            logger.info("model %s: measured %s, %s beyond its header estimate: unmeasured models' fit checks count "
+                        "that much more", e.id, gib(m.total), gib(self.beyond_estimate))
 
     @staticmethod
     def measured(e: CatalogEntry) -> MeasuredMemory | None:

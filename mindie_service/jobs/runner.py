@@ -111,7 +111,6 @@ class JobRunner:
         try:
             self.store.reconcile(job_id)
             first = _LineHold(await self.hold(job.model, job_keep_alive(job)), self.release)  # loaded on demand
-            self.store.set_status(job_id, "running")
             await self._lines(job, first)
         except asyncio.CancelledError:
             raise
@@ -128,10 +127,11 @@ class JobRunner:
             logger.info("batch job %s completed", job_id)
 
     async def _lines(self, job: JobRow, first: _LineHold) -> None:
-        """Each line not yet done, under a hold of its own (``first``: the hold the job's start took, the first
-        pending line's)."""
+        """The job running: each line not yet done, under a hold of its own (``first``: the hold the job's start
+        took, the first pending line's)."""
         spare: _LineHold | None = first
         try:
+            self.store.set_status(job.job_id, "running")
             data = await self.frontend.run_blocking(self.store.input_file(job.job_id).read_bytes)
             done = self.store.done(job.job_id)
             params = job_params(job)

@@ -110,7 +110,7 @@ class ServerContext:
     def start_jobs(self) -> None:
         """Open the job store (ServerConfig.batchJobsDir) and resume the jobs a restart interrupted."""
         running = self.settings.batch_max_running or max(1, self.engine_config.max_batch_size // 4)
-        self.jobs = JobRunner(JobStore(self.settings.batch_jobs_dir), self.hold, self.release,  # type: ignore[arg-type]
+        self.jobs = JobRunner(JobStore(self.settings.batch_jobs_dir), self.hold, self.release_model,  # type: ignore[arg-type]
                               self.frontend, running)
         self.jobs.resume_all()
         self.batches = BatchRunner(BatchStore(Path(self.settings.batch_jobs_dir) / "openai"), self.files(),
@@ -215,7 +215,7 @@ class ServerContext:
         """``model`` running and held for one request (catalog.release after): the one door (serving/model_lookup)."""
         return await hold_model(self.residency, model, keep_alive)
 
-    def release(self, target: Target) -> None:
+    def release_model(self, target: Target) -> None:
         """Let go of a ``hold``: idleness (keep_alive, idleUnloadSeconds) counts from the last release."""
         assert self.catalog is not None
         self.catalog.release(target)
@@ -227,7 +227,7 @@ class ServerContext:
         try:
             yield target
         finally:
-            self.release(target)
+            self.release_model(target)
 
     async def default_engine(self) -> EngineClient:
         """The default model's engine for a route that reads it (TGI's /info, MindIE's tokenizer, sessions): loaded

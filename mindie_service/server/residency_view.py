@@ -26,6 +26,7 @@ def residency_json(res: Residency) -> dict[str, Any]:
     return {
         "maxLoadedModels": pol.max_loaded, "modelMemoryBudget": pol.budget, "budget_bytes": res.budget,
         "loaded": len(resident), "held_bytes": sum(res.held_bytes(e) for e in resident),
+        "beyond_estimate_bytes": res.beyond_estimate,  # added to an unmeasured model's header estimate
         "businessModelLoads": pol.business_loads,
         "models": [{"id": e.id, "state": e.state, "last_used": e.last_used, "active": e.active,
                     "memory": e.memory.as_json() if e.memory is not None else None,

@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from mindie_service.devkit.quant_eval import compare, teacher_forced_logprobs
 from mindie_service.models.loader import load_model
 from npu_ops import cpu_kernels, gguf_cpu
-from npu_ops.gguf_modules import GgufEmbedding, GgufLinear
+from tests import packed_checks
 from tests.gguf_files import finish, llama_shapes, llama_writer
 from tests.unit.test_gguf_kquant import kquantize
 
@@ -50,15 +49,8 @@ def test_a_k_quant_mix_loads_packed_and_matches_the_dequantized_reference(tmp_pa
     f = write_mix(tmp_path / f"{mix}.gguf", mix)
     loaded = load_model(f, "float32", torch.device("cpu"), 128)
     m = loaded.model
-    assert isinstance(m.embed_tokens, GgufEmbedding) and isinstance(m.lm_head, GgufLinear)
-    assert m.lm_head.parts[0] is m.embed_tokens.weight_q  # the tied head reads the embeddings' bytes
-    assert all(isinstance(mod, GgufLinear) for layer in m.layers
-               for mod in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj))
+    packed_checks.all_packed(m)
     assert loaded.weights_report[base] == f"{5 * LAYERS} tensors: kept packed"
     assert loaded.weights_report[high] == f"{1 + 2 * LAYERS} tensors: kept packed"
     assert gguf_cpu.embeddable(high)  # the one-call decode step reads its rows
-    ref = teacher_forced_logprobs(f, TOKENS, seq_len=48, chunk=16, gguf_packed=False)
-    got = teacher_forced_logprobs(f, TOKENS, seq_len=48, chunk=16)
-    assert (got - ref).abs().max() < 1e-4
-    agree = compare(mix, ref, got, torch.tensor(TOKENS[1:]))
-    assert agree.top1_agreement == 1.0 and agree.mean_kl < 1e-8, agree
+    packed_checks.matches_the_dequantized_load(f, TOKENS, 48, mix)

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from mindie_service.devkit.quant_eval import compare, teacher_forced_logprobs
+from mindie_service.devkit.quant_eval import teacher_forced_logprobs
 from mindie_service.errors import ValidationError
 from mindie_service.models.loader import load_model
 from npu_ops import cpu_kernels
 from npu_ops.gguf_modules import GgufEmbedding, GgufLinear
+from tests import packed_checks
 from tests.gguf_files import add_tensor, finish, llama_shapes, llama_writer
 
 gguf = pytest.importorskip("gguf")
@@ -53,17 +54,10 @@ def test_packed_load_matches_the_dequantized_reference(tmp_path, qtype):
     f = write_model(tmp_path / f"{qtype}.gguf", T[qtype])
     loaded = load_model(f, "float32", torch.device("cpu"), 128)
     m = loaded.model
-    assert isinstance(m.embed_tokens, GgufEmbedding) and isinstance(m.lm_head, GgufLinear)
-    assert m.lm_head.parts[0] is m.embed_tokens.weight_q  # the tied head reads the embeddings' bytes
-    assert all(isinstance(mod, GgufLinear) for layer in m.layers
-               for mod in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj))
+    packed_checks.all_packed(m)
     assert loaded.weights_report[qtype] == f"{1 + 7 * LAYERS} tensors: kept packed"
     assert loaded.weights_report["blk.1.ffn_down.weight"] == f"{qtype}: kept packed"
-    ref = teacher_forced_logprobs(f, TOKENS, seq_len=64, chunk=16, gguf_packed=False)
-    got = teacher_forced_logprobs(f, TOKENS, seq_len=64, chunk=16)
-    assert (got - ref).abs().max() < 1e-4
-    agree = compare(qtype, ref, got, torch.tensor(TOKENS[1:]))
-    assert agree.top1_agreement == 1.0 and agree.mean_kl < 1e-8, agree
+    packed_checks.matches_the_dequantized_load(f, TOKENS, 64, qtype)
 
 
 def test_a_type_without_kernels_is_dequantized_with_a_warning(tmp_path, caplog):

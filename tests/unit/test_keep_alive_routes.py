@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import time
 
 from tornado.testing import gen_test
 
@@ -26,14 +25,6 @@ class KeepAliveRoutesTest(ResidencyServer):
     def tearDown(self) -> None:
         self.io_loop.run_sync(self.ctx.stop_jobs)
         super().tearDown()
-
-    async def settle(self, model: str, state: str, within: float = 10.0) -> bool:
-        end = time.monotonic() + within
-        while time.monotonic() < end:
-            if self.state(model) == state:
-                return True
-            await asyncio.sleep(0.05)
-        return False
 
     def evictions(self, model: str) -> dict[str, int]:
         return self.ctx.catalog.entries[model].counters.evictions

@@ -84,6 +84,15 @@ class ResidencyServer(AsyncHTTPTestCase):
     def state(self, model: str) -> str:
         return self.ctx.catalog.entries[model].state
 
+    async def settle(self, model: str, state: str, within: float = 10.0) -> bool:
+        """Whether ``model`` reaches ``state`` within ``within`` seconds (a stop drains and runs in the background)."""
+        end = time.monotonic() + within
+        while time.monotonic() < end:
+            if self.state(model) == state:
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
     def resident(self) -> list[str]:
         return sorted(e.id for e in self.ctx.catalog.entries.values() if self.ctx.residency.resident(e))
 
@@ -202,20 +211,46 @@ class BudgetTest(ResidencyServer):
         assert "m3" not in self.builds
 
 
+class MeasuredFitTest(ResidencyServer):
+    """m1..m3's header estimate is 300 MiB, each load measures ``self.size`` (600 MiB unless a test changes it)."""
+
+    server = {"modelMemoryBudget": "1GiB"}
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.size = 600 << 20
+        for target, fn in ((LoadMeter, lambda meter, engine, mock=False: MeasuredMemory(
+                weights=self.size, kv_pool=0, workspace=0)),
+                (type(self.ctx.catalog), lambda cat, e: 0 if e.id == "mock" else 300 << 20)):
+            patcher = mock.patch.object(target, "result" if target is LoadMeter else "need_bytes", fn)
+            patcher.start()
+            self.addCleanup(patcher.stop)
+
+    @gen_test(timeout=60)
+    async def test_an_unmeasured_model_counts_what_loads_took_beyond_their_estimate(self) -> None:
+        assert (await self.complete("m1"))[0] == 200  # 300 MiB by its estimate, 600 measured
+        assert self.ctx.residency.beyond_estimate == 300 << 20
+        assert (await self.complete("m2"))[0] == 200  # 300 + 300 MiB beside m1's 600: over 1 GiB, m1 goes first
+        assert self.resident() == ["m2"] and self.ctx.catalog.entries["m1"].counters.evictions["budget"] == 1
+
+    @gen_test(timeout=60)
+    async def test_a_model_counts_its_highest_measurement(self) -> None:
+        assert (await self.complete("m1"))[0] == 200
+        self.ctx.catalog.stop("m1")
+        assert await self.settle("m1", "stopped")
+        self.size = 200 << 20  # the next load measures less (requests beside it, the heap it found)
+        assert (await self.complete("m1"))[0] == 200
+        e = self.ctx.catalog.entries["m1"]
+        assert e.memory.total == 200 << 20 and self.ctx.residency.need_bytes(e) == 600 << 20
+        assert self.ctx.residency.held_bytes(e) == 600 << 20
+
+
 class KeepAliveTest(ResidencyServer):
     server = {"idleUnloadSeconds": 0.5}
 
     def setUp(self) -> None:
         super().setUp()
         self.io_loop.add_callback(self.ctx.residency.start)
-
-    async def settle(self, model: str, state: str, within: float = 10.0) -> bool:
-        end = time.monotonic() + within
-        while time.monotonic() < end:
-            if self.state(model) == state:
-                return True
-            await asyncio.sleep(0.05)
-        return False
 
     @gen_test(timeout=60)
     async def test_keep_alive_zero_unloads_after_the_request(self) -> None:
