@@ -1,5 +1,7 @@
 """A model's memory, measured: the process's footprint (RSS, and the device's used memory where models run on an
-accelerator) read before its engine is built, after it is built, and after its warm-up request. Loads run one at a
+accelerator) read before its engine is built, after it is built, and after its warm-up request, and the RSS's
+high-water mark in between (Linux: reset by /proc/self/clear_refs, read as VmHWM): a load holds the checkpoint's
+file pages and copies not yet freed on top of what stays, and only its peak says whether it fits. Loads run one at a
 time (catalog/residency.py), so each difference is that model's alone."""
 from __future__ import annotations
 
@@ -41,6 +43,29 @@ def _rss() -> int:
     return rss_bytes() or 0
 
 
+def reset_peak_rss() -> bool:
+    """Start the kernel's high-water mark of this process's RSS (VmHWM) afresh, at the RSS now; False where it
+    cannot be (not Linux, or /proc/self/clear_refs not writable here)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss() -> int | None:
+    """The RSS's high-water mark since the last ``reset_peak_rss`` (VmHWM), None where /proc does not say."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def _live_rss() -> int:
     """The RSS once the C heap's free pages went back (``trim_heap``): what is in use, not what the allocator kept."""
     trim_heap()
@@ -75,14 +100,18 @@ class LoadMeter:
     rss1: int = 0
     rss2: int = 0
     dev2: int = 0
+    hwm: int | None = None  # the RSS's high-water mark over the load (None: not measured here)
 
     def begin(self) -> None:
         self.rss0, self.dev0 = _live_rss(), _device_used()
+        self.hwm = self.rss0 if reset_peak_rss() else None
 
     def built(self) -> None:
         self.rss1 = _live_rss()
 
     def warmed(self) -> None:
+        if self.hwm is not None:  # (read first: the trim below does not lower it)
+            self.hwm = peak_rss() or self.hwm
         self.rss2, self.dev2 = _live_rss(), _device_used()
 
     def result(self, engine: Any, mock: bool = False) -> MeasuredMemory:
@@ -96,5 +125,6 @@ class LoadMeter:
         on_host = device == 0  # where the pool lives: in the RSS on the CPU, in the device memory elsewhere
         weights = max(0, built - kv) if on_host else built
         _measured[0] += 0 if mock else 1
+        peak = max(0, self.hwm - self.rss0) if self.hwm is not None else 0
         return MeasuredMemory(weights=weights, kv_pool=kv, workspace=max(0, self.rss2 - self.rss1), device=device,
-                              includes_runtime_start=not mock and _measured[0] == 1)
+                              peak=peak, includes_runtime_start=not mock and _measured[0] == 1)

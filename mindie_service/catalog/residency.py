@@ -48,7 +48,7 @@ class Residency:
         # load left): an unmeasured model's estimate leaves it out, so its fit check adds it. And each model's
         # highest measurement: a load measures a little more or less each time (requests on other models run beside it).
         self.beyond_estimate = 0
-        self._highest: dict[str, int] = {}
+        self._highest: dict[str, tuple[int, int]] = {}  # model -> (most it stayed at, most its load peaked at)
         catalog.on_release = self._released
 
     # -- the door --------------------------------------------------------------------------------------------------
@@ -183,30 +183,32 @@ class Residency:
         return e.state in ("starting", "running", "stopping") or (e.state == "sleeping" and e.sleep_level == 1)
 
     def held_bytes(self, e: CatalogEntry) -> int:
-        """What ``e`` takes while resident: its measured footprint when known, else the estimate."""
+        """What ``e`` takes while resident: its highest measured footprint when known (while it loads, what its
+        load takes at its peak), else the estimate."""
         m = self.measured(e)
-        if m is not None:
-            return m.weights if e.state == "sleeping" else self.need_bytes(e)
-        return self.need_bytes(e)
+        if m is None or e.state == "starting":
+            return self.need_bytes(e)
+        return m.weights if e.state == "sleeping" else max(m.total, self._highest.get(e.id, (0, 0))[0])
 
     def need_bytes(self, e: CatalogEntry) -> int:
-        """What ``e`` takes once loaded: its highest measurement, else its header estimate plus what measured loads
-        here took beyond theirs (a mock's estimate, 0, stays 0)."""
+        """What loading ``e`` takes at its highest: the most its measured loads took at their peak, else its header
+        estimate plus the most measured loads here took beyond theirs (a mock's estimate, 0, stays 0)."""
         m = self.measured(e)
         if m is not None:
-            return max(m.total, self._highest.get(e.id, 0))
+            return max(m.load_need, self._highest.get(e.id, (0, 0))[1])
         est = self.catalog.need_bytes(e)
         return est + self.beyond_estimate if est else 0
 
     def _learn(self, e: CatalogEntry) -> None:
-        """A load measured: keep its highest total, and how far its estimate fell short."""
+        """A load measured: keep the most it stayed at and peaked at, and how far its estimate fell short."""
         m = self.measured(e)
         if m is None:
             return
-        self._highest[e.id] = max(self._highest.get(e.id, 0), m.total)
+        total, need = self._highest.get(e.id, (0, 0))
+        self._highest[e.id] = (max(total, m.total), max(need, m.load_need))
         est = self.catalog.need_bytes(e)
-        if est and m.total - est > self.beyond_estimate:
-            self.beyond_estimate = m.total - est
+        if est and m.load_need - est > self.beyond_estimate:
+            self.beyond_estimate = m.load_need - est
             logger.info("model %s: measured %s, %s beyond its header estimate: unmeasured models' fit checks count "
                         "that much more", e.id, gib(m.total), gib(self.beyond_estimate))
 

@@ -33,8 +33,9 @@ class ModelResidencyCollector(Collector):
         state = GaugeMetricFamily("model_state", "1 for the state each catalog model is in, else 0.",
                                   labels=m + ["state"])
         memory = GaugeMetricFamily("model_memory_bytes", "Memory this model took at its last load, measured "
-                                   "(weights, kv_pool, workspace on the host; device on an accelerator); 0 before a "
-                                   "load.", labels=m + ["part"])
+                                   "(weights, kv_pool, workspace on the host; device on an accelerator; load_peak: the "
+                                   "most the load held above its start at any moment); 0 before a load.",
+                                   labels=m + ["part"])
         held = GaugeMetricFamily("model_resident_bytes", "What the fit check counts for this model while it is "
                                  "resident (measured, else the header estimate); 0 when not resident.", labels=m)
         for e in entries:
@@ -50,7 +51,7 @@ class ModelResidencyCollector(Collector):
             for s in STATES:
                 state.add_metric(lab + [s], 1.0 if e.state == s else 0.0)
             mem = e.memory.as_json() if e.memory is not None else {}
-            for part in ("weights", "kv_pool", "workspace", "device"):
+            for part in ("weights", "kv_pool", "workspace", "device", "load_peak"):
                 memory.add_metric(lab + [part], float(mem.get(f"{part}_bytes", 0)))
             held.add_metric(lab, float(self.residency.held_bytes(e)) if self.residency.resident(e) else 0.0)
         yield from (loads, failures, waits, sleeps, evictions, seconds, state, memory, held)

@@ -210,6 +210,15 @@ class BudgetTest(ResidencyServer):
         assert code == 429 and "modelMemoryBudget = 1GiB" in body["error"]["message"], body
         assert "m3" not in self.builds
 
+    @gen_test(timeout=60)
+    async def test_a_load_fits_only_where_its_peak_does(self) -> None:
+        """m2 stays at 400 MiB but its last load peaked at 700 MiB (the checkpoint's pages while read): beside the
+        resident default model's 400 MiB that is over 1 GiB at the load's highest, so the default model goes first."""
+        self.ctx.catalog.entries["m2"].memory = MeasuredMemory(weights=300 << 20, kv_pool=80 << 20,
+                                                               workspace=20 << 20, peak=700 << 20)
+        assert (await self.complete("m2"))[0] == 200
+        assert self.resident() == ["m2"] and self.ctx.catalog.entries["mock"].counters.evictions["budget"] == 1
+
 
 class MeasuredFitTest(ResidencyServer):
     """m1..m3's header estimate is 300 MiB, each load measures ``self.size`` (600 MiB unless a test changes it)."""
