@@ -13,6 +13,8 @@ pytestmark = pytest.mark.skipif(not reset_peak_rss(), reason="no /proc/self/clea
 
 
 def test_the_peak_counts_what_the_load_freed_before_it_ended() -> None:
+    before = b"\x03" * (192 << 20)  # the process peaked higher before the load: not the load's
+    del before
     meter = LoadMeter()
     meter.begin()
     transient = b"\x01" * (64 << 20)  # written: resident (a mapping of its own, given back when freed)
@@ -21,6 +23,6 @@ def test_the_peak_counts_what_the_load_freed_before_it_ended() -> None:
     meter.built()
     meter.warmed()
     got = meter.result(SimpleNamespace(stats=lambda: SimpleNamespace(kv_pool_bytes=0)), mock=True)
-    assert got.peak >= (64 << 20) - (2 << 20), got.as_json()
+    assert (64 << 20) - (2 << 20) <= got.peak < 128 << 20, got.as_json()
     assert got.total < 32 << 20 and got.load_need == got.peak, got.as_json()
     assert len(kept) == 8 << 20
