@@ -256,6 +256,7 @@ class Catalog:
                         ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in e.memory.as_json().items()))
         except Exception as ex:  # a start failure is the model's state, never the server's
             logger.exception("model %s: starting -> failed", e.id)
+            meter.stop()
             if engine is not None:
                 engine.shutdown()
             e.state, e.error = "failed", f"{type(ex).__name__}: {ex}"

@@ -1,19 +1,22 @@
 """A model's memory, measured: the process's footprint (RSS, and the device's used memory where models run on an
 accelerator) read before its engine is built, after it is built, and after its warm-up request, and the RSS's
-high-water mark in between (Linux: reset by /proc/self/clear_refs, read as VmHWM): a load holds the checkpoint's
-file pages and copies not yet freed on top of what stays, and only its peak says whether it fits. Loads run one at a
+highest in between (read every few milliseconds by a thread of the meter's while the load runs: the kernel's VmHWM
+after a clear_refs reset follows approximate per-CPU counters and missed freed transients by 200 MiB here): a load
+holds the checkpoint's pages and copies not yet freed on top of what stays, and only its peak says whether it fits. Loads run one at a
 time (catalog/residency.py), so each difference is that model's alone."""
 from __future__ import annotations
 
 import ctypes
 import functools
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 from mindie_service.catalog.residency_stats import MeasuredMemory
 
 logger = logging.getLogger(__name__)
+SAMPLE_S = 0.005  # how often a load's RSS is read towards its peak (a load takes 70 ms and up)
 _measured = [0]  # model loads measured in this process: the first also measures the runtime's one-time start
 
 
@@ -41,29 +44,6 @@ def _rss() -> int:
     from npu_ops.memory import rss_bytes  # noqa: PLC0415
 
     return rss_bytes() or 0
-
-
-def reset_peak_rss() -> bool:
-    """Start the kernel's high-water mark of this process's RSS (VmHWM) afresh, at the RSS now; False where it
-    cannot be (not Linux, or /proc/self/clear_refs not writable here)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss() -> int | None:
-    """The RSS's high-water mark since the last ``reset_peak_rss`` (VmHWM), None where /proc does not say."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def _live_rss() -> int:
@@ -100,18 +80,35 @@ class LoadMeter:
     rss1: int = 0
     rss2: int = 0
     dev2: int = 0
-    hwm: int | None = None  # the RSS's high-water mark over the load (None: not measured here)
+    hwm: int = 0  # the highest RSS seen over the load
+    _watch: threading.Event | None = None
 
     def begin(self) -> None:
         self.rss0, self.dev0 = _live_rss(), _device_used()
-        self.hwm = self.rss0 if reset_peak_rss() else None
+        self.hwm = self.rss0
+        self._watch = threading.Event()
+        threading.Thread(target=self._follow, args=(self._watch,), name="load-meter", daemon=True).start()
+
+    def sample(self) -> None:
+        """One reading of the RSS towards the load's peak (the meter's thread takes one every SAMPLE_S)."""
+        self.hwm = max(self.hwm, _rss())
+
+    def _follow(self, watch: threading.Event) -> None:
+        while not watch.wait(SAMPLE_S):
+            self.sample()
+
+    def stop(self) -> None:
+        """End the readings (after the warm-up, or when the load failed)."""
+        if self._watch is not None:
+            self._watch.set()
 
     def built(self) -> None:
+        self.sample()
         self.rss1 = _live_rss()
 
     def warmed(self) -> None:
-        if self.hwm is not None:  # (read first: the trim below does not lower it)
-            self.hwm = peak_rss() or self.hwm
+        self.sample()
+        self.stop()
         self.rss2, self.dev2 = _live_rss(), _device_used()
 
     def result(self, engine: Any, mock: bool = False) -> MeasuredMemory:
@@ -125,6 +122,6 @@ class LoadMeter:
         on_host = device == 0  # where the pool lives: in the RSS on the CPU, in the device memory elsewhere
         weights = max(0, built - kv) if on_host else built
         _measured[0] += 0 if mock else 1
-        peak = max(0, self.hwm - self.rss0) if self.hwm is not None else 0
+        peak = max(0, self.hwm - self.rss0)
         return MeasuredMemory(weights=weights, kv_pool=kv, workspace=max(0, self.rss2 - self.rss1), device=device,
                               peak=peak, includes_runtime_start=not mock and _measured[0] == 1)

@@ -14,14 +14,14 @@ class MeasuredMemory:
     allocated bytes on a device): ``weights`` after its engine was built less its KV pool, ``kv_pool`` the pool's
     tensors as allocated (the engine's own count: pages the kernel has not handed out yet are not in the RSS),
     ``workspace`` what the warm-up request added (activations, kernel scratch, caches); ``peak`` the most the load
-    took above its start at any moment (the kernel's high-water mark of the RSS): the checkpoint's file pages while
+    took above its start at any moment (the highest RSS read while it ran): the checkpoint's file pages while
     they are read and copies not yet freed come on top of what stays, so a load fits only where its peak does."""
 
     weights: int
     kv_pool: int
     workspace: int
     device: int = 0  # device memory the load took (0 on the CPU)
-    peak: int = 0  # 0: not measured here (no /proc/self/clear_refs): the fit check counts the total
+    peak: int = 0  # 0: not measured (a measurement made by hand): the fit check counts the total
     # The process's first model load (not a mock's) also pays the runtime's one-time start (torch, the C kernels, the tokenizers: about
     # 240 MiB on the CPU), which is not this model's: the fit check uses the estimate until a later load measures it.
     includes_runtime_start: bool = False

@@ -336,6 +336,7 @@ async def _run(cfg: ServiceConfig, contexts: dict[str, ssl.SSLContext], wiring: 
     except Exception:
         logger.exception("the engine failed to start")
         code = 1
+    ctx.boot_meter.stop()  # (its readings end at the warm-up; here also when the load never got that far)
     if await _drain(ctx, servers, engine, signals.force):
         code = FORCED_EXIT
     logger.info("stopped")
