@@ -283,7 +283,7 @@ def parse_openai(body: dict[str, Any], kind: Kind, *, limits: ProtocolLimits, mo
     _check_fields(body, kind)
     body, score_only = _score_only(body, kind)
     body, legacy = legacy_functions(body) if kind == "chat" else (body, False)
-    client = client_fields(body, chat=kind == "chat")
+    client = client_fields(body)
     tools = parse_tools(body, tool_format or detect(None), legacy=legacy) if kind == "chat" else None
     think_budget, template_kw = chat_reasoning(body) if kind == "chat" else (None, {})
     v = read_fields(body, _TABLES[kind])

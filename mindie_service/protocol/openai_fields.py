@@ -5,7 +5,7 @@ for what this server cannot do:
 - ``store`` and ``metadata`` (at most 16 string pairs, OpenAI's bounds): ``store: true`` on chat keeps the
   completion with its metadata and messages in the stored-completions store (storage.chat_store; read back by
   ``GET /v1/chat/completions[/{id}[/messages]]``, as OpenAI's); the legacy completions route stores nothing, so
-  there it is refused. ``metadata`` without ``store`` is accepted (OpenAI does not echo it in the completion).
+  its field list refuses it. ``metadata`` without ``store`` is accepted (OpenAI does not echo it in the completion).
 - ``service_tier``: ``auto`` and ``default`` are what every request gets; other tiers are refused.
 - ``reasoning_effort``: a thinking budget, or no thinking (protocol.reasoning_fields checks and maps it).
 - ``verbosity``: ``medium`` (OpenAI's default) only: nothing here makes answers shorter or longer.
@@ -69,9 +69,9 @@ def metadata(v: Any, where: str = "metadata") -> dict[str, str] | None:
     return dict(v)
 
 
-def client_fields(body: dict[str, Any], chat: bool = True) -> ClientFields:
+def client_fields(body: dict[str, Any]) -> ClientFields:
     """Check the fields above (ValidationError naming the field and why) and keep what the log records and the
-    store keeps (``chat``: the route stores completions)."""
+    store keeps (the completions route never gets here with ``store``: its field list refuses it)."""
     for name, (ok, why) in _ACCEPTED.items():
         v = body.get(name)
         if v is not None and v not in ok:
@@ -82,8 +82,6 @@ def client_fields(body: dict[str, Any], chat: bool = True) -> ClientFields:
     check(mods is None or mods == ["text"], "modalities", '["text"] (this server writes text only)', mods)
     store = body.get("store")
     check(store is None or isinstance(store, bool), "store", "a boolean", store)
-    check(not (store and not chat), "store", "absent or false on /v1/completions (stored completions are chat "
-          "completions, as OpenAI's: use /v1/chat/completions)", store)
     return ClientFields(_id(body, "safety_identifier"), _id(body, "prompt_cache_key"), bool(store),
                         tuple(meta.items()))
 

@@ -135,6 +135,9 @@ def test_client_fields_take_what_they_can_and_refuse_by_name():
     assert ok.client.safety_identifier == "user-1" and ok.client.prompt_cache_key == "pck"
     assert ok.params.cache_key == "pck"  # the instance router's hint (fleet.prefix_routing)
     assert _parse(store=True, metadata={"k": "v"}).client.metadata == (("k", "v"),)
+    with pytest.raises(ValidationError, match="^Parameter store is not supported on /v1/completions"):
+        parse_openai({"model": "m", "prompt": "hi", "store": True}, "completion",  # only chat completions are stored
+                     limits=ProtocolLimits(vocab_size=100), model="m")
     for field, value, words in [("store", "yes", "a boolean"), ("service_tier", "flex", "one tier"),
                                 ("reasoning_effort", "extreme", "none, minimal, low"), ("verbosity", "low", "shorter"),
                                 ("modalities", ["text", "audio"], "text only"), ("audio", {"voice": "x"}, "audio"),
