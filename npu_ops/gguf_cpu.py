@@ -1,4 +1,5 @@
-"""ctypes bindings of the GGUF block-quantized linears (csrc/gemm_gguf.c: Q4_0, Q4_1, Q8_0 and our Q4_1F; csrc/gguf_linear.c:
+"""ctypes bindings of the GGUF block-quantized linears (csrc/gemm_gguf.c: Q4_0, Q4_1, Q8_0 and our Q4_1F against fp32
+activations, csrc/gemm_gguf_q8.c: the same against int8 ones; csrc/gguf_linear.c:
 a projection of one or more segments over a team), built with the other CPU kernels by npu_ops.cpu_kernels. Each
 block type's kernels are found by the names npu_ops.quant_gguf's table gives them; a segment table hands the C side
 their addresses, so a type registered there runs in the fused decoder too."""
@@ -13,15 +14,16 @@ from npu_ops import cpu_kernels
 from npu_ops.quant_gguf import GgufWeight, block_type
 
 _I64, _P = ctypes.c_int64, ctypes.c_void_p
-SEG_FIELDS = 5  # csrc/gguf_linear.h's gguf_seg: fn, row_fn, w, rows, row_bytes
+SEG_FIELDS = 7  # csrc/gguf_linear.h's gguf_seg: fn, row_fn, w, rows, row_bytes, fn_q8, q8_rows
 
 
 @lru_cache(maxsize=4)
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     """The GGUF kernels' types, as csrc/kernels.h declares them."""
     for t in ("q4_0", "q4_1", "q8_0", "q4_1f"):
-        fn = getattr(lib, f"gguf_matmul_{t}")
-        fn.argtypes, fn.restype = [_P, _I64, _I64, _P, _I64, _P], None
+        for name in (f"gguf_matmul_{t}", f"gguf_matmul_{t}_q8"):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = [_P, _I64, _I64, _P, _I64, _P], None
         row = getattr(lib, f"gguf_dequant_{t}")
         row.argtypes, row.restype = [_P, _I64, _P], None
     lib.gguf_linear_f32.argtypes = [_P, _I64, _P, _I64, _I64, _P, _P, _I64, ctypes.c_int]
@@ -59,17 +61,25 @@ def embeddable(kind: str) -> bool:
     return bt is not None and lib is not None and _address(lib, bt.row_kernel) != 0
 
 
-def segments(parts: list[GgufWeight]) -> torch.Tensor:
-    """int64 [len(parts) + 1, 5]: csrc/gguf_linear.h's gguf_seg of each part (its kernels' addresses, its bytes),
-    then a row of zeros that ends the table (gguf_seg_count)."""
+def segments(parts: list[GgufWeight], int8_rows: int = 0) -> torch.Tensor:
+    """int64 [len(parts) + 1, 7]: csrc/gguf_linear.h's gguf_seg of each part (its kernels' addresses, its bytes;
+    calls of at most ``int8_rows`` rows of x take the type's int8-activation kernel where it has one), then a row of
+    zeros that ends the table (gguf_seg_count)."""
     lib = _lib()
     assert lib is not None
     rows = []
     for p in parts:
         bt = p.block_type
+        q8 = _address(lib, bt.kernel_q8) if int8_rows > 0 else 0
         rows.append([_address(lib, bt.kernel), _address(lib, bt.row_kernel), p.data.data_ptr(), p.shape[0],
-                     p.data.shape[1]])
+                     p.data.shape[1], q8, int8_rows if q8 else 0])
     return torch.tensor(rows + [[0] * SEG_FIELDS], dtype=torch.int64)
+
+
+def has_int8_kernel(kind: str) -> bool:
+    """Whether block type ``kind`` has a built int8-activation kernel (``BlockType.kernel_q8``)."""
+    bt, lib = block_type(kind), _lib()
+    return bt is not None and lib is not None and _address(lib, bt.kernel_q8) != 0
 
 
 def linear(x: torch.Tensor, segs: torch.Tensor, k: int, n: int, bias: torch.Tensor | None) -> torch.Tensor:
@@ -84,12 +94,18 @@ def linear(x: torch.Tensor, segs: torch.Tensor, k: int, n: int, bias: torch.Tens
     return y
 
 
-def matmul(x: torch.Tensor, w: GgufWeight) -> torch.Tensor:
-    """x [M, k] fp32 . W^T by the type's own kernel, called directly (the table's contract, as the tests hold it)."""
+def matmul(x: torch.Tensor, w: GgufWeight, int8_rows: bool = False) -> torch.Tensor:
+    """x [M, k] fp32 . W^T by the type's own kernel, called directly (the table's contract, as the tests hold it);
+    ``int8_rows``: its int8-activation kernel (``quant_gguf.matmul_q8_ref``)."""
     lib, x = _lib(), x.contiguous().float()
     assert lib is not None
     bt = w.block_type
-    fn = ctypes.CFUNCTYPE(None, _P, _I64, _I64, _P, _I64, _P)(_address(lib, bt.kernel))
+    if x.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"{bt.name} matmul: x {tuple(x.shape)} against W {w.shape}")
+    address = _address(lib, bt.kernel_q8 if int8_rows else bt.kernel)
+    if not address:
+        raise ValueError(f"{bt.name} has no {'int8' if int8_rows else 'fp32'}-activation kernel built")
+    fn = ctypes.CFUNCTYPE(None, _P, _I64, _I64, _P, _I64, _P)(address)
     y = x.new_empty(x.shape[0], w.shape[0])
     fn(w.data.data_ptr(), w.shape[0], w.shape[1], x.data_ptr(), x.shape[0], y.data_ptr())
     return y

@@ -2,8 +2,9 @@
 
 ``GgufLinear`` holds its weight as one or more parts (``GgufWeight``), stacked along the output: a packed qkv or
 gate/up whose checkpoint tensors differ in type (Q4_K_M: q/k in Q4_K, v in Q6_K) keeps each part in its own type.
-On the CPU with the kernels built it runs csrc/gguf_linear.c over the parts' segment table; anywhere else the
-reference (dequantize, then ``F.linear``), slow but exact. LoRA and the loaders see what they see of a FastLinear:
+On the CPU with the kernels built it runs csrc/gguf_linear.c over the parts' segment table (a call of at most
+``int8_rows`` rows of x on the types' int8-activation kernels, ``quant_gguf.matmul_q8_ref``'s numerics); anywhere
+else the reference (dequantize, then ``F.linear``), slow but exact. LoRA and the loaders see what they see of a FastLinear:
 ``in_features``, ``out_features`` (LoRA deltas are added to its output). ``GgufEmbedding`` dequantizes only the
 rows a lookup reads; a tied LM head is a GgufLinear over the embedding's own GgufWeight (one copy of the bytes)."""
 from __future__ import annotations
@@ -28,13 +29,17 @@ class GgufLinear(nn.Module):
         self._segs: torch.Tensor | None = None
         self._segs_key: tuple[int, ...] = ()
         self._on_kernels: bool | None = None
+        # Calls of at most this many rows of x take the parts' int8-activation kernels (0: never; models/loader.py
+        # sets it from ModelConfig.ggufActivations, gguf_packed.set_activations)
+        self.int8_rows = 0
 
     @property
     def kinds(self) -> list[str]:
         return [p.kind for p in self.parts]
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, types={'+'.join(self.kinds)}"
+        int8 = f", int8 activations up to {self.int8_rows} rows" if self.int8_rows else ""
+        return f"in={self.in_features}, out={self.out_features}, types={'+'.join(self.kinds)}{int8}"
 
     def runs_on_cpu_kernels(self) -> bool:
         if self._on_kernels is None:
@@ -43,9 +48,15 @@ class GgufLinear(nn.Module):
 
     def segments(self) -> torch.Tensor:
         """csrc/gguf_linear.h's segment table of the parts, rebuilt when a part's bytes moved (the arena)."""
-        key = tuple(p.data.data_ptr() for p in self.parts)
+        key = (*(p.data.data_ptr() for p in self.parts), self.int8_rows)
         if self._segs is None or key != self._segs_key:
-            self._segs, self._segs_key = gguf_cpu.segments(self.parts), key
+            new = gguf_cpu.segments(self.parts, self.int8_rows)
+            if self._segs is not None and self._segs.shape == new.shape:
+                with torch.inference_mode():  # allowed there on a table made in or out of inference mode
+                    self._segs.copy_(new)  # in place: a fused layer table holding its address reads the new one
+            else:
+                self._segs = new
+            self._segs_key = key
         return self._segs
 
     @property

@@ -13,6 +13,10 @@ some:
   omp_get_level() > 0, a team of one included).
 - ``row_kernel``: ``void gguf_dequant_<type>(const uint8_t *w, int64_t k, float *out)``, one row dequantized with
   the dequantizer's values (an embedding row in the fused decode step); None keeps those steps on the op-by-op path.
+- ``kernel_q8``: ``kernel``'s signature and contract, against int8 activations: each row of x quantized inside the
+  call per group of columns (16 for these types: llama.cpp's Q8_0 rule on half a block; Q8_K per 256 for the
+  K-quants: ``quantize_q8``, ``q8_columns``), exact integer block sums. Fewer instructions per weight, so a bandwidth-bound decode step runs
+  faster; ``matmul_q8_ref`` is its reference (a GgufLinear takes it for calls of few rows: ``int8_rows``).
 
 A type with a kernel runs packed (``npu_ops.gguf_modules``); one without is dequantized at load. More types plug in
 with ``register`` (the K-quants: ``npu_ops.quant_gguf_kquant``, loaded through ``PLUGINS`` when present). The
@@ -44,6 +48,7 @@ class BlockType:
     dequantize: Dequantizer
     kernel: str | None = None  # gguf_matmul_<type> in the CPU kernels
     row_kernel: str | None = None  # gguf_dequant_<type>
+    kernel_q8: str | None = None  # gguf_matmul_<type>_q8: the same against int8 activations (few rows)
 
     def row_bytes(self, k: int) -> int:
         if k % self.block_size:
@@ -112,10 +117,14 @@ def register(bt: BlockType) -> None:
     BLOCK_TYPES[bt.name] = bt
 
 
-register(BlockType("Q4_0", 2, 32, 18, dequantize_q4_0, "gguf_matmul_q4_0", "gguf_dequant_q4_0"))
-register(BlockType("Q4_1", 3, 32, 20, dequantize_q4_1, "gguf_matmul_q4_1", "gguf_dequant_q4_1"))
-register(BlockType("Q8_0", 8, 32, 34, dequantize_q8_0, "gguf_matmul_q8_0", "gguf_dequant_q8_0"))
-register(BlockType("Q4_1F", -1, 32, 24, dequantize_q4_1f, "gguf_matmul_q4_1f", "gguf_dequant_q4_1f"))  # W4A16's
+register(BlockType("Q4_0", 2, 32, 18, dequantize_q4_0, "gguf_matmul_q4_0", "gguf_dequant_q4_0",
+                   "gguf_matmul_q4_0_q8"))
+register(BlockType("Q4_1", 3, 32, 20, dequantize_q4_1, "gguf_matmul_q4_1", "gguf_dequant_q4_1",
+                   "gguf_matmul_q4_1_q8"))
+register(BlockType("Q8_0", 8, 32, 34, dequantize_q8_0, "gguf_matmul_q8_0", "gguf_dequant_q8_0",
+                   "gguf_matmul_q8_0_q8"))
+register(BlockType("Q4_1F", -1, 32, 24, dequantize_q4_1f, "gguf_matmul_q4_1f", "gguf_dequant_q4_1f",
+                   "gguf_matmul_q4_1f_q8"))  # W4A16's
 
 _plugins_loaded = False
 
@@ -173,3 +182,25 @@ def matmul_ref(x: torch.Tensor, w: GgufWeight, bias: torch.Tensor | None = None)
     """The reference: x [M, k] @ dequantize(W).T (+ bias) in fp32."""
     y = x.float() @ w.dequantize().T
     return y if bias is None else y + bias.float()
+
+
+def quantize_q8(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """The int8 activations of the ``kernel_q8`` kernels, dequantized: each row's ``block``-column groups by
+    llama.cpp's Q8_0 / Q8_K rule with an fp32 scale: d = max|x| / 127, q = round-half-even(x * (1 / d)) in
+    [-127, 127] -> q * d, fp32 [m, k]."""
+    xb = x.float().reshape(x.shape[0], -1, block)
+    d = xb.abs().amax(-1, keepdim=True) / 127.0
+    inv = torch.where(d != 0, 1.0 / torch.where(d != 0, d, torch.ones_like(d)), torch.zeros_like(d))
+    return (torch.round(xb * inv).clamp_(-127, 127) * d).reshape(x.shape)
+
+
+def q8_columns(bt: BlockType) -> int:
+    """How many columns of x share a scale in ``bt``'s ``kernel_q8``: 16 for the 32-value types (half a block:
+    csrc/gemm_gguf_q8.c), the K-quants' Q8_K 256."""
+    return 16 if bt.block_size == 32 else bt.block_size
+
+
+def matmul_q8_ref(x: torch.Tensor, w: GgufWeight) -> torch.Tensor:
+    """The ``kernel_q8`` kernels' reference: x's rows quantized as the kernel does (``quantize_q8`` per
+    ``q8_columns``), times the dequantized W, in fp32."""
+    return matmul_ref(quantize_q8(x, q8_columns(w.block_type)), w)

@@ -191,13 +191,13 @@ def matmul_q6_k(x: torch.Tensor, raw: torch.Tensor, n_out: int, k: int) -> torch
 
 def _register() -> None:
     """Each K-quant into quant_gguf's table (which imports this module the first time it looks a type up): GGUF
-    linears and embeddings of these types load packed, on the fp32-activation kernels (the packed path's numerics:
-    exactly the dequantized values, fp32 sums)."""
+    linears and embeddings of these types load packed, on the fp32-activation kernels (exactly the dequantized
+    values, fp32 sums) and, for calls of few rows where the load asks for it, the ``_q8`` ones (Q8_K rows)."""
     for t in KQUANT_TYPES.values():
         def rows(raw: torch.Tensor, deq: Callable[[torch.Tensor], torch.Tensor] = t.dequantize) -> torch.Tensor:
             return deq(raw).reshape(*raw.shape[:-1], -1)  # the table's contract keeps the leading dims
         quant_gguf.register(quant_gguf.BlockType(t.name, t.ggml_type, t.block_size, t.block_bytes, rows, t.kernel,
-                                                 t.row_kernel))
+                                                 t.row_kernel, t.kernel_q8))
 
 
 _register()

@@ -5,6 +5,13 @@ random blocks; rounds alternate fp32 and each block type and the best of each is
 bandwidth-bound) it also prints the weight bytes each read per second. Figures only on a quiet machine.
 
     PYTHONPATH=$PWD .venv/bin/python tools/bench_gguf_kernels.py --rows 1 8 64 --threads 2 [--kinds Q4_0 Q4_1 Q8_0]
+
+``--gemv N K``: one [N, K] matrix per block type (e.g. 2048 8192: SmolLM2-1.7B's down projection), its fp32-activation
+kernel against its int8-activation one (csrc/gemm_gguf_q8.c, ggufActivations int8) at each ``--rows``: GB/s of
+weights read (copies enough to pass the last-level cache are cycled, so the bytes come from memory) and the
+int8/fp32 speed ratio, whose crossover in rows is where models/gguf_packed.INT8_MAX_ROWS belongs.
+
+    PYTHONPATH=$PWD .venv/bin/python tools/bench_gguf_kernels.py --gemv 2048 8192 --rows 1 2 4 8 16 32 --kinds Q4_0
 """
 from __future__ import annotations
 
@@ -44,17 +51,41 @@ def best_of(call, reps: int, rounds: int) -> float:
     return best
 
 
+def gemv(kinds: list[str], n: int, k: int, rows: list[int], rounds: int, cache_mb: int) -> None:
+    """fp32- against int8-activation kernels on [n, k] matrices of each kind, cycled through more than the cache."""
+    from npu_ops import gguf_cpu
+    for kind in kinds:
+        one = random_linear(kind, n, k).parts[0]
+        copies = [GgufWeight(one.data.clone(), kind, (n, k)) for _ in range(max(1, cache_mb * 2**20 // one.nbytes + 1))]
+        for m in rows:
+            x = torch.randn(m, k)
+            times = []
+            for int8 in (False, True):
+                t = best_of(lambda: [gguf_cpu.matmul(x, w, int8_rows=int8) for w in copies], 1, rounds) / len(copies)
+                times.append(t)
+            f, q = times
+            print(f"{kind} [{n}, {k}] M={m:3d}: fp32 x {f * 1e6:8.1f} us ({one.nbytes / f / 1e9:5.1f} GB/s)  "
+                  f"int8 x {q * 1e6:8.1f} us ({one.nbytes / q / 1e9:5.1f} GB/s)  int8 {f / q:.2f}x", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--kinds", nargs="+", default=["Q4_0", "Q4_1", "Q8_0"])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--gemv", type=int, nargs=2, metavar=("N", "K"), help="fp32 vs int8 activations on one [N, K]")
+    ap.add_argument("--cache-mb", type=int, default=64, help="--gemv: weight bytes cycled (past the cache)")
     args = ap.parse_args()
     if cpu_kernels.load() is None:
         sys.exit("the CPU kernels are not built here")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.gemv:
+        print(f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}")
+        gemv(args.kinds, *args.gemv, args.rows, args.rounds, args.cache_mb)
+        print(f"load at the end {os.getloadavg()[0]:.1f}")
+        return
     fp32 = [(k, n, cpu_kernels.pack_weight(torch.randn(n, k) * 0.05)) for _, k, n in SHAPES]
     layers = {kind: [random_linear(kind, n, k) for _, k, n in SHAPES] for kind in args.kinds}
     print(f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}")

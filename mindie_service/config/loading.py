@@ -268,7 +268,8 @@ def _build(cfg_path: Path, d: dict[str, Any], raw: dict[str, Any], plugins: dict
         instance_type=m["modelInstanceType"], name=m["modelName"], weight_path=_resolve(base, m["modelWeightPath"]),
         world_size=int(m["worldSize"]), cpu_mem_size_gb=int(m["cpuMemSize"]), npu_mem_size_gb=int(m["npuMemSize"]),
         backend_type=m["backendType"], trust_remote_code=m["trustRemoteCode"], quantization=m["quantization"],
-        kv_cache_dtype=m["kvCacheDtype"], dtype=m["dtype"], chat_template=m["chatTemplate"],
+        kv_cache_dtype=m["kvCacheDtype"], gguf_activations=m["ggufActivations"], dtype=m["dtype"],
+        chat_template=m["chatTemplate"],
         speculative=_speculative(plugins.get(i), base), task=m["task"], pooling=_pooling(m["pooling"]))
         for i, m in enumerate(dep["ModelConfig"]))
     loras = tuple(LoraModuleSpec(name=lo["name"], path=_resolve(base, lo["path"]),

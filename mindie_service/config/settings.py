@@ -113,6 +113,7 @@ class ModelSettings:
     trust_remote_code: bool
     quantization: str | None = None  # None | "w8a16" | "w8a8" | "w4a16"
     kv_cache_dtype: str = "auto"  # "auto" | "int8"
+    gguf_activations: str = "fp32"  # ModelConfig.ggufActivations: "fp32" | "int8" (a GGUF's packed linears)
     dtype: str = "auto"  # ModelConfig.dtype (vLLM's --dtype): auto | float32 | float16 | bfloat16
     chat_template: str | None = None  # ModelConfig.chatTemplate (vLLM's --chat-template): replaces the checkpoint's
     speculative: SpeculativeConfig | None = None  # plugin_params (+ speculationGamma), draft path resolved
@@ -217,7 +218,8 @@ class ServiceConfig:
             world_size=m.world_size, device_ids=group, multi_node=b.multi_nodes_infer_enabled,
             dist_port=b.multi_nodes_infer_port,
             model=m.weight_path, model_name=m.name, trust_remote_code=m.trust_remote_code,
-            quantization=m.quantization, kv_cache_dtype=m.kv_cache_dtype, dtype=m.dtype,
+            quantization=m.quantization, kv_cache_dtype=m.kv_cache_dtype, gguf_activations=m.gguf_activations,
+            dtype=m.dtype,
             chat_template=m.chat_template, task=m.task, pooling=m.pooling,
             max_seq_len=b.max_seq_len, max_input_token_len=b.max_input_token_len, truncation=b.truncation,
             cache_block_size=s.cache_block_size, max_prefill_batch_size=s.max_prefill_batch_size,

@@ -36,13 +36,16 @@ def corpus_tokens(tokenizer: object, n: int) -> list[int]:
 @torch.inference_mode()
 def teacher_forced_logprobs(model_dir: str | Path, tokens: list[int], quantization: str | None = None,
                             kv_cache_dtype: str = "auto", seq_len: int = 512, chunk: int = 128,
-                            block_size: int = 16, gguf_packed: bool = True) -> torch.Tensor:
+                            block_size: int = 16, gguf_packed: bool = True,
+                            gguf_activations: str = "fp32") -> torch.Tensor:
     """Log-probabilities [len(tokens) - n_seqs, vocab]: the tokens cut into sequences of ``seq_len``, each
     prefilled in chunks of ``chunk`` (later chunks read the earlier ones from the KV cache, so an int8 cache
     shows), row i predicting token i + 1 of its sequence. ``gguf_packed=False``: a GGUF's quantized weights
-    dequantized at load (the fp32 reference of the packed path)."""
+    dequantized at load (the fp32 reference of the packed path); ``gguf_activations`` the packed linears'
+    (models/gguf_packed.set_activations: "int8" takes effect for chunks of at most INT8_MAX_ROWS rows)."""
     loaded = load_model(model_dir, "float32", torch.device("cpu"), seq_len, quantization=quantization,
-                        kv_cache_dtype=kv_cache_dtype, gguf_packed_weights=gguf_packed)
+                        kv_cache_dtype=kv_cache_dtype, gguf_packed_weights=gguf_packed,
+                        gguf_activations=gguf_activations)
     blocks = seq_len // block_size + 1
     runner = ModelRunner(loaded.model, blocks + 1, block_size, torch.device("cpu"), torch.float32)
     table = tuple(range(1, blocks + 1))

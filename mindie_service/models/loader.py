@@ -201,7 +201,7 @@ def _pack(model: nn.Module, batch_hint: int, torch_dtype: torch.dtype,
 def load_model(path: str | Path, dtype: str, device: torch.device, max_positions: int,
                batch_hint: int = 32, quantization: str | None = None, kv_cache_dtype: str = "auto",
                shard: tuple[int, int, Reduce] | None = None, quantize_lm_head: bool = False,
-               gguf_packed_weights: bool = True) -> LoadedModel:
+               gguf_packed_weights: bool = True, gguf_activations: str = "fp32") -> LoadedModel:
     """``path``: a Hugging Face folder (config.json + *.safetensors, or msModelSlim's layout), a ``.gguf`` file
     or a folder holding one (models/gguf_checkpoint.py).
     ``batch_hint``: the decode batch size CPU weight packing is tuned for (npu_ops.linear).
@@ -211,7 +211,9 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     quantizing (scales shard with their weights) and before packing.
     ``gguf_packed_weights``: a GGUF's quantized weights stay as stored where the CPU kernels run them
     (models/gguf_packed.py), a W4A16 checkpoint's int4 weights (models/w4a16_checkpoint.py) likewise; False
-    dequantizes them all (the fp32 reference the accuracy tests compare with)."""
+    dequantizes them all (the fp32 reference the accuracy tests compare with). ``gguf_activations`` (a GGUF's
+    packed linears; ModelConfig.ggufActivations): "int8" quantizes x per block for few-row calls, "fp32" never
+    (models/gguf_packed.set_activations)."""
     p = Path(path)
     ckpt = _open(p)
     if ckpt.gguf is None and (demo := demo_warning(p)) is not None:
@@ -233,6 +235,8 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     model.rope_cos, model.rope_sin = cos, sin
     prequantized, report = _fill(model, p, ckpt, dict(family.weight_prefixes), device, torch_dtype, quantization,
                                  shard, gguf_packed_weights)
+    if ckpt.gguf is not None:
+        report = {**report, **gguf_packed.set_activations(model, gguf_activations)}
     model = model.to(device=device, dtype=torch_dtype).eval()
     if quantization and not prequantized:
         quantize.quantize_loaded(model, quantization, quantize_lm_head)

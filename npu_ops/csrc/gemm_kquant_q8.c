@@ -7,7 +7,8 @@
  * cores come nearer to memory bandwidth; the price is the rounding of x (each element off by at most d / 2).
  * quant_gguf_kquant.matmul_q8_ref is the reference (the quantized rows, dequantized, times gguf's W): the kernel
  * differs from it only in the order of fp32 operations.
- * Threads: the OpenMP runtime's team, each a contiguous share of W's rows (team_share). */
+ * Threads: the OpenMP runtime's team, each a contiguous share of W's rows (team_share); called inside a team
+ * (quant_gguf's kernel contract: a segment of gguf_linear.c's), the calling thread alone. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -200,8 +201,12 @@ static void matmul_q8(int type, const uint8_t *w, int64_t n_out, int64_t k, cons
     int16_t *bs = malloc(sizeof(int16_t) * (size_t)(m * k / 16));
     if (xq != NULL && xd != NULL && bs != NULL) {
         for (int64_t r = 0; r < m; ++r) quantize_row_q8k(x + r * k, k, xq + r * k, xd + r * k / QK, bs + r * k / 16);
+        if (omp_get_level() > 0) { /* inside a team (gguf_linear.c's segments): the calling thread runs it all */
+            rows_q8(type, w, 0, n_out, n_out, k, xq, xd, bs, m, y);
+        } else {
 #pragma omp parallel
-        gguf_matmul_kquant_q8_team(type, w, n_out, k, xq, xd, bs, m, y);
+            gguf_matmul_kquant_q8_team(type, w, n_out, k, xq, xd, bs, m, y);
+        }
     }
     free(xq);
     free(xd);

@@ -1,7 +1,8 @@
 /* A projection over GGUF block-quantized weights, shared by a team: its output rows are one or more segments (a
  * packed qkv or gate/up whose parts hold different block types, e.g. Q4_K_M's q/k in Q4_K and v in Q6_K), each
  * run by its type's kernel (void gguf_matmul_<type>(w, n_out, k, x, m, y), y[m, n_out] = x . W^T, W as GGUF
- * stores it) reached through the function pointer npu_ops/quant_gguf.py's type table puts in the segment. The
+ * stores it) reached through the function pointer npu_ops/quant_gguf.py's type table puts in the segment: its
+ * int8-activation kernel (fn_q8) for a call of at most q8_rows rows of x, else its fp32-activation one (fn). The
  * kernels are the table's, so a type added there runs here (and in the fused decoder) without a line of C.
  *
  * The rows are cut into units of UNIT rows per segment, the units split over the team by team_share; each thread
@@ -26,13 +27,14 @@ static int seg_rows(const gguf_seg *s, int64_t col, int64_t r0, int64_t r1, cons
                     const float *bias, float *y, int64_t N, int add) {
     const int64_t nr = r1 - r0;
     const uint8_t *w = s->w + r0 * s->row_bytes;
+    const gguf_matmul_fn fn = s->fn_q8 != NULL && M <= s->q8_rows ? s->fn_q8 : s->fn;
     if (M == 1 && !add && bias == NULL) {
-        s->fn(w, nr, K, x, 1, y + col + r0);
+        fn(w, nr, K, x, 1, y + col + r0);
         return 0;
     }
     float stack[1024], *tmp = M * nr <= 1024 ? stack : malloc(sizeof(float) * (size_t)(M * nr));
     if (tmp == NULL) return 3;
-    s->fn(w, nr, K, x, M, tmp);
+    fn(w, nr, K, x, M, tmp);
     for (int64_t m = 0; m < M; ++m) {
         float *yr = y + m * N + col + r0;
         const float *t = tmp + m * nr, *b = bias == NULL ? NULL : bias + col + r0;

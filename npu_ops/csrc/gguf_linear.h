@@ -8,12 +8,15 @@ typedef void (*gguf_matmul_fn)(const uint8_t *w, int64_t n_out, int64_t k, const
 typedef void (*gguf_row_fn)(const uint8_t *w, int64_t k, float *out);
 
 /* rows of W [rows, K] in one GGUF block type: fn computes them, row_fn dequantizes one (an embedding row; may be
- * NULL), row_bytes apart from w */
+ * NULL), row_bytes apart from w; fn_q8 (may be NULL) computes them against int8 activations, taken for calls of at
+ * most q8_rows rows of x (a decode step: bandwidth-bound, where int8 activations cost fewer instructions) */
 typedef struct gguf_seg {
     gguf_matmul_fn fn;
     gguf_row_fn row_fn;
     const uint8_t *w;
     int64_t rows, row_bytes;
+    gguf_matmul_fn fn_q8;
+    int64_t q8_rows;
 } gguf_seg;
 
 /* the segments of a table ended by one whose fn is NULL (as npu_ops/gguf_modules.py writes them) */

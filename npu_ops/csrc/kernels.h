@@ -78,6 +78,12 @@ void gguf_dequant_q8_0(const uint8_t *w, int64_t k, float *out);
 /* Q4_1 with fp32 d and min (24-byte blocks): W4A16 groups fp16 cannot hold (npu_ops/quant_w4a16.py) */
 void gguf_matmul_q4_1f(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 void gguf_dequant_q4_1f(const uint8_t *w, int64_t k, float *out);
+/* the same four against int8 activations, each row quantized per 16 columns by llama.cpp's Q8_0 rule (fp32 scale)
+ * with its blocks' sums (gemm_gguf_q8.c; quant_gguf's kernel_q8): for the bandwidth-bound few-row case */
+void gguf_matmul_q4_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_matmul_q4_1_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_matmul_q8_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_matmul_q4_1f_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 /* a projection whose rows are segments of those types, over a team of its own (gguf_linear.c; quant_gguf.linear):
  * 0, or 3 without scratch */
 struct gguf_seg;

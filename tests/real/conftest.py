@@ -51,9 +51,12 @@ def hf_smollm(smollm_gguf):
 
 @pytest.fixture(scope="session")
 def smollm_llm(smollm_gguf):
-    """Our offline engine on the .gguf itself (fp32, the CPU fast paths as configured)."""
+    """Our offline engine on the .gguf itself (fp32, the CPU fast paths as configured), its packed linears on fp32
+    activations (ggufActivations fp32: the path exact against transformers' dequantized weights; the default int8
+    path is held to its own bounds, test_real_int8_activations.py)."""
     from mindie_service import LLM
-    return LLM(str(smollm_gguf), max_seq_len=512, num_kv_blocks=128, cache_block_size=16, max_batch_size=16)
+    return LLM(str(smollm_gguf), max_seq_len=512, num_kv_blocks=128, cache_block_size=16, max_batch_size=16,
+               gguf_activations="fp32")
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ def test_the_load_reports_what_it_did_to_each_tensor_type(smollm_llm):
         assert report["Q4_1"] == "210 tensors: dequantized from Q4_1 at load"
         return
     assert {k: v for k, v in report.items() if "." not in k} == {
-        "F32": "61 tensors: kept", "Q4_1": "210 tensors: kept packed", "Q8_0": "1 tensors: kept packed"}
+        "F32": "61 tensors: kept", "Q4_1": "210 tensors: kept packed", "Q8_0": "1 tensors: kept packed",
+        "GGUF activations": "fp32 (weights dequantized in registers: the dequantized reference's values)"}
     assert report["blk.0.attn_q.weight"] == "Q4_1: kept packed" and report["token_embd.weight"] == "Q8_0: kept packed"
-    assert len(report) == 3 + 211
+    assert len(report) == 4 + 211

@@ -75,6 +75,10 @@ class EngineConfig:
     # bytes per decoded token, at a measured cost in top-1 agreement (tools/bench_real.py --int8-head).
     quantize_lm_head: bool = False
     kv_cache_dtype: str = "auto"  # "auto" = the model dtype; "int8" = int8 K/V with per-token, per-head scales
+    # A GGUF's packed linears (models/gguf_packed.set_activations): "int8" = x quantized per 16 columns as llama.cpp
+    # does for decode-sized calls (faster; each x element off by at most half a step, and a call's numerics depend on
+    # its row count), "fp32" = always the exact kernels
+    gguf_activations: str = "fp32"
     # What the model serves (models/pooling_spec.py): "auto" = all its checkpoint can (a causal LM generates and
     # embeds), or one of "generate", "embed", "score"; ``pooling`` overrides the checkpoint's pooling: (key, value)
     # pairs of method ("last" | "mean" | "cls"), normalize (bool), matryoshka (True or a tuple of widths).
@@ -144,6 +148,8 @@ class EngineConfig:
         check(self.quantization != "w4a16" or self.world_size == 1, "quantization",
               "not w4a16 with tensor parallelism (int4 weights are not sharded)", self.quantization)
         check(self.kv_cache_dtype in ("auto", "int8"), "kv_cache_dtype", "one of auto, int8", self.kv_cache_dtype)
+        check(self.gguf_activations in ("int8", "fp32"), "gguf_activations", "one of int8, fp32",
+              self.gguf_activations)
         check(self.task in ("auto", "generate", "embed", "score"), "task", "one of auto, generate, embed, score",
               self.task)
         check(self.kernel_cache_dir is None or (isinstance(self.kernel_cache_dir, str) and self.kernel_cache_dir != ""),

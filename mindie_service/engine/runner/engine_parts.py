@@ -49,7 +49,8 @@ def load_parts(cfg: EngineConfig, shard: tuple[int, int, Reduce] | None = None,
                                    else cfg.num_threads)
     loaded = load_model(cfg.model, cfg.dtype, device, cfg.max_seq_len, min(cfg.max_batch_size, 128),
                         quantization=cfg.quantization,
-                        quantize_lm_head=cfg.quantize_lm_head, kv_cache_dtype=cfg.kv_cache_dtype, shard=shard)
+                        quantize_lm_head=cfg.quantize_lm_head, kv_cache_dtype=cfg.kv_cache_dtype, shard=shard,
+                        gguf_activations=cfg.gguf_activations)
     tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code, cfg.chat_template)
     num_blocks = cfg.num_kv_blocks or auto_num_blocks(cfg, loaded, device,
                                                         extra_block_bytes(device) if extra_block_bytes else 0)

@@ -1,0 +1,281 @@
+/* GGUF's simple block types (Q4_0, Q4_1, Q8_0 and our Q4_1F, as gemm_gguf.c reads them) against int8 activations,
+ * for the bandwidth-bound few-row case (a decode step). Each row of x is quantized per 16 columns (d = max|x| / 127,
+ * q = round-half-even(x * (1 / d)) in fp32: llama.cpp's Q8_0 rule on half its block, with an fp32 scale where it
+ * keeps fp16) with each block's sum of q * d (llama.cpp's Q8_1 s, for the Q4_1 min and Q4_0's -8); then each
+ * weight block's product is an exact integer sum per half (maddubs of the unsigned nibbles, or of |w| against
+ * sign-moved x for Q8_0, madd to int32), scaled once by d_w * d_x. Against fp32 activations (~20 instructions per
+ * 32 weights a row, decoding them to fp32) this runs well under half that: 4 weight rows share one x block, their
+ * int32 sums reduced together by hadd (the two halves land in the two 128-bit lanes, so the per-16 scales cost
+ * nothing over per-32 ones), their scales gathered into one vector. Per 16 rather than llama.cpp's 32: half the
+ * mean KL on SmolLM2 (an outlier sets the step of 16 values, not 32; tools/accuracy_gguf.py). The price is the
+ * rounding of x (each element off by at most d / 2).
+ *
+ * Numerics: quant_gguf.matmul_q8_ref is the reference (the quantized rows, dequantized, times the dequantized W);
+ * the kernel differs from it only in the order of fp32 operations. A row's result depends on nothing but its own
+ * row of x and of W: not the tile, the row count or the thread split.
+ * Threads: as gemm_gguf.c (inside any team the calling thread runs the whole call; x quantized once per call). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#include "gemm_gguf_q8.h"
+#include "kernels.h"
+#include "stream_ahead.h"
+
+#define QK 32 /* values per block */
+#define NR 4  /* weight rows a pass */
+#define STACK_K 16384 /* x's quantized rows live on the stack up to this many values */
+
+enum { T_Q4_0 = 0, T_Q4_1 = 1, T_Q8_0 = 2, T_Q4_1F = 3 };
+static const int64_t BLOCK_BYTES[4] = {18, 20, 34, 24};
+static const int QS_AT[4] = {2, 4, 2, 8}; /* where a block's quants start */
+
+/* x[k] -> xq[k] int8 per 16 values with their scale d = max|x| / 127 (clamped to +-127, as the reference clamps),
+ * xd[8 * (k / 32)]: each block's two scales as the tile multiplies them (the first 4 lanes d0, the last 4 d1),
+ * xs[k / 32] = d0 * sum(q[0:16]) + d1 * sum(q[16:32]) */
+static void quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, float *xs) {
+    for (int64_t b = 0; b < k / QK; ++b) {
+        const float *v = x + b * QK;
+        float d[2];
+        int sum[2];
+#ifdef __AVX2__
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        __m256i q[4];
+        for (int h = 0; h < 2; ++h) {
+            const __m256 f0 = _mm256_loadu_ps(v + 16 * h), f1 = _mm256_loadu_ps(v + 16 * h + 8);
+            const __m256 mx = _mm256_max_ps(_mm256_andnot_ps(sign, f0), _mm256_andnot_ps(sign, f1));
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            d[h] = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))) / 127.0f;
+            const __m256 id = _mm256_set1_ps(d[h] != 0.0f ? 1.0f / d[h] : 0.0f);
+            const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+            __m256i s8 = _mm256_setzero_si256();
+            for (int i = 0; i < 2; ++i) {
+                const __m256 r = _mm256_round_ps(_mm256_mul_ps(i ? f1 : f0, id),
+                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                q[2 * h + i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+                s8 = _mm256_add_epi32(s8, q[2 * h + i]);
+            }
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            sum[h] = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
+        }
+        /* packs interleave the 128-bit lanes: the permute puts the 32 bytes back in order */
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)(xq + b * QK),
+                            _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+#else
+        for (int h = 0; h < 2; ++h) {
+            float amax = 0.0f;
+            for (int e = 16 * h; e < 16 * h + 16; ++e) amax = fabsf(v[e]) > amax ? fabsf(v[e]) : amax;
+            d[h] = amax / 127.0f;
+            const float id = d[h] != 0.0f ? 1.0f / d[h] : 0.0f;
+            sum[h] = 0;
+            for (int e = 16 * h; e < 16 * h + 16; ++e) {
+                const float r = nearbyintf(v[e] * id);
+                const int q = (int)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+                xq[b * QK + e] = (int8_t)q;
+                sum[h] += q;
+            }
+        }
+#endif
+        for (int j = 0; j < 8; ++j) xd[8 * b + j] = d[j / 4];
+        xs[b] = d[0] * (float)sum[0] + d[1] * (float)sum[1];
+    }
+}
+
+static inline float f16_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    /* the types' scales are normal or zero halves in practice; subnormals renormalized as gemm_gguf.c does */
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    uint32_t bits;
+    if (e == 0 && m == 0) bits = sign;
+    else if (e == 0) {
+        int s = -1;
+        uint32_t mm = m;
+        do { ++s; mm <<= 1; } while (!(mm & 0x400));
+        bits = sign | ((uint32_t)(112 - s) << 23) | ((mm & 0x3ff) << 13);
+    } else if (e == 31) bits = sign | 0x7f800000u | (m << 13);
+    else bits = sign | ((e + 112) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+#ifdef __AVX2__
+/* the 4 rows' scales (lanes 0-3) and, for Q4_1 / Q4_1F, mins (*mn) of the blocks at p[r] */
+static inline __attribute__((always_inline)) __m128 scales4(const int t, const uint8_t *p[NR], __m128 *mn) {
+    if (t == T_Q4_0 || t == T_Q8_0) {
+        uint16_t h[NR];
+        for (int r = 0; r < NR; ++r) memcpy(h + r, p[r], 2);
+        return _mm_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0));
+    }
+    __m256 dm; /* d0 m0 d1 m1 d2 m2 d3 m3 */
+    if (t == T_Q4_1) {
+        uint32_t u[NR];
+        for (int r = 0; r < NR; ++r) memcpy(u + r, p[r], 4);
+        dm = _mm256_cvtph_ps(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]));
+    } else {
+        const __m128i a = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p[0]), _mm_loadl_epi64((const __m128i *)p[1]));
+        const __m128i c = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p[2]), _mm_loadl_epi64((const __m128i *)p[3]));
+        dm = _mm256_castsi256_ps(_mm256_set_m128i(c, a));
+    }
+    dm = _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    *mn = _mm256_extractf128_ps(dm, 1);
+    return _mm256_castps256_ps128(dm);
+}
+
+/* a block's 32 weights as bytes: the nibbles (low ones first, ggml's order), or Q8_0's int8 */
+static inline __attribute__((always_inline)) __m256i block_quants(const int t, const uint8_t *b) {
+    if (t == T_Q8_0) return _mm256_loadu_si256((const __m256i *)(b + 2));
+    const __m128i q = _mm_loadu_si128((const __m128i *)(b + QS_AT[t]));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+}
+
+/* 32 quants . 32 int8 x, 8 int32 partial sums: maddubs takes its first operand unsigned, so Q8_0's signed weights
+ * go in as |w| with x's signs moved onto them (llama.cpp's trick: |q| <= 128, pairs stay within int16) */
+static inline __attribute__((always_inline)) __m256i block_isum(const int t, __m256i q, __m256i xv) {
+    const __m256i p = t == T_Q8_0 ? _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q))
+                                  : _mm256_maddubs_epi16(q, xv);
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* y[i * ldy + r] = W row r . x row i (dequantized) for the 4 rows w[r] (rows past the last repeat it: their
+ * results unused) and mr (1 or 2) rows of x: a block's quants unpacked once for both. The sequence of operations
+ * that makes each output is the same whatever mr, so are its bits. */
+static inline __attribute__((always_inline)) void tile_q8(const int t, const int mr, const uint8_t *w[NR],
+                                                          int64_t nb, const int8_t *xq, const float *xd,
+                                                          const float *xs, int64_t k, float *y, int64_t ldy, int nr) {
+    const int64_t bb = BLOCK_BYTES[t];
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}; /* lanes r: values 0-15 of row r, r + 4: 16-31 */
+    __m128 off[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *p[NR];
+        for (int r = 0; r < NR; ++r) p[r] = w[r] + b * bb;
+        if (t == T_Q8_0 || (b & 1) == 0) /* one ask a 64-byte line: 2 blocks of the 4-bit types fit in one */
+            for (int r = 0; r < NR; ++r) stream_ahead(p[r]);
+        __m256i q[NR];
+        for (int r = 0; r < NR; ++r) q[r] = block_quants(t, p[r]);
+        __m128 mn = _mm_setzero_ps();
+        const __m128 d = scales4(t, p, &mn);
+        const __m256 d8 = _mm256_set_m128(d, d);
+        for (int i = 0; i < mr; ++i) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + i * k + b * QK));
+            /* lane r: row r's sum over values 0-15, lane 4 + r: over 16-31 (each half of x has its own scale) */
+            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(block_isum(t, q[0], xv), block_isum(t, q[1], xv)),
+                                                _mm256_hadd_epi32(block_isum(t, q[2], xv), block_isum(t, q[3], xv)));
+            const __m256 scale = _mm256_mul_ps(d8, _mm256_loadu_ps(xd + 8 * (i * nb + b)));
+            acc[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(h), acc[i]);
+            /* sum w x = d_w d_x sum q xq + off_w xs: Q4_1's off is its min, Q4_0's -8 d_w (the -8 applied below) */
+            if (t == T_Q4_1 || t == T_Q4_1F) off[i] = _mm_fmadd_ps(mn, _mm_set1_ps(xs[i * nb + b]), off[i]);
+            if (t == T_Q4_0) off[i] = _mm_fmadd_ps(d, _mm_set1_ps(xs[i * nb + b]), off[i]);
+        }
+    }
+    for (int i = 0; i < mr; ++i) {
+        __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[i]), _mm256_extractf128_ps(acc[i], 1));
+        if (t == T_Q4_0) v = _mm_fnmadd_ps(_mm_set1_ps(8.0f), off[i], v);
+        else if (t != T_Q8_0) v = _mm_add_ps(v, off[i]);
+        float out[NR];
+        _mm_storeu_ps(out, v);
+        memcpy(y + i * ldy, out, sizeof(float) * (size_t)nr);
+    }
+}
+#else
+/* the same sums without AVX2, a row at a time */
+static void tile_q8(const int t, const int mr, const uint8_t *w[NR], int64_t nb, const int8_t *xq, const float *xd,
+                    const float *xs, int64_t k, float *y, int64_t ldy, int nr) {
+    for (int i = 0; i < mr; ++i)
+        for (int r = 0; r < nr; ++r) {
+            float acc = 0.0f, off = 0.0f;
+            for (int64_t b = 0; b < nb; ++b) {
+                const uint8_t *p = w[r] + b * BLOCK_BYTES[t];
+                const int8_t *x = xq + i * k + b * QK;
+                int s[2] = {0, 0}; /* values 0-15, 16-31: each half of x has its own scale */
+                for (int e = 0; e < QK / 2; ++e) {
+                    const int lo = t == T_Q8_0 ? (int8_t)p[2 + e] : p[QS_AT[t] + e] & 0x0f;
+                    const int hi = t == T_Q8_0 ? (int8_t)p[2 + QK / 2 + e] : p[QS_AT[t] + e] >> 4;
+                    s[0] += lo * x[e];
+                    s[1] += hi * x[e + QK / 2];
+                }
+                float d, mn;
+                if (t == T_Q4_1F) { memcpy(&d, p, 4); memcpy(&mn, p + 4, 4); }
+                else { d = f16_at(p); mn = t == T_Q4_1 ? f16_at(p + 2) : d; }
+                const float *xdb = xd + 8 * (i * nb + b);
+                acc = fmaf(d * xdb[0], (float)s[0], fmaf(d * xdb[4], (float)s[1], acc));
+                if (t != T_Q8_0) off = fmaf(mn, xs[i * nb + b], off);
+            }
+            y[i * ldy + r] = t == T_Q4_0 ? fmaf(-8.0f, off, acc) : t == T_Q8_0 ? acc : acc + off;
+        }
+}
+#endif
+
+/* weight row groups [g0, g1) (NR rows each, the last maybe fewer) against m quantized rows of x, two at a time */
+static inline __attribute__((always_inline)) void groups_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k,
+                                                            const int8_t *xq, const float *xd, const float *xs,
+                                                            int64_t m, float *y, int64_t g0, int64_t g1) {
+    const int64_t nb = k / QK, rb = nb * BLOCK_BYTES[t];
+    for (int64_t g = g0; g < g1; ++g) {
+        const int64_t r0 = g * NR;
+        const int nr = n_out - r0 < NR ? (int)(n_out - r0) : NR;
+        const uint8_t *rows[NR];
+        for (int r = 0; r < NR; ++r) rows[r] = w + (r0 + (r < nr ? r : 0)) * rb;
+        int64_t i = 0; /* after the first rows of x the group's bytes are in cache */
+        for (; i + 2 <= m; i += 2)
+            tile_q8(t, 2, rows, nb, xq + i * k, xd + 8 * i * nb, xs + i * nb, k, y + i * n_out + r0, n_out, nr);
+        if (i < m) tile_q8(t, 1, rows, nb, xq + i * k, xd + 8 * i * nb, xs + i * nb, k, y + i * n_out + r0, n_out, nr);
+    }
+}
+
+static inline __attribute__((always_inline)) void matmul_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k,
+                                                            const float *x, int64_t m, float *y) {
+    if (k % QK != 0 || m <= 0) return; /* the Python side refuses a bad k first */
+    const int64_t nb = k / QK, groups = (n_out + NR - 1) / NR;
+    int8_t sq[STACK_K];
+    float sd[STACK_K / QK * 8], ss[STACK_K / QK];
+    const int heap = m * k > STACK_K;
+    int8_t *xq = heap ? malloc((size_t)(m * k)) : sq;
+    float *xd = heap ? malloc(sizeof(float) * (size_t)(8 * m * nb)) : sd;
+    float *xs = heap ? malloc(sizeof(float) * (size_t)(m * nb)) : ss;
+    if (xq != NULL && xd != NULL && xs != NULL) {
+        for (int64_t i = 0; i < m; ++i) quantize_row(x + i * k, k, xq + i * k, xd + 8 * i * nb, xs + i * nb);
+        if (omp_get_level() > 0 || groups == 1) { /* inside any team, a team of 1 included */
+            groups_q8(t, w, n_out, k, xq, xd, xs, m, y, 0, groups);
+        } else {
+#pragma omp parallel
+            {
+                const int nt = omp_get_num_threads(), me = omp_get_thread_num();
+                const int64_t per = groups / nt, extra = groups % nt;
+                const int64_t g0 = me * per + (me < extra ? me : extra), g1 = g0 + per + (me < extra);
+                groups_q8(t, w, n_out, k, xq, xd, xs, m, y, g0, g1);
+            }
+        }
+    }
+    if (heap) {
+        free(xq);
+        free(xd);
+        free(xs);
+    }
+}
+
+void gguf_matmul_q4_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_q8(T_Q4_0, w, n_out, k, x, m, y);
+}
+void gguf_matmul_q4_1_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_q8(T_Q4_1, w, n_out, k, x, m, y);
+}
+void gguf_matmul_q8_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_q8(T_Q8_0, w, n_out, k, x, m, y);
+}
+void gguf_matmul_q4_1f_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_q8(T_Q4_1F, w, n_out, k, x, m, y);
+}
