@@ -85,14 +85,14 @@ def engine_weight_bytes(llm: Any) -> int:
                                    if isinstance(m, GgufLinear) for p in m.parts)
 
 
-def ours_side(model: str, quant: str | None, work: dict[str, Any]) -> dict[str, Any]:
+def ours_side(model: str, quant: str | None, work: dict[str, Any], acts: str = "fp32") -> dict[str, Any]:
     """Our engine on one model in this (fresh) process: load, RSS, KV pool, one stream, N streams, a prefill."""
     import torch
     from mindie_service import LLM, SamplingParams
     from bench_real import timed_generate
     rss0, t = rss_bytes(), time.perf_counter()
     llm = LLM(model, dtype="float32", max_batch_size=work["max_streams"], cache_block_size=BLOCK, quantization=quant,
-              num_kv_blocks=work["kv_blocks"], max_seq_len=max(work["prefill"], work["prompt"] + work["out"]) + 16)
+              gguf_activations=acts, num_kv_blocks=work["kv_blocks"], max_seq_len=max(work["prefill"], work["prompt"] + work["out"]) + 16)
     runner = llm.engine.runner
     pool = runner.kv_pool
     row: dict[str, Any] = {"load_s": time.perf_counter() - t, "rss_load": rss_bytes(), "rss_start": rss0,
@@ -113,9 +113,9 @@ def ours_side(model: str, quant: str | None, work: dict[str, Any]) -> dict[str, 
     return row
 
 
-def run_ours(model: Path, quant: str | None, work_file: Path) -> dict[str, Any]:
+def run_ours(model: Path, quant: str | None, work_file: Path, acts: str = "fp32") -> dict[str, Any]:
     proc = subprocess.run([sys.executable, __file__, "--ours", str(model), "--quant", quant or "none",
-                           "--work", str(work_file)], capture_output=True, text=True)
+                           "--work", str(work_file), "--gguf-activations", acts], capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"rc {proc.returncode}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -154,11 +154,11 @@ def file_bytes(model: Path) -> int:
 
 
 def measure(name: str, model: Path, quant: str | None, work: dict[str, Any], work_file: Path,
-            llama: Path | None, threads: int, triad_mib: int) -> dict[str, Any]:
+            llama: Path | None, threads: int, triad_mib: int, acts: str = "fp32") -> dict[str, Any]:
     """One file (or checkpoint) by both engines (llama: None for ours only), the triad taken just before."""
     row: dict[str, Any] = {"file": name, "triad": membw.triad(mib=triad_mib, reps=10, threads=threads).median,
                            "file_bytes": file_bytes(model)}
-    row["ours"] = run_ours(model, quant, work_file)
+    row["ours"] = run_ours(model, quant, work_file, acts)
     if model.suffix == ".gguf":
         row["bytes"] = files.weight_bytes_per_token(model)
     else:  # a float checkpoint run by our engine alone: the bytes its linears and head read
@@ -221,13 +221,16 @@ def main() -> None:
     ap.add_argument("--no-llama", action="store_true", help="our engine only (the float and shipped rows)")
     ap.add_argument("--smoke", action="store_true", help="few tokens and streams (and by default the tiny shape): "
                                                          "check that every part runs")
+    ap.add_argument("--gguf-activations", default="fp32", choices=["fp32", "int8"],
+                    help="our ModelConfig.ggufActivations on the GGUF rows (the float rows ignore it)")
     ap.add_argument("--ours", default="", help=argparse.SUPPRESS)  # the child process: our engine on one model
     ap.add_argument("--quant", default="none", help=argparse.SUPPRESS)
     ap.add_argument("--work", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.ours:
         work = json.loads(Path(args.work).read_text())
-        print(json.dumps(ours_side(args.ours, None if args.quant == "none" else args.quant, work)))
+        print(json.dumps(ours_side(args.ours, None if args.quant == "none" else args.quant, work,
+                                   args.gguf_activations)))
         return
     import torch
     threads, cache = torch.get_num_threads(), Path(args.cache)
@@ -247,7 +250,9 @@ def main() -> None:
         model, quant, peer = source(shape, kind, cache, llama)
         name = "135m Q4_1 (shipped)" if kind == SHIPPED else (
             f"{shape} {kind}" + (" (safetensors)" if kind in FLOAT_KINDS else ""))
-        table.add(measure(name, model, quant, work, work_file, peer, threads, 32 if args.smoke else 128))
+        name += f", {args.gguf_activations} x" if model.suffix == ".gguf" else ""
+        table.add(measure(name, model, quant, work, work_file, peer, threads, 32 if args.smoke else 128,
+                          args.gguf_activations))
     table.finish(["", "ratios in brackets: ours against llama.cpp on the same file (above 1: ours is better; "
                       "prefill: its time over ours)", f"load average at the end {os.getloadavg()[0]:.2f}"])
 
