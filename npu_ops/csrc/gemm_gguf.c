@@ -26,6 +26,7 @@
 
 #include "gemm_gguf.h"
 #include "kernels.h"
+#include "team_sync.h"
 
 #define QK 32 /* values per block */
 #define NR 4  /* weight rows a tile */
@@ -238,9 +239,8 @@ static inline __attribute__((always_inline)) void matmul(const int t, const uint
 #pragma omp parallel
     {
         float *wb = m > 1 ? malloc(sizeof(float) * (size_t)(NR * k)) : NULL;
-        const int nt = omp_get_num_threads(), me = omp_get_thread_num();
-        const int64_t per = groups / nt, extra = groups % nt;
-        const int64_t g0 = me * per + (me < extra ? me : extra), g1 = g0 + per + (me < extra);
+        int64_t g0, g1;
+        team_share(groups, &g0, &g1); /* this thread's consecutive groups of NR rows */
         groups_range(t, w, n_out, k, x, m, y, g0, g1, wb);
         free(wb);
     }

@@ -25,6 +25,7 @@
 
 #include "gemm_gguf_q8.h"
 #include "kernels.h"
+#include "team_sync.h"
 #include "stream_ahead.h"
 
 #define QK 32 /* values per block */
@@ -253,9 +254,8 @@ static inline __attribute__((always_inline)) void matmul_q8(const int t, const u
         } else {
 #pragma omp parallel
             {
-                const int nt = omp_get_num_threads(), me = omp_get_thread_num();
-                const int64_t per = groups / nt, extra = groups % nt;
-                const int64_t g0 = me * per + (me < extra ? me : extra), g1 = g0 + per + (me < extra);
+                int64_t g0, g1;
+                team_share(groups, &g0, &g1); /* this thread's consecutive groups of NR rows */
                 groups_q8(t, w, n_out, k, xq, xd, xs, m, y, g0, g1);
             }
         }
