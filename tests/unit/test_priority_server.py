@@ -31,7 +31,8 @@ class PriorityRoutesTest(InProcessServer):
         r = self.fetch(path, method="POST", body=json.dumps(body), headers={"Content-Type": "application/json"})
         assert r.code == 200, r.body
 
-    def test_every_route_hands_its_priority_to_admission_and_the_engine(self):
+    def _spy_admission(self) -> list[int]:
+        """The ranks the admission queue is asked for, in order."""
         admitted: list[int] = []
         queue = self.ctx.frontend.admission
         acquire = queue.acquire
@@ -41,6 +42,10 @@ class PriorityRoutesTest(InProcessServer):
             return await acquire(n, timeout, rank)
 
         queue.acquire = spy
+        return admitted
+
+    def test_every_route_hands_its_priority_to_admission_and_the_engine(self):
+        admitted = self._spy_admission()
         few = {"max_new_tokens": 2}
         self._post("/v1/completions", {"model": "mock", "prompt": "hi", "max_tokens": 2, "priority": -7})
         self._post("/v1/chat/completions", {"model": "mock", "messages": [{"role": "user", "content": "hi"}],
@@ -56,15 +61,7 @@ class PriorityRoutesTest(InProcessServer):
         assert admitted == expected and self.engine.ranks == expected
 
     def test_a_background_response_runs_at_its_priority(self):
-        admitted: list[int] = []
-        queue = self.ctx.frontend.admission
-        acquire = queue.acquire
-
-        async def spy(n=1, timeout=None, rank=0):
-            admitted.append(rank)
-            return await acquire(n, timeout, rank)
-
-        queue.acquire = spy
+        admitted = self._spy_admission()
         r = self.fetch("/v1/responses", method="POST", headers={"Content-Type": "application/json"},
                        body=json.dumps({"model": "mock", "input": "hi", "max_output_tokens": 2, "priority": 3,
                                         "background": True}))
