@@ -6,6 +6,7 @@ Stream frames are ``event: <type>`` + ``data: <json>`` as OpenAI sends them; the
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,7 +90,10 @@ def failed_error(err: MindieError) -> dict[str, Any]:
     return {"code": "server_error" if err.status >= 500 else "invalid_prompt", "message": err.message}
 
 
-def frame(event: dict[str, Any]) -> bytes:
-    """One SSE frame: ``event: <type>`` and ``data: <json>``."""
+def frame(event: dict[str, Any], obfuscate: bool = False) -> bytes:
+    """One SSE frame: ``event: <type>`` and ``data: <json>``. ``obfuscate`` (stream_options.include_obfuscation)
+    adds OpenAI's ``obfuscation`` padding to a delta event, per transmission: a stored event never has it."""
+    if obfuscate and event["type"].endswith(".delta"):
+        event = {**event, "obfuscation": secrets.token_urlsafe(12)[:1 + secrets.randbelow(16)]}
     data = json.dumps(event, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return f"event: {event['type']}\ndata: {data}\n\n".encode()

@@ -49,6 +49,7 @@ class ResponsesOptions:
     top_p: float | None = None
     top_logprobs: int | None = None
     reasoning_effort: str | None = None
+    obfuscate: bool = False  # stream_options.include_obfuscation: delta events carry random padding
 
 
 @dataclass(frozen=True)
@@ -220,12 +221,18 @@ def parse_responses(body: dict[str, Any], history: list[dict[str, Any]], **chat_
         truncation=truncation, user=body.get("user"), text_format=fmt, tools=tuple(body.get("tools") or ()),
         tool_choice=body.get("tool_choice") or "auto", max_output_tokens=body.get("max_output_tokens"),
         temperature=body.get("temperature"), top_p=body.get("top_p"), top_logprobs=body.get("top_logprobs"),
-        reasoning_effort=_reasoning(body.get("reasoning")))
+        reasoning_effort=_reasoning(body.get("reasoning")), obfuscate=_obfuscate(body))
     if opts.background:
         check(opts.store, "background", "false unless store is true (a background response lives in the store)",
               True)
+    return ResponsesRequest(chat, opts, tuple(items), body)
+
+
+def _obfuscate(body: dict[str, Any]) -> bool:
+    """``stream_options`` (only with ``stream: true``): ``include_obfuscation`` pads each delta event with an
+    ``obfuscation`` string of random length, as OpenAI's stream does, so a frame's size tells nothing of its text."""
     so = body.get("stream_options")
     check(so is None or (body.get("stream") is True and isinstance(so, dict) and set(so) <= {"include_obfuscation"}
-                         and so.get("include_obfuscation") in (None, False)), "stream_options",
-          "absent unless stream is true, and at most {include_obfuscation: false} (no obfuscation is sent)", so)
-    return ResponsesRequest(chat, opts, tuple(items), body)
+                         and so.get("include_obfuscation") in (None, True, False)), "stream_options",
+          "absent unless stream is true, and at most {include_obfuscation: true | false}", so)
+    return bool(so and so.get("include_obfuscation"))

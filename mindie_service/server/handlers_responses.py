@@ -41,9 +41,9 @@ class _ResponsesHandler(StreamingHandler):
     def owner(self) -> str:
         return owner_of(self)
 
-    async def write_events(self, batches: AsyncIterator[list[Event]]) -> bool:
-        """SSE frames of each batch; an error before the first is a plain error answer, one after it the
-        stream's ``error`` event."""
+    async def write_events(self, batches: AsyncIterator[list[Event]], obfuscate: bool = False) -> bool:
+        """SSE frames of each batch (``obfuscate``: delta events padded); an error before the first is a plain
+        error answer, one after it the stream's ``error`` event."""
         started = False
         with self.bounded_output():
             try:
@@ -51,7 +51,7 @@ class _ResponsesHandler(StreamingHandler):
                     if not started:
                         self.start_stream("text/event-stream; charset=utf-8")
                         started = True
-                    self.send(b"".join(frame(e) for e in batch))
+                    self.send(b"".join(frame(e, obfuscate) for e in batch))
                 return True
             except StreamClosedError:
                 return self.client_left()
@@ -87,6 +87,7 @@ class ResponsesHandler(_ResponsesHandler):
         prev = body.get("previous_response_id")
         context = svc.history(prev if isinstance(prev, str) else None, owner)
         p = await prepare_held(self.ctx, body, context, self.request_id)
+        obfuscate = p.req.options.obfuscate
         if p.req.options.background:
             try:
                 resp = await svc.submit(p, owner, context)  # the task releases the model
@@ -96,13 +97,13 @@ class ResponsesHandler(_ResponsesHandler):
             if not p.req.stream:
                 self.write_json(resp)
                 return True
-            return await self.write_events(_batches(svc.events(resp["id"], owner, -1)))
+            return await self.write_events(_batches(svc.events(resp["id"], owner, -1)), obfuscate)
         try:
             watch = functools.partial(setattr, self, "run")  # the access log's usage
             if not p.req.stream:
                 self.write_json(await svc.whole(p, owner, context, t0, watch))
                 return True
-            return await self.write_events(svc.stream(p, owner, context, t0, watch))
+            return await self.write_events(svc.stream(p, owner, context, t0, watch), obfuscate)
         finally:
             p.release()
 
@@ -116,10 +117,10 @@ class ResponseHandler(_ResponsesHandler):
             return
         after = self.get_query_argument("starting_after", "-1")
         check(after.lstrip("-").isdigit() and int(after) >= -1, "starting_after", "an event's sequence_number", after)
-        check(self.get_query_argument("include_obfuscation", "false") == "false", "include_obfuscation",
-              "false (this server sends no obfuscation)", self.get_query_argument("include_obfuscation", None))
+        obfuscate = self.get_query_argument("include_obfuscation", "false")
+        check(obfuscate in ("true", "false"), "include_obfuscation", "true or false", obfuscate)
         events = self.service.events(rid, self.owner(), int(after))
-        await self.serve(self.write_events(_batches(events)))
+        await self.serve(self.write_events(_batches(events), obfuscate == "true"))
 
     def delete(self, rid: str) -> None:
         self.write_json(self.service.delete(rid, self.owner()))

@@ -124,8 +124,27 @@ class ResponsesRoutes(InProcessServer):
         code, out = self.call("POST", "/v1/responses", {"model": "mock", "input": "x" * 400, "background": True})
         assert code == 400 and "at most" in out["error"]["message"], out
         code, out = self.call("POST", "/v1/responses", {"model": "mock", "input": "x", "stream": True,
-                                                         "stream_options": {"include_obfuscation": True}})
+                                                         "stream_options": {"include_obfuscation": "yes"}})
         assert code == 400 and out["error"]["param"] == "stream_options"
+
+    def test_include_obfuscation_pads_each_delta_event_of_that_transmission_only(self):
+        def events(body: str) -> list[dict[str, Any]]:
+            return [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: ")]
+
+        padded = events(self.create(input="go", stream=True, stream_options={"include_obfuscation": True}))
+        deltas = [e for e in padded if e["type"].endswith(".delta")]
+        assert deltas and all(isinstance(e["obfuscation"], str) and e["obfuscation"] for e in deltas)
+        assert not any("obfuscation" in e for e in padded if not e["type"].endswith(".delta"))
+        assert not any("obfuscation" in e for e in events(self.create(input="go", stream=True)))
+        s = self.create(input="go", background=True, stream=True, stream_options={"include_obfuscation": True})
+        rid = events(s)[0]["response"]["id"]
+        self.settle(rid, "incomplete")  # the store keeps events unpadded; each replay pads as it is asked
+        plain = events(self.call("GET", f"/v1/responses/{rid}?stream=true")[1])
+        assert plain and not any("obfuscation" in e for e in plain)
+        again = events(self.call("GET", f"/v1/responses/{rid}?stream=true&include_obfuscation=true")[1])
+        assert all("obfuscation" in e for e in again if e["type"].endswith(".delta"))
+        code, out = self.call("GET", f"/v1/responses/{rid}?stream=true&include_obfuscation=maybe")
+        assert code == 400 and out["error"]["param"] == "include_obfuscation"
 
     def test_a_cancel_made_through_another_replica_stops_the_generation(self):
         self.engine.token_delay_s = 0.04  # 64 tokens (maxIterTimes) take 2.6 s; the store is read every 32
