@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -143,4 +144,8 @@ def test_generation_config_vllm_auto_and_a_folder(tmp_path: Path):
 
     cfg = loaded(tmp_path, str(ckpt), "--generation-config", "auto")
     cat = Catalog(cfg, tmp_path / "models", build=None)
-    assert cat.entries["ckpt"].defaults == auto  # what resolve hands the OpenAI routes (under model.json's)
+    entry = cat.entries["ckpt"]
+    entry.state, entry.engine = "running", SimpleNamespace(healthy=lambda: True, adapter_names=lambda: ())
+    target = cat.resolve("ckpt")
+    assert target.defaults == auto  # what the OpenAI routes' parser is handed (model.json's values over them)
+    cat.release(target)
