@@ -20,7 +20,7 @@ as the key it sets and a problem names the flag. The config file (``--config``) 
 | --enable-lora, --lora-modules, --max-loras, --max-lora-rank | maxLoras (0 without --enable-lora, as vLLM), LoraModules, maxLoraRank |
 | --speculative-config | ModelConfig[0].plugin_params (vLLM's JSON: ngram or a draft model) |
 | --chat-template | ModelConfig[0].chatTemplate (a file's text, or the template given) |
-| --generation-config vllm | nothing to change: vLLM's own sampling defaults are this server's (auto and a folder are refused) |
+| --generation-config | ModelConfig[0].generationConfig (vllm, auto: the model folder's generation_config.json, or a folder) |
 | --otlp-traces-endpoint | otlpTracesEndpoint |
 | --disable-log-requests / --enable-log-requests | the access log's per-request lines (off by default, as vLLM) |
 
@@ -76,11 +76,8 @@ def _template(text: str) -> str:
 
 
 def _generation_config(text: str) -> str:
-    if text != "vllm":
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: only 'vllm' is taken (vLLM's own sampling defaults, which this server uses); a checkpoint's "
-            "generation_config.json defaults ('auto', or a folder) are not applied to requests here")
-    return text
+    """vLLM's --generation-config: vllm, auto, or a folder (made absolute: the config's folder is not the cwd)."""
+    return text if text in ("vllm", "auto") else os.path.abspath(text)
 
 
 def add_vllm_flags(s: argparse.ArgumentParser) -> None:
@@ -108,8 +105,9 @@ def add_vllm_flags(s: argparse.ArgumentParser) -> None:
     g.add_argument("--speculative-config", type=json.loads, help="vLLM's speculative config (JSON)")
     g.add_argument("--chat-template", type=_template, help="a Jinja chat template file (or the template itself) "
                    "used instead of the checkpoint's (ModelConfig.chatTemplate)")
-    g.add_argument("--generation-config", type=_generation_config, help="vllm: vLLM's sampling defaults, not the "
-                   "checkpoint's generation_config.json (what this server does; auto and a folder are refused)")
+    g.add_argument("--generation-config", type=_generation_config, help="where the OpenAI routes' default sampling "
+                   "parameters come from: vllm (vLLM's own), auto (the model folder's generation_config.json) or a "
+                   "folder holding one (ModelConfig.generationConfig)")
     g.add_argument("--otlp-traces-endpoint", help="OTLP/HTTP traces endpoint (otlpTracesEndpoint)")
     g.add_argument("--disable-log-requests", dest="enable_log_requests", action="store_false", default=None,
                    help="no access-log line per request (vLLM's default)")
@@ -154,7 +152,7 @@ def uses_vllm_flags(args: argparse.Namespace) -> bool:
     keys = ("model", "host", "port", "api_key", "served_model_name", "max_model_len", "max_num_seqs",
             "max_num_batched_tokens", "tensor_parallel_size", "dtype", "quantization", "enable_prefix_caching",
             "kv_cache_dtype", "enable_lora", "lora_modules", "max_loras", "max_lora_rank", "speculative_config",
-            "otlp_traces_endpoint", "chat_template")
+            "otlp_traces_endpoint", "chat_template", "generation_config")
     return any(getattr(args, k, None) is not None for k in keys)
 
 
@@ -249,6 +247,8 @@ class _Apply:
             self.set(f"{M}.kvCacheDtype", a.kv_cache_dtype, "--kv-cache-dtype")
         if a.chat_template is not None:
             self.set(f"{M}.chatTemplate", a.chat_template, "--chat-template")
+        if a.generation_config is not None:
+            self.set(f"{M}.generationConfig", a.generation_config, "--generation-config")
         if a.speculative_config is not None:
             self.set(f"{M}.plugin_params", json.dumps(plugin_params(a.speculative_config)), "--speculative-config")
 

@@ -27,6 +27,7 @@ from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.fleet.instances import build_instances, instance_configs
 from mindie_service.errors import ConflictError, ModelNotFoundError, UnhealthyError, ValidationError
 from mindie_service.netguard import FetchPolicy
+from mindie_service.catalog.generation_defaults import generation_defaults
 from mindie_service.params.defaults import RequestDefaults
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,8 @@ class Catalog:
             rec = read_model_json(folder, m.name) or ModelRecord(id=m.name, name=m.name)
             rec.id = m.name
             self.entries[m.name] = CatalogEntry(m.name, folder, rec, config_index=i, mock=m.mock,
-                                                state="stopped")
+                                                state="stopped",
+                                                defaults=generation_defaults(m.generation_config, folder))
         self.scan()
 
     @property
@@ -151,7 +153,7 @@ class Catalog:
             raise UnhealthyError(f"the model {name} is not running (state: {e.state}; PUT /v1/models/{e.id}/start)")
         if not e.engine.healthy():
             raise UnhealthyError(f"the engine of model {e.id} is not running")
-        return Target(e, e.engine, adapter, e.record.request_defaults())
+        return Target(e, e.engine, adapter, e.record.request_defaults().over(e.defaults))
 
     # -- lifecycle -------------------------------------------------------------------------------
     def engine_config(self, e: CatalogEntry) -> EngineConfig:

@@ -9,6 +9,7 @@ from typing import Any
 from mindie_service.catalog.model_json import ModelRecord
 from mindie_service.catalog.residency_stats import MeasuredMemory, ModelCounters
 from mindie_service.engine.client import EngineClient
+from mindie_service.params.defaults import RequestDefaults
 
 
 @dataclass
@@ -36,6 +37,8 @@ class CatalogEntry:
     parked: bool = False
     sleep_level: int = 0  # 1: KV pool freed, 2: weights too (state "sleeping")
     counters: ModelCounters = field(default_factory=ModelCounters)
+    # ModelConfig.generationConfig's request defaults (catalog.generation_defaults), under model.json's
+    defaults: RequestDefaults = field(default_factory=RequestDefaults)
 
     def begin_loading(self, phase: str = "loading the weights") -> None:
         self.state, self.error, self.loading_since = "starting", None, time.monotonic()

@@ -122,6 +122,18 @@ def _resolve(base: str | Path, p: str) -> str:
     return os.path.normpath(q if q.is_absolute() else Path(base) / q)
 
 
+def _generation_config(base: Path, value: str, i: int) -> str:
+    """ModelConfig[i].generationConfig: vllm, auto, or a folder (resolved against the config's folder) that holds
+    a generation_config.json (vLLM reads the file there; a folder without one would change nothing)."""
+    if value in ("vllm", "auto"):
+        return value
+    folder = _resolve(base, value)
+    if not os.path.isfile(os.path.join(folder, "generation_config.json")):
+        raise ConfigError(f"ModelConfig[{i}].generationConfig: {value!r} must be vllm, auto or a folder holding a "
+                          f"generation_config.json ({folder} has none)")
+    return folder
+
+
 def _tls(srv: dict[str, Any], base: Path, prefix: str) -> TlsSettings:
     """One plane's TLS from the flat keys: ``tls*``, or ``<prefix>Tls*`` falling back to ``tls*``."""
     def get(name: str) -> Any:
@@ -269,7 +281,7 @@ def _build(cfg_path: Path, d: dict[str, Any], raw: dict[str, Any], plugins: dict
         world_size=int(m["worldSize"]), cpu_mem_size_gb=int(m["cpuMemSize"]), npu_mem_size_gb=int(m["npuMemSize"]),
         backend_type=m["backendType"], trust_remote_code=m["trustRemoteCode"], quantization=m["quantization"],
         kv_cache_dtype=m["kvCacheDtype"], gguf_activations=m["ggufActivations"], dtype=m["dtype"],
-        chat_template=m["chatTemplate"],
+        chat_template=m["chatTemplate"], generation_config=_generation_config(base, m["generationConfig"], i),
         speculative=_speculative(plugins.get(i), base), task=m["task"], pooling=_pooling(m["pooling"]))
         for i, m in enumerate(dep["ModelConfig"]))
     loras = tuple(LoraModuleSpec(name=lo["name"], path=_resolve(base, lo["path"]),

@@ -116,6 +116,7 @@ class ModelSettings:
     gguf_activations: str = "fp32"  # ModelConfig.ggufActivations: "fp32" | "int8" (a GGUF's packed linears)
     dtype: str = "auto"  # ModelConfig.dtype (vLLM's --dtype): auto | float32 | float16 | bfloat16
     chat_template: str | None = None  # ModelConfig.chatTemplate (vLLM's --chat-template): replaces the checkpoint's
+    generation_config: str = "vllm"  # ModelConfig.generationConfig (vLLM's --generation-config): vllm | auto | folder
     speculative: SpeculativeConfig | None = None  # plugin_params (+ speculationGamma), draft path resolved
     task: str = "auto"  # "auto" | "generate" | "embed" | "score"
     pooling: tuple[tuple[str, Any], ...] = ()  # EngineConfig.pooling: method, normalize, matryoshka

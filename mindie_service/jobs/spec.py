@@ -15,6 +15,7 @@ from mindie_service.params.table import JOB, JOB_OPTIONS, STRUCTURED
 
 PATH_TYPES = ("filepath", "uri", "raw_bytes")
 DEFAULT_MAX_TOKENS = 256
+_BODY_KEYS = frozenset({"model", "prompt_file_path", "options", "num_generations", "keep_alive"})
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,11 @@ def parse_job_request(body: Mapping[str, Any], max_tokens_cap: int) -> JobReques
     are read through the rule table (``params.table.JOB_OPTIONS``, ``JOB``), max_tokens capped by maxIterTimes
     (``max_tokens_cap``) as every other route's output is (params.output_cap; the engine caps each line again
     by its prompt). ``keep_alive`` (beyond the seed, as on every generation route) applies to each line's hold of
-    the model (jobs.runner)."""
+    the model (jobs.runner). Any other top-level key is refused by name (the seed's contract has these four)."""
+    unknown = sorted(str(k) for k in body if k not in _BODY_KEYS)
+    if unknown:
+        raise ValidationError(f"Parameter {unknown[0]} is not supported: a batch job takes "
+                              f"{', '.join(sorted(_BODY_KEYS))}")
     model = body.get("model")
     check(isinstance(model, str) and model != "", "model", "a non-empty string", model)
     path = parse_path(body.get("prompt_file_path"), "prompt_file_path")

@@ -119,8 +119,9 @@ class Encoder:
                 frame["details"] = d
         return sse(frame, self.sse_prefix)
 
-    def stream_start(self, req: GenerationRequest, n_samples: int) -> bytes:
-        """Sent before the first frame (OpenAI chat: the role chunk); nothing for MindIE and TGI."""
+    def stream_start(self, req: GenerationRequest, n_samples: int, first: GenerationResult | None = None) -> bytes:
+        """Sent before the first frame (OpenAI chat: the role chunk); nothing for MindIE and TGI. ``first``: the
+        result the first token began (its prompt's token count)."""
         return b""
 
     def stream_end(self, req: GenerationRequest, results: list[GenerationResult]) -> bytes:

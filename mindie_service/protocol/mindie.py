@@ -16,7 +16,7 @@ from mindie_service.params.rule import Field, FieldTable, Rule, read_fields
 from mindie_service.params.structured_field import read_structured
 from mindie_service.params.table import MAX_BEST_OF, MAX_TOP_LOGPROBS, MINDIE, TGI
 from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
-from mindie_service.protocol.validation import get_str, get_str_list, require_object
+from mindie_service.protocol.validation import get_str, get_str_list, refuse_unknown, require_object
 from mindie_service.sampling_params import MAX_STOP_LEN, SamplingParams
 from multimodal import MediaItem, MediaPolicy, TextPart, parse_parts
 
@@ -24,8 +24,10 @@ Dialect = Literal["mindie", "tgi"]
 _TABLES: dict[Dialect, FieldTable] = {"mindie": MINDIE, "tgi": TGI}
 _STREAM: FieldTable = {"stream": Field("stream", Rule("bool"))}
 # POST /'s parameters beside the rule table's: the ones read on their own (MindIE.md's list, plus grammar and
-# priority); any other key is refused by name (MindIE's contract has no key that may be ignored).
-_OWN_KEYS = frozenset({"stop", "adapter_id", "grammar", "priority"})
+# priority: the latter only where the dialect has a priority scale); any other key is refused by name (no
+# contract here has a key that may be ignored).
+_OWN_KEYS = frozenset({"stop", "adapter_id", "grammar"})
+BODY_KEYS = frozenset({"inputs", "parameters", "stream"})  # POST /'s and TGI's top level (keep_alive taken before)
 
 
 def _prompt(body: dict[str, Any], limits: ProtocolLimits) -> TextPrompt | PartsPrompt:
@@ -77,13 +79,6 @@ def _check_joins(v: dict[str, Any], p: dict[str, Any], stream: bool, sampling: b
         check(sampling, "best_of", "1 unless sampling (do_sample or a temperature/top_k/top_p/typical_p)", best_of)
 
 
-def _refuse_unknown(p: dict[str, Any], known: frozenset[str]) -> None:
-    unknown = sorted(k for k in p if k not in known)
-    if unknown:
-        raise ValidationError(f"Parameter parameters.{unknown[0]} is not supported: parameters takes "
-                              f"{', '.join(sorted(known))}")
-
-
 def parse_generation(body: dict[str, Any], *, dialect: Dialect, stream: bool, limits: ProtocolLimits,
                      priority: Scale | None = None, extra_keys: frozenset[str] | None = None) -> GenerationRequest:
     """Validate ``body`` (``inputs`` + ``parameters``); raise ValidationError on bad input. ``priority``: the
@@ -92,7 +87,8 @@ def parse_generation(body: dict[str, Any], *, dialect: Dialect, stream: bool, li
     prompt = _prompt(body, limits)
     p = require_object(body.get("parameters"), "parameters")
     if extra_keys is not None:
-        _refuse_unknown(p, frozenset(_table(dialect, limits)) | _OWN_KEYS | extra_keys)
+        own = _OWN_KEYS | ({"priority"} if priority is not None else set())
+        refuse_unknown(p, frozenset(_table(dialect, limits)) | own | extra_keys, "parameters.")
     v = read_fields(p, _table(dialect, limits))
     stop = get_str_list(p, "stop", limits.max_stop_sequences, MAX_STOP_LEN)
     adapter = check_adapter_id(get_str(p, "adapter_id", None))
@@ -127,14 +123,18 @@ def parse_generation(body: dict[str, Any], *, dialect: Dialect, stream: bool, li
 def parse_mindie_request(body: dict[str, Any], limits: ProtocolLimits,
                          extra_keys: frozenset[str] = frozenset()) -> GenerationRequest:
     """``{"inputs", "parameters"?, "stream"?}`` -> GenerationRequest (stream absent or null = false); a
-    parameter that is neither POST /'s nor in ``extra_keys`` (a route's own, read by its caller) is refused."""
+    parameter that is neither POST /'s nor in ``extra_keys`` (a route's own, read by its caller) is refused, and
+    so is any top-level key but ``inputs``, ``parameters`` and ``stream``."""
+    refuse_unknown(body, BODY_KEYS)
     stream = bool(read_fields(body, _STREAM).get("stream", False))
     return parse_generation(body, dialect="mindie", stream=stream, limits=limits, priority="mindie",
                             extra_keys=extra_keys)
 
 
 def parse_tokenizer_request(body: dict[str, Any]) -> str:
-    """POST /v1/tokenizer: ``{"inputs": "..."}`` -> the text to tokenize."""
+    """POST /v1/tokenizer: ``{"inputs": "..."}`` -> the text to tokenize (any other key is refused by name;
+    ``keep_alive`` was taken before)."""
+    refuse_unknown(body, {"inputs"})
     v = body.get("inputs")
     check(isinstance(v, str) and len(v) > 0, "inputs", "a non-empty string", v)
     return v

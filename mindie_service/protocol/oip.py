@@ -4,8 +4,10 @@ docs/predict-api/v2/required_api.md): server and model metadata, and ``POST /v2/
 A model takes one input: ``text_input`` (BYTES, shape [B] or [B, 1]: B prompts) or ``input_ids`` (INT32 or
 INT64, shape [L] or [B, L]: token ids); ``parameters`` are MindIE's sampling fields (protocol.mindie's table).
 It answers ``text_output`` (BYTES, [B]) and, when asked for in ``outputs``, ``output_ids`` (INT64, [B, N],
-rows padded with -1). Binary input tensors (Triton's extension) are decoded by protocol.oip_binary; answers are
-JSON. Errors: ``{"error"}``."""
+rows padded with -1). Binary tensors (Triton's extension) are decoded by protocol.oip_binary; an output is sent
+binary when its ``parameters.binary_data`` asks, else when the request's ``parameters.binary_data_output`` does
+(tritonclient's defaults), and JSON otherwise. Every other key, at any level, is refused by name (Triton's
+``classification`` and sequence parameters included: nothing here serves them). Errors: ``{"error"}``."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +20,8 @@ from mindie_service.params.ranges import INT32_MAX
 from mindie_service.protocol.mindie import parse_generation
 from mindie_service.protocol.request import GenerationRequest, GenerationResult, ProtocolLimits
 from mindie_service.protocol.triton_generate import ModelRef, request_id
-from mindie_service.protocol.validation import require_object
+from mindie_service.params.rule import Field, FieldTable, Rule, read_fields
+from mindie_service.protocol.validation import refuse_unknown, require_object
 
 MAX_BATCH = 16  # prompts in one infer call (each takes an engine request)
 INPUTS = [{"name": "text_input", "datatype": "BYTES", "shape": [-1]},
@@ -26,6 +29,10 @@ INPUTS = [{"name": "text_input", "datatype": "BYTES", "shape": [-1]},
 OUTPUTS = [{"name": "text_output", "datatype": "BYTES", "shape": [-1]},
            {"name": "output_ids", "datatype": "INT64", "shape": [-1, -1]}]
 _OUT_NAMES = {o["name"] for o in OUTPUTS}
+_BODY_KEYS = frozenset({"id", "inputs", "outputs", "parameters"})
+_TENSOR_KEYS = frozenset({"name", "shape", "datatype", "parameters", "data"})
+_BINARY_OUTPUT: FieldTable = {"binary_data_output": Field("binary_data_output", Rule("bool"))}
+_BINARY_DATA: FieldTable = {"binary_data": Field("binary_data", Rule("bool"))}
 
 
 def server_metadata(version: str) -> dict[str, Any]:
@@ -44,6 +51,7 @@ class OipRequest:
     gens: list[GenerationRequest]
     outputs: tuple[str, ...]
     rid: str | None
+    binary: frozenset[str] = frozenset()  # the outputs sent as binary data
 
 
 def _shape(t: dict[str, Any], name: str) -> list[int]:
@@ -64,11 +72,13 @@ def _flat(data: Any, name: str) -> list[Any]:
 
 def _prompts(t: dict[str, Any]) -> list[TextPrompt | TokensPrompt]:
     name, dtype = t.get("name"), t.get("datatype")
+    refuse_unknown(t, _TENSOR_KEYS, "inputs[0].")
     params = t.get("parameters")
     check(params is None or isinstance(params, dict), f"{name}.parameters", "an object", params)
     check(not params or "binary_data_size" not in params, f"{name}.parameters.binary_data_size",
           "absent from a JSON body (binary data needs the Inference-Header-Content-Length header)",
           (params or {}).get("binary_data_size"))
+    refuse_unknown(params or {}, set(), "inputs[0].parameters.")
     shape, data = _shape(t, str(name)), _flat(t.get("data"), str(name))
     size = shape[0] * (shape[1] if len(shape) == 2 else 1)
     check(len(data) == size, f"{name}.data", f"{size} elements (shape {shape})", len(data))
@@ -85,36 +95,49 @@ def _prompts(t: dict[str, Any]) -> list[TextPrompt | TokensPrompt]:
     return [TokensPrompt(tuple(r)) for r in rows]
 
 
-def _outputs(body: dict[str, Any]) -> tuple[str, ...]:
+def _outputs(body: dict[str, Any], binary_default: bool) -> tuple[tuple[str, ...], frozenset[str]]:
+    """The outputs asked for (default: text_output) and those of them to send as binary data."""
     outs = body.get("outputs")
     if outs is None:
-        return ("text_output",)
+        return ("text_output",), frozenset({"text_output"} if binary_default else ())
     check(isinstance(outs, list) and outs and all(isinstance(o, dict) for o in outs), "outputs",
           "a non-empty list of objects", outs)
-    names = tuple(o.get("name") for o in outs)
+    names, binary = [], set()
+    for i, o in enumerate(outs):
+        refuse_unknown(o, {"name", "parameters"}, f"outputs[{i}].")
+        params = require_object(o.get("parameters"), f"outputs[{i}].parameters")
+        refuse_unknown(params, {"binary_data"}, f"outputs[{i}].parameters.")
+        flag = read_fields(params, _BINARY_DATA, f"outputs[{i}].parameters.").get("binary_data", binary_default)
+        names.append(o.get("name"))
+        if flag:
+            binary.add(o.get("name"))
     check(all(isinstance(n, str) and n in _OUT_NAMES for n in names), "outputs[].name",
           f"one of {sorted(_OUT_NAMES)}", names)
-    return names
+    return tuple(names), frozenset(binary)
 
 
 def parse_infer(body: dict[str, Any], limits: ProtocolLimits) -> OipRequest:
     """``{"id"?, "inputs": [one tensor], "outputs"?, "parameters"?}`` -> OipRequest."""
+    refuse_unknown(body, _BODY_KEYS)
     rid = request_id(body)
     inputs = body.get("inputs")
     check(isinstance(inputs, list) and len(inputs) == 1 and isinstance(inputs[0], dict), "inputs",
           "a list of one tensor (text_input or input_ids)", inputs)
     prompts = _prompts(inputs[0])
     check(1 <= len(prompts) <= MAX_BATCH, "inputs[0].shape[0]", f"a batch of 1 to {MAX_BATCH} prompts", len(prompts))
-    params = require_object(body.get("parameters"), "parameters")
+    params = dict(require_object(body.get("parameters"), "parameters"))
     check("stream" not in params, "parameters.stream", "absent (use /generate_stream)", params.get("stream"))
+    binary_default = read_fields(params, _BINARY_OUTPUT, "parameters.").get("binary_data_output", False)
+    params.pop("binary_data_output", None)
     base = parse_generation({"inputs": "-", "parameters": params}, dialect="mindie", stream=False, limits=limits,
-                            priority="triton")
+                            priority="triton", extra_keys=frozenset())
     # the answer is tensors: nothing to carry details, token logprobs or the other best_of samples in
     check(not base.details, "parameters.details", "false (an infer answer has no details; use /generate)", True)
     check(base.top_n_tokens == 0, "parameters.top_n_tokens", "0 on /infer", base.top_n_tokens)
     check(base.best_of == 1, "parameters.best_of", "1 on /infer", base.best_of)
     gens = [dataclasses.replace(base, prompt=p) for p in prompts]
-    return OipRequest(gens, _outputs(body), rid)
+    outputs, binary = _outputs(body, binary_default)
+    return OipRequest(gens, outputs, rid, binary)
 
 
 def infer_response(model: ModelRef, req: OipRequest, results: list[GenerationResult]) -> dict[str, Any]:

@@ -1,10 +1,12 @@
-"""Triton's binary tensor data extension (Triton docs, protocol/extension_binary_data.md), inputs only: the
-body is a JSON header of ``Inference-Header-Content-Length`` bytes, then each input whose
-``parameters.binary_data_size`` is set, in order, as raw bytes: BYTES elements as a 4-byte little-endian length
-and the bytes, INT32 / INT64 as little-endian integers. Decoded here into the JSON ``data`` the parser reads
-(tritonclient sends its inputs so by default). Answers stay JSON, which tritonclient reads as well."""
+"""Triton's binary tensor data extension (Triton docs, protocol/extension_binary_data.md): the body is a JSON
+header of ``Inference-Header-Content-Length`` bytes, then each tensor whose ``parameters.binary_data_size`` is
+set, in order, as raw bytes: BYTES elements as a 4-byte little-endian length and the bytes, INT32 / INT64 as
+little-endian integers. Requests are decoded here into the JSON ``data`` the parser reads (tritonclient sends its
+inputs so by default); answers are encoded so for the outputs asked for as binary (``binary_data``,
+``binary_data_output``: tritonclient asks by default)."""
 from __future__ import annotations
 
+import json
 import sys
 from array import array
 from typing import Any
@@ -60,3 +62,28 @@ def read_binary_request(raw: bytes, header_len: str) -> dict[str, Any]:
         at += size
     check(at == len(rest), "the body", f"{n} header bytes plus the inputs' binary_data_size", len(raw))
     return body
+
+
+def _encode(data: list[Any], datatype: str) -> bytes:
+    if datatype == "BYTES":
+        return b"".join(len(b).to_bytes(4, "little") + b for b in (str(v).encode("utf-8") for v in data))
+    a = array(_INTS[datatype][0], data)
+    if sys.byteorder != "little":
+        a.byteswap()
+    return a.tobytes()
+
+
+def binary_answer(answer: dict[str, Any], names: frozenset[str]) -> tuple[bytes, int] | None:
+    """``answer`` (an infer response with JSON ``data``) with the outputs in ``names`` moved behind its JSON
+    header as binary data: (the body, the header's length for ``Inference-Header-Content-Length``); None when
+    no output is binary (a plain JSON answer)."""
+    if not names:
+        return None
+    blobs: list[bytes] = []
+    for out in answer["outputs"]:
+        if out["name"] in names:
+            raw = _encode(out.pop("data"), out["datatype"])
+            out["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+    header = json.dumps(answer, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return header + b"".join(blobs), len(header)

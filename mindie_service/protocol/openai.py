@@ -305,7 +305,7 @@ def parse_openai(body: dict[str, Any], kind: Kind, *, limits: ProtocolLimits, mo
     greedy = temp == 0.0
     echo = v.get("echo", False)
     params = SamplingParams(
-        max_tokens=v.get("max_tokens", default_max), temperature=temp,
+        max_tokens=min(v.get("max_tokens", default_max), defaults.max_tokens_cap or INT32_MAX), temperature=temp,
         top_k=0 if greedy else (x["top_k"] or 0), top_p=1.0 if greedy or top_p is None else top_p,
         min_p=0.0 if greedy else x["min_p"], stop_token_ids=x["stop_token_ids"],
         repetition_penalty=x["repetition_penalty"], frequency_penalty=v.get("frequency_penalty", 0.0),

@@ -118,12 +118,16 @@ class OpenAIEncoder(Encoder):
             body["obfuscation"] = secrets.token_urlsafe(12)[:1 + secrets.randbelow(16)]
         return sse(body)
 
-    def stream_start(self, req: GenerationRequest, n_samples: int) -> bytes:
+    def stream_start(self, req: GenerationRequest, n_samples: int, first: GenerationResult | None = None) -> bytes:
         assert isinstance(req, OpenAIRequest)
         if req.kind != "chat":
             return b""
+        # vLLM's role chunk carries, with continuous usage, the prompt's usage and no completion tokens yet (its
+        # serving_chat.py); a chat has one prompt, so every choice's prompt count is the first token's.
+        prompt = GenerationResult(num_prompt_tokens=first.num_prompt_tokens) if first is not None else None
         return b"".join(self._chunk(req, [{"index": k, "delta": {"role": "assistant", "content": ""},
-                                           "logprobs": None, "finish_reason": None}]) for k in range(n_samples))
+                                           "logprobs": None, "finish_reason": None}], prompt)
+                        for k in range(n_samples))
 
     def stream_frame(self, req: GenerationRequest, ev: TokenEvent, result: GenerationResult,
                      state: StreamState) -> bytes:

@@ -3,14 +3,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from mindie_service.protocol.mindie import parse_generation
+from mindie_service.errors import check
+from mindie_service.protocol.mindie import BODY_KEYS, parse_generation
 from mindie_service.protocol.request import GenerationRequest, ProtocolLimits
+from mindie_service.protocol.validation import refuse_unknown
 
 
 def parse_tgi_request(body: dict[str, Any], limits: ProtocolLimits, *, stream: bool) -> GenerationRequest:
-    """TGI's GenerateRequest ``{"inputs", "parameters"?}``; the route decides streaming (a ``stream`` key,
-    which TGI's client sends to ``/`` only, is ignored here)."""
-    return parse_generation(body, dialect="tgi", stream=stream, limits=limits)
+    """TGI's GenerateRequest ``{"inputs", "parameters"?}``; the route decides streaming. A ``stream`` key (TGI's
+    client sends it to ``/``) is taken when it says what the route does, refused otherwise. Any other key, at the
+    top or in ``parameters`` (TGI has no priority), is refused by name with a 422: TGI's own router would
+    deserialize past it and ignore it, which this server never does with a field it was sent."""
+    refuse_unknown(body, BODY_KEYS)
+    said = body.get("stream")
+    route = "/generate_stream" if stream else "/generate"
+    check(said is None or said is stream, "stream", f"{str(stream).lower()} or absent on {route}", said)
+    return parse_generation(body, dialect="tgi", stream=stream, limits=limits, extra_keys=frozenset())
 
 
 def info_payload(*, model_id: str, dtype: str, device_type: str, max_concurrent_requests: int, max_best_of: int,

@@ -15,9 +15,10 @@ from mindie_service.errors import MindieError, NotFoundError, check
 from mindie_service.protocol.encoders import Encoder, StreamState, sse
 from mindie_service.protocol.mindie import parse_generation
 from mindie_service.protocol.request import GenerationRequest, GenerationResult, ProtocolLimits
-from mindie_service.protocol.validation import require_object
+from mindie_service.protocol.validation import refuse_unknown, require_object
 
 MODEL_VERSION = "1"  # the one version each model has here
+_BODY_KEYS = frozenset({"id", "text_input", "parameters"})
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,15 @@ def request_id(body: dict[str, Any]) -> str | None:
 
 
 def parse_generate_request(body: dict[str, Any], limits: ProtocolLimits, *, stream: bool) -> GenerationRequest:
-    """``{"text_input", "parameters"?}`` -> GenerationRequest (the route decides streaming)."""
+    """``{"id"?, "text_input", "parameters"?}`` -> GenerationRequest (the route decides streaming). Triton reads
+    any other top-level key as a model input: none exists here, so it is refused by name, as is a parameter
+    outside POST /'s table (and ``priority``)."""
+    refuse_unknown(body, _BODY_KEYS)
     text = body.get("text_input")
     check(isinstance(text, str) and len(text) > 0, "text_input", "a non-empty string", text)
     params = require_object(body.get("parameters"), "parameters")
     return parse_generation({"inputs": text, "parameters": params}, dialect="mindie", stream=stream, limits=limits,
-                            priority="triton")
+                            priority="triton", extra_keys=frozenset())
 
 
 def triton_error(err: MindieError) -> dict[str, str]:

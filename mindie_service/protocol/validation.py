@@ -50,6 +50,16 @@ def require_object(v: Any, name: str) -> dict[str, Any]:
     return v
 
 
+def refuse_unknown(obj: Mapping[str, Any], known: frozenset[str] | set[str], prefix: str = "") -> None:
+    """ValidationError naming the first key of ``obj`` not in ``known`` (a field accepted and ignored would
+    silently change nothing the client asked for); ``prefix`` places it (``parameters.``, ``inputs[0].``)."""
+    unknown = sorted(str(k) for k in obj if k not in known)
+    if unknown:
+        where = f"takes {', '.join(sorted(known))}" if known else "takes no keys"
+        raise ValidationError(f"Parameter {prefix}{unknown[0]} is not supported: {prefix.rstrip('.') or 'the body'} "
+                              f"{where}")
+
+
 def reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 

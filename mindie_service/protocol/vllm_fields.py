@@ -66,9 +66,9 @@ def read_vllm(body: dict[str, Any], defaults: RequestDefaults, vocab_size: int) 
     trunc = body.get("truncate_prompt_tokens")
     check(trunc is None or (type(trunc) is int and 1 <= trunc <= INT32_MAX), "truncate_prompt_tokens",
           f"an integer in [1, {INT32_MAX}] (the prompt's last N tokens are kept)", trunc)
-    return {"top_k": top_k, "repetition_penalty": v.get("repetition_penalty") or 1.0,
+    return {"top_k": top_k, "repetition_penalty": v.get("repetition_penalty") or defaults.repetition_penalty or 1.0,
             "ignore_eos": v.get("ignore_eos", False), "min_tokens": v.get("min_tokens", 0),
-            "min_p": v.get("min_p", 0.0), "stop_token_ids": _token_ids(body.get("stop_token_ids"), vocab_size),
+            "min_p": v.get("min_p", defaults.min_p or 0.0), "stop_token_ids": _token_ids(body.get("stop_token_ids"), vocab_size),
             "truncate": trunc}
 
 

@@ -204,7 +204,7 @@ class GenerationHandler(StreamingHandler):
                     async for k, ev in events:
                         results[k].add(ev)
                         if not started:
-                            self.write(enc.stream_start(req, n))  # sent with the first token
+                            self.write(enc.stream_start(req, n, results[k]))  # sent with the first token
                         started = True
                         self.send(enc.stream_frame(req, ev, results[k], states[k]))
                     self.completed(req, results)

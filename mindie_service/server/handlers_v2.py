@@ -6,7 +6,7 @@ from typing import Any
 
 from mindie_service.errors import MindieError, UnhealthyError
 from mindie_service.protocol.encoders import Encoder
-from mindie_service.protocol.oip_binary import read_binary_request
+from mindie_service.protocol.oip_binary import binary_answer, read_binary_request
 from mindie_service.protocol.oip import OipRequest, infer_response, model_metadata, parse_infer, server_metadata
 from mindie_service.protocol.request import GenerationRequest
 from mindie_service.params.keep_alive import take_keep_alive
@@ -103,8 +103,18 @@ class OipInferHandler(V2Errors, StreamingHandler):
                          [f"{self.engine_id}.{k}" for k in range(len(req.gens))], truncate=g.truncate, rank=g.rank)
         async with self.frontend.open(sub, t0) as run:
             self.run = run
-            self.write_json(infer_response(model, req, await run.results()))
+            answer = infer_response(model, req, await run.results())
+            self._answer(answer, binary_answer(answer, req.binary))
         return True
+
+    def _answer(self, answer: dict[str, Any], binary: tuple[bytes, int] | None) -> None:
+        if binary is None:
+            self.write_json(answer)
+            return
+        body, header_len = binary  # Triton's binary extension: a JSON header, then the outputs' bytes
+        self.set_header("Content-Type", "application/octet-stream")
+        self.set_header("Inference-Header-Content-Length", str(header_len))
+        self.finish(body)
 
 
 __all__ = ["ModelMetadataHandler", "ModelReadyHandler", "OipInferHandler", "ServerMetadataHandler",

@@ -235,6 +235,8 @@ def _operation(path: str, method: str, cls: type) -> dict[str, Any]:
     if path == "/v1/files/{id}/content":
         content = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
         ok = "bytes"
+    if path.startswith("/v2/") and path.endswith("/infer"):  # Triton's binary extension, when asked for
+        content["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
     if path.endswith("/generate_stream"):  # events whose data is a TritonGenerateResponse (or, last, a V2Error)
         content["text/event-stream"] = {"schema": {"type": "object", "required": ["data"],
                                                    "properties": {"data": {"type": "string"}}}}

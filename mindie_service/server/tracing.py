@@ -1,8 +1,10 @@
 """OpenTelemetry request spans, as vLLM sends them (``vllm/v1/engine/output_processor.py``, ``do_tracing``): one
 span ``llm_request`` (kind SERVER) per generated sequence, from the call's arrival to its end, with vLLM's
 ``gen_ai.*`` attributes (``vllm/tracing/utils.py`` SpanAttributes), its parent the request's W3C ``traceparent``
-(and ``tracestate``) header, exported over OTLP/HTTP (protobuf) to ServerConfig.otlpTracesEndpoint (vLLM's
-``--otlp-traces-endpoint``) by a batching span processor (off the IO loop).
+(and ``tracestate``) header, exported over OTLP to ServerConfig.otlpTracesEndpoint (vLLM's
+``--otlp-traces-endpoint``) by a batching span processor (off the IO loop). The protocol is vLLM's switch, the
+``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` variable: ``http/protobuf`` (the default here, as before) or ``grpc``
+(vLLM's default); any other value is refused at start, naming the variable.
 
 Off by default, and then free: nothing here is imported by the server unless the endpoint is set, and handlers
 keep no trace context (``serving.observer.TRACE_HEADERS`` stays unset). OpenTelemetry's SDK and exporter come with
@@ -10,6 +12,7 @@ the ``tracing`` extra; a server configured for traces without them refuses to st
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -20,14 +23,33 @@ logger = logging.getLogger(__name__)
 
 SPAN_NAME = "llm_request"
 TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context, as vLLM reads it
+PROTOCOL_ENV = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"  # vLLM's (and OpenTelemetry's) name for the switch
+_EXPORTERS = {"http/protobuf": "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+              "grpc": "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"}
+
+
+def span_exporter(endpoint: str, protocol: str | None = None) -> Any:
+    """The OTLP span exporter for ``protocol`` (None: the environment's, else http/protobuf), as vLLM's
+    ``get_span_exporter`` picks it; ConfigError for a protocol nobody serves or a missing package."""
+    import importlib
+
+    proto = protocol or os.environ.get(PROTOCOL_ENV) or "http/protobuf"
+    if proto not in _EXPORTERS:
+        raise ConfigError(f"{PROTOCOL_ENV}={proto!r} is not a trace protocol this server speaks: "
+                          f"{' or '.join(sorted(_EXPORTERS))}")
+    try:
+        module = importlib.import_module(_EXPORTERS[proto])
+    except ImportError as e:
+        raise ConfigError(f"ServerConfig.otlpTracesEndpoint is set but OpenTelemetry's {proto} exporter is not "
+                          f"installed ({e.name}): pip install 'mindie-service[tracing]'") from None
+    return module.OTLPSpanExporter(endpoint=endpoint)
 
 
 class RequestTracer(NullObserver):  # it reads only the full records (observe_record)
     """A ``RequestObserver`` that ends each sequence's record as a span (serving.observer.SequenceRecord)."""
 
-    def __init__(self, endpoint: str, service_name: str = "mindie-service") -> None:
+    def __init__(self, endpoint: str, service_name: str = "mindie-service", protocol: str | None = None) -> None:
         try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import TracerProvider
             from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -38,11 +60,12 @@ class RequestTracer(NullObserver):  # it reads only the full records (observe_re
                               "pip install 'mindie-service[tracing]'") from None
         # a provider of our own (never the process-global one): the server's spans only, flushed on close
         self.provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
-        self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+        exporter = span_exporter(endpoint, protocol)
+        self.provider.add_span_processor(BatchSpanProcessor(exporter))
         self.tracer = self.provider.get_tracer("mindie_service")
         self.kind = SpanKind.SERVER
         self.propagator = TraceContextTextMapPropagator()
-        logger.info("request spans go to %s (OTLP/HTTP)", endpoint)
+        logger.info("request spans go to %s (OTLP, %s)", endpoint, type(exporter).__module__.split(".")[-2])
 
     def observe_record(self, rec: SequenceRecord) -> None:
         # the record's times are monotonic; a span's are the wall clock's nanoseconds

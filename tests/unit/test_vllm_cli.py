@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -101,7 +102,50 @@ def test_chat_template_from_a_file_or_inline_replaces_the_checkpoints(tmp_path: 
     assert exit_.value.code == 2
 
 
-def test_generation_config_takes_vllm_only(tmp_path: Path):
-    loaded(tmp_path, "m", "--generation-config", "vllm")  # vLLM's defaults: this server's
-    with pytest.raises(SystemExit):
-        _parser().parse_known_args(["serve", "m", "--generation-config", "auto"])
+def test_generation_config_vllm_auto_and_a_folder(tmp_path: Path):
+    """vLLM's --generation-config: vllm (its own defaults), auto (the model folder's generation_config.json), or a
+    folder; what differs from transformers' defaults becomes the OpenAI routes' defaults (get_diff_sampling_param),
+    a folder's max_new_tokens also caps the output (vLLM's override_max_tokens)."""
+    from transformers import GenerationConfig
+
+    from mindie_service.catalog.generation_defaults import generation_defaults
+    from mindie_service.params.defaults import RequestDefaults
+    from mindie_service.protocol.openai import parse_openai
+    from mindie_service.protocol.request import ProtocolLimits
+
+    ckpt, other = tmp_path / "ckpt", tmp_path / "gen"
+    gen = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "max_new_tokens": 50,
+           "repetition_penalty": 1.1, "min_p": 0.05}
+    for folder in (ckpt, other):
+        folder.mkdir()
+        GenerationConfig(**gen).save_pretrained(folder)
+    assert loaded(tmp_path, str(ckpt), "--generation-config", "auto").models[0].generation_config == "auto"
+    assert loaded(tmp_path, str(ckpt), "--generation-config", str(other)).models[0].generation_config == str(other)
+    assert loaded(tmp_path, str(ckpt)).models[0].generation_config == "vllm"  # today's default kept
+    with pytest.raises(ConfigError, match="generationConfig"):
+        loaded(tmp_path, str(ckpt), "--generation-config", str(tmp_path))  # no generation_config.json there
+    auto = generation_defaults("auto", ckpt)
+    assert (auto.temperature, auto.top_p, auto.top_k, auto.max_tokens, auto.repetition_penalty, auto.min_p,
+            auto.max_tokens_cap) == (0.6, 0.9, 20, 50, 1.1, 0.05, None)
+    assert generation_defaults("auto", tmp_path) == generation_defaults("vllm", ckpt) == RequestDefaults()
+    assert generation_defaults(str(other), ckpt).max_tokens_cap == 50
+
+    def chat(defaults, **body):
+        return parse_openai({"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}, "chat",
+                            limits=ProtocolLimits(vocab_size=100), model="m", request_id="r", defaults=defaults).params
+    p = chat(auto)
+    assert (p.temperature, p.top_p, p.top_k, p.max_tokens, p.repetition_penalty, p.min_p) == \
+        (0.6, 0.9, 20, 50, 1.1, 0.05)
+    p = chat(auto, temperature=0.2, max_tokens=80, repetition_penalty=1.0, min_p=0.0)  # the request's own win
+    assert (p.temperature, p.max_tokens, p.min_p) == (0.2, 80, 0.0)
+    assert chat(generation_defaults(str(other), ckpt), max_tokens=80).max_tokens == 50  # a folder's cap
+    assert chat(RequestDefaults()).temperature == 1.0
+    from mindie_service.catalog.catalog import Catalog
+
+    cfg = loaded(tmp_path, str(ckpt), "--generation-config", "auto")
+    cat = Catalog(cfg, tmp_path / "models", build=None)
+    entry = cat.entries["ckpt"]
+    entry.state, entry.engine = "running", SimpleNamespace(healthy=lambda: True, adapter_names=lambda: ())
+    target = cat.resolve("ckpt")
+    assert target.defaults == auto  # what the OpenAI routes' parser is handed (model.json's values over them)
+    cat.release(target)
