@@ -50,6 +50,10 @@ class Urgent:
         return (self.key is not None and seq.priority == self.key[0] and seq.rank > self.key[1]
                 and (self.now is None or self.now - seq.arrival < self.aging_s))
 
+    def outranks_rank(self, seq: Sequence) -> bool:
+        """Less urgent within the key's class, however long it has waited (a bound on its rate, never a wait)."""
+        return self.key is not None and seq.priority == self.key[0] and seq.rank > self.key[1]
+
     def yields(self, seq: Sequence) -> bool:
         """Whether running ``seq`` (its prompt piece, or its decode) waits this step (a beam group's members stay
         in step)."""
