@@ -196,7 +196,6 @@ def main() -> int:
             if proc is not None:
                 stop_process(proc)
         if args.phases and proc is not None:
-            import shutil; shutil.copy(Path(tmp) / "server.log", "/tmp/prio3-server.log")
             res["phases_ms"] = phases(Path(tmp) / "server.log", args)
     print(json.dumps(res))
     base = (f"; default priority under the same load {res['default_priority_p50_s'] * 1e3:.1f} ms"
