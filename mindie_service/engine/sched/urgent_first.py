@@ -47,7 +47,7 @@ class Urgent:
 
     def outranks(self, seq: Sequence) -> bool:
         """Whether ``seq`` gives way this step: less urgent within the key's class, and not aged."""
-        return (self.key is not None and seq.priority == self.key[0] and seq.rank > self.key[1]
+        return (self.outranks_rank(seq)
                 and (self.now is None or self.now - seq.arrival < self.aging_s))
 
     def outranks_rank(self, seq: Sequence) -> bool:
