@@ -16,6 +16,11 @@ Against a running server:   tools/bench_priority.py --url http://127.0.0.1:1025
 Against one it starts:      tools/bench_priority.py --model models/small   (plain HTTP, the shipped
                             conf/config.json's ScheduleConfig; --kv-blocks bounds the KV pool)
 Smoke run:                  tools/bench_priority.py --model models/tiny --streams 4 --probes 3 --prompt-words 40
+
+``--phases`` (with --model) runs the server at DEBUG and reads its per-sequence phase lines (serving.streams.
+phase_line): the median ms from the call's start to each phase for the urgent probes, idle and loaded, and the
+client's TTFT beside the server's (their difference: the HTTP request's read before the call starts, and the
+first frame's write and delivery). A breakdown, not a figure: DEBUG logging costs a little.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -132,8 +138,27 @@ def _config(args: argparse.Namespace, out: Path) -> Path:
                "ModelConfig": [{"modelName": Path(args.model).name,
                                 "modelWeightPath": str(Path(args.model).absolute())}]},
                "ScheduleConfig": sched}}
+    if args.phases:
+        cfg["LogConfig"] = {"logLevel": "Debug"}
     out.write_text(json.dumps(cfg))
     return out
+
+
+_PHASE = re.compile(r"phases (\S+) rank=(-?\d+) (.*)$")
+
+
+def phases(log: Path, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Median ms from the call's start to each phase, for the idle and the loaded urgent probes (the server log's
+    phase lines in order: warm-up, idle, then the loaded ones; probes run one at a time)."""
+    rank = {"openai": -10, "infer": -4}[args.route]  # URGENT as the engine ranks it (params.priority)
+    rows = []
+    for line in log.read_text(errors="replace").splitlines():
+        m = _PHASE.search(line)
+        if m and int(m.group(2)) == rank:
+            rows.append({k: float(v) for k, v in (kv.split("=") for kv in m.group(3).split()) if v != "-"})
+    sets = {"idle": rows[args.probes:2 * args.probes], "loaded": rows[2 * args.probes:]}
+    return {name: {k: round(statistics.median(r[k] for r in rs if k in r), 2) for k in rs[0]}
+            for name, rs in sets.items() if rs}
 
 
 def _args() -> argparse.Namespace:
@@ -154,6 +179,7 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--kv-blocks", type=int, default=None, help="--model: numKvBlocks (default: sized by the engine)")
     ap.add_argument("--max-seq-len", type=int, default=4096, help="--model: maxSeqLen")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a read may wait")
+    ap.add_argument("--phases", action="store_true", help="--model: where the urgent probes' TTFT goes (server log)")
     return ap.parse_args()
 
 
@@ -169,6 +195,8 @@ def main() -> int:
         finally:
             if proc is not None:
                 stop_process(proc)
+        if args.phases and proc is not None:
+            res["phases_ms"] = phases(Path(tmp) / "server.log", args)
     print(json.dumps(res))
     base = (f"; default priority under the same load {res['default_priority_p50_s'] * 1e3:.1f} ms"
             if "default_priority_p50_s" in res else "")

@@ -34,7 +34,7 @@ class Sequence:
     adapter_slot: int = 0  # LoRA pool slot (0 = base model)
     priority: int = 0  # engine.contract.PRIORITY_*: online first, batch-job lines after (and preempted first)
     rank: int = 0  # the request's priority within its class, lower first (engine.sched.order)
-    batch_turn: int = 0  # a batch line: its last turn decoding beside a waiting online request (engine.sched.batch_bound)
+    batch_turn: int = 0  # its last turn decoding beside more urgent traffic (engine.sched.batch_bound)
     mm_inputs: Any = None
     output_token_ids: list[int] = field(default_factory=list)
     status: SeqStatus = SeqStatus.WAITING

@@ -168,6 +168,7 @@ class Frontend:
         limits = BATCH_TIMEOUTS if sub.batch else self.timeouts.capped(sub.timeout, "parameters.timeout")
         gate = contextlib.nullcontext() if sub.batch else self.admitted(sub.slots, t0, limits, sub.rank)
         async with gate:
+            admitted = time.monotonic()
             with self.sessions.claim(k for k in sub.session_ids if k is not None):
                 engine = sub.engine()
                 check_task(engine.tasks, "generate", engine.model_name)  # an embedding or rerank model: 400
@@ -180,6 +181,7 @@ class Frontend:
                                                  else e.priority) for e in ereqs]
                 async with self._run(engine, list(ereqs), sub.best_of, t0, limits,
                                      NullObserver() if sub.batch else None) as run:
+                    run.marks["admitted"] = admitted
                     yield run
 
     @contextlib.asynccontextmanager

@@ -109,6 +109,8 @@ class Run:
         self.usage = RunUsage(prompt_tokens=sum(len(e.prompt_token_ids) for e in requests))
         self._waiting: set[asyncio.Task[Any]] = set()  # the tasks reading its samples' events (``cut``)
         self._cut: MindieError | None = None
+        # when the call passed admission (Frontend.open) and was ready for the engine: the DEBUG phase line
+        self.marks: dict[str, float] = {"ready": time.monotonic()}
 
     def cut(self, err: MindieError) -> None:
         """End every sample now with ``err`` (a stream's last frame says it): the service stops at once."""
@@ -226,5 +228,18 @@ class Run:
                 self.usage.ttft = ttft
             self.observer.observe_sequence(prompt_tokens=prompt_n, generated=n, ttft=ttft,
                                            e2e=time.monotonic() - self.t0)
-            self.observer.observe_record(track.record(
-                ereq, getattr(self.engine, "model_name", ""), prompt_n, self.t0, self.best_of))
+            rec = track.record(ereq, getattr(self.engine, "model_name", ""), prompt_n, self.t0, self.best_of)
+            self.observer.observe_record(rec)
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("%s", phase_line(rec, ereq.rank, self.marks))
+
+
+def phase_line(rec: SequenceRecord, rank: int, marks: dict[str, float]) -> str:
+    """Where a sequence's time to first token went, in ms from the call's start (tools/bench_priority.py --phases
+    reads it): body read and parse plus the admission queue (``admitted``), tokenization (``ready``: its engine
+    request handed over), the engine thread taking it in (``queued``: the step in flight ended), its first
+    scheduling (``scheduled``), its first token on the IO loop (``first``)."""
+    def ms(t: float | None) -> str:
+        return "-" if t is None else f"{(t - rec.t0) * 1e3:.2f}"
+    return (f"phases {rec.request_id} rank={rank} admitted={ms(marks.get('admitted'))} ready={ms(marks.get('ready'))} "
+            f"queued={ms(rec.queued_at)} scheduled={ms(rec.scheduled_at)} first={ms(rec.first)}")

@@ -12,8 +12,11 @@ Two bounds, both ScheduleConfig keys:
   least recently first (so every line progresses), then prompt tokens; at least one token, so batch
   work never stops while online traffic keeps arriving.
 
-The prompt bound also holds online prompts less urgent than an urgent request seen lately (``live``, engine.sched.
-urgent_first.Watch): they share batchPrefillTokens a step, apart from the batch lines' own."""
+Both bounds also hold online requests less urgent than an urgent request seen lately (``live``, engine.sched.
+urgent_first.Watch), apart from the batch lines' own: while it is live, their work in a step is at most
+batchTokensBesideOnline tokens in all (decodes first, least recently run first, then prompt tokens, at most
+batchPrefillTokens), so the step an urgent arrival waits for is about as short as its own. A running decode still
+gets a token every few steps (round robin), and a prompt that has waited order.AGING_S is no longer held."""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -37,11 +40,16 @@ class BatchAllowance:
     live: Urgent | None = None  # online prompts it outranks take at most live_left tokens this step
     live_left: int = 0
 
+    live_rows: bool = False  # the decodes ``live`` outranks run only when chosen (in ``decodes``)
+
     def runs(self, seq: Sequence) -> bool:
         """Whether ``seq``, running and decoding, decodes this step (False: it skips the step, keeping its
         blocks)."""
-        return (seq.priority == PRIORITY_ONLINE or self.total_left is None or seq.group is not None
-                or seq.request_id in self.decodes)
+        if seq.group is not None or seq.request_id in self.decodes:
+            return True
+        if seq.priority == PRIORITY_ONLINE:
+            return not (self.live_rows and self.live is not None and self.live.outranks_rank(seq))
+        return self.total_left is None
 
     def room(self, seq: Sequence, n: int, prompt: bool = True) -> int:
         """Of ``n`` more tokens ``seq`` would compute this step (prompt tokens, or a decode's draft tokens /
@@ -76,16 +84,32 @@ def step_allowance(cfg: EngineConfig, running: list[Sequence], pressed: bool, tu
                    live: Urgent | None = None) -> BatchAllowance:
     """This step's allowance; with ``pressed`` (online_pressed), the batch lines that decode are chosen now,
     least recently chosen first (round robin), and given turns ``turns + 1``, ``turns + 2``... ``live``: the
-    online prompts it outranks share the prompt bound (urgent_first.Watch)."""
+    online requests it outranks are bounded alike, on their own (urgent_first.Watch); batchTokensBesideOnline null:
+    no bound on decodes, the prompts still share batchPrefillTokens."""
     prompt = cfg.max_prefill_tokens if cfg.batch_prefill_tokens is None else cfg.batch_prefill_tokens
-    if not pressed or cfg.batch_tokens_beside_online is None:
-        return BatchAllowance(prompt, live=live, live_left=prompt)
     bound = cfg.batch_tokens_beside_online
-    lines = [s for s in running if s.priority != PRIORITY_ONLINE and s.group is None and not prefilling(s)]
-    lines.sort(key=lambda s: s.batch_turn)  # stable: oldest first among equals
-    for i, s in enumerate(lines[:bound]):
+    if bound is None:
+        return BatchAllowance(prompt, live=live, live_left=prompt)
+    held: list[Sequence] = []  # the less urgent online decodes chosen to run beside live urgent traffic
+    live_left = prompt
+    if live is not None:
+        held = _take_turns([s for s in running if s.priority == PRIORITY_ONLINE and s.group is None
+                            and not prefilling(s) and live.outranks_rank(s)], bound, turns)
+        live_left = min(prompt, bound - len(held))
+    if not pressed:
+        return BatchAllowance(prompt, None, {s.request_id for s in held}, live, live_left, live is not None)
+    chosen = _take_turns([s for s in running if s.priority != PRIORITY_ONLINE and s.group is None
+                          and not prefilling(s)], bound, turns + len(held))
+    return BatchAllowance(prompt, bound - len(chosen), {s.request_id for s in held + chosen}, live, live_left,
+                          live is not None)
+
+
+def _take_turns(rows: list[Sequence], bound: int, turns: int) -> list[Sequence]:
+    """The first ``bound`` of ``rows``, least recently chosen first (round robin: every row progresses), given turns
+    ``turns + 1``, ``turns + 2``...; the others skip this step (their drafts dropped)."""
+    rows.sort(key=lambda s: s.batch_turn)  # stable: oldest first among equals
+    for i, s in enumerate(rows[:bound]):
         s.batch_turn = turns + 1 + i
-    for s in lines[bound:]:
-        s.draft_token_ids.clear()  # it skips this step
-    chosen = lines[:bound]
-    return BatchAllowance(prompt, bound - len(chosen), {s.request_id for s in chosen}, live, prompt)
+    for s in rows[bound:]:
+        s.draft_token_ids.clear()
+    return rows[:bound]

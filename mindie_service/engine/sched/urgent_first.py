@@ -14,13 +14,15 @@ urgent request of its class gives way (``Urgent.outranks``):
   urgent, newest running request of the class is preempted, at most maxPreemptCount a step (0: never).
 
 The step in flight when an urgent request arrives is kept short as well, while urgent traffic is live: for LIVE_S
-after a more urgent online request was last in the engine, less urgent online prompts take at most
-batchPrefillTokens tokens a step in all (``Watch``, spent through engine.sched.batch_bound's allowance), as batch
-lines always do; the next urgent arrival then waits for a step of that length, not a maxPrefillTokens prefill.
+after a more urgent online request was last in the engine, less urgent online work takes at most
+batchTokensBesideOnline tokens a step in all, its decodes taking turns, then prompt pieces of at most
+batchPrefillTokens (``Watch``, spent through engine.sched.batch_bound's allowance), as batch lines do beside online
+traffic; the next urgent arrival then waits for a step of that size, not every stream's decode or a maxPrefillTokens
+prefill.
 Multi-step bursts are cut too: a step with a prompt in it never bursts, and rows less urgent than the default
 (rank > 0) never burst (engine.sched.bursts.eligible): an urgent arrival waits for one step in flight, not eight.
-No starvation: a request that has waited order.AGING_S since it arrived gives way no more. Equal ranks never give
-way: default traffic is scheduled as before."""
+No starvation: a request that has waited order.AGING_S since it arrived gives way no more (its decode still takes
+turns: a rate, never a wait). Equal ranks never give way: default traffic is scheduled as before."""
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -47,8 +49,12 @@ class Urgent:
 
     def outranks(self, seq: Sequence) -> bool:
         """Whether ``seq`` gives way this step: less urgent within the key's class, and not aged."""
-        return (self.key is not None and seq.priority == self.key[0] and seq.rank > self.key[1]
+        return (self.outranks_rank(seq)
                 and (self.now is None or self.now - seq.arrival < self.aging_s))
+
+    def outranks_rank(self, seq: Sequence) -> bool:
+        """Less urgent within the key's class, however long it has waited (a bound on its rate, never a wait)."""
+        return self.key is not None and seq.priority == self.key[0] and seq.rank > self.key[1]
 
     def yields(self, seq: Sequence) -> bool:
         """Whether running ``seq`` (its prompt piece, or its decode) waits this step (a beam group's members stay
