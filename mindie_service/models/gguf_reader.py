@@ -68,13 +68,12 @@ def release_pages(path: Path) -> None:
         m.madvise(mmap.MADV_DONTNEED)
 
 
-def forget(path: Path) -> None:
+def forget() -> None:
     """Drop the cached parse (every file's: the cache holds two at most) once a load and its tokenizer have what they
     need: the reader's Python objects (one numpy view per vocabulary entry, ~160 MB for SmolLM2's 49k tokens and
     merges) and its file mapping then go with the last reference (issue 44: RSS after load). A later read parses
-    the file again."""
-    if path.is_file():
-        release_pages(path)
+    the file again (no file is read here: the loader's ``release_pages`` gave the mapped pages back while the parse
+    was still cached)."""
     _cached.cache_clear()
 
 

@@ -196,9 +196,8 @@ def release_checkpoint(path: str | Path) -> None:
     """After a model and its tokenizer are loaded: a GGUF's cached parse dropped (models/gguf_reader.forget), the
     garbage collected and the C heap's free pages given back (glibc's malloc_trim), so what loading allocated and
     freed does not stay in the RSS (issue 44)."""
-    file = gguf_checkpoint.find_gguf(path)
-    if file is not None:
-        gguf_reader.forget(file)
+    if gguf_checkpoint.find_gguf(path) is not None:
+        gguf_reader.forget()
     gc.collect()
     memory.trim_heap()
 
