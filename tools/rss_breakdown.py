@@ -157,7 +157,8 @@ def build(args: argparse.Namespace, phases: Phases) -> Any:
     phases.wrap(loader, "_pack", "packed into the arena")
     phases.wrap(engine_parts, "load_tokenizer", "tokenizer")
     cfg = EngineConfig(model=str(args.gguf), dtype="float32", max_seq_len=args.max_seq_len, cache_block_size=16,
-                       num_kv_blocks=args.blocks, max_batch_size=args.max_batch_size)
+                       num_kv_blocks=args.blocks, max_batch_size=args.max_batch_size,
+                       max_iter_times=min(512, args.max_seq_len))
     engine = LLMEngine(cfg)
     phases.mark("engine + KV pool")
     return engine
