@@ -42,6 +42,15 @@ def rss_bytes() -> int | None:
         return None
 
 
+def trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc's ``malloc_trim(0)``): memory a load allocated and freed
+    (read buffers, transient copies) otherwise stays in the RSS. A no-op where glibc is not the allocator."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def rss_mib() -> int | None:
     rss = rss_bytes()
     return None if rss is None else round(rss / 2**20)

@@ -134,6 +134,14 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(h, ctx)
 
 
+def embedding(vocab: int, hidden: int) -> nn.Embedding:
+    """nn.Embedding, without its random init when built on the meta device (the loader's case, which fills it from
+    the checkpoint): on meta, ``init.normal_`` runs through torch._refs, which imports torch._dynamo and triton
+    (~110 MB resident, issue 44) to draw nothing."""
+    w = torch.empty(vocab, hidden)
+    return nn.Embedding(vocab, hidden, _weight=w) if w.is_meta else nn.Embedding(vocab, hidden)
+
+
 class LlamaForCausalLM(nn.Module):
     """Parameter names follow Hugging Face's with q/k/v and gate/up packed (see PACKED)."""
 
@@ -144,7 +152,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, d: LlamaDims, rope_cos: torch.Tensor, rope_sin: torch.Tensor) -> None:
         super().__init__()
         self.dims = d
-        self.embed_tokens = nn.Embedding(d.vocab, d.hidden)
+        self.embed_tokens = embedding(d.vocab, d.hidden)
         self.layers = nn.ModuleList(DecoderLayer(d, i) for i in range(d.layers))
         self.norm = RMSNorm(d.hidden, d.eps)
         self.lm_head = FastLinear(d.hidden, d.vocab, bias=False)

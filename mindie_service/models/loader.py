@@ -1,6 +1,7 @@
 """Read a Hugging Face checkpoint folder (config.json + *.safetensors) into our model."""
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import logging
@@ -16,6 +17,7 @@ from transformers import AutoConfig
 from mindie_service.models import gguf_checkpoint, gguf_packed, gguf_reader, packed_arena, quantize, w4a16_checkpoint
 from mindie_service.models.demo_marker import demo_warning, gguf_beside_demo
 from mindie_service.models.registry import family_for
+from mindie_service.models.rope import rope_tables
 from mindie_service.models.shard import Reduce, shard_model
 from mindie_service.models.weights import tie_and_find_missing
 from mindie_service.errors import check
@@ -57,14 +59,6 @@ def read_checkpoint_config(path: str | Path) -> dict[str, Any]:
           "a checkpoint whose config.json holds torch_dtype", str(cfg_file))
     check(any(p.glob("*.safetensors")), "model", "a folder holding *.safetensors weights", str(path))
     return raw
-
-
-def _rope_tables(rotary_class: str, cfg: Any, max_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
-    mod_name, cls_name = rotary_class.rsplit(".", 1)
-    rope = getattr(importlib.import_module(mod_name), cls_name)(config=cfg)
-    pos = torch.arange(max_pos)[None]
-    cos, sin = rope(torch.zeros(1, dtype=torch.float32), pos)
-    return cos[0], sin[0]
 
 
 def load_weights(model: nn.Module, path: Path, prefix_map: dict[str, str] | None = None) -> None:
@@ -198,6 +192,16 @@ def _pack(model: nn.Module, batch_hint: int, torch_dtype: torch.dtype,
         gguf_reader.release_pages(gguf.path)  # its packed weights were copied into the arena
 
 
+def release_checkpoint(path: str | Path) -> None:
+    """After a model and its tokenizer are loaded: a GGUF's cached parse dropped (models/gguf_reader.forget), the
+    garbage collected and the C heap's free pages given back (glibc's malloc_trim), so what loading allocated and
+    freed does not stay in the RSS (issue 44)."""
+    if gguf_checkpoint.find_gguf(path) is not None:
+        gguf_reader.forget()
+    gc.collect()
+    memory.trim_heap()
+
+
 def load_model(path: str | Path, dtype: str, device: torch.device, max_positions: int,
                batch_hint: int = 32, quantization: str | None = None, kv_cache_dtype: str = "auto",
                shard: tuple[int, int, Reduce] | None = None, quantize_lm_head: bool = False,
@@ -228,7 +232,7 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     torch_dtype = DTYPES[dtype]
     text_cfg = getattr(hf_cfg, family.text_config) if family.text_config else hf_cfg
     max_pos = min(max_positions, getattr(text_cfg, "max_position_embeddings", max_positions) or max_positions)
-    cos, sin = _rope_tables(family.rotary_class, text_cfg, max_pos)
+    cos, sin = rope_tables(family.rotary_class, text_cfg, max_pos)
     with torch.device("meta"):
         model = family.build(text_cfg, cos, sin)
     model = model.to_empty(device=staging_device(device))

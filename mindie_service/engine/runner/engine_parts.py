@@ -10,7 +10,7 @@ from typing import Any
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.runner.cuda_graphs import GraphPlan, graph_plan
 from mindie_service.engine.runner.model_runner import kv_bytes_per_block
-from mindie_service.models.loader import LoadedModel, load_model
+from mindie_service.models.loader import LoadedModel, load_model, release_checkpoint
 from mindie_service.models.shard import Reduce
 from mindie_service.models.gguf_checkpoint import load_tokenizer
 from npu_ops import cpu_kernels, platform
@@ -52,6 +52,7 @@ def load_parts(cfg: EngineConfig, shard: tuple[int, int, Reduce] | None = None,
                         quantize_lm_head=cfg.quantize_lm_head, kv_cache_dtype=cfg.kv_cache_dtype, shard=shard,
                         gguf_activations=cfg.gguf_activations)
     tokenizer = load_tokenizer(cfg.model, cfg.trust_remote_code, cfg.chat_template)
+    release_checkpoint(cfg.model)  # the GGUF parse both needed, and the load's freed heap, out of the RSS
     num_blocks = cfg.num_kv_blocks or auto_num_blocks(cfg, loaded, device,
                                                         extra_block_bytes(device) if extra_block_bytes else 0)
     per_block = kv_bytes_per_block(loaded.model, cfg.cache_block_size, loaded.dtype, cfg.kv_cache_dtype)

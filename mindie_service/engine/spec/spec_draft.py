@@ -27,7 +27,7 @@ from mindie_service.engine.sample.sampler import Sampler
 from mindie_service.engine.sequence import Sequence
 from mindie_service.engine.step import ScheduledChunk, SchedulerOutput
 from mindie_service.errors import ValidationError
-from mindie_service.models.loader import DTYPES, checkpoint_config, load_model
+from mindie_service.models.loader import DTYPES, checkpoint_config, load_model, release_checkpoint
 from npu_ops.platform import default_dtype
 
 logger = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ class DraftModelProposer:
             raise ValidationError(f"speculative draft model {path}: vocabulary of {vocab} tokens, the target has "
                                   f"{target_vocab}; a draft model must share the target's tokenizer")
         _check_tokenizer(path, target_tokenizer)
+        release_checkpoint(path)  # a GGUF draft's parse out of the RSS, as the target's (issue 44)
         self.runner = ModelRunner(loaded.model, num_blocks, block_size, device, loaded.dtype)
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
         self.shadows: dict[str, Sequence] = {}
