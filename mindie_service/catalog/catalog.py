@@ -19,7 +19,8 @@ from typing import Any, Awaitable, Callable
 from mindie_service.catalog.checkpoint_kind import check_folder, declared_kind, detect
 from mindie_service.catalog.entry import CatalogEntry
 from mindie_service.catalog.fit_estimate import estimate, loaded_estimate
-from mindie_service.catalog.memory_meter import LoadMeter, trim_heap
+from mindie_service.catalog.memory_meter import LoadMeter
+from npu_ops.memory import trim_heap
 from mindie_service.catalog.model_json import ModelRecord, check_model_id, read_model_json
 from mindie_service.catalog.shared_files import first_user
 from mindie_service.engine.client import EngineClient

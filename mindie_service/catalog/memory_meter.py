@@ -6,7 +6,6 @@ holds the checkpoint's pages and copies not yet freed on top of what stays, and 
 time (catalog/residency.py), so each difference is that model's alone."""
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
 import threading
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mindie_service.catalog.residency_stats import MeasuredMemory
+from npu_ops.memory import trim_heap
 
 logger = logging.getLogger(__name__)
 SAMPLE_S = 0.005  # how often a load's RSS is read towards its peak (a load takes 70 ms and up)
@@ -50,15 +50,6 @@ def _live_rss() -> int:
     """The RSS once the C heap's free pages went back (``trim_heap``): what is in use, not what the allocator kept."""
     trim_heap()
     return _rss()
-
-
-def trim_heap() -> None:
-    """Give the C heap's free pages back to the system (glibc's malloc_trim) after a model is unloaded: without it
-    a freed model's small allocations stay in the process's RSS and the next load adds to them. No-op elsewhere."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def total_memory() -> int:

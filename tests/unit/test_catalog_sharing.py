@@ -20,7 +20,8 @@ def _model(folder: Path) -> Path:
 
 
 def _catalog(root: Path, weight_path: Path) -> Catalog:
-    cfg = SimpleNamespace(models=[SimpleNamespace(name="demo-tiny", weight_path=str(weight_path), mock=True)],
+    cfg = SimpleNamespace(models=[SimpleNamespace(name="demo-tiny", weight_path=str(weight_path), mock=True,
+                                                generation_config="vllm")],
                           lora_modules=())
     return Catalog(cfg, root, build=None)
 
