@@ -88,30 +88,31 @@ def packed_values(model: nn.Module) -> int:
 
 
 # GGUF activations (ModelConfig.ggufActivations): "int8" quantizes x per 16 columns (K-quants: 256) by llama.cpp's
-# rule for calls of at most INT8_MAX_ROWS rows (decode steps: bandwidth-bound, where int8 sums cost well under half
-# the instructions per weight), the fp32 kernels beyond (a prefill: exact against the dequantized weights); "fp32"
-# always the latter. The LM head keeps fp32 activations whatever the mode: its logits choose the token, and on
-# SmolLM2's Q4_1 file an int8 head flipped a 0.03-nat near-tie of the first-hour answer ("Paris") and added a quarter
-# of the int8 path's mean KL. A call's path depends on its row count: a prompt whose cached prefix leaves a tail of few rows
-# prefills that tail on int8 where the whole prompt took fp32, so a repeat can differ by the rounding of x.
+# rule in every call, decode steps (bursts, speculation's verify rows) and prefill pieces alike: the int8 GEMM
+# (csrc/gemm_gguf_q8.c, tiles of 4 x rows by 4 weight rows over L2-sized chunks of x) is faster than the fp32 one at
+# prefill sizes too (tools/bench_gguf_kernels.py --gemv), so the step's kind need not reach the kernels, and a row's
+# result depends on its own row of x alone: not on the row count, the batch, a cached prefix or the thread split.
+# "fp32" always takes the fp32 kernels (exact against the dequantized weights). The LM head keeps fp32 activations
+# whatever the mode: its logits choose the token, and on SmolLM2's Q4_1 file an int8 head flipped a 0.03-nat
+# near-tie of the first-hour answer ("Paris") and added a quarter of the int8 path's mean KL.
 ACTIVATIONS = ("int8", "fp32")
-INT8_MAX_ROWS = 16  # tools/bench_gguf_kernels.py --gemv: int8 at least as fast as fp32 up to 16 rows of x, slower at 32
+INT8_EVERY_CALL = 1 << 62  # GgufLinear.int8_rows that no call's row count reaches
 
 
-def set_activations(model: nn.Module, mode: str, max_rows: int = INT8_MAX_ROWS) -> dict[str, str]:
-    """Every packed GgufLinear of ``model`` on the ``mode`` activations (``max_rows``: the most rows a call may have
-    to take the int8 kernels); returns weights_report's line (none without packed linears)."""
+def set_activations(model: nn.Module, mode: str) -> dict[str, str]:
+    """Every packed GgufLinear of ``model`` on the ``mode`` activations; returns weights_report's line (none without
+    packed linears)."""
     if mode not in ACTIVATIONS:
         raise ValueError(f"ggufActivations must be one of {', '.join(ACTIVATIONS)}, got {mode!r}")
     lins = [m for m in model.modules() if isinstance(m, GgufLinear)]
     head = getattr(model, "lm_head", None)
     for m in lins:  # the head keeps fp32: its logits pick the token (an int8 head flipped SmolLM2's near-ties)
-        m.int8_rows = max_rows if mode == "int8" and m is not head else 0
+        m.int8_rows = INT8_EVERY_CALL if mode == "int8" and m is not head else 0
     if not lins:
         return {}
     if mode == "fp32":
         return {"GGUF activations": "fp32 (weights dequantized in registers: the dequantized reference's values)"}
     kinds = sorted({p.kind for m in lins for p in m.parts if not gguf_cpu.has_int8_kernel(p.kind)})
     fp32_only = f"; {', '.join(kinds)} always fp32 (no int8 kernel)" if kinds else ""
-    return {"GGUF activations": f"int8 per 16 columns of x (per 256: K-quants) for calls of up to {max_rows} rows, "
-                                f"fp32 beyond and in the LM head{fp32_only}"}
+    return {"GGUF activations": f"int8 per 16 columns of x (per 256: K-quants) in every call, fp32 in the LM head"
+                                f"{fp32_only}"}

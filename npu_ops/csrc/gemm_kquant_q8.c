@@ -167,21 +167,26 @@ static float row_dot_any(int type, const uint8_t *row, int64_t nb, int64_t bb, c
 }
 #endif
 
-/* W rows n0..n1 against m quantized rows. */
+/* W rows n0..n1 against m quantized rows, in chunks of x rows of about X_CHUNK_BYTES (a prefill's GEMM: the chunk
+ * stays in L2 while the share's weight rows pass; each output is one row_dot whatever the chunking) */
+#define X_CHUNK_BYTES (96 * 1024)
 static void rows_q8(int type, const uint8_t *w, int64_t n0, int64_t n1, int64_t n_out, int64_t k, const int8_t *xq,
                     const float *xd, const int16_t *bs, int64_t m, float *y) {
-    const int64_t nb = k / QK, bb = BLOCK_BYTES[type];
+    const int64_t nb = k / QK, bb = BLOCK_BYTES[type], chunk = X_CHUNK_BYTES / k > 1 ? X_CHUNK_BYTES / k : 1;
 #if !defined(__AVX2__) || !defined(__F16C__)
     (void)bs;
 #endif
-    for (int64_t n = n0; n < n1; ++n) {
-        const uint8_t *row = w + n * nb * bb;
-        for (int64_t r = 0; r < m; ++r)
+    for (int64_t c0 = 0; c0 < m; c0 += chunk) {
+        const int64_t c1 = m - c0 < chunk ? m : c0 + chunk;
+        for (int64_t n = n0; n < n1; ++n) {
+            const uint8_t *row = w + n * nb * bb;
+            for (int64_t r = c0; r < c1; ++r)
 #if defined(__AVX2__) && defined(__F16C__)
-            y[r * n_out + n] = ROW_FNS[type](row, nb, bb, xq + r * k, xd + r * nb, bs + r * nb * 16);
+                y[r * n_out + n] = ROW_FNS[type](row, nb, bb, xq + r * k, xd + r * nb, bs + r * nb * 16);
 #else
-            y[r * n_out + n] = row_dot_any(type, row, nb, bb, xq + r * k, xd + r * nb);
+                y[r * n_out + n] = row_dot_any(type, row, nb, bb, xq + r * k, xd + r * nb);
 #endif
+        }
     }
 }
 

@@ -100,6 +100,27 @@ def test_a_rows_result_is_the_same_bits_at_any_row_count_and_thread_split(kind):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_int8_gemm_agrees_with_its_reference_and_each_row_is_its_own(kind):
+    """A prefill's GEMM: 71 rows of x at k 4096 (chunks of 24 rows, 4-row tiles, a 2-row and a 1-row tail) against
+    the reference within fp32 order, and each row's bits the same alone, in any slice and at any thread split."""
+    n, k, m = 10, 4096, 71
+    w, x = random_weight(kind, n, k, seed=11), activations(m, k, seed=12)
+    full = gguf_cpu.matmul(x, w, int8_rows=True)
+    assert ((full - matmul_q8_ref(x, w)).abs() <= q8_bound(x, w)).all()
+    for a, b in ((0, 1), (5, 6), (23, 27), (24, 30), (69, 71), (3, 58)):
+        assert torch.equal(gguf_cpu.matmul(x[a:b], w, int8_rows=True), full[a:b]), (a, b)
+    layer = GgufLinear([w])
+    layer.int8_rows = m
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            assert torch.equal(layer(x), full), t
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_linear_takes_the_int8_kernels_up_to_its_row_limit_only():
     """Parts of every type, the K-quants' Q8_K kernels included (run inside gguf_linear.c's team: the calling thread
     alone): calls of at most int8_rows rows give each part's int8 kernel's bits, longer ones the fp32 kernels'."""
