@@ -1,6 +1,7 @@
-"""ModelConfig.ggufActivations (models/gguf_packed.set_activations): the key is read and a value other than int8 or
-fp32 refused; an engine on a GGUF takes the int8-activation kernels in every call but the LM head's (int8) or
-never (fp32, the default) and weights_report says which; the one-call decode step runs the K-quants' Q8_K kernels
+"""ModelConfig.ggufActivations (models/gguf_packed.set_activations): the key is read and a value other than int8,
+fp32 refused; an engine on a GGUF takes the int8-activation kernels in decode steps (int8: its prompts' prefill gives
+fp32's bits), in prefill pieces too (int8-all) or never (fp32, the default), never in the LM head, and
+weights_report says which; the one-call decode step runs the K-quants' Q8_K kernels
 inside its team (each on its calling thread), and teacher-forced log-probs stay within a stated bound of the
 dequantized reference (random weights, so the bound is loose: the real file's figures are tools/accuracy_gguf.py's).
 The fused step against the op-by-op one on int8 activations: tests/unit/test_gguf_engine.py."""
@@ -20,7 +21,7 @@ from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.errors import ConfigError
 from mindie_service.models import gguf_packed
 from npu_ops import cpu_kernels
-from npu_ops.gguf_modules import GgufLinear
+from npu_ops.gguf_modules import INT8_ALL, INT8_DECODE, GgufLinear
 from tests.gguf_files import _tokenizer, finish, llama_shapes, llama_writer
 from tests.unit.test_fused_decode import count_fused_steps
 from tests.unit.test_gguf_kquant import kquantize
@@ -47,7 +48,8 @@ def test_the_key_is_read_and_a_bad_value_refused(tmp_path):
     assert any("ggufActivations" in p for p in exc.value.problems), exc.value.problems
     with pytest.raises(Exception, match="gguf_activations"):
         EngineConfig(model="m", gguf_activations="int4").validate()
-    with pytest.raises(ValueError, match="ggufActivations must be one of int8, fp32"):
+    assert load_config(_config(tmp_path, ggufActivations="int8-all"), env={}).models[0].gguf_activations == "int8-all"
+    with pytest.raises(ValueError, match="ggufActivations must be one of int8, int8-all, fp32"):
         gguf_packed.set_activations(torch.nn.Linear(2, 2), "bf16")
 
 
@@ -80,24 +82,42 @@ def test_an_engine_runs_the_activations_its_config_names(tiny_model, tmp_path, m
     f = write_served_mix(tmp_path / "q4km.gguf", Path(tiny_model))
     fp32 = LLM(str(f), dtype="float32", **POOL)  # the default
     lins = [m for m in fp32.engine.runner.model.modules() if isinstance(m, GgufLinear)]
-    assert lins and all(m.int8_rows == 0 for m in lins)
+    assert lins and all(m.int8_steps == 0 for m in lins)
     assert fp32.engine.runner.model.weights_report["GGUF activations"].startswith("fp32")
     int8 = LLM(str(f), dtype="float32", gguf_activations="int8", **POOL)
     lins = [m for m in int8.engine.runner.model.modules() if isinstance(m, GgufLinear)]
     model = int8.engine.runner.model
-    assert model.lm_head.int8_rows == 0  # the head keeps fp32 activations
-    assert all(m.int8_rows == gguf_packed.INT8_EVERY_CALL for m in lins if m is not model.lm_head)
-    assert int8.engine.runner.model.weights_report["GGUF activations"].startswith("int8 per 16 columns of x")
+    assert model.lm_head.int8_steps == 0  # the head keeps fp32 activations
+    assert all(m.int8_steps == INT8_DECODE for m in lins if m is not model.lm_head)
+    assert model.weights_report["GGUF activations"].startswith("int8 per 16 columns of x (per 256: K-quants) in "
+                                                               "decode steps, fp32 in prefill pieces")
     calls = count_fused_steps(monkeypatch)
     got = _generate(int8)
     assert sum(calls) >= 9  # the one-call decode step ran the Q8_K kernels inside its team, each on its thread
-    assert _generate(int8) == got
-    assert _generate(fp32) != got  # the int8 kernels were the ones that ran
+    # the second run's prompts come from the prefix cache, their tails prefilled alone on the fp32 kernels (the
+    # same values to fp32 order: a prefill's kernel sums in another order than a lone row's)
+    _close(_generate(int8), got)
+    want = _generate(fp32)
+    assert want != got  # the int8 kernels ran in the decode steps
+    _close([(g[0][:1], g[1][:1]) for g in got], [(w[0][:1], w[1][:1]) for w in want])  # nor in the prompts' prefill
+    every = LLM(str(f), dtype="float32", gguf_activations="int8-all", **POOL)
+    assert all(m.int8_steps == INT8_ALL for m in every.engine.runner.model.modules()
+               if isinstance(m, GgufLinear) and m is not every.engine.runner.model.lm_head)
+    assert "in decode and prefill steps" in every.engine.runner.model.weights_report["GGUF activations"]
+    assert [g[1][0] for g in _generate(every)] != [w[1][0] for w in want]  # int8 in the prefill too
+
+
+def _close(a: list[tuple], b: list[tuple]) -> None:
+    """The same tokens and top log-probs to fp32 order (1e-4)."""
+    assert [x[0] for x in a] == [y[0] for y in b]
+    for (_, lps_a), (_, lps_b) in zip(a, b):
+        for la, lb in zip(lps_a, lps_b):
+            assert la.keys() == lb.keys() and all(abs(la[t] - lb[t]) < 1e-4 for t in la), (la, lb)
 
 
 @needs_kernels
 def test_int8_activations_stay_near_the_dequantized_reference(tmp_path):
-    """Prefill chunks of 16 and 48 rows, every one on the int8 path (each row's result its own: the same log-probs
+    """int8-all: prefill chunks of 16 and 48 rows, every one on the int8 path (each row's result its own: the same log-probs
     either way, to fp32 attention order). Bound (random 2-layer K-quant model, 47
     predictions; hidden 256 is one Q8_K block a row, so one outlier sets the whole row's step: seen KL 4.4e-3, top-1
     0.957): mean KL(reference || int8) < 1e-2 nats and top-1 agreement >= 0.9 away from near-ties; fp32 activations
@@ -105,8 +125,8 @@ def test_int8_activations_stay_near_the_dequantized_reference(tmp_path):
     f = write_mix(tmp_path / "q4km.gguf", "Q4_K_M")
     ref = teacher_forced_logprobs(f, TOKENS, seq_len=48, chunk=16, gguf_packed=False)
     fp32 = teacher_forced_logprobs(f, TOKENS, seq_len=48, chunk=16)
-    int8 = teacher_forced_logprobs(f, TOKENS, seq_len=48, chunk=16, gguf_activations="int8")
-    whole = teacher_forced_logprobs(f, TOKENS, seq_len=48, chunk=48, gguf_activations="int8")
+    int8 = teacher_forced_logprobs(f, TOKENS, seq_len=48, chunk=16, gguf_activations="int8-all")
+    whole = teacher_forced_logprobs(f, TOKENS, seq_len=48, chunk=48, gguf_activations="int8-all")
     assert (fp32 - ref).abs().max() < 1e-4 and (whole - int8).abs().max() < 1e-4
     assert (int8 - ref).abs().max() > 1e-6  # the int8 path ran
     agree = compare("int8", ref, int8, torch.tensor(TOKENS[1:]))
