@@ -205,7 +205,7 @@ def release_checkpoint(path: str | Path) -> None:
 def load_model(path: str | Path, dtype: str, device: torch.device, max_positions: int,
                batch_hint: int = 32, quantization: str | None = None, kv_cache_dtype: str = "auto",
                shard: tuple[int, int, Reduce] | None = None, quantize_lm_head: bool = False,
-               gguf_packed_weights: bool = True, gguf_activations: str = "fp32") -> LoadedModel:
+               gguf_packed_weights: bool = True, gguf_activations: str = "int8") -> LoadedModel:
     """``path``: a Hugging Face folder (config.json + *.safetensors, or msModelSlim's layout), a ``.gguf`` file
     or a folder holding one (models/gguf_checkpoint.py).
     ``batch_hint``: the decode batch size CPU weight packing is tuned for (npu_ops.linear).

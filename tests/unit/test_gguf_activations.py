@@ -1,6 +1,6 @@
 """ModelConfig.ggufActivations (models/gguf_packed.set_activations): the key is read and a value other than int8,
-fp32 refused; an engine on a GGUF takes the int8-activation kernels in decode steps (int8: its prompts' prefill gives
-fp32's bits), in prefill pieces too (int8-all) or never (fp32, the default), never in the LM head, and
+int8-all or fp32 refused; an engine on a GGUF takes the int8-activation kernels in decode steps (int8, the default:
+its prompts' prefill gives fp32's bits), in prefill pieces too (int8-all) or never (fp32), never in the LM head, and
 weights_report says which; the one-call decode step runs the K-quants' Q8_K kernels
 inside its team (each on its calling thread), and teacher-forced log-probs stay within a stated bound of the
 dequantized reference (random weights, so the bound is loose: the real file's figures are tools/accuracy_gguf.py's).
@@ -40,7 +40,9 @@ def _config(tmp_path: Path, **model: object) -> Path:
 
 
 def test_the_key_is_read_and_a_bad_value_refused(tmp_path):
-    assert load_config(_config(tmp_path), env={}).models[0].gguf_activations == "fp32"  # the default
+    assert load_config(_config(tmp_path), env={}).models[0].gguf_activations == "int8"  # the default
+    assert EngineConfig(model="m").gguf_activations == "int8"
+    assert load_config(_config(tmp_path, ggufActivations="fp32"), env={}).models[0].gguf_activations == "fp32"
     cfg = load_config(_config(tmp_path, ggufActivations="int8"), env={})
     assert cfg.models[0].gguf_activations == "int8" and cfg.engine_config(0).gguf_activations == "int8"
     with pytest.raises(ConfigError) as exc:
@@ -80,11 +82,11 @@ def write_served_mix(path: Path, tokenizer_folder: Path) -> Path:
 @needs_kernels
 def test_an_engine_runs_the_activations_its_config_names(tiny_model, tmp_path, monkeypatch):
     f = write_served_mix(tmp_path / "q4km.gguf", Path(tiny_model))
-    fp32 = LLM(str(f), dtype="float32", **POOL)  # the default
+    fp32 = LLM(str(f), dtype="float32", gguf_activations="fp32", **POOL)
     lins = [m for m in fp32.engine.runner.model.modules() if isinstance(m, GgufLinear)]
     assert lins and all(m.int8_steps == 0 for m in lins)
     assert fp32.engine.runner.model.weights_report["GGUF activations"].startswith("fp32")
-    int8 = LLM(str(f), dtype="float32", gguf_activations="int8", **POOL)
+    int8 = LLM(str(f), dtype="float32", **POOL)  # the default
     lins = [m for m in int8.engine.runner.model.modules() if isinstance(m, GgufLinear)]
     model = int8.engine.runner.model
     assert model.lm_head.int8_steps == 0  # the head keeps fp32 activations

@@ -56,5 +56,7 @@ def test_bursts_and_speculation_keep_the_tokens(tiny_gguf, activations):
 
 def test_lora_adds_its_delta_after_the_packed_matmul(tiny_model, tiny_gguf, tmp_path, monkeypatch):
     adapter = str(build_demo_lora(str(tiny_model), str(tmp_path / "lora"), rank=8, seed=3))
-    packed = packed_checks.lora_after_the_packed_matmul(str(tiny_gguf), adapter, PROMPTS, POOL, monkeypatch)
+    # fp32 activations pinned: this guards the fp32 path, exact against the dequantized load to fp32 order
+    packed = packed_checks.lora_after_the_packed_matmul(str(tiny_gguf), adapter, PROMPTS,
+                                                        {**POOL, "gguf_activations": "fp32"}, monkeypatch)
     assert isinstance(packed.engine.runner.model.layers[0].mlp.down_proj, GgufLinear)

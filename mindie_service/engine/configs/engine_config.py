@@ -78,7 +78,7 @@ class EngineConfig:
     # A GGUF's packed linears (models/gguf_packed.set_activations): "int8" = x quantized per 16 columns as llama.cpp
     # does, in decode steps (faster; each x element off by at most half a step), prefill pieces on the exact kernels;
     # "int8-all" = prefill pieces too; "fp32" = always the exact kernels
-    gguf_activations: str = "fp32"
+    gguf_activations: str = "int8"
     # What the model serves (models/pooling_spec.py): "auto" = all its checkpoint can (a causal LM generates and
     # embeds), or one of "generate", "embed", "score"; ``pooling`` overrides the checkpoint's pooling: (key, value)
     # pairs of method ("last" | "mean" | "cls"), normalize (bool), matryoshka (True or a tuple of widths).
