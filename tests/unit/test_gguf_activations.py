@@ -18,10 +18,12 @@ from mindie_service import LLM, SamplingParams
 from mindie_service.config import load_config
 from mindie_service.devkit.quant_eval import compare, teacher_forced_logprobs
 from mindie_service.engine.configs.engine_config import EngineConfig
+from mindie_service.engine.runner.model_runner import ModelRunner
+from mindie_service.engine.step import ScheduledChunk, SchedulerOutput
 from mindie_service.errors import ConfigError
 from mindie_service.models import gguf_packed
 from npu_ops import cpu_kernels
-from npu_ops.gguf_modules import INT8_ALL, INT8_DECODE, GgufLinear
+from npu_ops.gguf_modules import INT8_ALL, INT8_DECODE, STEP_DECODE, STEP_PREFILL, GgufLinear, current_step
 from tests.gguf_files import _tokenizer, finish, llama_shapes, llama_writer
 from tests.unit.test_fused_decode import count_fused_steps
 from tests.unit.test_gguf_kquant import kquantize
@@ -134,3 +136,25 @@ def test_int8_activations_stay_near_the_dequantized_reference(tmp_path):
     agree = compare("int8", ref, int8, torch.tensor(TOKENS[1:]))
     print(f"\nint8 activations vs dequantized reference: {agree}")
     assert agree.mean_kl < 1e-2 and agree.top1_agreement >= 0.9, agree
+
+
+def test_the_runner_runs_decode_rows_and_prompt_rows_as_pieces_of_their_own_kind(monkeypatch):
+    """ggufActivations int8 (int8 in decode steps only): a step's plain decodes and speculation's verify chunks run
+    as one piece under STEP_DECODE, its prompts' chunks as others under STEP_PREFILL, in the step's chunk order;
+    a model whose linears take one path in both kinds keeps mixed pieces (one forward)."""
+    def chunk(rid: str, n: int, drafts: int = 0) -> ScheduledChunk:
+        return ScheduledChunk(rid, 10, tuple(range(n)), (1,), sample=True, num_draft=drafts)
+
+    out = SchedulerOutput([chunk("d1", 1), chunk("d2", 1), chunk("v", 4, drafts=3), chunk("p1", 5), chunk("p2", 7)], 2)
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.piece_tokens, runner.split_kinds = 512, True
+    seen: list[tuple[list[str], int]] = []
+    monkeypatch.setattr(ModelRunner, "_fused_decode", lambda self, decodes: None)
+    monkeypatch.setattr(ModelRunner, "_forward", lambda self, d, p, lg: seen.append(
+        ([c.request_id for c in d + p], current_step())))
+    for decodes, prefills in runner._pieces(out):
+        runner._piece(decodes, prefills, {})
+    assert seen == [(["d1", "d2", "v"], STEP_DECODE), (["p1", "p2"], STEP_PREFILL)]
+    assert current_step() == STEP_PREFILL  # the kind does not outlive the piece
+    runner.split_kinds = False
+    assert [[c.request_id for c in d + p] for d, p in runner._pieces(out)] == [["d1", "d2", "v", "p1", "p2"]]
