@@ -121,11 +121,11 @@ def _close(a: list[tuple], b: list[tuple]) -> None:
 
 @needs_kernels
 def test_int8_activations_stay_near_the_dequantized_reference(tmp_path):
-    """int8-all: prefill chunks of 16 and 48 rows, every one on the int8 path (each row's result its own: the same log-probs
-    either way, to fp32 attention order). Bound (random 2-layer K-quant model, 47
-    predictions; hidden 256 is one Q8_K block a row, so one outlier sets the whole row's step: seen KL 4.4e-3, top-1
-    0.957): mean KL(reference || int8) < 1e-2 nats and top-1 agreement >= 0.9 away from near-ties; fp32 activations
-    on the same chunks stay within fp32 order (1e-4), so the difference is the int8 rows'."""
+    """int8-all: prefill chunks of 16 and 48 rows, every one on the int8 path (each row's result its own: the same
+    log-probs either way, to fp32 attention order). Bound (random 2-layer K-quant model, 47 predictions; hidden 256
+    is one Q8_K block a row, so one outlier sets the whole row's step: seen KL 4.4e-3, top-1 0.957): mean
+    KL(reference || int8) < 1e-2 nats and top-1 agreement >= 0.9 away from near-ties; fp32 activations on the same
+    chunks stay within fp32 order (1e-4), so the difference is the int8 rows'."""
     f = write_mix(tmp_path / "q4km.gguf", "Q4_K_M")
     ref = teacher_forced_logprobs(f, TOKENS, seq_len=48, chunk=16, gguf_packed=False)
     fp32 = teacher_forced_logprobs(f, TOKENS, seq_len=48, chunk=16)

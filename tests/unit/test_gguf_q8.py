@@ -2,8 +2,8 @@
 csrc/gemm_kquant_q8.c), and how a GgufLinear takes them (npu_ops/gguf_modules.py's int8_steps, csrc/gguf_linear.c's
 fn_q8, by the step kind). The reference is ``quant_gguf.matmul_q8_ref``: x's rows quantized per 16 columns by
 llama.cpp's Q8_0 rule (an fp32 scale, round-half-even), dequantized, times the dequantized W; the block sums are
-exact integers, so the kernels differ from it only in the order of fp32 operations: within 1e-6 of |x_q| . |W|. Against fp32 activations
-each x element is off by at most half its group's step."""
+exact integers, so the kernels differ from it only in the order of fp32 operations: within 1e-6 of |x_q| . |W|.
+Against fp32 activations each x element is off by at most half its group's step."""
 from __future__ import annotations
 
 import numpy as np
