@@ -1,5 +1,6 @@
-/* GGUF's simple block types (Q4_0, Q4_1, Q8_0 and our Q4_1F, as gemm_gguf.c reads them) against int8 activations,
- * for the bandwidth-bound few-row case (a decode step). Each row of x is quantized per 16 columns (d = max|x| / 127,
+/* GGUF's simple block types (Q4_0, Q4_1, Q8_0 and our Q4_1F, as gemm_gguf.c reads them) against int8 activations:
+ * a decode step at any row count (bandwidth-bound), a prefill under ggufActivations int8-all (a GEMM: tiles of MR
+ * rows of x by NR weight rows over L2-sized chunks of x). Each row of x is quantized per 16 columns (d = max|x| / 127,
  * q = round-half-even(x * (1 / d)) in fp32: llama.cpp's Q8_0 rule on half its block, with an fp32 scale where it
  * keeps fp16) with each block's sum of q * d (llama.cpp's Q8_1 s, for the Q4_1 min and Q4_0's -8); then each
  * weight block's product is an exact integer sum per half (maddubs of the unsigned nibbles, or of |w| against

@@ -1,10 +1,13 @@
-/* GGUF K-quant linears against int8 activations, for the bandwidth-bound few-row case (a decode step): each
+/* GGUF K-quant linears against int8 activations (a decode step at any row count; a prefill under int8-all): each
  * activation row is quantized per 256 columns to int8 with an fp32 scale (llama.cpp's Q8_K: d = max|x| / 127,
  * q = round-half-even(x * (1 / d))), and each super-block's products are exact integer sums (maddubs of the unsigned
  * quants against the int8 row, madd by the sub-block scales, the mins / Q6_K's -32 through the row's sums per 16),
  * scaled once per super-block into fp32 lanes that are summed at the row's end. Against fp32 activations
  * (gemm_kquant.c) this runs far fewer instructions per weight (2.2x the rate per core on a lone row here), so two
  * cores come nearer to memory bandwidth; the price is the rounding of x (each element off by at most d / 2).
+ * Several rows of x (a batch of decode rows, a prefill): each super-block's quants unpacked once for up to KMR rows,
+ * over chunks of x rows that stay in L2 (1.4x fp32 at 16 rows, 1.2x at 32, 0.9x at 64, 0.77x at 512 on one core
+ * of this machine, tools/bench_gguf_kernels.py --gemv; a row's operations, so its bits, the same whatever the tile).
  * quant_gguf_kquant.matmul_q8_ref is the reference (the quantized rows, dequantized, times gguf's W): the kernel
  * differs from it only in the order of fp32 operations.
  * Threads: the OpenMP runtime's team, each a contiguous share of W's rows (team_share); called inside a team
