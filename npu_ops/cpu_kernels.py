@@ -196,7 +196,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     # fp32: every decoder layer of a step in one call (csrc/layers_f32.c, mindie_service/models/fused_layers.py)
     lib.llama_layers_f32_work.argtypes, lib.llama_layers_f32_work.restype = [_I64] * 6, _I64
     lib.llama_layers_f32.argtypes = [ctypes.c_void_p, _I64, _F32P, *[_I64] * 6, ctypes.c_float, _F32P, _F32P, _I32P,
-                                     _I32P, _I64, _I64, _I32P, _I32P, _I64, ctypes.c_float, _F32P, ctypes.c_int]
+                                     _I32P, _I64, _I64, _I32P, _I32P, _I64, ctypes.c_float, _F32P, ctypes.c_int,
+                                     ctypes.c_int]  # nthreads, gguf_step
     lib.llama_layers_f32.restype = ctypes.c_int
     lib.greedy_rows_f32.argtypes, lib.greedy_rows_f32.restype = [_F32P, _I64, _I64, _I32P, _F32P, ctypes.c_int], ctypes.c_int
     # a whole decode step (csrc/decode_f32.c, mindie_service/models/fused_decode.py)

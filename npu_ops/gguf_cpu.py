@@ -14,7 +14,7 @@ from npu_ops import cpu_kernels
 from npu_ops.quant_gguf import GgufWeight, block_type
 
 _I64, _P = ctypes.c_int64, ctypes.c_void_p
-SEG_FIELDS = 7  # csrc/gguf_linear.h's gguf_seg: fn, row_fn, w, rows, row_bytes, fn_q8, q8_rows
+SEG_FIELDS = 7  # csrc/gguf_linear.h's gguf_seg: fn, row_fn, w, rows, row_bytes, fn_q8, q8_steps
 
 
 @lru_cache(maxsize=4)
@@ -26,7 +26,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
             fn.argtypes, fn.restype = [_P, _I64, _I64, _P, _I64, _P], None
         row = getattr(lib, f"gguf_dequant_{t}")
         row.argtypes, row.restype = [_P, _I64, _P], None
-    lib.gguf_linear_f32.argtypes = [_P, _I64, _P, _I64, _I64, _P, _P, _I64, ctypes.c_int]
+    lib.gguf_linear_f32.argtypes = [_P, _I64, _P, _I64, _I64, _P, _P, _I64, ctypes.c_int, ctypes.c_int]
     lib.gguf_linear_f32.restype = ctypes.c_int
     return lib
 
@@ -61,18 +61,18 @@ def embeddable(kind: str) -> bool:
     return bt is not None and lib is not None and _address(lib, bt.row_kernel) != 0
 
 
-def segments(parts: list[GgufWeight], int8_rows: int = 0) -> torch.Tensor:
+def segments(parts: list[GgufWeight], int8_steps: int = 0) -> torch.Tensor:
     """int64 [len(parts) + 1, 7]: csrc/gguf_linear.h's gguf_seg of each part (its kernels' addresses, its bytes;
-    calls of at most ``int8_rows`` rows of x take the type's int8-activation kernel where it has one), then a row of
-    zeros that ends the table (gguf_seg_count)."""
+    calls of the step kinds whose bit ``int8_steps`` sets take the type's int8-activation kernel where it has one),
+    then a row of zeros that ends the table (gguf_seg_count)."""
     lib = _lib()
     assert lib is not None
     rows = []
     for p in parts:
         bt = p.block_type
-        q8 = _address(lib, bt.kernel_q8) if int8_rows > 0 else 0
+        q8 = _address(lib, bt.kernel_q8) if int8_steps else 0
         rows.append([_address(lib, bt.kernel), _address(lib, bt.row_kernel), p.data.data_ptr(), p.shape[0],
-                     p.data.shape[1], q8, int8_rows if q8 else 0])
+                     p.data.shape[1], q8, int8_steps if q8 else 0])
     return torch.tensor(rows + [[0] * SEG_FIELDS], dtype=torch.int64)
 
 
@@ -82,13 +82,14 @@ def has_int8_kernel(kind: str) -> bool:
     return bt is not None and lib is not None and _address(lib, bt.kernel_q8) != 0
 
 
-def linear(x: torch.Tensor, segs: torch.Tensor, k: int, n: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [M, k] fp32 . W^T (+ bias) over a segment table (``segments``) -> [M, n]."""
+def linear(x: torch.Tensor, segs: torch.Tensor, k: int, n: int, bias: torch.Tensor | None, step: int) -> torch.Tensor:
+    """x [M, k] fp32 . W^T (+ bias) over a segment table (``segments``) -> [M, n], a call of step kind ``step``
+    (gguf_modules.STEP_*: which segments take their int8 kernels)."""
     lib, x = _lib(), x.contiguous()
     assert lib is not None
     y = x.new_empty(x.shape[0], n)
     rc = lib.gguf_linear_f32(segs.data_ptr(), segs.shape[0] - 1, x.data_ptr(), x.shape[0], k,
-                             None if bias is None else bias.data_ptr(), y.data_ptr(), n, torch.get_num_threads())
+                             None if bias is None else bias.data_ptr(), y.data_ptr(), n, torch.get_num_threads(), step)
     if rc:
         raise MemoryError("gguf_linear_f32: no scratch")
     return y

@@ -16,7 +16,7 @@ some:
 - ``kernel_q8``: ``kernel``'s signature and contract, against int8 activations: each row of x quantized inside the
   call per group of columns (16 for these types: llama.cpp's Q8_0 rule on half a block; Q8_K per 256 for the
   K-quants: ``quantize_q8``, ``q8_columns``), exact integer block sums. Fewer instructions per weight, so a bandwidth-bound decode step runs
-  faster; ``matmul_q8_ref`` is its reference (a GgufLinear takes it for calls of few rows: ``int8_rows``).
+  faster; ``matmul_q8_ref`` is its reference (a GgufLinear takes it in the step kinds its ``int8_steps`` names).
 
 A type with a kernel runs packed (``npu_ops.gguf_modules``); one without is dequantized at load. More types plug in
 with ``register`` (the K-quants: ``npu_ops.quant_gguf_kquant``, loaded through ``PLUGINS`` when present). The

@@ -4,9 +4,10 @@ predictions over 512 tokens of real English (tests/real/real_text.txt), each eng
 reference (our fp32 path over ``gguf.quants.dequantize``: the file's exact weight values):
 
 - ours, packed (the file's blocks; fp32 activations, weights dequantized in registers);
-- ours, packed with int8 activations (ggufActivations int8, the default: each row of x quantized per 16 columns by
-  llama.cpp's Q8_0 rule with an fp32 scale; the engine takes them for calls of up to INT8_MAX_ROWS rows, decode
-  steps, so the prompt is fed in chunks of that many rows here: every prediction on the int8 path);
+- ours, packed with int8 activations (each row of x quantized per 16 columns by llama.cpp's Q8_0 rule with an fp32
+  scale; ggufActivations int8 takes them in decode steps, int8-all in prefill pieces too; teacher forcing is a
+  prefill, so it runs int8-all here: every prediction on the int8 path, each row's result its own, as a decode
+  step's row would be);
 - llama.cpp on the same file (``llama-cpp-python``, ``logits_all=True``; its CPU path quantizes the activations
   to 8 bits per block for Q4/Q5/Q8 weights), in its own venv (``--llama-venv``; PEERS.md says how to build it).
 
@@ -34,7 +35,6 @@ import torch  # noqa: E402
 
 from mindie_service.devkit.quant_eval import teacher_forced_logprobs  # noqa: E402
 from mindie_service.models.gguf_checkpoint import load_tokenizer  # noqa: E402
-from mindie_service.models.gguf_packed import INT8_MAX_ROWS  # noqa: E402
 
 N_TOKENS = 512
 LLAMA_SIDE = """
@@ -81,7 +81,7 @@ def main() -> None:
     targets = torch.tensor(tokens[1:])[:, None]
     ref = teacher_forced_logprobs(model, tokens, seq_len=N_TOKENS, chunk=128, gguf_packed=False)
     ours = teacher_forced_logprobs(model, tokens, seq_len=N_TOKENS, chunk=128)
-    ours_i8 = teacher_forced_logprobs(model, tokens, seq_len=N_TOKENS, chunk=INT8_MAX_ROWS, gguf_activations="int8")
+    ours_i8 = teacher_forced_logprobs(model, tokens, seq_len=N_TOKENS, chunk=128, gguf_activations="int8-all")
     print(f"{model.name}: {len(tokens) - 1} teacher-forced predictions; reference = our fp32 path over the "
           "file's dequantized weights")
     print(f"{'engine':<34} {'top-1':>8} {'mean KL':>12} {'NLL':>9} {'ref NLL':>9}")

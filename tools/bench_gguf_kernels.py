@@ -8,10 +8,12 @@ bandwidth-bound) it also prints the weight bytes each read per second. Figures o
 
 ``--gemv N K``: one [N, K] matrix per block type (e.g. 2048 8192: SmolLM2-1.7B's down projection), its fp32-activation
 kernel against its int8-activation one (csrc/gemm_gguf_q8.c, ggufActivations int8) at each ``--rows``: GB/s of
-weights read (copies enough to pass the last-level cache are cycled, so the bytes come from memory) and the
-int8/fp32 speed ratio, whose crossover in rows is where models/gguf_packed.INT8_MAX_ROWS belongs.
+weights read (below GEMM_ROWS rows copies enough to pass the last-level cache are cycled, so the bytes come from
+memory: a decode step), GFLOP/s (2 M N K a second: a prefill's GEMM, compute-bound) and the int8/fp32 speed ratio.
+Decode steps take int8 at any row count under the default ggufActivations int8; the ratio at prefill sizes (64 to
+512 rows) is what ``int8-all`` (prefill on int8 too) buys.
 
-    PYTHONPATH=$PWD .venv/bin/python tools/bench_gguf_kernels.py --gemv 2048 8192 --rows 1 2 4 8 16 32 --kinds Q4_0
+    PYTHONPATH=$PWD .venv/bin/python tools/bench_gguf_kernels.py --gemv 2048 8192 --rows 1 4 16 64 256 512 --kinds Q4_0
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from npu_ops.gguf_modules import GgufLinear  # noqa: E402
 from npu_ops.quant_gguf import GgufWeight, block_type  # noqa: E402
 
 SHAPES = [("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576)]
+GEMM_ROWS = 64  # --gemv: from this many rows of x on, one matrix (its bytes reused from cache: compute-bound)
 
 
 def random_linear(kind: str, n: int, k: int) -> GgufLinear:
@@ -58,14 +61,16 @@ def gemv(kinds: list[str], n: int, k: int, rows: list[int], rounds: int, cache_m
         one = random_linear(kind, n, k).parts[0]
         copies = [GgufWeight(one.data.clone(), kind, (n, k)) for _ in range(max(1, cache_mb * 2**20 // one.nbytes + 1))]
         for m in rows:
-            x = torch.randn(m, k)
+            x, ws = torch.randn(m, k), copies if m < GEMM_ROWS else copies[:1]
             times = []
             for int8 in (False, True):
-                t = best_of(lambda: [gguf_cpu.matmul(x, w, int8_rows=int8) for w in copies], 1, rounds) / len(copies)
+                t = best_of(lambda: [gguf_cpu.matmul(x, w, int8_rows=int8) for w in ws], 1, rounds) / len(ws)
                 times.append(t)
             f, q = times
-            print(f"{kind} [{n}, {k}] M={m:3d}: fp32 x {f * 1e6:8.1f} us ({one.nbytes / f / 1e9:5.1f} GB/s)  "
-                  f"int8 x {q * 1e6:8.1f} us ({one.nbytes / q / 1e9:5.1f} GB/s)  int8 {f / q:.2f}x", flush=True)
+            flop = 2 * m * n * k
+            print(f"{kind} [{n}, {k}] M={m:3d}: fp32 x {f * 1e6:9.1f} us ({one.nbytes / f / 1e9:5.1f} GB/s, "
+                  f"{flop / f / 1e9:6.1f} GFLOP/s)  int8 x {q * 1e6:9.1f} us ({one.nbytes / q / 1e9:5.1f} GB/s, "
+                  f"{flop / q / 1e9:6.1f} GFLOP/s)  int8 {f / q:.2f}x", flush=True)
 
 
 def main() -> None:

@@ -113,7 +113,7 @@ class ModelSettings:
     trust_remote_code: bool
     quantization: str | None = None  # None | "w8a16" | "w8a8" | "w4a16"
     kv_cache_dtype: str = "auto"  # "auto" | "int8"
-    gguf_activations: str = "fp32"  # ModelConfig.ggufActivations: "fp32" | "int8" (a GGUF's packed linears)
+    gguf_activations: str = "int8"  # ModelConfig.ggufActivations: "int8" | "int8-all" | "fp32" (GGUF packed linears)
     dtype: str = "auto"  # ModelConfig.dtype (vLLM's --dtype): auto | float32 | float16 | bfloat16
     chat_template: str | None = None  # ModelConfig.chatTemplate (vLLM's --chat-template): replaces the checkpoint's
     generation_config: str = "vllm"  # ModelConfig.generationConfig (vLLM's --generation-config): vllm | auto | folder

@@ -42,7 +42,8 @@ def teacher_forced_logprobs(model_dir: str | Path, tokens: list[int], quantizati
     prefilled in chunks of ``chunk`` (later chunks read the earlier ones from the KV cache, so an int8 cache
     shows), row i predicting token i + 1 of its sequence. ``gguf_packed=False``: a GGUF's quantized weights
     dequantized at load (the fp32 reference of the packed path); ``gguf_activations`` the packed linears'
-    (models/gguf_packed.set_activations: "int8" takes effect for chunks of at most INT8_MAX_ROWS rows)."""
+    (models/gguf_packed.set_activations; every chunk here is a prefill piece, so "int8" leaves them on fp32 and
+    "int8-all" puts every row on int8, as a decode step's row would be)."""
     loaded = load_model(model_dir, "float32", torch.device("cpu"), seq_len, quantization=quantization,
                         kv_cache_dtype=kv_cache_dtype, gguf_packed_weights=gguf_packed,
                         gguf_activations=gguf_activations)

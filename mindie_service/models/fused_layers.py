@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from npu_ops import cpu_kernels, quant_kv
-from npu_ops.gguf_modules import GgufLinear
+from npu_ops.gguf_modules import GgufLinear, current_step
 from npu_ops.linear import FastLinear
 from npu_ops.quant import QuantLinear
 
@@ -158,7 +158,7 @@ def run(model: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: 
                               d.kv_heads, d.head_dim, d.intermediate, float(d.eps), cos.data_ptr(), sin.data_ptr(),
                               slots.data_ptr(), bt.data_ptr(), bt.shape[0], bt.shape[1], seq.data_ptr(),
                               pos.data_ptr(), kc.shape[1], float(d.head_dim ** -0.5), work.data_ptr(),
-                              torch.get_num_threads())
+                              torch.get_num_threads(), current_step())
     if rc != 0:
         raise RuntimeError(f"llama_layers_f32 failed with code {rc} (bad shapes, rows or positions)")
     return True

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from npu_ops import cpu_kernels, gguf_cpu
-from npu_ops.gguf_modules import GgufEmbedding, GgufLinear
+from npu_ops.gguf_modules import INT8_ALL, INT8_DECODE, GgufEmbedding, GgufLinear
 from npu_ops.quant import swap_module
 from npu_ops.quant_gguf import GgufWeight
 
@@ -87,31 +87,40 @@ def packed_values(model: nn.Module) -> int:
     return sum(w.shape[0] * w.shape[1] for w in packed_weights(model))
 
 
-# GGUF activations (ModelConfig.ggufActivations): "int8" quantizes x per 16 columns (K-quants: 256) by llama.cpp's
-# rule for calls of at most INT8_MAX_ROWS rows (decode steps: bandwidth-bound, where int8 sums cost well under half
-# the instructions per weight), the fp32 kernels beyond (a prefill: exact against the dequantized weights); "fp32"
-# always the latter. The LM head keeps fp32 activations whatever the mode: its logits choose the token, and on
-# SmolLM2's Q4_1 file an int8 head flipped a 0.03-nat near-tie of the first-hour answer ("Paris") and added a quarter
-# of the int8 path's mean KL. A call's path depends on its row count: a prompt whose cached prefix leaves a tail of few rows
-# prefills that tail on int8 where the whole prompt took fp32, so a repeat can differ by the rounding of x.
-ACTIVATIONS = ("int8", "fp32")
-INT8_MAX_ROWS = 16  # tools/bench_gguf_kernels.py --gemv: int8 at least as fast as fp32 up to 16 rows of x, slower at 32
+# GGUF activations (ModelConfig.ggufActivations), by the kind of step a call belongs to (the runner says which,
+# gguf_modules.gguf_step), never by its row count: "int8" quantizes x per 16 columns (K-quants: 256) by llama.cpp's
+# rule in decode steps (bursts and speculation's verify rows too: each row a sequence's next token), at any number
+# of rows, and keeps prefill pieces on the fp32 kernels (exact against the dequantized weights), so a prompt's
+# numerics do not depend on how much of it a prefix cache held; "int8-all" takes the int8 kernels in prefill pieces
+# too (csrc/gemm_gguf_q8.c's GEMM: faster than the fp32 one at prefill sizes, tools/bench_gguf_kernels.py --gemv;
+# llama.cpp's own choice, but on SmolLM2's Q4_1 file it turns the first-hour answer's first token, a near-tie, from
+# "The capital of France is Paris." to "L'Étoile..."); "fp32" never. The LM head keeps fp32 activations in every
+# mode: its logits choose the token, and an int8 head flipped a 0.03-nat near-tie of that answer and added a quarter
+# of the int8 path's mean KL.
+ACTIVATIONS = {"int8": INT8_DECODE, "int8-all": INT8_ALL, "fp32": 0}
 
 
-def set_activations(model: nn.Module, mode: str, max_rows: int = INT8_MAX_ROWS) -> dict[str, str]:
-    """Every packed GgufLinear of ``model`` on the ``mode`` activations (``max_rows``: the most rows a call may have
-    to take the int8 kernels); returns weights_report's line (none without packed linears)."""
+def set_activations(model: nn.Module, mode: str) -> dict[str, str]:
+    """Every packed GgufLinear of ``model`` on the ``mode`` activations; returns weights_report's line (none without
+    packed linears)."""
     if mode not in ACTIVATIONS:
         raise ValueError(f"ggufActivations must be one of {', '.join(ACTIVATIONS)}, got {mode!r}")
     lins = [m for m in model.modules() if isinstance(m, GgufLinear)]
     head = getattr(model, "lm_head", None)
     for m in lins:  # the head keeps fp32: its logits pick the token (an int8 head flipped SmolLM2's near-ties)
-        m.int8_rows = max_rows if mode == "int8" and m is not head else 0
+        m.int8_steps = ACTIVATIONS[mode] if m is not head else 0
     if not lins:
         return {}
     if mode == "fp32":
         return {"GGUF activations": "fp32 (weights dequantized in registers: the dequantized reference's values)"}
     kinds = sorted({p.kind for m in lins for p in m.parts if not gguf_cpu.has_int8_kernel(p.kind)})
     fp32_only = f"; {', '.join(kinds)} always fp32 (no int8 kernel)" if kinds else ""
-    return {"GGUF activations": f"int8 per 16 columns of x (per 256: K-quants) for calls of up to {max_rows} rows, "
-                                f"fp32 beyond and in the LM head{fp32_only}"}
+    where = "decode and prefill steps" if mode == "int8-all" else "decode steps, fp32 in prefill pieces"
+    return {"GGUF activations": f"int8 per 16 columns of x (per 256: K-quants) in {where} and fp32 in the LM head"
+                                f"{fp32_only}"}
+
+
+def splits_step_kinds(model: nn.Module) -> bool:
+    """Whether a forward must not mix decode rows with a prompt's (some packed linear takes int8 activations in one
+    kind of step only): the runner then runs them as separate pieces."""
+    return any(isinstance(m, GgufLinear) and m.int8_steps not in (0, INT8_ALL) for m in model.modules())

@@ -205,7 +205,7 @@ def release_checkpoint(path: str | Path) -> None:
 def load_model(path: str | Path, dtype: str, device: torch.device, max_positions: int,
                batch_hint: int = 32, quantization: str | None = None, kv_cache_dtype: str = "auto",
                shard: tuple[int, int, Reduce] | None = None, quantize_lm_head: bool = False,
-               gguf_packed_weights: bool = True, gguf_activations: str = "fp32") -> LoadedModel:
+               gguf_packed_weights: bool = True, gguf_activations: str = "int8") -> LoadedModel:
     """``path``: a Hugging Face folder (config.json + *.safetensors, or msModelSlim's layout), a ``.gguf`` file
     or a folder holding one (models/gguf_checkpoint.py).
     ``batch_hint``: the decode batch size CPU weight packing is tuned for (npu_ops.linear).
@@ -216,8 +216,8 @@ def load_model(path: str | Path, dtype: str, device: torch.device, max_positions
     ``gguf_packed_weights``: a GGUF's quantized weights stay as stored where the CPU kernels run them
     (models/gguf_packed.py), a W4A16 checkpoint's int4 weights (models/w4a16_checkpoint.py) likewise; False
     dequantizes them all (the fp32 reference the accuracy tests compare with). ``gguf_activations`` (a GGUF's
-    packed linears; ModelConfig.ggufActivations): "int8" quantizes x per block for few-row calls, "fp32" never
-    (models/gguf_packed.set_activations)."""
+    packed linears; ModelConfig.ggufActivations): "int8" quantizes x per block in decode steps, "int8-all" in
+    prefill pieces too, "fp32" never (models/gguf_packed.set_activations)."""
     p = Path(path)
     ckpt = _open(p)
     if ckpt.gguf is None and (demo := demo_warning(p)) is not None:

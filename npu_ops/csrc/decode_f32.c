@@ -61,7 +61,7 @@ int llama_decode_f32(const decode_f32_args *a) {
     }
     const int rc = llama_layers_f32(a->layers, a->L, x, T, hd, a->H, a->KVH, D, a->inter, a->eps, cosr, sinr,
                                     a->slots, a->block_tables, T, a->MB, a->row_seq, a->positions, a->BS, a->scale,
-                                    lw, (int)a->nthreads);
+                                    lw, (int)a->nthreads, GGUF_STEP_DECODE);
     if (rc != 0) return rc;
     for (int64_t t = 0; t < T; ++t) rms_norm_row_f32(x + t * hd, a->final_norm, xn + t * hd, hd, a->eps);
     if (a->head_kind == HEAD_W8I16)
@@ -69,7 +69,7 @@ int llama_decode_f32(const decode_f32_args *a) {
                                 (int)a->nthreads);
     if (a->head_kind == HEAD_GGUF)
         return gguf_linear_f32(a->head_w, gguf_seg_count(a->head_w), xn, T, hd, a->head_bias, a->logits, a->vocab,
-                               (int)a->nthreads);
+                               (int)a->nthreads, GGUF_STEP_DECODE);
     linear_f32(xn, T, hd, a->head_w, a->vocab, a->head_bias, a->logits, (int)a->nthreads);
     return 0;
 }

@@ -1,5 +1,6 @@
-/* GGUF's simple block types (Q4_0, Q4_1, Q8_0 and our Q4_1F, as gemm_gguf.c reads them) against int8 activations,
- * for the bandwidth-bound few-row case (a decode step). Each row of x is quantized per 16 columns (d = max|x| / 127,
+/* GGUF's simple block types (Q4_0, Q4_1, Q8_0 and our Q4_1F, as gemm_gguf.c reads them) against int8 activations:
+ * a decode step at any row count (bandwidth-bound), a prefill under ggufActivations int8-all (a GEMM: tiles of MR
+ * rows of x by NR weight rows over L2-sized chunks of x). Each row of x is quantized per 16 columns (d = max|x| / 127,
  * q = round-half-even(x * (1 / d)) in fp32: llama.cpp's Q8_0 rule on half its block, with an fp32 scale where it
  * keeps fp16) with each block's sum of q * d (llama.cpp's Q8_1 s, for the Q4_1 min and Q4_0's -8); then each
  * weight block's product is an exact integer sum per half (maddubs of the unsigned nibbles, or of |w| against
@@ -30,6 +31,9 @@
 
 #define QK 32 /* values per block */
 #define NR 4  /* weight rows a pass */
+#define MR 4  /* rows of x a tile (a prefill's GEMM: each weight block unpacked once for MR rows) */
+#define X_CHUNK_BYTES (96 * 1024) /* a GEMM's rows of x are taken in chunks of about this many quantized bytes, so
+                                    * the chunk stays in L2 while every weight group of the thread's share passes */
 #define STACK_K 16384 /* x's quantized rows live on the stack up to this many values */
 
 enum { T_Q4_0 = 0, T_Q4_1 = 1, T_Q8_0 = 2, T_Q4_1F = 3 };
@@ -152,14 +156,18 @@ static inline __attribute__((always_inline)) __m256i block_isum(const int t, __m
 }
 
 /* y[i * ldy + r] = W row r . x row i (dequantized) for the 4 rows w[r] (rows past the last repeat it: their
- * results unused) and mr (1 or 2) rows of x: a block's quants unpacked once for both. The sequence of operations
- * that makes each output is the same whatever mr, so are its bits. */
+ * results unused) and mr (1, 2 or MR) rows of x: a block's quants unpacked once for all of them. The sequence of
+ * operations that makes each output is the same whatever mr, so are its bits. */
 static inline __attribute__((always_inline)) void tile_q8(const int t, const int mr, const uint8_t *w[NR],
                                                           int64_t nb, const int8_t *xq, const float *xd,
                                                           const float *xs, int64_t k, float *y, int64_t ldy, int nr) {
     const int64_t bb = BLOCK_BYTES[t];
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}; /* lanes r: values 0-15 of row r, r + 4: 16-31 */
-    __m128 off[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+    __m256 acc[MR]; /* lanes r: values 0-15 of row r, r + 4: 16-31 */
+    __m128 off[MR];
+    for (int i = 0; i < mr; ++i) {
+        acc[i] = _mm256_setzero_ps();
+        off[i] = _mm_setzero_ps();
+    }
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *p[NR];
         for (int r = 0; r < NR; ++r) p[r] = w[r] + b * bb;
@@ -220,20 +228,32 @@ static void tile_q8(const int t, const int mr, const uint8_t *w[NR], int64_t nb,
 }
 #endif
 
-/* weight row groups [g0, g1) (NR rows each, the last maybe fewer) against m quantized rows of x, two at a time */
+/* weight row groups [g0, g1) (NR rows each, the last maybe fewer) against m quantized rows of x: chunks of x rows
+ * (X_CHUNK_BYTES) outermost, each group's blocks then unpacked once per MR rows of the chunk (a decode step's few
+ * rows: one chunk, so each weight byte is read once) */
 static inline __attribute__((always_inline)) void groups_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k,
                                                             const int8_t *xq, const float *xd, const float *xs,
                                                             int64_t m, float *y, int64_t g0, int64_t g1) {
     const int64_t nb = k / QK, rb = nb * BLOCK_BYTES[t];
-    for (int64_t g = g0; g < g1; ++g) {
-        const int64_t r0 = g * NR;
-        const int nr = n_out - r0 < NR ? (int)(n_out - r0) : NR;
-        const uint8_t *rows[NR];
-        for (int r = 0; r < NR; ++r) rows[r] = w + (r0 + (r < nr ? r : 0)) * rb;
-        int64_t i = 0; /* after the first rows of x the group's bytes are in cache */
-        for (; i + 2 <= m; i += 2)
-            tile_q8(t, 2, rows, nb, xq + i * k, xd + 8 * i * nb, xs + i * nb, k, y + i * n_out + r0, n_out, nr);
-        if (i < m) tile_q8(t, 1, rows, nb, xq + i * k, xd + 8 * i * nb, xs + i * nb, k, y + i * n_out + r0, n_out, nr);
+    int64_t chunk = X_CHUNK_BYTES / k / MR * MR;
+    chunk = chunk < MR ? MR : chunk;
+    for (int64_t c0 = 0; c0 < m; c0 += chunk) {
+        const int64_t c1 = m - c0 < chunk ? m : c0 + chunk;
+        for (int64_t g = g0; g < g1; ++g) {
+            const int64_t r0 = g * NR;
+            const int nr = n_out - r0 < NR ? (int)(n_out - r0) : NR;
+            const uint8_t *rows[NR];
+            for (int r = 0; r < NR; ++r) rows[r] = w + (r0 + (r < nr ? r : 0)) * rb;
+            int64_t i = c0;
+#define TILE(mr) tile_q8(t, mr, rows, nb, xq + i * k, xd + 8 * i * nb, xs + i * nb, k, y + i * n_out + r0, n_out, nr)
+            for (; i + MR <= c1; i += MR) TILE(MR);
+            if (i + 2 <= c1) {
+                TILE(2);
+                i += 2;
+            }
+            if (i < c1) TILE(1);
+#undef TILE
+        }
     }
 }
 

@@ -2,7 +2,8 @@
  * packed qkv or gate/up whose parts hold different block types, e.g. Q4_K_M's q/k in Q4_K and v in Q6_K), each
  * run by its type's kernel (void gguf_matmul_<type>(w, n_out, k, x, m, y), y[m, n_out] = x . W^T, W as GGUF
  * stores it) reached through the function pointer npu_ops/quant_gguf.py's type table puts in the segment: its
- * int8-activation kernel (fn_q8) for a call of at most q8_rows rows of x, else its fp32-activation one (fn). The
+ * int8-activation kernel (fn_q8) for a call of a step kind the segment's q8_steps names (a decode step, a prefill
+ * piece: the caller says which), else its fp32-activation one (fn). The
  * kernels are the table's, so a type added there runs here (and in the fused decoder) without a line of C.
  *
  * The rows are cut into units of UNIT rows per segment, the units split over the team by team_share; each thread
@@ -24,10 +25,10 @@ static int64_t units_of(const gguf_seg *s) { return (s->rows + UNIT - 1) / UNIT;
 
 /* rows [r0, r1) of segment s (its columns start at col) for every row of x */
 static int seg_rows(const gguf_seg *s, int64_t col, int64_t r0, int64_t r1, const float *x, int64_t M, int64_t K,
-                    const float *bias, float *y, int64_t N, int add) {
+                    const float *bias, float *y, int64_t N, int add, int step) {
     const int64_t nr = r1 - r0;
     const uint8_t *w = s->w + r0 * s->row_bytes;
-    const gguf_matmul_fn fn = s->fn_q8 != NULL && M <= s->q8_rows ? s->fn_q8 : s->fn;
+    const gguf_matmul_fn fn = s->fn_q8 != NULL && ((s->q8_steps >> step) & 1) ? s->fn_q8 : s->fn;
     if (M == 1 && !add && bias == NULL) {
         fn(w, nr, K, x, 1, y + col + r0);
         return 0;
@@ -54,7 +55,7 @@ int64_t gguf_seg_count(const gguf_seg *segs) {
 }
 
 int gguf_linear_team(const gguf_seg *segs, int64_t nseg, const float *x, int64_t M, int64_t K, const float *bias,
-                     float *y, int64_t N, int add) {
+                     float *y, int64_t N, int add, int step) {
     int64_t total = 0;
     for (int64_t i = 0; i < nseg; ++i) total += units_of(segs + i);
     int64_t u0, u1;
@@ -64,18 +65,18 @@ int gguf_linear_team(const gguf_seg *segs, int64_t nseg, const float *x, int64_t
         const int64_t n = units_of(segs + i), a = u0 > first ? u0 - first : 0, b = u1 - first < n ? u1 - first : n;
         if (a >= b) continue;
         const int64_t r1 = b * UNIT < segs[i].rows ? b * UNIT : segs[i].rows;
-        rc = seg_rows(segs + i, col, a * UNIT, r1, x, M, K, bias, y, N, add);
+        rc = seg_rows(segs + i, col, a * UNIT, r1, x, M, K, bias, y, N, add, step);
     }
     team_barrier();
     return rc;
 }
 
 int gguf_linear_f32(const gguf_seg *segs, int64_t nseg, const float *x, int64_t M, int64_t K, const float *bias,
-                    float *y, int64_t N, int nthreads) {
+                    float *y, int64_t N, int nthreads, int step) {
     int rc = 0;
 #pragma omp parallel num_threads(nthreads)
     {
-        const int mine = gguf_linear_team(segs, nseg, x, M, K, bias, y, N, 0);
+        const int mine = gguf_linear_team(segs, nseg, x, M, K, bias, y, N, 0, step);
         if (mine) {
 #pragma omp atomic write
             rc = mine;

@@ -7,22 +7,27 @@
 typedef void (*gguf_matmul_fn)(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 typedef void (*gguf_row_fn)(const uint8_t *w, int64_t k, float *out);
 
+/* The kind of step a call belongs to (the runner's, npu_ops/gguf_modules.py's gguf_step): a prompt's prefill
+ * piece, or a decode step (bursts and speculation's verify rows included) */
+#define GGUF_STEP_PREFILL 0
+#define GGUF_STEP_DECODE 1
+
 /* rows of W [rows, K] in one GGUF block type: fn computes them, row_fn dequantizes one (an embedding row; may be
- * NULL), row_bytes apart from w; fn_q8 (may be NULL) computes them against int8 activations, taken for calls of at
- * most q8_rows rows of x (a decode step: bandwidth-bound, where int8 activations cost fewer instructions) */
+ * NULL), row_bytes apart from w; fn_q8 (may be NULL) computes them against int8 activations, taken by calls of the
+ * step kinds whose bit (1 << GGUF_STEP_*) q8_steps sets (ModelConfig.ggufActivations) */
 typedef struct gguf_seg {
     gguf_matmul_fn fn;
     gguf_row_fn row_fn;
     const uint8_t *w;
     int64_t rows, row_bytes;
     gguf_matmul_fn fn_q8;
-    int64_t q8_rows;
+    int64_t q8_steps;
 } gguf_seg;
 
 /* the segments of a table ended by one whose fn is NULL (as npu_ops/gguf_modules.py writes them) */
 int64_t gguf_seg_count(const gguf_seg *segs);
 /* y[M, N] = x[M, K] . W^T (+ bias) over the segments (their rows add up to N), by every thread of the calling team
- * (add: y += that); ends on the team's barrier; 0, or 3 without scratch */
+ * (add: y += that), a call of step kind `step` (GGUF_STEP_*); ends on the team's barrier; 0, or 3 without scratch */
 int gguf_linear_team(const gguf_seg *segs, int64_t nseg, const float *x, int64_t M, int64_t K, const float *bias,
-                     float *y, int64_t N, int add);
+                     float *y, int64_t N, int add, int step);
 #endif

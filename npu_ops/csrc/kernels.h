@@ -84,11 +84,12 @@ void gguf_matmul_q4_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float
 void gguf_matmul_q4_1_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 void gguf_matmul_q8_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 void gguf_matmul_q4_1f_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
-/* a projection whose rows are segments of those types, over a team of its own (gguf_linear.c; quant_gguf.linear):
- * 0, or 3 without scratch */
+/* a projection whose rows are segments of those types, over a team of its own (gguf_linear.c; gguf_cpu.linear), a
+ * call of step kind `step` (gguf_linear.h's GGUF_STEP_*: which segments take their int8 kernels): 0, or 3 without
+ * scratch */
 struct gguf_seg;
 int gguf_linear_f32(const struct gguf_seg *segs, int64_t nseg, const float *x, int64_t M, int64_t K,
-                    const float *bias, float *y, int64_t N, int nthreads);
+                    const float *bias, float *y, int64_t N, int nthreads, int step);
 
 /* the all-greedy sampler's rows (greedy_rows.c; cpu_kernels.greedy_rows): first maxima and their
  * log-probabilities; 1 if a logit is not finite */
@@ -101,7 +102,7 @@ int64_t llama_layers_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH,
 int llama_layers_f32(const struct layer_f32 *layers, int64_t L, float *x, int64_t T, int64_t hidden, int64_t H,
                      int64_t KVH, int64_t D, int64_t inter, float eps, const float *cos_, const float *sin_,
                      const int64_t *slots, const int32_t *block_tables, int64_t S, int64_t MB, const int32_t *row_seq,
-                     const int32_t *row_pos, int64_t BS, float scale, float *work, int nthreads);
+                     const int32_t *row_pos, int64_t BS, float scale, float *work, int nthreads, int gguf_step);
 
 /* a decode step, or several greedy ones, in one call (decode_f32.c; mindie_service/models/fused_decode.py fills
  * the arguments) */

@@ -59,6 +59,7 @@ typedef struct {
 typedef struct {
     int64_t T, hidden, H, KVH, D, inter, BS, MB;
     float eps, scale;
+    int gguf_step; /* GGUF_STEP_*: a decode step or a prefill piece (which GGUF segments take int8 activations) */
 } dims_f32;
 
 static int64_t kmax_padded(int64_t hidden, int64_t QD, int64_t inter) {
@@ -99,7 +100,7 @@ static void lin(const dims_f32 *d, const lin_desc *ln, const float *x, int64_t K
     else if (ln->kind == LIN_W8A16)
         linear_w8a16_f32_team(x, d->T, K, ln->w, ln->scale, N, ln->bias, y, add);
     else if (ln->kind == LIN_GGUF)
-        gguf_linear_team(ln->w, gguf_seg_count(ln->w), x, d->T, K, ln->bias, y, N, add);
+        gguf_linear_team(ln->w, gguf_seg_count(ln->w), x, d->T, K, ln->bias, y, N, add, d->gguf_step);
     else
         linear_w8a8_f32_team(x, d->T, K, ln->w, ln->scale, N, ln->bias, y, d->T == 1 ? own->xq : s->xq,
                              d->T == 1 ? own->xs : s->xs, s->zero, add);
@@ -195,7 +196,7 @@ static void mlp(const dims_f32 *d, const layer_f32 *ly, const float *xn, float *
 int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, int64_t hidden, int64_t H, int64_t KVH,
                      int64_t D, int64_t inter, float eps, const float *cos_, const float *sin_, const int64_t *slots,
                      const int32_t *block_tables, int64_t S, int64_t MB, const int32_t *row_seq,
-                     const int32_t *row_pos, int64_t BS, float scale, float *work, int nthreads) {
+                     const int32_t *row_pos, int64_t BS, float scale, float *work, int nthreads, int gguf_step) {
     if (T <= 0) return 0;
     if (D % 2) return 1;
     for (int64_t l = 0; l < L; ++l)
@@ -203,7 +204,7 @@ int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, in
     attn_plan pl;
     const int rc = attn_plan_f32(&pl, row_seq, row_pos, T, S, H, KVH, D, BS, MB, nthreads);
     if (rc != 0) return rc;
-    const dims_f32 d = {T, hidden, H, KVH, D, inter, BS, MB, eps, scale};
+    const dims_f32 d = {T, hidden, H, KVH, D, inter, BS, MB, eps, scale, gguf_step};
     const int64_t QD = H * D;
     const int64_t kp = kmax_padded(hidden, QD, inter);
     float *xn = work, *qkv = xn + T * hidden, *q = qkv + T * (QD + 2 * KVH * D), *att = q + T * QD,

@@ -94,9 +94,10 @@ def _greedy(srv: ServerProcess, model: str) -> str:
 def test_info_and_the_model_say_what_loading_did_to_each_tensor_kind(srv):
     info = srv.get("/info").json()
     packed = {f"blk.{i}.ffn_down.weight": "Q8_0: kept packed" for i in range(4)}  # run as stored (issue 44)
-    fp32 = "fp32 (weights dequantized in registers: the dequantized reference's values)"  # ggufActivations' default
+    int8 = ("int8 per 16 columns of x (per 256: K-quants) in decode steps, fp32 in prefill pieces and fp32 in the LM "
+            "head")  # ggufActivations' default
     assert info["weights_report"] == {"F16": "4 tensors: converted from F16", "F32": "31 tensors: kept",
-                                      "Q8_0": "4 tensors: kept packed", "GGUF activations": fp32, **packed}
+                                      "Q8_0": "4 tensors: kept packed", "GGUF activations": int8, **packed}
     got = srv.get("/v1/models/mixed").json()
     assert got["weights_report"] == info["weights_report"] and got["format"] == "gguf"
     assert _greedy(srv, "mixed")

@@ -38,11 +38,9 @@ def tiny_gguf(tiny_model, tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("activations", ["fp32", "int8"])
 def test_the_fused_decode_step_gives_the_op_by_op_logits(tiny_gguf, monkeypatch, activations):
-    # int8 activations are taken by calls of at most INT8_MAX_ROWS rows: a prompt whose blocks a later run finds
-    # cached prefills only its tail, on the int8 kernels where the first run's whole prompt took the fp32 ones, so
-    # the runs compared here start from an empty cache (the fused and op-by-op steps run the same kernels)
-    llm = LLM(str(tiny_gguf), dtype="float32", gguf_activations=activations,
-              enable_prefix_caching=activations == "fp32", **POOL)
+    # int8 activations in every call (prefill and decode alike): a later run that finds a prompt's blocks cached
+    # prefills only its tail, and each row's result is its own, so the prefix cache stays on for both
+    llm = LLM(str(tiny_gguf), dtype="float32", gguf_activations=activations, **POOL)
     m = llm.engine.runner.model
     assert isinstance(m.embed_tokens, GgufEmbedding) and m.lm_head.kinds == ["Q4_0"]
     assert m.layers[0].self_attn.qkv_proj.kinds == ["Q4_1", "Q8_0"]
@@ -51,13 +49,14 @@ def test_the_fused_decode_step_gives_the_op_by_op_logits(tiny_gguf, monkeypatch,
 
 @pytest.mark.parametrize("activations", ["fp32", "int8"])
 def test_bursts_and_speculation_keep_the_tokens(tiny_gguf, activations):
-    # int8: the decode rows, 3 a step or 3 x 5 verifying drafts, are within INT8_MAX_ROWS, so every one runs the
-    # int8 kernels whatever the burst or the drafts (each engine fresh: no prefix cached)
+    # int8: every call takes the int8 kernels, whatever the burst, the drafts or the rows a step holds
     packed_checks.bursts_and_speculation_keep_the_tokens(functools.partial(
         LLM, str(tiny_gguf), dtype="float32", gguf_activations=activations, **POOL), PROMPTS)
 
 
 def test_lora_adds_its_delta_after_the_packed_matmul(tiny_model, tiny_gguf, tmp_path, monkeypatch):
     adapter = str(build_demo_lora(str(tiny_model), str(tmp_path / "lora"), rank=8, seed=3))
-    packed = packed_checks.lora_after_the_packed_matmul(str(tiny_gguf), adapter, PROMPTS, POOL, monkeypatch)
+    # fp32 activations pinned: this guards the fp32 path, exact against the dequantized load to fp32 order
+    packed = packed_checks.lora_after_the_packed_matmul(str(tiny_gguf), adapter, PROMPTS,
+                                                        {**POOL, "gguf_activations": "fp32"}, monkeypatch)
     assert isinstance(packed.engine.runner.model.layers[0].mlp.down_proj, GgufLinear)

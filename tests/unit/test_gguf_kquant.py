@@ -153,7 +153,7 @@ def test_the_kernels_agree_with_the_reference_matmul(name: str, m: int, n: int, 
     assert ((y - ref).abs() <= bound).all(), float(((y - ref).abs() / bound).max())
 
 
-Q8_SHAPES = [(1, 37, 256), (1, 13, 2048), (2, 5, 512), (4, 33, 1024), (3, 1, 768)]
+Q8_SHAPES = [(1, 37, 256), (1, 13, 2048), (2, 5, 512), (4, 33, 1024), (3, 1, 768), (53, 3, 4096)]  # 53: 3 chunks
 
 
 @needs_kernels
@@ -200,6 +200,17 @@ def test_the_threads_split_rows_only_so_results_do_not_depend_on_their_number(m:
     finally:
         torch.set_num_threads(before)
     assert all(torch.equal(a, b) for a, b in zip(one, two))
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", TYPES)
+def test_an_int8_gemm_row_is_the_same_bits_in_any_slice(name: str) -> None:
+    """A prefill's GEMM over chunks of x rows (24 rows at k 4096): each row's result is its own."""
+    raw = weights(6, 4096, name, seed=8)
+    x = torch.randn(53, 4096, generator=torch.Generator().manual_seed(1))
+    full = kq.matmul(x, raw, name, 6, 4096, int8_rows=True)
+    for a, b in ((0, 1), (23, 25), (30, 53)):
+        assert torch.equal(kq.matmul(x[a:b], raw, name, 6, 4096, int8_rows=True), full[a:b]), (a, b)
 
 
 def test_bad_shapes_are_refused_before_the_kernel_reads_anything() -> None:

@@ -1,9 +1,9 @@
 """GGUF blocks against int8 activations (csrc/gemm_gguf_q8.c: Q4_0, Q4_1, Q8_0 and our Q4_1F; the K-quants'
-csrc/gemm_kquant_q8.c), and how a GgufLinear takes them (npu_ops/gguf_modules.py's int8_rows, csrc/gguf_linear.c's
-fn_q8). The reference is ``quant_gguf.matmul_q8_ref``: x's rows quantized per 16 columns by llama.cpp's Q8_0 rule
-(an fp32 scale, round-half-even), dequantized, times the dequantized W; the block sums are exact integers, so the
-kernels differ from it only in the order of fp32 operations: within 1e-6 of |x_q| . |W|. Against fp32 activations
-each x element is off by at most half its group's step."""
+csrc/gemm_kquant_q8.c), and how a GgufLinear takes them (npu_ops/gguf_modules.py's int8_steps, csrc/gguf_linear.c's
+fn_q8, by the step kind). The reference is ``quant_gguf.matmul_q8_ref``: x's rows quantized per 16 columns by
+llama.cpp's Q8_0 rule (an fp32 scale, round-half-even), dequantized, times the dequantized W; the block sums are
+exact integers, so the kernels differ from it only in the order of fp32 operations: within 1e-6 of |x_q| . |W|.
+Against fp32 activations each x element is off by at most half its group's step."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from npu_ops import cpu_kernels, gguf_cpu
-from npu_ops.gguf_modules import GgufLinear
+from npu_ops.gguf_modules import INT8_ALL, INT8_DECODE, STEP_DECODE, STEP_PREFILL, GgufLinear, gguf_step
 from npu_ops.quant_gguf import BLOCK_TYPES, GgufWeight, matmul_q8_ref, matmul_ref, q8_columns, quantize_q8
 from tests.unit.test_gguf_kquant import weights as kquant_weights
 
@@ -90,7 +90,7 @@ def test_a_rows_result_is_the_same_bits_at_any_row_count_and_thread_split(kind):
         assert torch.equal(gguf_cpu.matmul(x[i:i + 1], w, int8_rows=True), full[i:i + 1])
     assert torch.equal(gguf_cpu.matmul(x[2:4], w, int8_rows=True), full[2:4])
     layer = GgufLinear([w])
-    layer.int8_rows = 16
+    layer.int8_steps = INT8_ALL
     threads = torch.get_num_threads()
     try:
         for t in (1, 2, 3):
@@ -100,27 +100,55 @@ def test_a_rows_result_is_the_same_bits_at_any_row_count_and_thread_split(kind):
         torch.set_num_threads(threads)
 
 
-def test_a_linear_takes_the_int8_kernels_up_to_its_row_limit_only():
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_int8_gemm_agrees_with_its_reference_and_each_row_is_its_own(kind):
+    """A prefill's GEMM: 71 rows of x at k 4096 (chunks of 24 rows, 4-row tiles, a 2-row and a 1-row tail) against
+    the reference within fp32 order, and each row's bits the same alone, in any slice and at any thread split."""
+    n, k, m = 10, 4096, 71
+    w, x = random_weight(kind, n, k, seed=11), activations(m, k, seed=12)
+    full = gguf_cpu.matmul(x, w, int8_rows=True)
+    assert ((full - matmul_q8_ref(x, w)).abs() <= q8_bound(x, w)).all()
+    for a, b in ((0, 1), (5, 6), (23, 27), (24, 30), (69, 71), (3, 58)):
+        assert torch.equal(gguf_cpu.matmul(x[a:b], w, int8_rows=True), full[a:b]), (a, b)
+    layer = GgufLinear([w])
+    layer.int8_steps = INT8_ALL
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            assert torch.equal(layer(x), full), t
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_linear_takes_the_int8_kernels_in_the_step_kinds_it_names_at_any_row_count():
     """Parts of every type, the K-quants' Q8_K kernels included (run inside gguf_linear.c's team: the calling thread
-    alone): calls of at most int8_rows rows give each part's int8 kernel's bits, longer ones the fp32 kernels'."""
+    alone): int8_steps INT8_DECODE (ggufActivations int8) gives each part's int8 kernel's bits in a decode step of
+    any row count and the fp32 kernels' in a prefill piece (the default outside any gguf_step); INT8_ALL the int8
+    kernels' in both; 0 the fp32 kernels' in both."""
     parts = [random_weight(kind, 8 + i, 256, seed=i) for i, kind in enumerate(KINDS)]
     parts.append(GgufWeight(kquant_weights(12, 256, "Q6_K", seed=7).reshape(12, -1).contiguous(), "Q6_K", (12, 256)))
     bias = torch.randn(sum(p.shape[0] for p in parts))
     layer = GgufLinear(parts, bias)
-    layer.int8_rows = 4
-    for m, int8 in ((1, True), (4, True), (5, False)):
-        x = activations(m, 256, seed=m)
-        want = torch.cat([gguf_cpu.matmul(x, p, int8_rows=int8) for p in parts], dim=1) + bias
-        for t in (1, 2):
-            threads = torch.get_num_threads()
-            try:
-                torch.set_num_threads(t)
-                assert torch.equal(layer(x), want), (m, t)
-            finally:
-                torch.set_num_threads(threads)
-    layer.int8_rows = 0  # the segment table is rebuilt: fp32 at every row count
-    x = activations(2, 256, seed=9)
-    assert torch.equal(layer(x), torch.cat([gguf_cpu.matmul(x, p) for p in parts], dim=1) + bias)
+
+    def want(x: torch.Tensor, int8: bool) -> torch.Tensor:
+        return torch.cat([gguf_cpu.matmul(x, p, int8_rows=int8) for p in parts], dim=1) + bias
+
+    for steps, decode, prefill in ((INT8_DECODE, True, False), (INT8_ALL, True, True), (0, False, False)):
+        layer.int8_steps = steps  # the segment table is rebuilt
+        for m in (1, 5, 40):
+            x = activations(m, 256, seed=m)
+            for t in (1, 2):
+                threads = torch.get_num_threads()
+                try:
+                    torch.set_num_threads(t)
+                    with gguf_step(STEP_DECODE):
+                        assert torch.equal(layer(x), want(x, decode)), (steps, m, t)
+                    with gguf_step(STEP_PREFILL):
+                        assert torch.equal(layer(x), want(x, prefill)), (steps, m, t)
+                    assert torch.equal(layer(x), want(x, prefill)), (steps, m, t)  # no gguf_step: a prefill
+                finally:
+                    torch.set_num_threads(threads)
 
 
 def test_bad_calls_are_refused_before_the_kernel_reads_anything():

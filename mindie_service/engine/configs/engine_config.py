@@ -76,9 +76,9 @@ class EngineConfig:
     quantize_lm_head: bool = False
     kv_cache_dtype: str = "auto"  # "auto" = the model dtype; "int8" = int8 K/V with per-token, per-head scales
     # A GGUF's packed linears (models/gguf_packed.set_activations): "int8" = x quantized per 16 columns as llama.cpp
-    # does for decode-sized calls (faster; each x element off by at most half a step, and a call's numerics depend on
-    # its row count), "fp32" = always the exact kernels
-    gguf_activations: str = "fp32"
+    # does, in decode steps (faster; each x element off by at most half a step), prefill pieces on the exact kernels;
+    # "int8-all" = prefill pieces too; "fp32" = always the exact kernels
+    gguf_activations: str = "int8"
     # What the model serves (models/pooling_spec.py): "auto" = all its checkpoint can (a causal LM generates and
     # embeds), or one of "generate", "embed", "score"; ``pooling`` overrides the checkpoint's pooling: (key, value)
     # pairs of method ("last" | "mean" | "cls"), normalize (bool), matryoshka (True or a tuple of widths).
@@ -148,7 +148,7 @@ class EngineConfig:
         check(self.quantization != "w4a16" or self.world_size == 1, "quantization",
               "not w4a16 with tensor parallelism (int4 weights are not sharded)", self.quantization)
         check(self.kv_cache_dtype in ("auto", "int8"), "kv_cache_dtype", "one of auto, int8", self.kv_cache_dtype)
-        check(self.gguf_activations in ("int8", "fp32"), "gguf_activations", "one of int8, fp32",
+        check(self.gguf_activations in ("int8", "int8-all", "fp32"), "gguf_activations", "one of int8, int8-all, fp32",
               self.gguf_activations)
         check(self.task in ("auto", "generate", "embed", "score"), "task", "one of auto, generate, embed, score",
               self.task)

@@ -18,8 +18,10 @@ from torch import nn
 from mindie_service.engine.runner.cuda_graphs import DecodeGraphs, GraphPlan
 from mindie_service.engine.step import ModelOutput, ScheduledChunk, SchedulerOutput
 from mindie_service.models.fused_decode import FusedDecode
+from mindie_service.models.gguf_packed import splits_step_kinds
 from mindie_service.models.llama import StepContext
 from npu_ops import memory, quant_kv
+from npu_ops.gguf_modules import STEP_DECODE, STEP_PREFILL, gguf_step
 from npu_ops.greedy import first_maxima
 from npu_ops.ops import AttentionMetadata, PrefillSpan
 
@@ -49,6 +51,10 @@ class ModelRunner:
         self.model, self.block_size, self.device = model, block_size, device
         self._offsets = torch.arange(block_size, device=device)  # a block's slot offsets (prefix-cache spans)
         self.piece_tokens = PIECE_TOKENS
+        # GGUF int8 activations in decode steps only (models/gguf_packed.py): a step's decode rows and its prompts'
+        # rows run as separate pieces, each under its own step kind (gguf_step), so no row's numerics depend on
+        # what else the step holds
+        self.split_kinds = splits_step_kinds(model)
         d = model.dims
         # One allocation for every layer's K and V (huge pages on the CPU, see npu_ops.memory); zeros, not
         # empty: padded gathers read unused slots, and NaN bits there would poison masked scores.
@@ -141,9 +147,10 @@ class ModelRunner:
         run several times faster than over one huge batch (and matmul speed is flat past ~256 rows)."""
         pieces: list[tuple[list[ScheduledChunk], list[ScheduledChunk]]] = [(out.decodes, [])]
         tokens = out.num_decodes
-        for c in out.prefills:
+        for c in out.prefills:  # verify chunks (decode kind) first, then prompt chunks (scheduler's order)
             n = c.num_tokens
-            if tokens and tokens + n > self.piece_tokens:
+            new_kind = self.split_kinds and not c.num_draft and _decode_kind(*pieces[-1])
+            if tokens and (tokens + n > self.piece_tokens or new_kind):
                 pieces.append(([], []))
                 tokens = 0
             pieces[-1][1].append(c)
@@ -153,7 +160,10 @@ class ModelRunner:
     def _piece(self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk],
                prompt_logits: dict[str, torch.Tensor]) -> torch.Tensor | None:
         fused = None if prefills else self._fused_decode(decodes)
-        return fused if fused is not None else self._forward(decodes, prefills, prompt_logits)
+        if fused is not None:
+            return fused
+        with gguf_step(STEP_DECODE if _decode_kind(decodes, prefills) else STEP_PREFILL):
+            return self._forward(decodes, prefills, prompt_logits)
 
     def _fused_decode(self, decodes: list[ScheduledChunk]) -> torch.Tensor | None:
         """A step of plain decodes in one call: the CPU's C step (models/fused_decode.py) or a CUDA graph's replay;
@@ -208,7 +218,8 @@ class ModelRunner:
         sample nothing: a pooling batch (engine.pooling). Their K/V are written into their blocks as any prefill's;
         the caller frees the blocks after."""
         ids, step, _ = self._pack([], prefills)
-        return self.model(ids, step, self.kv_caches)
+        with gguf_step(STEP_PREFILL):
+            return self.model(ids, step, self.kv_caches)
 
     def _forward(self, decodes: list[ScheduledChunk], prefills: list[ScheduledChunk],
                  prompt_logits: dict[str, torch.Tensor]) -> torch.Tensor | None:
@@ -275,3 +286,9 @@ class ModelRunner:
             if media:
                 step.embeds_override = self.embeds_hook(media)
         return torch.tensor(ids, device=dev), step, starts
+
+
+def _decode_kind(decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]) -> bool:
+    """Whether a piece is a decode step: each row a sequence's next token (plain decodes, speculation's verify
+    chunks), no prompt's rows."""
+    return all(c.num_draft for c in prefills)
