@@ -43,6 +43,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 import bench_gguf_files as files  # noqa: E402
 import membw  # noqa: E402
 from bench_gguf_table import Table  # noqa: E402
+from mindie_service.engine.configs.engine_config import EngineConfig  # noqa: E402
+from mindie_service.models.gguf_packed import ACTIVATIONS  # noqa: E402
 
 FLOAT_KINDS = ("fp32", "w8a8", "w4a16")  # ours only, on a shape's safetensors checkpoint (w4a16: requantized)
 GGUF_KINDS = tuple(files.FTYPES)  # llama.cpp's quantizer, both engines
@@ -85,7 +87,7 @@ def engine_weight_bytes(llm: Any) -> int:
                                    if isinstance(m, GgufLinear) for p in m.parts)
 
 
-def ours_side(model: str, quant: str | None, work: dict[str, Any], acts: str = "fp32") -> dict[str, Any]:
+def ours_side(model: str, quant: str | None, work: dict[str, Any], acts: str = EngineConfig.gguf_activations) -> dict[str, Any]:
     """Our engine on one model in this (fresh) process: load, RSS, KV pool, one stream, N streams, a prefill."""
     import torch
     from mindie_service import LLM, SamplingParams
@@ -113,7 +115,7 @@ def ours_side(model: str, quant: str | None, work: dict[str, Any], acts: str = "
     return row
 
 
-def run_ours(model: Path, quant: str | None, work_file: Path, acts: str = "fp32") -> dict[str, Any]:
+def run_ours(model: Path, quant: str | None, work_file: Path, acts: str = EngineConfig.gguf_activations) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, __file__, "--ours", str(model), "--quant", quant or "none",
                            "--work", str(work_file), "--gguf-activations", acts], capture_output=True, text=True)
     if proc.returncode != 0:
@@ -154,7 +156,7 @@ def file_bytes(model: Path) -> int:
 
 
 def measure(name: str, model: Path, quant: str | None, work: dict[str, Any], work_file: Path,
-            llama: Path | None, threads: int, triad_mib: int, acts: str = "fp32") -> dict[str, Any]:
+            llama: Path | None, threads: int, triad_mib: int, acts: str = EngineConfig.gguf_activations) -> dict[str, Any]:
     """One file (or checkpoint) by both engines (llama: None for ours only), the triad taken just before."""
     row: dict[str, Any] = {"file": name, "triad": membw.triad(mib=triad_mib, reps=10, threads=threads).median,
                            "file_bytes": file_bytes(model)}
@@ -221,8 +223,9 @@ def main() -> None:
     ap.add_argument("--no-llama", action="store_true", help="our engine only (the float and shipped rows)")
     ap.add_argument("--smoke", action="store_true", help="few tokens and streams (and by default the tiny shape): "
                                                          "check that every part runs")
-    ap.add_argument("--gguf-activations", default="fp32", choices=["fp32", "int8"],
-                    help="our ModelConfig.ggufActivations on the GGUF rows (the float rows ignore it)")
+    ap.add_argument("--gguf-activations", default=EngineConfig.gguf_activations, choices=sorted(ACTIVATIONS),
+                    help="our ModelConfig.ggufActivations on the GGUF rows (default: the server's; the float rows "
+                         "ignore it)")
     ap.add_argument("--ours", default="", help=argparse.SUPPRESS)  # the child process: our engine on one model
     ap.add_argument("--quant", default="none", help=argparse.SUPPRESS)
     ap.add_argument("--work", default="", help=argparse.SUPPRESS)
