@@ -49,7 +49,7 @@ def test_whole_and_streamed_output_match_the_unspeculated_engine(spec_srv, offli
             out = r.json()[0]
             assert [t["id"] for t in out["details"]["tokens"]] == ids and out["generated_text"] == text
         for prompt, ids, text in offline[::3]:
-            tgi = list(sse_frames(spec_srv.post("/generate_stream", _body(prompt), stream=True)))
+            tgi = list(sse_frames(spec_srv.post("/generate_stream", _body(prompt, stream=True), stream=True)))
             assert [f["token"]["id"] for f in tgi] == ids
             assert "".join(f["token"]["text"] for f in tgi if not f["token"]["special"]) == text
 
