@@ -43,6 +43,12 @@ def _bytes(text: str) -> list[int]:
     return list(text.encode("utf-8", errors="replace"))
 
 
+def obfuscation() -> str:
+    """OpenAI's stream padding (``include_obfuscation``): 1 to 16 random characters, so a frame's size tells
+    nothing of its text. Chat chunks and Responses delta events both carry it."""
+    return secrets.token_urlsafe(12)[:1 + secrets.randbelow(16)]
+
+
 class OpenAIEncoder(Encoder):
     """One instance per process; the request says which route (completion or chat) it answers."""
 
@@ -115,7 +121,7 @@ class OpenAIEncoder(Encoder):
         elif req.include_usage:
             body["usage"] = None
         if req.obfuscate:  # stream_options.include_obfuscation: random padding, so a chunk's size tells nothing
-            body["obfuscation"] = secrets.token_urlsafe(12)[:1 + secrets.randbelow(16)]
+            body["obfuscation"] = obfuscation()
         return sse(body)
 
     def stream_start(self, req: GenerationRequest, n_samples: int, first: GenerationResult | None = None) -> bytes:

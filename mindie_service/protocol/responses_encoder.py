@@ -6,13 +6,12 @@ Stream frames are ``event: <type>`` + ``data: <json>`` as OpenAI sends them; the
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from mindie_service.errors import MindieError
-from mindie_service.protocol.openai_encoder import openai_error
+from mindie_service.protocol.openai_encoder import obfuscation, openai_error
 from mindie_service.protocol.responses_request import ResponsesRequest
 
 TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})
@@ -94,6 +93,6 @@ def frame(event: dict[str, Any], obfuscate: bool = False) -> bytes:
     """One SSE frame: ``event: <type>`` and ``data: <json>``. ``obfuscate`` (stream_options.include_obfuscation)
     adds OpenAI's ``obfuscation`` padding to a delta event, per transmission: a stored event never has it."""
     if obfuscate and event["type"].endswith(".delta"):
-        event = {**event, "obfuscation": secrets.token_urlsafe(12)[:1 + secrets.randbelow(16)]}
+        event = {**event, "obfuscation": obfuscation()}
     data = json.dumps(event, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     return f"event: {event['type']}\ndata: {data}\n\n".encode()
