@@ -6,6 +6,8 @@ exact integers, so the kernels differ from it only in the order of fp32 operatio
 Against fp32 activations each x element is off by at most half its group's step."""
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 import pytest
 import torch
@@ -34,6 +36,24 @@ def random_weight(kind: str, n: int, k: int, seed: int = 0) -> GgufWeight:
         if kind == "Q4_1":
             raw[..., 2:4] = mins.astype(np.float16)[..., None].view(np.uint8)
     return GgufWeight(torch.from_numpy(raw.reshape(n, -1).copy()), kind, (n, k))
+
+
+def at_threads(*counts: int) -> Iterator[int]:
+    """Each count in turn as torch's (and so the kernels' team's) thread count; the caller's restored after."""
+    threads = torch.get_num_threads()
+    try:
+        for t in counts:
+            torch.set_num_threads(t)
+            yield t
+    finally:
+        torch.set_num_threads(threads)
+
+
+def int8_all_layer(w: GgufWeight) -> GgufLinear:
+    """A linear over ``w`` that takes the int8 kernels in every step kind."""
+    layer = GgufLinear([w])
+    layer.int8_steps = INT8_ALL
+    return layer
 
 
 def activations(m: int, k: int, seed: int) -> torch.Tensor:
@@ -89,15 +109,9 @@ def test_a_rows_result_is_the_same_bits_at_any_row_count_and_thread_split(kind):
     for i in (0, 3, 8):  # alone, and in the second place of a pair of rows
         assert torch.equal(gguf_cpu.matmul(x[i:i + 1], w, int8_rows=True), full[i:i + 1])
     assert torch.equal(gguf_cpu.matmul(x[2:4], w, int8_rows=True), full[2:4])
-    layer = GgufLinear([w])
-    layer.int8_steps = INT8_ALL
-    threads = torch.get_num_threads()
-    try:
-        for t in (1, 2, 3):
-            torch.set_num_threads(t)
-            assert torch.equal(layer(x), full) and torch.equal(layer(x[2:3]), full[2:3])
-    finally:
-        torch.set_num_threads(threads)
+    layer = int8_all_layer(w)
+    for _ in at_threads(1, 2, 3):
+        assert torch.equal(layer(x), full) and torch.equal(layer(x[2:3]), full[2:3])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -110,15 +124,9 @@ def test_the_int8_gemm_agrees_with_its_reference_and_each_row_is_its_own(kind):
     assert ((full - matmul_q8_ref(x, w)).abs() <= q8_bound(x, w)).all()
     for a, b in ((0, 1), (5, 6), (23, 27), (24, 30), (69, 71), (3, 58)):
         assert torch.equal(gguf_cpu.matmul(x[a:b], w, int8_rows=True), full[a:b]), (a, b)
-    layer = GgufLinear([w])
-    layer.int8_steps = INT8_ALL
-    threads = torch.get_num_threads()
-    try:
-        for t in (1, 2, 3):
-            torch.set_num_threads(t)
-            assert torch.equal(layer(x), full), t
-    finally:
-        torch.set_num_threads(threads)
+    layer = int8_all_layer(w)
+    for t in at_threads(1, 2, 3):
+        assert torch.equal(layer(x), full), t
 
 
 def test_a_linear_takes_the_int8_kernels_in_the_step_kinds_it_names_at_any_row_count():
@@ -138,17 +146,12 @@ def test_a_linear_takes_the_int8_kernels_in_the_step_kinds_it_names_at_any_row_c
         layer.int8_steps = steps  # the segment table is rebuilt
         for m in (1, 5, 40):
             x = activations(m, 256, seed=m)
-            for t in (1, 2):
-                threads = torch.get_num_threads()
-                try:
-                    torch.set_num_threads(t)
-                    with gguf_step(STEP_DECODE):
-                        assert torch.equal(layer(x), want(x, decode)), (steps, m, t)
-                    with gguf_step(STEP_PREFILL):
-                        assert torch.equal(layer(x), want(x, prefill)), (steps, m, t)
-                    assert torch.equal(layer(x), want(x, prefill)), (steps, m, t)  # no gguf_step: a prefill
-                finally:
-                    torch.set_num_threads(threads)
+            for t in at_threads(1, 2):
+                with gguf_step(STEP_DECODE):
+                    assert torch.equal(layer(x), want(x, decode)), (steps, m, t)
+                with gguf_step(STEP_PREFILL):
+                    assert torch.equal(layer(x), want(x, prefill)), (steps, m, t)
+                assert torch.equal(layer(x), want(x, prefill)), (steps, m, t)  # no gguf_step: a prefill
 
 
 def test_bad_calls_are_refused_before_the_kernel_reads_anything():
