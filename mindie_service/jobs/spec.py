@@ -12,6 +12,7 @@ from mindie_service.params.output_cap import output_cap
 from mindie_service.params.rule import read_fields
 from mindie_service.params.structured_field import read_structured
 from mindie_service.params.table import JOB, JOB_OPTIONS, STRUCTURED
+from mindie_service.protocol.validation import refuse_unknown
 
 PATH_TYPES = ("filepath", "uri", "raw_bytes")
 DEFAULT_MAX_TOKENS = 256
@@ -70,10 +71,7 @@ def parse_job_request(body: Mapping[str, Any], max_tokens_cap: int) -> JobReques
     (``max_tokens_cap``) as every other route's output is (params.output_cap; the engine caps each line again
     by its prompt). ``keep_alive`` (beyond the seed, as on every generation route) applies to each line's hold of
     the model (jobs.runner). Any other top-level key is refused by name (the seed's contract has these four)."""
-    unknown = sorted(str(k) for k in body if k not in _BODY_KEYS)
-    if unknown:
-        raise ValidationError(f"Parameter {unknown[0]} is not supported: a batch job takes "
-                              f"{', '.join(sorted(_BODY_KEYS))}")
+    refuse_unknown(body, _BODY_KEYS)
     model = body.get("model")
     check(isinstance(model, str) and model != "", "model", "a non-empty string", model)
     path = parse_path(body.get("prompt_file_path"), "prompt_file_path")
