@@ -149,7 +149,7 @@ class ModelRunner:
         tokens = out.num_decodes
         for c in out.prefills:  # verify chunks (decode kind) first, then prompt chunks (scheduler's order)
             n = c.num_tokens
-            new_kind = self.split_kinds and not c.num_draft and _decode_kind(*pieces[-1])
+            new_kind = self.split_kinds and not c.num_draft and _decode_kind(pieces[-1][1])
             if tokens and (tokens + n > self.piece_tokens or new_kind):
                 pieces.append(([], []))
                 tokens = 0
@@ -162,7 +162,7 @@ class ModelRunner:
         fused = None if prefills else self._fused_decode(decodes)
         if fused is not None:
             return fused
-        with gguf_step(STEP_DECODE if _decode_kind(decodes, prefills) else STEP_PREFILL):
+        with gguf_step(STEP_DECODE if _decode_kind(prefills) else STEP_PREFILL):
             return self._forward(decodes, prefills, prompt_logits)
 
     def _fused_decode(self, decodes: list[ScheduledChunk]) -> torch.Tensor | None:
@@ -288,7 +288,7 @@ class ModelRunner:
         return torch.tensor(ids, device=dev), step, starts
 
 
-def _decode_kind(decodes: list[ScheduledChunk], prefills: list[ScheduledChunk]) -> bool:
-    """Whether a piece is a decode step: each row a sequence's next token (plain decodes, speculation's verify
-    chunks), no prompt's rows."""
+def _decode_kind(prefills: list[ScheduledChunk]) -> bool:
+    """Whether a piece whose prefill chunks are ``prefills`` is a decode step: each row a sequence's next token
+    (its plain decodes, speculation's verify chunks), no prompt's rows."""
     return all(c.num_draft for c in prefills)
