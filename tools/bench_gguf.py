@@ -10,7 +10,8 @@ in a process of its own; whatever it does with the quantized tensors, dequantize
   first to the last), with the bandwidth bound beside it: a STREAM triad (tools/membw.py) measured just before /
   the bytes of weights one token reads (every tensor of the file; the embedding only as the tied head);
 - 16 and 32 streams: that many 64-token prompts, 128 tokens each, submitted at once (llama.cpp: continuous
-  batching through its low-level API, the best of 8/16/32 slots up to the stream count);
+  batching through its low-level API, the best of 8/16/32 slots up to the stream count, or
+  --llama-slots);
 - prefill: the time to the first token of a 512-token prompt;
 - resident memory after load and at the end (every weight touched; llama.cpp mmaps the file), ours against issue
   44's goal: file size + our KV pool (sized for the 32 streams: 32 x (64 + 128) tokens) + 300 MB.
@@ -139,7 +140,7 @@ def run_llama(python: Path, gguf: Path, work: dict[str, Any], threads: int) -> d
     rows = harness(python, gguf, [work["stream"]], [work["out"]], [1], threads)
     row: dict[str, Any] = {"stream": rows[0]["tok_s"], "decode": rows[0]["decode_tok_s"], **rows[-1]}
     for n in work["stream_counts"]:
-        slots = [p for p in (8, 16, 32) if p <= n] or [n]
+        slots = [p for p in work["llama_slots"] if p <= n] or [n]
         rows = harness(python, gguf, work["streams"][:n], [work["out"]] * n, slots, threads)
         best = max((r for r in rows if "tok_s" in r), key=lambda r: r["tok_s"])
         row[f"streams_{n}"], row[f"slots_{n}"] = best["tok_s"], best["slots"]
@@ -226,6 +227,9 @@ def main() -> None:
     ap.add_argument("--gguf-activations", default=EngineConfig.gguf_activations, choices=sorted(ACTIVATIONS),
                     help="our ModelConfig.ggufActivations on the GGUF rows (default: the server's; the float rows "
                          "ignore it)")
+    ap.add_argument("--llama-slots", type=int, nargs="+", default=[8, 16, 32],
+                    help="llama.cpp's slot counts tried for N streams (those up to N; its best is shown); fewer "
+                         "shorten a 1.7B row by minutes")
     ap.add_argument("--ours", default="", help=argparse.SUPPRESS)  # the child process: our engine on one model
     ap.add_argument("--quant", default="none", help=argparse.SUPPRESS)
     ap.add_argument("--work", default="", help=argparse.SUPPRESS)
@@ -241,6 +245,7 @@ def main() -> None:
     cache.mkdir(parents=True, exist_ok=True)
     llama = llama_python(args, cache, any(k not in FLOAT_KINDS for _, k in rows))
     work = workload(sizes)
+    work["llama_slots"] = args.llama_slots
     work_file = cache / ("work-smoke.json" if args.smoke else "work.json")
     work_file.write_text(json.dumps(work))
     table = Table(sizes["stream_counts"], sizes["prefill"], Path(args.markdown) if args.markdown else None)
@@ -248,7 +253,8 @@ def main() -> None:
                  f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; cache {cache}",
                  f"one stream: {sizes['out']} tokens after a {sizes['prompt']}-token prompt; "
                  f"{'/'.join(map(str, sizes['stream_counts']))} streams of the same; prefill {sizes['prefill']} "
-                 f"tokens; our KV pool {work['kv_blocks']} blocks of {BLOCK}"])
+                 f"tokens; our KV pool {work['kv_blocks']} blocks of {BLOCK}; llama.cpp's slots tried "
+                 f"{'/'.join(map(str, args.llama_slots))}"])
     for shape, kind in rows:
         model, quant, peer = source(shape, kind, cache, llama)
         name = "135m Q4_1 (shipped)" if kind == SHIPPED else (
