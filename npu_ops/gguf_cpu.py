@@ -1,5 +1,5 @@
 """ctypes bindings of the GGUF block-quantized linears (csrc/gemm_gguf.c: Q4_0, Q4_1, Q8_0 and our Q4_1F against fp32
-activations, csrc/gemm_gguf_q8.c: the same against int8 ones; csrc/gguf_linear.c:
+activations, csrc/gemm_gguf_q8.c: the same against int8 ones; Q5_0 and Q5_1: csrc/gemm_gguf_q5*.c; csrc/gguf_linear.c:
 a projection of one or more segments over a team), built with the other CPU kernels by npu_ops.cpu_kernels. Each
 block type's kernels are found by the names npu_ops.quant_gguf's table gives them; a segment table hands the C side
 their addresses, so a type registered there runs in the fused decoder too."""
@@ -20,7 +20,7 @@ SEG_FIELDS = 7  # csrc/gguf_linear.h's gguf_seg: fn, row_fn, w, rows, row_bytes,
 @lru_cache(maxsize=4)
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     """The GGUF kernels' types, as csrc/kernels.h declares them."""
-    for t in ("q4_0", "q4_1", "q8_0", "q4_1f"):
+    for t in ("q4_0", "q4_1", "q8_0", "q4_1f", "q5_0", "q5_1"):
         for name in (f"gguf_matmul_{t}", f"gguf_matmul_{t}_q8"):
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = [_P, _I64, _I64, _P, _I64, _P], None

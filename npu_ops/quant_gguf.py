@@ -19,7 +19,8 @@ some:
   faster; ``matmul_q8_ref`` is its reference (a GgufLinear takes it in the step kinds its ``int8_steps`` names).
 
 A type with a kernel runs packed (``npu_ops.gguf_modules``); one without is dequantized at load. More types plug in
-with ``register`` (the K-quants: ``npu_ops.quant_gguf_kquant``, loaded through ``PLUGINS`` when present). The
+with ``register`` (the K-quants: ``npu_ops.quant_gguf_kquant``; Q5_0 and Q5_1: ``npu_ops.quant_gguf_q5``; loaded
+through ``PLUGINS`` when present). The
 reference (``matmul_ref``) is ``x @ dequantize(W).T`` in fp32; the kernels are held to it within an fp32 GEMM's
 error bound (npu_ops.linear.fp32_gemm_tolerance), their weights being the dequantized values exactly."""
 from __future__ import annotations
@@ -36,7 +37,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 Dequantizer = Callable[[torch.Tensor], torch.Tensor]
-PLUGINS = ("npu_ops.quant_gguf_kquant",)  # modules that register more block types, imported when present
+# modules that register more block types, imported when present
+PLUGINS = ("npu_ops.quant_gguf_kquant", "npu_ops.quant_gguf_q5")
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,14 @@ void gguf_matmul_q4_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float
 void gguf_matmul_q4_1_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 void gguf_matmul_q8_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 void gguf_matmul_q4_1f_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+/* Q5_0 and Q5_1 (22- and 24-byte blocks of 32: fp16 d (and m), 32 fifth bits, nibbles), fp32 activations and one
+ * row dequantized (gemm_gguf_q5.c), and against int8 activations as the four above (gemm_gguf_q5_q8.c) */
+void gguf_matmul_q5_0(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_matmul_q5_1(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_dequant_q5_0(const uint8_t *w, int64_t k, float *out);
+void gguf_dequant_q5_1(const uint8_t *w, int64_t k, float *out);
+void gguf_matmul_q5_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_matmul_q5_1_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 /* a projection whose rows are segments of those types, over a team of its own (gguf_linear.c; gguf_cpu.linear), a
  * call of step kind `step` (gguf_linear.h's GGUF_STEP_*: which segments take their int8 kernels): 0, or 3 without
  * scratch */

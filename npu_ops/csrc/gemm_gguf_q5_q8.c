@@ -1,0 +1,237 @@
+/* GGUF's Q5_0 and Q5_1 blocks (gguf_q5_block.h) against int8 activations: gemm_gguf_q8.c's scheme for its 4-bit
+ * types. Each row of x is quantized per 16 columns (d = max|x| / 127, q = round-half-even(x * (1 / d)) in fp32:
+ * llama.cpp's Q8_0 rule on half its block, fp32 scale) with each block's sum of q * d (llama.cpp's Q8_1 s, for Q5_1's
+ * min and Q5_0's -16); then each weight block's product is an exact integer sum per half: maddubs of the unsigned
+ * 5-bit quants (0-31: a pair's sum stays within int16) against the int8 x, madd to int32; 4 weight rows share one x
+ * block, their sums reduced together by hadd (the two halves land in the two 128-bit lanes) and scaled once by
+ * d_w * d_x. A decode step at any row count (bandwidth-bound), a prefill under ggufActivations int8-all (a GEMM:
+ * tiles of MR rows of x by NR weight rows over L2-sized chunks of x).
+ *
+ * Numerics: quant_gguf.matmul_q8_ref is the reference (the quantized rows, dequantized, times the dequantized W);
+ * the kernel differs from it only in the order of fp32 operations. A row's result depends on nothing but its own
+ * row of x and of W: not the tile, the row count or the thread split.
+ * Threads: as gemm_gguf_q5.c (inside any team the calling thread runs the whole call; x quantized once per call). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#include "gemm_gguf_q5_q8.h"
+#include "gguf_q5_block.h"
+#include "kernels.h"
+#include "stream_ahead.h"
+#include "team_sync.h"
+
+#define NR 4  /* weight rows a pass */
+#define MR 4  /* rows of x a tile (a prefill's GEMM: each weight block unpacked once for MR rows) */
+#define X_CHUNK_BYTES (96 * 1024) /* a GEMM's rows of x in chunks of about this many quantized bytes (L2) */
+#define STACK_K 16384 /* x's quantized rows live on the stack up to this many values */
+
+/* x[k] -> xq[k] int8 per 16 values with their scale d = max|x| / 127 (clamped to +-127, as the reference clamps),
+ * xd[8 * (k / 32)]: each block's two scales as the tile multiplies them (the first 4 lanes d0, the last 4 d1),
+ * xs[k / 32] = d0 * sum(q[0:16]) + d1 * sum(q[16:32]): gemm_gguf_q8.c's quantize_row, the same bits */
+static void quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, float *xs) {
+    for (int64_t b = 0; b < k / Q5_QK; ++b) {
+        const float *v = x + b * Q5_QK;
+        float d[2];
+        int sum[2];
+#ifdef __AVX2__
+        const __m256 sign = _mm256_set1_ps(-0.0f);
+        __m256i q[4];
+        for (int h = 0; h < 2; ++h) {
+            const __m256 f0 = _mm256_loadu_ps(v + 16 * h), f1 = _mm256_loadu_ps(v + 16 * h + 8);
+            const __m256 mx = _mm256_max_ps(_mm256_andnot_ps(sign, f0), _mm256_andnot_ps(sign, f1));
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            d[h] = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))) / 127.0f;
+            const __m256 id = _mm256_set1_ps(d[h] != 0.0f ? 1.0f / d[h] : 0.0f);
+            const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+            __m256i s8 = _mm256_setzero_si256();
+            for (int i = 0; i < 2; ++i) {
+                const __m256 r = _mm256_round_ps(_mm256_mul_ps(i ? f1 : f0, id),
+                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                q[2 * h + i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+                s8 = _mm256_add_epi32(s8, q[2 * h + i]);
+            }
+            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            sum[h] = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
+        }
+        /* packs interleave the 128-bit lanes: the permute puts the 32 bytes back in order */
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)(xq + b * Q5_QK),
+                            _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+#else
+        for (int h = 0; h < 2; ++h) {
+            float amax = 0.0f;
+            for (int e = 16 * h; e < 16 * h + 16; ++e) amax = fabsf(v[e]) > amax ? fabsf(v[e]) : amax;
+            d[h] = amax / 127.0f;
+            const float id = d[h] != 0.0f ? 1.0f / d[h] : 0.0f;
+            sum[h] = 0;
+            for (int e = 16 * h; e < 16 * h + 16; ++e) {
+                const float r = nearbyintf(v[e] * id);
+                const int q = (int)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+                xq[b * Q5_QK + e] = (int8_t)q;
+                sum[h] += q;
+            }
+        }
+#endif
+        for (int j = 0; j < 8; ++j) xd[8 * b + j] = d[j / 4];
+        xs[b] = d[0] * (float)sum[0] + d[1] * (float)sum[1];
+    }
+}
+
+#ifdef __AVX2__
+/* the 4 rows' scales (lanes 0-3) and, for Q5_1, mins (*mn) of the blocks at p[r] */
+static inline __attribute__((always_inline)) __m128 scales4(const int t, const uint8_t *p[NR], __m128 *mn) {
+    if (t == T_Q5_0) {
+        uint16_t h[NR];
+        for (int r = 0; r < NR; ++r) memcpy(h + r, p[r], 2);
+        return _mm_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0));
+    }
+    uint32_t u[NR];
+    for (int r = 0; r < NR; ++r) memcpy(u + r, p[r], 4);
+    __m256 dm = _mm256_cvtph_ps(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3])); /* d0 m0 d1 m1 ... */
+    dm = _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+    *mn = _mm256_extractf128_ps(dm, 1);
+    return _mm256_castps256_ps128(dm);
+}
+
+/* 32 quants . 32 int8 x: 8 int32 partial sums */
+static inline __attribute__((always_inline)) __m256i block_isum(__m256i q, __m256i xv) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), _mm256_set1_epi16(1));
+}
+
+/* y[i * ldy + r] = W row r . x row i (dequantized) for the 4 rows w[r] (rows past the last repeat it: their results
+ * unused) and mr (1, 2 or MR) rows of x: a block's quants unpacked once for all of them. The sequence of operations
+ * that makes each output is the same whatever mr, so are its bits. */
+static inline __attribute__((always_inline)) void tile_q8(const int t, const int mr, const uint8_t *w[NR],
+                                                          int64_t nb, const int8_t *xq, const float *xd,
+                                                          const float *xs, int64_t k, float *y, int64_t ldy, int nr) {
+    __m256 acc[MR]; /* lanes r: values 0-15 of row r, r + 4: 16-31 */
+    __m128 off[MR];
+    for (int i = 0; i < mr; ++i) {
+        acc[i] = _mm256_setzero_ps();
+        off[i] = _mm_setzero_ps();
+    }
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *p[NR];
+        for (int r = 0; r < NR; ++r) p[r] = w[r] + b * Q5_BYTES(t);
+        if ((b & 1) == 0) /* one ask a 64-byte line: about 2 blocks */
+            for (int r = 0; r < NR; ++r) stream_ahead(p[r]);
+        __m256i q[NR];
+        for (int r = 0; r < NR; ++r) q[r] = q5_quants(t, p[r]);
+        __m128 mn = _mm_setzero_ps();
+        const __m128 d = scales4(t, p, &mn);
+        const __m256 d8 = _mm256_set_m128(d, d);
+        for (int i = 0; i < mr; ++i) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + i * k + b * Q5_QK));
+            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(block_isum(q[0], xv), block_isum(q[1], xv)),
+                                                _mm256_hadd_epi32(block_isum(q[2], xv), block_isum(q[3], xv)));
+            const __m256 scale = _mm256_mul_ps(d8, _mm256_loadu_ps(xd + 8 * (i * nb + b)));
+            acc[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(h), acc[i]);
+            /* sum w x = d_w d_x sum q xq + off_w xs: Q5_1's off is its min, Q5_0's -16 d_w (the -16 applied below) */
+            off[i] = _mm_fmadd_ps(t == T_Q5_1 ? mn : d, _mm_set1_ps(xs[i * nb + b]), off[i]);
+        }
+    }
+    for (int i = 0; i < mr; ++i) {
+        __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[i]), _mm256_extractf128_ps(acc[i], 1));
+        v = t == T_Q5_0 ? _mm_fnmadd_ps(_mm_set1_ps(16.0f), off[i], v) : _mm_add_ps(v, off[i]);
+        float out[NR];
+        _mm_storeu_ps(out, v);
+        memcpy(y + i * ldy, out, sizeof(float) * (size_t)nr);
+    }
+}
+#else
+/* the same sums without AVX2, a row at a time */
+static void tile_q8(const int t, const int mr, const uint8_t *w[NR], int64_t nb, const int8_t *xq, const float *xd,
+                    const float *xs, int64_t k, float *y, int64_t ldy, int nr) {
+    for (int i = 0; i < mr; ++i)
+        for (int r = 0; r < nr; ++r) {
+            float acc = 0.0f, off = 0.0f;
+            for (int64_t b = 0; b < nb; ++b) {
+                const uint8_t *p = w[r] + b * Q5_BYTES(t);
+                const int8_t *x = xq + i * k + b * Q5_QK;
+                uint8_t q[Q5_QK];
+                q5_quants_scalar(t, p, q);
+                int s[2] = {0, 0}; /* values 0-15, 16-31: each half of x has its own scale */
+                for (int e = 0; e < Q5_QK; ++e) s[e / 16] += q[e] * x[e];
+                const float d = q5_f16(p), mn = t == T_Q5_1 ? q5_min(t, p) : d;
+                const float *xdb = xd + 8 * (i * nb + b);
+                acc = fmaf(d * xdb[0], (float)s[0], fmaf(d * xdb[4], (float)s[1], acc));
+                off = fmaf(mn, xs[i * nb + b], off);
+            }
+            y[i * ldy + r] = t == T_Q5_0 ? fmaf(-16.0f, off, acc) : acc + off;
+        }
+}
+#endif
+
+/* weight row groups [g0, g1) (NR rows each, the last maybe fewer) against m quantized rows of x: chunks of x rows
+ * (X_CHUNK_BYTES) outermost, each group's blocks then unpacked once per MR rows of the chunk (a decode step's few
+ * rows: one chunk, so each weight byte is read once) */
+static inline __attribute__((always_inline)) void groups_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k,
+                                                            const int8_t *xq, const float *xd, const float *xs,
+                                                            int64_t m, float *y, int64_t g0, int64_t g1) {
+    const int64_t nb = k / Q5_QK, rb = nb * Q5_BYTES(t);
+    int64_t chunk = X_CHUNK_BYTES / k / MR * MR;
+    chunk = chunk < MR ? MR : chunk;
+    for (int64_t c0 = 0; c0 < m; c0 += chunk) {
+        const int64_t c1 = m - c0 < chunk ? m : c0 + chunk;
+        for (int64_t g = g0; g < g1; ++g) {
+            const int64_t r0 = g * NR;
+            const int nr = n_out - r0 < NR ? (int)(n_out - r0) : NR;
+            const uint8_t *rows[NR];
+            for (int r = 0; r < NR; ++r) rows[r] = w + (r0 + (r < nr ? r : 0)) * rb;
+            int64_t i = c0;
+#define TILE(mr) tile_q8(t, mr, rows, nb, xq + i * k, xd + 8 * i * nb, xs + i * nb, k, y + i * n_out + r0, n_out, nr)
+            for (; i + MR <= c1; i += MR) TILE(MR);
+            if (i + 2 <= c1) {
+                TILE(2);
+                i += 2;
+            }
+            if (i < c1) TILE(1);
+#undef TILE
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void matmul_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k,
+                                                            const float *x, int64_t m, float *y) {
+    if (k % Q5_QK != 0 || m <= 0) return; /* the Python side refuses a bad k first */
+    const int64_t nb = k / Q5_QK, groups = (n_out + NR - 1) / NR;
+    int8_t sq[STACK_K];
+    float sd[STACK_K / Q5_QK * 8], ss[STACK_K / Q5_QK];
+    const int heap = m * k > STACK_K;
+    int8_t *xq = heap ? malloc((size_t)(m * k)) : sq;
+    float *xd = heap ? malloc(sizeof(float) * (size_t)(8 * m * nb)) : sd;
+    float *xs = heap ? malloc(sizeof(float) * (size_t)(m * nb)) : ss;
+    if (xq != NULL && xd != NULL && xs != NULL) {
+        for (int64_t i = 0; i < m; ++i) quantize_row(x + i * k, k, xq + i * k, xd + 8 * i * nb, xs + i * nb);
+        if (omp_get_level() > 0 || groups == 1) { /* inside any team, a team of 1 included */
+            groups_q8(t, w, n_out, k, xq, xd, xs, m, y, 0, groups);
+        } else {
+#pragma omp parallel
+            {
+                int64_t g0, g1;
+                team_share(groups, &g0, &g1); /* this thread's consecutive groups of NR rows */
+                groups_q8(t, w, n_out, k, xq, xd, xs, m, y, g0, g1);
+            }
+        }
+    }
+    if (heap) {
+        free(xq);
+        free(xd);
+        free(xs);
+    }
+}
+
+void gguf_matmul_q5_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_q8(T_Q5_0, w, n_out, k, x, m, y);
+}
+void gguf_matmul_q5_1_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_q8(T_Q5_1, w, n_out, k, x, m, y);
+}
