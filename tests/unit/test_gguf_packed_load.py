@@ -41,9 +41,20 @@ def write_model(path: Path, qtype: object, overrides: dict[str, object] | None =
     for name, shape in shapes.items():
         scale = 1.0 if len(shape) == 1 else 2.0 / shape[1] ** 0.5
         data = (rng.standard_normal(shape) * scale + (1.0 if len(shape) == 1 else 0.0)).astype(np.float32)
+        if types.get(name) == T.IQ4_NL:
+            w.add_tensor(name, iq4_nl(data), raw_dtype=T.IQ4_NL)
+            continue
         add_tensor(w, name, data, {k: v for k, v in types.items() if v is not None})
     finish(w)
     return path
+
+
+def iq4_nl(data: np.ndarray) -> np.ndarray:
+    """IQ4_NL blocks (a type we have no kernel for; gguf cannot quantize to it): Q4_0's bytes, laid out alike (fp16 d,
+    16 bytes of nibbles), their scales over 16 as IQ4_NL's table (-127 .. 113) spans 16 times Q4_0's steps."""
+    raw = np.ascontiguousarray(gguf.quants.quantize(data, T.Q4_0)).reshape(-1, 18)
+    raw[:, 0:2] = (raw[:, 0:2].copy().view(np.float16) / 16).view(np.uint8)
+    return raw.reshape(data.shape[0], -1)
 
 
 TOKENS = [int(t) for t in np.random.default_rng(1).integers(0, VOCAB, size=64)]
@@ -61,15 +72,15 @@ def test_packed_load_matches_the_dequantized_reference(tmp_path, qtype):
 
 
 def test_a_type_without_kernels_is_dequantized_with_a_warning(tmp_path, caplog):
-    f = write_model(tmp_path / "q5.gguf", T.Q4_0, {"blk.0.ffn_down.weight": T.Q5_0, "blk.1.attn_v.weight": T.F16})
+    f = write_model(tmp_path / "iq4.gguf", T.Q4_0, {"blk.0.ffn_down.weight": T.IQ4_NL, "blk.1.attn_v.weight": T.F16})
     with caplog.at_level(logging.WARNING):
         loaded = load_model(f, "float32", torch.device("cpu"), 128)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("q5.gguf" in w and "blk.0.ffn_down.weight" in w and "Q5_0" in w for w in warned), warned
+    assert any("iq4.gguf" in w and "blk.0.ffn_down.weight" in w and "IQ4_NL" in w for w in warned), warned
     # v in F16 holds layer 1's q and k back: one projection is packed or dense as a whole
     assert any("blk.1.attn_q.weight" in w and "blk.1.attn_v.weight is F16" in w for w in warned), warned
     r, m = loaded.weights_report, loaded.model
-    assert r["blk.0.ffn_down.weight"] == "Q5_0: dequantized at load (no CPU kernel for Q5_0)"
+    assert r["blk.0.ffn_down.weight"] == "IQ4_NL: dequantized at load (no CPU kernel for IQ4_NL)"
     assert r["blk.0.ffn_up.weight"] == "Q4_0: kept packed"
     assert r["Q4_0"] == f"{1 + 7 * LAYERS - 2} tensors: 11 kept packed, the others dequantized from Q4_0 at load"
     assert not isinstance(m.layers[0].mlp.down_proj, GgufLinear) and isinstance(m.layers[0].mlp.gate_up_proj, GgufLinear)
