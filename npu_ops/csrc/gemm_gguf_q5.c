@@ -51,7 +51,8 @@ static inline __attribute__((always_inline)) void dequant_regs(const int t, cons
 }
 
 /* A row decoded into a buffer (the prefill path's): dequant_block's values. */
-static inline __attribute__((always_inline)) void dequant_row_buf(const int t, const uint8_t *w, int64_t k, float *out) {
+static inline __attribute__((always_inline)) void dequant_row_buf(const int t, const uint8_t *w, int64_t k,
+                                                                  float *out) {
     for (int64_t b = 0; b < k / Q5_QK; ++b) {
         __m256 c[4];
         dequant_regs(t, w + b * Q5_BYTES(t), c);
