@@ -21,7 +21,6 @@ from mindie_service.engine.contract import (STEP_TOKEN_BOUNDS, EngineRequest, En
                                             PoolRequest, PoolResult, StepTokenCounts, TokenEvent, check_task)
 from mindie_service.engine.pooling.pool_setup import Pooling, check_pool_request, setup_pooling
 from mindie_service.errors import GenerationError, IncompleteGenerationError, MindieError, UnhealthyError
-from mindie_service.models.gguf_checkpoint import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +33,9 @@ class AsyncEngine:
     def __init__(self, config: EngineConfig, engine: LLMEngine | None = None) -> None:
         self.engine = engine or LLMEngine(config)
         self.config = self.engine.cfg
-        # The frontend tokenizes in the tokenizer pool; the engine thread decodes with its own instance.
-        self.tokenizer = load_tokenizer(self.config.model, self.config.trust_remote_code, self.config.chat_template)
+        # One tokenizer per model: the frontend's pool encodes with the object the engine thread decodes with (no
+        # caller changes its truncation, padding or tokens, so concurrent calls only read it).
+        self.tokenizer = self.engine.tokenizer
         self.model_name = self.config.model_name or self.config.model.rstrip("/").rsplit("/", 1)[-1]
         self.vocab_size = self.engine.vocab_size
         self.eos_token_ids = self.engine.eos_token_ids

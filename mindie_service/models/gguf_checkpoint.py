@@ -14,13 +14,13 @@ llama.cpp's converter permutes q/k rows of Llama checkpoints for its rotary layo
 permuted back here, as transformers' GGUF loader does."""
 from __future__ import annotations
 
-import copy
 import logging
 import re
+import threading
 import warnings
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -264,23 +264,32 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False, chat_templ
     """The checkpoint's tokenizer: from a GGUF file's ``tokenizer.ggml.*`` (and chat template) through
     transformers, or ``AutoTokenizer.from_pretrained(path)`` for a Hugging Face folder; ``chat_template``
     replaces the checkpoint's (vLLM's --chat-template)."""
-    from transformers import AutoTokenizer
     file = find_gguf(path)
     if file is None:
+        from transformers import AutoTokenizer
         tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-    else:
-        # Each caller gets its own instance (the engine thread and the frontend's pool each hold one), copied from
-        # one parse of the file: reading a GGUF's vocabulary takes seconds, a copy a tenth of one.
-        tok = copy.deepcopy(_gguf_tokenizer(str(file.resolve()), file.stat().st_mtime_ns))
-    if chat_template is not None:
-        tok.chat_template = chat_template
+        if chat_template is not None:
+            tok.chat_template = chat_template
+        return tok
+    # One object per file while anyone holds it (~14 MB on SmolLM2, seconds to parse): callers share it read-only
+    # (no caller changes its truncation, padding or tokens, so concurrent encodes and decodes only read it).
+    key = (str(file.resolve()), file.stat().st_mtime_ns, chat_template)
+    with _shared_lock:
+        tok = _shared_tokenizers.get(key)
+        if tok is None:
+            tok = _gguf_tokenizer(file)
+            if chat_template is not None:
+                tok.chat_template = chat_template
+            _shared_tokenizers[key] = tok
     return tok
 
 
-@lru_cache(maxsize=2)
-def _gguf_tokenizer(file: str, mtime_ns: int) -> Any:
+_shared_tokenizers: weakref.WeakValueDictionary[tuple[str, int, str | None], Any] = weakref.WeakValueDictionary()
+_shared_lock = threading.Lock()
+
+
+def _gguf_tokenizer(p: Path) -> Any:
     from transformers import AutoTokenizer
-    p = Path(file)
     with shared_reader(p):
         return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
 

@@ -115,11 +115,15 @@ class GrammarMasks:
         self.eos_token_ids = eos_token_ids
         self.forced_runs = forced_runs
         self.overlap_fill = overlap_fill and compiler is not None
-        self.words = (compiler.vocab_size + 31) // 32 if compiler is not None else 0
         self.stats = GrammarStats()
         self._new: list[Sequence] = []
         self._fill_thread: ThreadPoolExecutor | None = None  # one thread: at most one fill in flight
         self._pending: Future | None = None
+
+    @property
+    def words(self) -> int:
+        """int32 words a mask takes (read once a request has a matcher: the backend is built by then)."""
+        return (self.compiler.vocab_size + 31) // 32 if self.compiler is not None else 0
 
     # ------------------------------------------------------------ requests
     def attach(self, seq: Sequence) -> None:
