@@ -1,8 +1,8 @@
 """GGUF checkpoints (ggml's single-file format, the one Jan's catalog uses): found, checked, read.
 
 The file is read with the ``gguf`` package (ggml's own Python reader); its metadata becomes a
-transformers config through transformers' GGUF helpers (``AutoConfig.from_pretrained(folder,
-gguf_file=name)``), and so does its tokenizer and chat template (``tokenizer.ggml.*``,
+model config through transformers' GGUF helpers (our own ``gguf_config.GgufConfig`` for a llama file, transformers'
+config class otherwise: models/gguf_config.py), and so does its tokenizer and chat template (``tokenizer.ggml.*``,
 ``tokenizer.chat_template``). Tensors are renamed to Hugging Face's names, so the safetensors
 loader's copy (models/loader.py: packing q/k/v and gate/up) takes them as they are. F32, F16 and
 BF16 tensors are kept (converted to the model's dtype like any checkpoint). A quantized linear or embedding
@@ -29,6 +29,7 @@ import torch
 
 from mindie_service.errors import ValidationError
 from mindie_service.models.demo_marker import gguf_beside_demo
+from mindie_service.models.gguf_config import LIGHT_TYPES, light_config
 from mindie_service.models.gguf_reader import read_gguf, shared_reader
 from npu_ops import gguf_cpu
 from npu_ops.quant_gguf import GgufWeight
@@ -237,7 +238,7 @@ def open_checkpoint(path: Path) -> GgufCheckpoint:
     if arch == "llama" and "mistral" in str(_field(reader, "general.name") or "").lower():
         hf_arch, permute = _MISTRAL
     ckpt = GgufCheckpoint(path, reader, arch, hf_arch, permute)
-    ckpt.hf_config = _hf_config(path)
+    ckpt.hf_config = _model_config(path)
     return ckpt
 
 
@@ -251,7 +252,21 @@ def _field(reader: Any, key: str) -> Any:
         raise ValidationError(f"GGUF file {reader.data.filename}: metadata {key} is malformed ({exc})") from exc
 
 
-def _hf_config(path: Path) -> Any:
+def _model_config(path: Path) -> Any:
+    """The model config from the file's metadata (transformers' GGUF reading): our own dataclass where it covers the
+    file (models/gguf_config.py: no transformers config class imported), else transformers' config class."""
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    try:
+        with shared_reader(path):
+            raw = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+    except (ValueError, KeyError, OSError) as exc:
+        raise ValidationError(f"GGUF file {path}: its metadata does not make a model config ({exc})") from exc
+    return light_config(raw) or transformers_config(path)
+
+
+def transformers_config(path: Path) -> Any:
+    """transformers' config class for the file (what ``save_pretrained`` writes, and the config where ours does not
+    cover the file)."""
     from transformers import AutoConfig
     try:
         with shared_reader(path):
@@ -289,8 +304,13 @@ _shared_lock = threading.Lock()
 
 
 def _gguf_tokenizer(p: Path) -> Any:
-    from transformers import AutoTokenizer
     with shared_reader(p):
+        if _field(read_gguf(p), "general.architecture") in LIGHT_TYPES:
+            # What AutoTokenizer returns for a llama GGUF (its model type maps to no tokenizer class of its own),
+            # without the transformers model config AutoTokenizer builds to find that out (models/gguf_config.py).
+            from transformers.tokenization_utils_tokenizers import TokenizersBackend
+            return TokenizersBackend.from_pretrained(str(p.parent), gguf_file=p.name)
+        from transformers import AutoTokenizer
         return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
 
 
@@ -308,7 +328,7 @@ def export_folder(path: str | Path, dst: str | Path, with_tokenizer: bool = True
     out.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.contiguous() for name, t in ckpt.tensors()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    cfg = ckpt.hf_config
+    cfg = transformers_config(file)
     cfg.architectures = [ckpt.architecture]
     cfg.torch_dtype = "float32"
     cfg.save_pretrained(str(out))
