@@ -6,7 +6,10 @@ heap (``mallinfo2``: in use, free but still held) after each phase, then the own
 fp32 parameters and buffers (unique storages), the KV pool, the fused decoder's tables, every other live tensor, the
 cached GGUF reader's mapped pages. Memory, not speed: fine on a busy machine.
 
-    PYTHONPATH=$PWD .venv/bin/python tools/rss_breakdown.py [--gguf PATH] [--blocks 2912] [--json]
+    PYTHONPATH=$PWD .venv/bin/python tools/rss_breakdown.py [--gguf PATH] [--blocks 2912] [--streams 32] [--json]
+
+``--streams N`` then runs N requests at once, three times, and marks the RSS after the first run, after the third (a
+growth that does not stop there is unbounded) and after ``malloc_trim(0)`` (what glibc held but was free).
 """
 from __future__ import annotations
 
@@ -158,6 +161,7 @@ def build(args: argparse.Namespace, phases: Phases) -> Any:
     phases.wrap(engine_parts, "load_tokenizer", "tokenizer")
     cfg = EngineConfig(model=str(args.gguf), dtype="float32", max_seq_len=args.max_seq_len, cache_block_size=16,
                        num_kv_blocks=args.blocks, max_batch_size=args.max_batch_size,
+                       max_prefill_batch_size=min(50, args.max_batch_size),
                        max_iter_times=min(512, args.max_seq_len))
     engine = LLMEngine(cfg)
     phases.mark("engine + KV pool")
@@ -169,6 +173,20 @@ def warm_up(engine: Any) -> None:
     from mindie_service.sampling_params import SamplingParams
     ids = tuple(engine.tokenizer("Hello, who are you?").input_ids)
     engine.add_request(EngineRequest("warmup", ids, SamplingParams(max_tokens=4, temperature=0.0)))
+    while engine.has_work():
+        engine.step()
+
+
+def streams(engine: Any, n: int, tokens: int) -> None:
+    """``n`` requests of distinct prompts, ``tokens`` each, submitted at once (the bench's many-stream shape)."""
+    from mindie_service.engine.contract import EngineRequest
+    from mindie_service.sampling_params import SamplingParams
+    words = "the quick brown fox jumps over a lazy dog while seven hungry cats watch from the old garden wall".split()
+    for i in range(n):
+        text = " ".join(words[(i + j) % len(words)] for j in range(48)) + f" {i}"
+        ids = tuple(engine.tokenizer(text).input_ids)
+        engine.add_request(EngineRequest(f"s{i}", ids, SamplingParams(max_tokens=tokens, temperature=0.0,
+                                                                     ignore_eos=True)))
     while engine.has_work():
         engine.step()
 
@@ -196,6 +214,8 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=2912, help="KV blocks of 16 (2912: the shipped config's 2 GiB)")
     ap.add_argument("--max-seq-len", type=int, default=2048)
     ap.add_argument("--max-batch-size", type=int, default=200)
+    ap.add_argument("--streams", type=int, default=0, help="then this many requests at once (the growth a run adds)")
+    ap.add_argument("--stream-tokens", type=int, default=64, help="tokens each of --streams generates")
     ap.add_argument("--json", action="store_true", help="one JSON line instead of the table")
     args = ap.parse_args()
     phases = Phases()
@@ -208,6 +228,15 @@ def main() -> None:
     engine = build(args, phases)
     warm_up(engine)
     phases.mark("one warm-up request")
+    if args.streams:
+        streams(engine, args.streams, args.stream_tokens)
+        phases.mark(f"{args.streams} streams x {args.stream_tokens} tokens")
+        for _ in range(2):
+            streams(engine, args.streams, args.stream_tokens)
+        phases.mark("the same twice more")
+        from npu_ops.memory import trim_heap
+        trim_heap()
+        phases.mark("then malloc_trim(0)")
     own = owners(engine, args.gguf)
     report(phases, own, args.gguf.stat().st_size, engine.runner.kv_pool_bytes, args.json)
     print(f"({time.perf_counter() - t:.0f} s)", file=sys.stderr)
