@@ -140,6 +140,7 @@ class LLM:
         seeds = {req.request_id: self.engine.add_request(req).seed for req in requests}
         times = {req.request_id: {"arrival_time": arrival} for req in requests}
         results = self._run({req.request_id: GenerationResult() for req in requests}, use_tqdm, times)
+        self.engine.runner.idle()  # the run's workspaces and freed heap out of the RSS (issue 44)
         return [_output(prompt, req, results[req.request_id], seeds[req.request_id], times[req.request_id])
                 for prompt, req in zip(prompts, requests)]
 

@@ -175,6 +175,7 @@ def warm_up(engine: Any) -> None:
     engine.add_request(EngineRequest("warmup", ids, SamplingParams(max_tokens=4, temperature=0.0)))
     while engine.has_work():
         engine.step()
+    engine.runner.idle()  # as the serve's engine thread does when it runs out of work
 
 
 def streams(engine: Any, n: int, tokens: int) -> None:
@@ -189,6 +190,7 @@ def streams(engine: Any, n: int, tokens: int) -> None:
                                                                      ignore_eos=True)))
     while engine.has_work():
         engine.step()
+    engine.runner.idle()
 
 
 def report(phases: Phases, own: dict[str, int], file_bytes: int, kv: int, as_json: bool) -> None:
@@ -214,7 +216,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=2912, help="KV blocks of 16 (2912: the shipped config's 2 GiB)")
     ap.add_argument("--max-seq-len", type=int, default=2048)
     ap.add_argument("--max-batch-size", type=int, default=200)
-    ap.add_argument("--streams", type=int, default=0, help="then this many requests at once (the growth a run adds)")
+    ap.add_argument("--streams", type=int, default=0, help="then this many requests at once (the growth a run adds, once idle)")
     ap.add_argument("--stream-tokens", type=int, default=64, help="tokens each of --streams generates")
     ap.add_argument("--json", action="store_true", help="one JSON line instead of the table")
     args = ap.parse_args()

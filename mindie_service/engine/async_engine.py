@@ -234,6 +234,8 @@ class AsyncEngine:
                     out.extend(self.pooling.batcher.step(self.engine.has_work()))
                 if out:
                     self._deliver(out)
+                    if not self._has_work():
+                        self.engine.runner.idle()  # the run's workspaces and freed heap out of the RSS
         except BaseException as exc:  # noqa: BLE001 - the loop itself broke: fail everyone, report unhealthy
             self._die(exc)
 

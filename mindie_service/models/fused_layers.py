@@ -64,9 +64,14 @@ class FusedLayers:
         return self.usable
 
     def scratch(self, floats: int) -> torch.Tensor:
+        """The step's work buffer, grown to the largest step so far (a prefill of many prompts: tens of MB)."""
         if self.work.numel() < floats:
             self.work = torch.empty(floats, dtype=torch.float32)
         return self.work
+
+    def release(self) -> None:
+        """Drop the work buffer (the engine went idle): the next step allocates what it needs."""
+        self.work = torch.empty(0)
 
 
 _KINDS = {"w8a16": 1, "w8a8": 2}  # layers_f32.c's LIN_W8A16, LIN_W8A8 (0: fp32)

@@ -5,10 +5,12 @@ requests by name. A GGUF model has one tokenizer object: every load of the file 
 async facade's frontend uses the engine's own, and nothing keeps it once its holders are gone. A llama GGUF's config
 is our own dataclass, equal to transformers' config class on every field it has, and its tokenizer is the one
 AutoTokenizer gives, both without importing transformers' config classes (the import itself is checked in
-test_gguf_memory.py). Counts and identities,
+test_gguf_memory.py). A run's fused-layer work buffer (sized by its largest step) and freed heap are given back when
+the engine runs out of work, offline and in the serve's engine thread. Counts and identities,
 not timings: ``tools/rss_breakdown.py`` measures the RSS itself."""
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import logging
@@ -22,12 +24,17 @@ from pathlib import Path
 
 import pytest
 
+from mindie_service.engine.async_engine import AsyncEngine
+from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.errors import ValidationError
+from mindie_service.inputs import InputProcessor, TextPrompt
 from mindie_service.llm import LLM
 from mindie_service.models import gguf_checkpoint
+from mindie_service.models.fused_layers import FusedLayers
 from mindie_service.models.gguf_config import GgufConfig, light_config
 from mindie_service.sampling_params import SamplingParams
 from mindie_service.structured.compiler import LazyBackend
+from npu_ops import cpu_kernels
 from tests.gguf_files import write_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,3 +155,45 @@ def test_a_config_ours_does_not_cover_goes_to_transformers():
     assert light_config({**raw, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}) is None
     assert light_config({**raw, "model_type": "qwen2"}) is None
     assert light_config({k: v for k, v in raw.items() if k != "vocab_size"}) is None
+
+
+def _fused_work(llm_engine) -> int:
+    fused = getattr(llm_engine.model, "_fused_layers", None)
+    assert fused is not None, "the fused layers never ran: nothing here checks their release"
+    return fused.work.numel()
+
+
+@pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here")
+def test_a_run_gives_its_work_buffer_back_when_the_engine_goes_idle(tiny_model, monkeypatch):
+    llm = LLM(str(tiny_model), max_batch_size=8, max_prefill_batch_size=8)
+    peak: list[int] = []
+    scratch = FusedLayers.scratch
+    monkeypatch.setattr(FusedLayers, "scratch", lambda self, n: peak.append(n) or scratch(self, n))
+    p = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    first = llm.generate([f"prompt number {i} about rivers and hills" for i in range(8)], p, use_tqdm=False)
+    assert peak and _fused_work(llm.engine) == 0  # the buffer the steps used is gone once generate returns
+    again = llm.generate([f"prompt number {i} about rivers and hills" for i in range(8)], p, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in first]
+
+
+@pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here")
+def test_the_serve_engine_thread_gives_it_back_when_it_runs_out_of_work(tiny_model):
+    eng = AsyncEngine(EngineConfig(model=str(tiny_model), cache_block_size=16, num_kv_blocks=64, max_batch_size=4,
+                                   max_prefill_batch_size=4))
+    eng.start()
+    try:
+        req = InputProcessor.from_facts(eng.input_facts).process(
+            TextPrompt("River mountain city garden"), SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
+            request_id="r")
+
+        async def main() -> list[int]:
+            return [ev.token.id async for ev in eng.generate(req)]
+
+        assert len(asyncio.run(main())) == 6
+        for _ in range(3000):  # a hang guard: the engine thread releases right after delivering the last event
+            if _fused_work(eng.engine) == 0:
+                break
+            time.sleep(0.01)
+        assert _fused_work(eng.engine) == 0
+    finally:
+        eng.shutdown()
