@@ -121,9 +121,15 @@ static inline float f16_at(const uint8_t *p) {
 /* the 4 rows' scales (lanes 0-3) and, for Q4_1 / Q4_1F, mins (*mn) of the blocks at p[r] */
 static inline __attribute__((always_inline)) __m128 scales4(const int t, const uint8_t *p[NR], __m128 *mn) {
     if (t == T_Q4_0 || t == T_Q8_0) {
-        uint16_t h[NR];
-        for (int r = 0; r < NR; ++r) memcpy(h + r, p[r], 2);
-        return _mm_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0));
+        /* the 4 halves packed in a scalar register (the integer ports), one move into a vector: _mm_setr_epi16's
+         * inserts took the vector ports the dot products need */
+        uint64_t h = 0;
+        for (int r = 0; r < NR; ++r) {
+            uint16_t u;
+            memcpy(&u, p[r], 2);
+            h |= (uint64_t)u << (16 * r);
+        }
+        return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)h));
     }
     __m256 dm; /* d0 m0 d1 m1 d2 m2 d3 m3 */
     if (t == T_Q4_1) {
@@ -143,8 +149,9 @@ static inline __attribute__((always_inline)) __m128 scales4(const int t, const u
 /* a block's 32 weights as bytes: the nibbles (low ones first, ggml's order), or Q8_0's int8 */
 static inline __attribute__((always_inline)) __m256i block_quants(const int t, const uint8_t *b) {
     if (t == T_Q8_0) return _mm256_loadu_si256((const __m256i *)(b + 2));
-    const __m128i q = _mm_loadu_si128((const __m128i *)(b + QS_AT[t]));
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+    /* the 16 bytes in both lanes by the load itself (no shuffle), the high lane's shifted by a variable shift */
+    const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + QS_AT[t])));
+    return _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
 }
 
 /* 32 quants . 32 int8 x, 8 int32 partial sums: maddubs takes its first operand unsigned, so Q8_0's signed weights
@@ -153,6 +160,16 @@ static inline __attribute__((always_inline)) __m256i block_isum(const int t, __m
     const __m256i p = t == T_Q8_0 ? _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q))
                                   : _mm256_maddubs_epi16(q, xv);
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* the 4-bit types' 4 rows at once, lane r: row r's sum over values 0-15, lane 4 + r: over 16-31, as block_isum and
+ * two levels of hadd_epi32 give them but with 5 multiplies instead of 8 (the multiplier ports bound this loop): the
+ * int16 pair sums (|q| <= 15, |x| <= 127: at most 3810) are added in int16 twice more (at most 15240) before the
+ * one widening madd. Integer sums, exact: the same values. */
+static inline __attribute__((always_inline)) __m256i nibble_isum4(const __m256i q[NR], __m256i xv) {
+    const __m256i p01 = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[0], xv), _mm256_maddubs_epi16(q[1], xv));
+    const __m256i p23 = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[2], xv), _mm256_maddubs_epi16(q[3], xv));
+    return _mm256_madd_epi16(_mm256_hadd_epi16(p01, p23), _mm256_set1_epi16(1));
 }
 
 /* y[i * ldy + r] = W row r . x row i (dequantized) for the 4 rows w[r] (rows past the last repeat it: their
@@ -181,8 +198,11 @@ static inline __attribute__((always_inline)) void tile_q8(const int t, const int
         for (int i = 0; i < mr; ++i) {
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + i * k + b * QK));
             /* lane r: row r's sum over values 0-15, lane 4 + r: over 16-31 (each half of x has its own scale) */
-            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(block_isum(t, q[0], xv), block_isum(t, q[1], xv)),
-                                                _mm256_hadd_epi32(block_isum(t, q[2], xv), block_isum(t, q[3], xv)));
+            const __m256i h = t == T_Q8_0 ? _mm256_hadd_epi32(_mm256_hadd_epi32(block_isum(t, q[0], xv),
+                                                                                block_isum(t, q[1], xv)),
+                                                              _mm256_hadd_epi32(block_isum(t, q[2], xv),
+                                                                                block_isum(t, q[3], xv)))
+                                          : nibble_isum4(q, xv);
             const __m256 scale = _mm256_mul_ps(d8, _mm256_loadu_ps(xd + 8 * (i * nb + b)));
             acc[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(h), acc[i]);
             /* sum w x = d_w d_x sum q xq + off_w xs: Q4_1's off is its min, Q4_0's -8 d_w (the -8 applied below) */
