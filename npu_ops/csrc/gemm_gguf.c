@@ -229,6 +229,22 @@ static inline __attribute__((always_inline)) void groups_range(const int t, cons
     }
 }
 
+/* each type's groups_range compiled for it (gemm_gguf_q8.c's GROUPS: a parallel region's body is outlined before
+ * inlining gives it its type) */
+typedef void (*groups_fn)(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y,
+                          int64_t g0, int64_t g1, float *wb);
+#define GROUPS_OF(T)                                                                                               \
+    static void groups_##T(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y,       \
+                           int64_t g0, int64_t g1, float *wb) {                                                   \
+        groups_range(T, w, n_out, k, x, m, y, g0, g1, wb);                                                        \
+    }
+GROUPS_OF(T_Q4_0)
+GROUPS_OF(T_Q4_1)
+GROUPS_OF(T_Q8_0)
+GROUPS_OF(T_Q4_1F)
+#undef GROUPS_OF
+static const groups_fn GROUPS[4] = {groups_T_Q4_0, groups_T_Q4_1, groups_T_Q8_0, groups_T_Q4_1F};
+
 /* Inside a team (the fused decoder's, gguf_linear.c's) the caller's thread runs it all; outside, a team of its own
  * splits the row groups. */
 static inline __attribute__((always_inline)) void matmul(const int t, const uint8_t *w, int64_t n_out, int64_t k,
@@ -236,16 +252,17 @@ static inline __attribute__((always_inline)) void matmul(const int t, const uint
     const int64_t groups = (n_out + NR - 1) / NR;
     if (omp_get_level() > 0 || groups == 1) { /* inside any team, a team of 1 included */
         float *wb = m > 1 ? malloc(sizeof(float) * (size_t)(NR * k)) : NULL;
-        groups_range(t, w, n_out, k, x, m, y, 0, groups, wb);
+        GROUPS[t](w, n_out, k, x, m, y, 0, groups, wb);
         free(wb);
         return;
     }
+    const groups_fn run = GROUPS[t];
 #pragma omp parallel
     {
         float *wb = m > 1 ? malloc(sizeof(float) * (size_t)(NR * k)) : NULL;
         int64_t g0, g1;
         team_share(groups, &g0, &g1); /* this thread's consecutive groups of NR rows */
-        groups_range(t, w, n_out, k, x, m, y, g0, g1, wb);
+        run(w, n_out, k, x, m, y, g0, g1, wb);
         free(wb);
     }
 }

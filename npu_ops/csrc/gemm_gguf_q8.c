@@ -277,6 +277,23 @@ static inline __attribute__((always_inline)) void groups_q8(const int t, const u
     }
 }
 
+/* each type's groups_q8 compiled for it: a parallel region's body is outlined once per function, before inlining
+ * gives it its type, so the standalone call's team ran the type-generic code (a Q4_0 lone row 1.6x slower than
+ * the same rows inside a team) until it called these */
+typedef void (*groups_fn)(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const float *xd,
+                          const float *xs, int64_t m, float *y, int64_t g0, int64_t g1);
+#define GROUPS_OF(T)                                                                                               \
+    static void groups_##T(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const float *xd,        \
+                           const float *xs, int64_t m, float *y, int64_t g0, int64_t g1) {                       \
+        groups_q8(T, w, n_out, k, xq, xd, xs, m, y, g0, g1);                                                      \
+    }
+GROUPS_OF(T_Q4_0)
+GROUPS_OF(T_Q4_1)
+GROUPS_OF(T_Q8_0)
+GROUPS_OF(T_Q4_1F)
+#undef GROUPS_OF
+static const groups_fn GROUPS[4] = {groups_T_Q4_0, groups_T_Q4_1, groups_T_Q8_0, groups_T_Q4_1F};
+
 static inline __attribute__((always_inline)) void matmul_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k,
                                                             const float *x, int64_t m, float *y) {
     if (k % QK != 0 || m <= 0) return; /* the Python side refuses a bad k first */
@@ -289,14 +306,15 @@ static inline __attribute__((always_inline)) void matmul_q8(const int t, const u
     float *xs = heap ? malloc(sizeof(float) * (size_t)(m * nb)) : ss;
     if (xq != NULL && xd != NULL && xs != NULL) {
         for (int64_t i = 0; i < m; ++i) quantize_row(x + i * k, k, xq + i * k, xd + 8 * i * nb, xs + i * nb);
+        const groups_fn run = GROUPS[t];
         if (omp_get_level() > 0 || groups == 1) { /* inside any team, a team of 1 included */
-            groups_q8(t, w, n_out, k, xq, xd, xs, m, y, 0, groups);
+            run(w, n_out, k, xq, xd, xs, m, y, 0, groups);
         } else {
 #pragma omp parallel
             {
                 int64_t g0, g1;
                 team_share(groups, &g0, &g1); /* this thread's consecutive groups of NR rows */
-                groups_q8(t, w, n_out, k, xq, xd, xs, m, y, g0, g1);
+                run(w, n_out, k, xq, xd, xs, m, y, g0, g1);
             }
         }
     }
