@@ -6,7 +6,7 @@ as ratios measured in one run, so that a busy machine moves them less than it mo
   the Python around it (runner, sampler, engine);
 - inside the C call, each GEMV kind's share (qkv, o, gate_up, down: every layer's projection of that kind called in
   sequence as the step calls them; head): its ms per step and the GB/s its weight bytes were read at, against a
-  STREAM triad (tools/membw.py) measured in the same run, around them. Each kind's pass starts after a read of
+  STREAM triad (tools/membw.py) measured in the same run, between their rounds. Each kind's pass starts after a read of
   2 x the last-level cache (its weights come from memory, as in a step) and has the cost of an empty call
   (the team's fork and the ctypes call, which the fused step does not pay) taken off;
 - the rest of the C call (attention, norms, rotary, the KV writes, the team's barriers) as what is left, and the
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -81,42 +82,50 @@ def pass_seconds(mods: list[GgufLinear], rows: int, threads: int, evict: membw.P
     return time.perf_counter() - t
 
 
-def gemv_passes(kinds: dict[str, list[GgufLinear]], rounds: int, threads: int) -> list[Pass]:
+def gemv_passes(kinds: dict[str, list[GgufLinear]], rounds: int, threads: int) -> tuple[list[Pass], float]:
     """Each kind's fastest pass over ``rounds`` (the one a neighbour disturbed least), the fastest empty call's time
-    taken off."""
+    taken off; and the fastest triad pass (GB/s) of the probes run between the rounds, measured as the passes are."""
     evict = membw.Probe(EVICT_MIB * membw.MIB, threads)
+    triad = membw.Probe(0, threads, 3 * EVICT_MIB * membw.MIB)
     times: dict[str, list[float]] = {k: [] for k in kinds}
     empty: dict[str, list[float]] = {k: [] for k in kinds}
+    triads = [triad.triad()]  # threads awake, pages resident
     for _ in range(rounds):  # kinds interleaved a round: the machine's bandwidth moves over seconds
         for kind, mods in kinds.items():
             times[kind].append(pass_seconds(mods, 1, threads, evict))
             empty[kind].append(pass_seconds(mods, 0, threads, evict))
+        triads += [triad.triad() for _ in range(3)]
+    gbs = triad.triad_bytes / min(triads[1:]) / 1e9
     evict.close()
+    triad.close()
     out = []
     for kind, mods in kinds.items():
         ms = (min(times[kind]) - min(empty[kind])) * 1e3
         nbytes = sum(p.data.nbytes for m in mods for p in m.parts)
         out.append(Pass(kind, ms, nbytes, len(mods)))
-    return out
+    return out, gbs
 
 
 def step_times(llm: object, steps: int) -> tuple[float, float]:
-    """ms per engine step and ms of it in the one C call (llama_decode_f32), one sequence decoding."""
+    """ms of the median engine step and of the median step's C call (llama_decode_f32), one sequence decoding:
+    medians, so that the steps a neighbour's burst slowed count least."""
     eng = start(llm, [list(range(100, 164))], steps)
     lib, t = cpu_kernels.load(), Timers()
     names = [n for n in ("llama_decode_f32", "llama_decode_steps_f32") if hasattr(lib, n)]
     old = {n: getattr(lib, n) for n in names}
     for n in names:
         setattr(lib, n, t.wrap(n, old[n]))
+    totals, calls = [], []
     try:
-        t0 = time.perf_counter()
         for _ in range(steps):
+            c0, t0 = sum(t.acc.values()), time.perf_counter()
             eng.step()
-        total = (time.perf_counter() - t0) / steps * 1e3
+            totals.append(time.perf_counter() - t0)
+            calls.append(sum(t.acc.values()) - c0)
     finally:
         for n in names:
             setattr(lib, n, old[n])
-    return total, sum(t.acc.values()) / steps * 1e3
+    return statistics.median(totals) * 1e3, statistics.median(calls) * 1e3
 
 
 def attention_ms(model_path: str, steps: int) -> float:
@@ -142,7 +151,7 @@ def attention_ms(model_path: str, steps: int) -> float:
 def report(step_ms: float, c_ms: float, passes: list[Pass], attn_ms: float, triad: float) -> str:
     lines = [f"engine step {step_ms:.2f} ms ({1e3 / step_ms:.1f} tok/s): C call {c_ms:.2f} ms ({c_ms / step_ms:.0%}), "
              f"Python between the C calls {step_ms - c_ms:.2f} ms ({(step_ms - c_ms) / step_ms:.0%})",
-             f"triad (same run: the fastest pass of the probes around the GEMV passes) {triad:.1f} GB/s"]
+             f"triad (same run: the fastest pass of the probes between the GEMV passes' rounds) {triad:.1f} GB/s"]
     for p in passes:
         lines.append(f"  {p.kind:<13} {p.calls:3d} calls {p.ms:7.3f} ms ({p.ms / step_ms:4.0%} of the step) "
                      f"{p.nbytes / 1e6:7.1f} MB at {p.gbs:5.1f} GB/s = {p.gbs / triad:4.0%} of triad")
@@ -172,13 +181,11 @@ def main() -> None:
     path = args.model or str(shipped_gguf())
     print(f"{path}: {threads} threads, load average {os.getloadavg()[0]:.1f}", flush=True)
     llm = make_llm(path, None, 2, decode_steps=1)
-    triads = [membw.triad(mib=64, reps=5, threads=threads).high]
     step_ms, c_ms = step_times(llm, args.steps)
-    passes = gemv_passes(linears(llm.engine.runner.model), args.rounds, threads)
-    triads.append(membw.triad(mib=64, reps=5, threads=threads).high)
+    passes, triad = gemv_passes(linears(llm.engine.runner.model), args.rounds, threads)
     del llm
     attn = 0.0 if args.no_attention else attention_ms(path, args.steps)
-    print(report(step_ms, c_ms, passes, attn, max(triads)))
+    print(report(step_ms, c_ms, passes, attn, triad))
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

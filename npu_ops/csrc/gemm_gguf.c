@@ -141,9 +141,9 @@ static inline __attribute__((always_inline)) void row_tile(const int t, const ui
         for (int r = 0; r < NR; ++r) {
             if (r >= nr) break;
             __m256 c[4];
-            /* a line asked for ahead about once a line read (stream_ahead.h): the hardware prefetchers alone left
-             * the head's long GEMV well under a plain read */
-            if (bb * b % 64 < bb) stream_ahead(w + r * rb + b * bb);
+            /* the same place of the next group's row asked for about once a line read (stream_ahead.h): the
+             * hardware prefetchers alone left the head's long GEMV at half the rate */
+            if (bb * b % 64 < bb) stream_at(w + (r + NR) * rb + b * bb);
             dequant_regs(t, w + r * rb + b * bb, c);
             for (int i = 0; i < 4; ++i) acc[r] = _mm256_fmadd_ps(c[i], _mm256_loadu_ps(xb + 8 * i), acc[r]);
         }
