@@ -162,7 +162,9 @@ static inline __attribute__((always_inline)) void rows_dot(const int type, const
         acc_m[r] = _mm_setzero_ps();
     }
     for (int64_t i = 0; i < nb; ++i) {
-        __builtin_prefetch(row + (i + 8) * bb, 0, 0);
+        /* every line of the super-block 8 on (one ask a super-block left 1-2 of its 3-4 lines to the hardware
+         * prefetchers: Q6_K 1.6x, Q4_K 1.2x a core from memory with all asked; 16 on did no better) */
+        for (int64_t o = 0; o < bb; o += 64) __builtin_prefetch(row + (i + 8) * bb + o, 0, 0);
         if (type == GGUF_KQ_Q6_K)
             dot_q6k(mr, row + i * bb, xq + i * QK, k, xd + i, nb, bs + i * 16, acc);
         else
