@@ -42,6 +42,7 @@ from profile_step import Timers, start  # noqa: E402
 
 KINDS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 EVICT_MIB = 64  # a read of this much before each pass: 2x this machine's 32 MiB last-level cache
+EMPTY_PASSES = 4  # empty passes a round
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,9 @@ def gemv_passes(kinds: dict[str, list[GgufLinear]], rounds: int, threads: int) -
     for _ in range(rounds):  # kinds interleaved a round: the machine's bandwidth moves over seconds
         for kind, mods in kinds.items():
             times[kind].append(pass_seconds(mods, 1, threads, evict))
-            empty[kind].append(pass_seconds(mods, 0, threads, evict))
+            # the empty call's cost is taken off as its fastest of several: one slowed by a neighbour would take
+            # off more than the step pays
+            empty[kind] += [pass_seconds(mods, 0, threads, evict) for _ in range(EMPTY_PASSES)]
         triads += [triad.triad() for _ in range(3)]
     gbs = triad.triad_bytes / min(triads[1:]) / 1e9
     evict.close()
