@@ -282,20 +282,22 @@ def load_tokenizer(path: str | Path, trust_remote_code: bool = False, chat_templ
     file = find_gguf(path)
     if file is None:
         from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-        if chat_template is not None:
-            tok.chat_template = chat_template
-        return tok
+        return _with_template(AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code),
+                              chat_template)
     # One object per file while anyone holds it (~14 MB on SmolLM2, seconds to parse): callers share it read-only
     # (no caller changes its truncation, padding or tokens, so concurrent encodes and decodes only read it).
     key = (str(file.resolve()), file.stat().st_mtime_ns, chat_template)
     with _shared_lock:
         tok = _shared_tokenizers.get(key)
         if tok is None:
-            tok = _gguf_tokenizer(file)
-            if chat_template is not None:
-                tok.chat_template = chat_template
-            _shared_tokenizers[key] = tok
+            tok = _shared_tokenizers[key] = _with_template(_gguf_tokenizer(file), chat_template)
+    return tok
+
+
+def _with_template(tok: Any, chat_template: str | None) -> Any:
+    """``tok`` with ``chat_template`` in place of the checkpoint's own, when given."""
+    if chat_template is not None:
+        tok.chat_template = chat_template
     return tok
 
 
