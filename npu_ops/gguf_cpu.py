@@ -14,7 +14,7 @@ from npu_ops import cpu_kernels
 from npu_ops.quant_gguf import GgufWeight, block_type
 
 _I64, _P = ctypes.c_int64, ctypes.c_void_p
-SEG_FIELDS = 7  # csrc/gguf_linear.h's gguf_seg: fn, row_fn, w, rows, row_bytes, fn_q8, q8_steps
+SEG_FIELDS = 8  # csrc/gguf_linear.h's gguf_seg: fn, row_fn, w, rows, row_bytes, fn_q8, q8_steps, tile_block
 
 
 @lru_cache(maxsize=4)
@@ -62,8 +62,9 @@ def embeddable(kind: str) -> bool:
 
 
 def segments(parts: list[GgufWeight], int8_steps: int = 0) -> torch.Tensor:
-    """int64 [len(parts) + 1, 7]: csrc/gguf_linear.h's gguf_seg of each part (its kernels' addresses, its bytes;
-    calls of the step kinds whose bit ``int8_steps`` sets take the type's int8-activation kernel where it has one),
+    """int64 [len(parts) + 1, 8]: csrc/gguf_linear.h's gguf_seg of each part (its kernels' addresses, its bytes;
+    calls of the step kinds whose bit ``int8_steps`` sets take the type's int8-activation kernel where it has one;
+    prefill pieces on fp32 activations take csrc/gemm_gguf_tile.c's tiles over its row kernel where it has one),
     then a row of zeros that ends the table (gguf_seg_count)."""
     lib = _lib()
     assert lib is not None
@@ -71,8 +72,9 @@ def segments(parts: list[GgufWeight], int8_steps: int = 0) -> torch.Tensor:
     for p in parts:
         bt = p.block_type
         q8 = _address(lib, bt.kernel_q8) if int8_steps else 0
-        rows.append([_address(lib, bt.kernel), _address(lib, bt.row_kernel), p.data.data_ptr(), p.shape[0],
-                     p.data.shape[1], q8, int8_steps if q8 else 0])
+        row = _address(lib, bt.row_kernel)
+        rows.append([_address(lib, bt.kernel), row, p.data.data_ptr(), p.shape[0], p.data.shape[1], q8,
+                     int8_steps if q8 else 0, bt.block_size if row else 0])
     return torch.tensor(rows + [[0] * SEG_FIELDS], dtype=torch.int64)
 
 

@@ -97,10 +97,6 @@ static void dequant_row(int t, const uint8_t *w, int64_t k, float *out) {
     for (int64_t b = 0; b < k / QK; ++b) dequant_block(t, w + b * BLOCK_BYTES[t], out + b * QK);
 }
 
-void gguf_dequant_q4_0(const uint8_t *w, int64_t k, float *out) { dequant_row(T_Q4_0, w, k, out); }
-void gguf_dequant_q4_1(const uint8_t *w, int64_t k, float *out) { dequant_row(T_Q4_1, w, k, out); }
-void gguf_dequant_q8_0(const uint8_t *w, int64_t k, float *out) { dequant_row(T_Q8_0, w, k, out); }
-void gguf_dequant_q4_1f(const uint8_t *w, int64_t k, float *out) { dequant_row(T_Q4_1F, w, k, out); }
 
 #ifdef __AVX2__
 #include "vec_math.h"
@@ -196,6 +192,12 @@ static void row_tile(const int t, const uint8_t *w, int64_t rb, int nr, int64_t 
     }
 }
 #endif
+
+/* one row (or a run of whole blocks: gemm_gguf_tile.c's K-chunks) dequantized, 8 values a store */
+void gguf_dequant_q4_0(const uint8_t *w, int64_t k, float *out) { dequant_row_buf(T_Q4_0, w, k, out); }
+void gguf_dequant_q4_1(const uint8_t *w, int64_t k, float *out) { dequant_row_buf(T_Q4_1, w, k, out); }
+void gguf_dequant_q8_0(const uint8_t *w, int64_t k, float *out) { dequant_row_buf(T_Q8_0, w, k, out); }
+void gguf_dequant_q4_1f(const uint8_t *w, int64_t k, float *out) { dequant_row_buf(T_Q4_1F, w, k, out); }
 
 /* Weight rows [r0, r0 + nr) (nr <= NR) against every row of x; wb: NR * k floats of scratch. */
 static inline __attribute__((always_inline)) void rows_group(const int t, const uint8_t *w, int64_t rb, int nr,

@@ -3,7 +3,8 @@
  * run by its type's kernel (void gguf_matmul_<type>(w, n_out, k, x, m, y), y[m, n_out] = x . W^T, W as GGUF
  * stores it) reached through the function pointer npu_ops/quant_gguf.py's type table puts in the segment: its
  * int8-activation kernel (fn_q8) for a call of a step kind the segment's q8_steps names (a decode step, a prefill
- * piece: the caller says which), else its fp32-activation one (fn). The
+ * piece: the caller says which), else its fp32-activation one (fn), or for a prefill piece gemm_gguf_tile.c's tiles
+ * over the type's row kernel where the segment says (tile_block). The
  * kernels are the table's, so a type added there runs here (and in the fused decoder) without a line of C.
  *
  * The rows are cut into units of UNIT rows per segment, the units split over the team by team_share; each thread
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <omp.h>
 
+#include "gemm_gguf_tile.h"
 #include "gguf_linear.h"
 #include "kernels.h"
 #include "team_sync.h"
@@ -29,13 +31,21 @@ static int seg_rows(const gguf_seg *s, int64_t col, int64_t r0, int64_t r1, cons
     const int64_t nr = r1 - r0;
     const uint8_t *w = s->w + r0 * s->row_bytes;
     const gguf_matmul_fn fn = s->fn_q8 != NULL && ((s->q8_steps >> step) & 1) ? s->fn_q8 : s->fn;
-    if (M == 1 && !add && bias == NULL) {
+    /* a prompt piece on fp32 activations: the tiles, at every row count (a row's bits must not depend on how much
+     * of its prompt was cached: the step kind chooses, never the rows) */
+    const int tiles = step == GGUF_STEP_PREFILL && fn == s->fn && s->tile_block > 0 && s->row_fn != NULL;
+    if (M == 1 && !add && bias == NULL && !tiles) {
         fn(w, nr, K, x, 1, y + col + r0);
         return 0;
     }
     float stack[1024], *tmp = M * nr <= 1024 ? stack : malloc(sizeof(float) * (size_t)(M * nr));
     if (tmp == NULL) return 3;
-    fn(w, nr, K, x, M, tmp);
+    if (!tiles)
+        fn(w, nr, K, x, M, tmp);
+    else if (gguf_tile_matmul(s->row_fn, s->tile_block, s->row_bytes, w, nr, K, x, M, tmp) != 0) {
+        if (tmp != stack) free(tmp);
+        return 3;
+    }
     for (int64_t m = 0; m < M; ++m) {
         float *yr = y + m * N + col + r0;
         const float *t = tmp + m * nr, *b = bias == NULL ? NULL : bias + col + r0;
