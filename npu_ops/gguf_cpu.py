@@ -61,10 +61,11 @@ def embeddable(kind: str) -> bool:
     return bt is not None and lib is not None and _address(lib, bt.row_kernel) != 0
 
 
-def segments(parts: list[GgufWeight], int8_steps: int = 0) -> torch.Tensor:
+def segments(parts: list[GgufWeight], int8_steps: int = 0, tiles: bool = True) -> torch.Tensor:
     """int64 [len(parts) + 1, 8]: csrc/gguf_linear.h's gguf_seg of each part (its kernels' addresses, its bytes;
     calls of the step kinds whose bit ``int8_steps`` sets take the type's int8-activation kernel where it has one;
-    prefill pieces on fp32 activations take csrc/gemm_gguf_tile.c's tiles over its row kernel where it has one),
+    prefill pieces on fp32 activations take csrc/gemm_gguf_tile.c's tiles over its row kernel with ``tiles``, where
+    it has one),
     then a row of zeros that ends the table (gguf_seg_count)."""
     lib = _lib()
     assert lib is not None
@@ -74,7 +75,7 @@ def segments(parts: list[GgufWeight], int8_steps: int = 0) -> torch.Tensor:
         q8 = _address(lib, bt.kernel_q8) if int8_steps else 0
         row = _address(lib, bt.row_kernel)
         rows.append([_address(lib, bt.kernel), row, p.data.data_ptr(), p.shape[0], p.data.shape[1], q8,
-                     int8_steps if q8 else 0, bt.block_size if row else 0])
+                     int8_steps if q8 else 0, bt.block_size if row and tiles else 0])
     return torch.tensor(rows + [[0] * SEG_FIELDS], dtype=torch.int64)
 
 

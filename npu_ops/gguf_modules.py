@@ -59,6 +59,10 @@ class GgufLinear(nn.Module):
         # Bit (1 << STEP_*) set: calls of that step kind take the parts' int8-activation kernels (0: never;
         # models/loader.py sets it from ModelConfig.ggufActivations, gguf_packed.set_activations)
         self.int8_steps = 0
+        # Prefill pieces on fp32 activations run csrc/gemm_gguf_tile.c's tiles (a prompt's rows: the decode of a
+        # tile pays for itself from a few rows on); False keeps the packed kernel (the LM head, which sees a
+        # prompt's last rows only: gguf_packed.set_activations). Either way by the layer, never by the row count
+        self.prefill_tiles = True
 
     @property
     def kinds(self) -> list[str]:
@@ -67,7 +71,8 @@ class GgufLinear(nn.Module):
     def extra_repr(self) -> str:
         kinds = [k for k, bit in (("decode", STEP_DECODE), ("prefill", STEP_PREFILL)) if self.int8_steps >> bit & 1]
         int8 = f", int8 activations in {' and '.join(kinds)} steps" if kinds else ""
-        return f"in={self.in_features}, out={self.out_features}, types={'+'.join(self.kinds)}{int8}"
+        tiles = ", prefill on fp32 tiles" if self.prefill_tiles and not self.int8_steps >> STEP_PREFILL & 1 else ""
+        return f"in={self.in_features}, out={self.out_features}, types={'+'.join(self.kinds)}{int8}{tiles}"
 
     def runs_on_cpu_kernels(self) -> bool:
         if self._on_kernels is None:
@@ -76,9 +81,9 @@ class GgufLinear(nn.Module):
 
     def segments(self) -> torch.Tensor:
         """csrc/gguf_linear.h's segment table of the parts, rebuilt when a part's bytes moved (the arena)."""
-        key = (*(p.data.data_ptr() for p in self.parts), self.int8_steps)
+        key = (*(p.data.data_ptr() for p in self.parts), self.int8_steps, self.prefill_tiles)
         if self._segs is None or key != self._segs_key:
-            new = gguf_cpu.segments(self.parts, self.int8_steps)
+            new = gguf_cpu.segments(self.parts, self.int8_steps, self.prefill_tiles)
             if self._segs is not None and self._segs.shape == new.shape:
                 with torch.inference_mode():  # allowed there on a table made in or out of inference mode
                     self._segs.copy_(new)  # in place: a fused layer table holding its address reads the new one

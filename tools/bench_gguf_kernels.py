@@ -14,6 +14,11 @@ Decode steps take int8 at any row count under the default ggufActivations int8; 
 512 rows) is what ``int8-all`` (prefill on int8 too) buys.
 
     PYTHONPATH=$PWD .venv/bin/python tools/bench_gguf_kernels.py --gemv 2048 8192 --rows 1 4 16 64 256 512 --kinds Q4_0
+
+``--tiles N K``: a prompt piece's projection: the packed fp32-activation kernel against csrc/gemm_gguf_tile.c's
+tiles (what prefill pieces run) and sgemm over the dequantized weights, GFLOP/s at each ``--rows``.
+
+    PYTHONPATH=$PWD .venv/bin/python tools/bench_gguf_kernels.py --tiles 2560 960 --rows 1 16 64 512 --kinds Q4_0
 """
 from __future__ import annotations
 
@@ -41,6 +46,9 @@ def random_linear(kind: str, n: int, k: int) -> GgufLinear:
     assert bt is not None
     raw = np.random.default_rng(n + k).integers(0, 256, size=(n, k // bt.block_size, bt.block_bytes), dtype=np.uint8)
     raw[..., 0:2] = np.float16(0.01).reshape(1).view(np.uint8)  # a sane scale (and Q4_1's min: small)
+    if bt.block_size == 256:  # K-quants: d and dmin (Q4_K, Q5_K) or d (Q6_K, its last 2 bytes) sane too
+        raw[..., 2:4] = np.float16(0.001).reshape(1).view(np.uint8)
+        raw[..., -2:] = np.float16(0.001).reshape(1).view(np.uint8)
     return GgufLinear([GgufWeight(torch.from_numpy(raw.reshape(n, -1).copy()), kind, (n, k))])
 
 
@@ -73,6 +81,35 @@ def gemv(kinds: list[str], n: int, k: int, rows: list[int], rounds: int, cache_m
                   f"{flop / q / 1e9:6.1f} GFLOP/s)  int8 {f / q:.2f}x", flush=True)
 
 
+def tiles(kinds: list[str], n: int, k: int, rows: list[int], rounds: int) -> None:
+    """A prompt piece's [n, k] projection per block type: the packed fp32-activation kernel (what a decode-kind call
+    runs) against csrc/gemm_gguf_tile.c's tiles (a prefill piece's), the int8 GEMM (a prefill piece's under int8-all)
+    and sgemm over the weights dequantized (torch's F.linear, and our packed fp32 linear): GFLOP/s (2 M N K a
+    second) and the tiles' speed against the packed and int8 kernels."""
+    from npu_ops.gguf_modules import INT8_ALL, STEP_DECODE, STEP_PREFILL, gguf_step
+    for kind in kinds:
+        lin = random_linear(kind, n, k)
+        w = lin.dequantized()
+        wp = cpu_kernels.pack_weight(w)
+        for m in rows:
+            x, flop = torch.randn(m, k), 2 * m * n * k
+            reps = max(1, 64 // m)
+            times = []
+            for step in (STEP_DECODE, STEP_PREFILL):
+                with gguf_step(step):
+                    times.append(best_of(lambda: lin(x), reps, rounds))
+            lin.int8_steps = INT8_ALL  # the int8 GEMM a prefill piece runs under ggufActivations int8-all
+            with gguf_step(STEP_PREFILL):
+                times.append(best_of(lambda: lin(x), reps, rounds))
+            lin.int8_steps = 0
+            times.append(best_of(lambda: torch.nn.functional.linear(x, w), reps, rounds))
+            times.append(best_of(lambda: cpu_kernels.linear(x, wp, n, None), reps, rounds))
+            packed, tile, int8, sgemm, ours = (flop / t / 1e9 for t in times)
+            print(f"{kind} [{n}, {k}] M={m:3d} GFLOP/s: packed {packed:6.1f}  tiles {tile:6.1f}  int8 {int8:6.1f}  "
+                  f"torch sgemm {sgemm:6.1f}  fp32 linear {ours:6.1f}  tiles/packed {times[0] / times[1]:.2f}x  "
+                  f"tiles/int8 {times[2] / times[1]:.2f}x", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
@@ -81,11 +118,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--gemv", type=int, nargs=2, metavar=("N", "K"), help="fp32 vs int8 activations on one [N, K]")
     ap.add_argument("--cache-mb", type=int, default=64, help="--gemv: weight bytes cycled (past the cache)")
+    ap.add_argument("--tiles", type=int, nargs=2, metavar=("N", "K"), help="packed kernel vs tiles on one [N, K]")
     args = ap.parse_args()
     if cpu_kernels.load() is None:
         sys.exit("the CPU kernels are not built here")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.tiles:
+        print(f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}")
+        tiles(args.kinds, *args.tiles, args.rows, args.rounds)
+        print(f"load at the end {os.getloadavg()[0]:.1f}")
+        return
     if args.gemv:
         print(f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}")
         gemv(args.kinds, *args.gemv, args.rows, args.rounds, args.cache_mb)

@@ -1,0 +1,111 @@
+"""Prompt pieces over GGUF blocks through fp32 tiles (csrc/gemm_gguf_tile.c, chosen in csrc/gguf_linear.c): for every
+block type with a row kernel, a prefill piece on fp32 activations gives, bit for bit, our packed fp32 sgemm
+(csrc/gemm.c) over the weights dequantized (each output one FMA chain over k), so within an fp32 GEMM's error bound
+of ``x @ dequantize(W).T``; over several NC row tiles and K-chunks (a short last one), any row count, any thread
+split, and a row alone gives its bits in a batch (a prompt's numerics do not depend on how much of it was cached).
+Decode steps, the LM head (a prefill's last rows) and int8-all's prefill keep their own kernels."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mindie_service.models import gguf_packed
+from npu_ops import cpu_kernels, gguf_cpu
+from npu_ops.gguf_modules import INT8_ALL, STEP_DECODE, STEP_PREFILL, GgufLinear, gguf_step
+from npu_ops.linear import within_fp32_gemm_error
+from npu_ops.quant_gguf import BLOCK_TYPES, GgufWeight, block_type, matmul_ref
+
+pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here")
+
+# where each type keeps its scales (and mins): byte offset, dtype; the rest of a block is random quant bytes
+SCALES = {"Q4_0": [(0, np.float16)], "Q4_1": [(0, np.float16), (2, np.float16)], "Q8_0": [(0, np.float16)],
+          "Q5_0": [(0, np.float16)], "Q5_1": [(0, np.float16), (2, np.float16)],
+          "Q4_1F": [(0, np.float32), (4, np.float32)], "Q4_K": [(0, np.float16), (2, np.float16)],
+          "Q5_K": [(0, np.float16), (2, np.float16)], "Q6_K": [(208, np.float16)]}
+block_type("Q4_K")  # the plugins' types registered too
+TILED = sorted(name for name, bt in list(BLOCK_TYPES.items()) if bt.row_kernel and gguf_cpu.runnable(name) is None)
+
+
+def random_weight(kind: str, n: int, k: int, seed: int) -> GgufWeight:
+    """Random quant bytes, random scales of both signs over four decades (mins small)."""
+    bt = BLOCK_TYPES[kind]
+    assert kind in SCALES, f"{kind}: say where its scales lie (SCALES) so its random blocks stay finite"
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(n, k // bt.block_size, bt.block_bytes), dtype=np.uint8)
+    for i, (at, dt) in enumerate(SCALES[kind]):
+        v = rng.choice([-1, 1], size=raw.shape[:2]) * 10.0 ** rng.uniform(-4 if i == 0 else -5, -1, size=raw.shape[:2])
+        raw[..., at:at + np.dtype(dt).itemsize] = v.astype(dt)[..., None].view(np.uint8)
+    return GgufWeight(torch.from_numpy(raw.reshape(n, -1).copy()), kind, (n, k))
+
+
+def shape_of(kind: str) -> tuple[int, int]:
+    """150 rows (two NC = 128 tiles, a panel of 6), K-chunks of 256 with a short last one where blocks allow"""
+    return 150, 768 if BLOCK_TYPES[kind].block_size == 256 else 800
+
+
+def prefill(layer: GgufLinear, x: torch.Tensor) -> torch.Tensor:
+    with gguf_step(STEP_PREFILL):
+        return layer(x)
+
+
+@pytest.mark.parametrize("kind", TILED)
+def test_a_prefill_piece_gives_the_fp32_sgemm_over_the_dequantized_weights(kind):
+    n, k = shape_of(kind)
+    w = random_weight(kind, n, k, seed=len(kind))
+    layer, dense = GgufLinear([w]), w.dequantize()
+    sgemm = cpu_kernels.pack_weight(dense)
+    for m in (1, 5, 13):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+        got = prefill(layer, x)
+        assert torch.equal(got, cpu_kernels.linear(x, sgemm, n, None)), (kind, m)
+        assert within_fp32_gemm_error(got, matmul_ref(x, w), x, dense)
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q6_K"])
+def test_a_rows_tile_result_is_its_own_at_any_row_count_and_thread_split(kind):
+    n, k = shape_of(kind)
+    parts = [random_weight(kind, 40, k, seed=1), random_weight("Q8_0", 21, k, seed=2), random_weight(kind, n, k, 3)]
+    bias = torch.randn(40 + 21 + n)
+    layer = GgufLinear(parts, bias)
+    x = torch.randn(20, k, generator=torch.Generator().manual_seed(5))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        full = prefill(layer, x)
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            assert torch.equal(prefill(layer, x), full)
+            for i, j in ((0, 1), (7, 8), (3, 10), (19, 20)):
+                assert torch.equal(prefill(layer, x[i:j]), full[i:j])
+    finally:
+        torch.set_num_threads(threads)
+    dense = layer.dequantized()
+    assert within_fp32_gemm_error(full, x @ dense.T + bias, x, dense, bias)
+
+
+def test_decode_steps_the_head_and_int8_all_prefill_keep_their_kernels():
+    w = random_weight("Q4_1", 48, 256, seed=4)
+    layer, x = GgufLinear([w]), torch.randn(9, 256, generator=torch.Generator().manual_seed(6))
+    tiles, packed = prefill(layer, x), gguf_cpu.matmul(x, w)
+    assert not torch.equal(tiles, packed)  # two summation orders: the comparisons below can tell them apart
+    with gguf_step(STEP_DECODE):
+        assert torch.equal(layer(x), packed)
+    layer.prefill_tiles = False
+    assert torch.equal(prefill(layer, x), packed)
+    layer.prefill_tiles, layer.int8_steps = True, INT8_ALL
+    assert torch.equal(prefill(layer, x), gguf_cpu.matmul(x, w, int8_rows=True))
+
+
+def test_set_activations_keeps_the_head_off_the_tiles():
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = GgufLinear([random_weight("Q4_0", 16, 64, seed=7)])
+            self.lm_head = GgufLinear([random_weight("Q4_0", 32, 64, seed=8)])
+
+    model = Model()
+    for mode in gguf_packed.ACTIVATIONS:
+        gguf_packed.set_activations(model, mode)
+        assert model.proj.prefill_tiles and not model.lm_head.prefill_tiles
+    assert "prefill on fp32 tiles" in repr(model.proj) and "tiles" not in repr(model.lm_head)
