@@ -138,6 +138,7 @@ def test_a_linear_takes_the_int8_kernels_in_the_step_kinds_it_names_at_any_row_c
     parts.append(GgufWeight(kquant_weights(12, 256, "Q6_K", seed=7).reshape(12, -1).contiguous(), "Q6_K", (12, 256)))
     bias = torch.randn(sum(p.shape[0] for p in parts))
     layer = GgufLinear(parts, bias)
+    layer.prefill_tiles = False  # fp32 prefill pieces on the packed kernels here; the tiles: test_gguf_tiles.py
 
     def want(x: torch.Tensor, int8: bool) -> torch.Tensor:
         return torch.cat([gguf_cpu.matmul(x, p, int8_rows=int8) for p in parts], dim=1) + bias
