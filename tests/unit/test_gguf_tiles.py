@@ -40,8 +40,9 @@ def random_weight(kind: str, n: int, k: int, seed: int) -> GgufWeight:
 
 
 def shape_of(kind: str) -> tuple[int, int]:
-    """150 rows (two NC = 128 tiles, a panel of 6), K-chunks of 256 with a short last one where blocks allow"""
-    return 150, 768 if BLOCK_TYPES[kind].block_size == 256 else 800
+    """150 rows (NC = 32 row tiles, the last one short, its last panel 6 rows), two K-chunks of KC = 1024 columns
+    (the second short: a block, or a super-block)"""
+    return 150, 1024 + BLOCK_TYPES[kind].block_size
 
 
 def prefill(layer: GgufLinear, x: torch.Tensor) -> torch.Tensor:
@@ -57,7 +58,7 @@ def test_a_prefill_piece_gives_the_fp32_sgemm_over_the_dequantized_weights(kind)
     sgemm = cpu_kernels.pack_weight(dense)
     threads = torch.get_num_threads()
     try:
-        for m, t in ((1, 1), (5, 2), (13, 1)):  # one thread: its 150 rows are two NC tiles
+        for m, t in ((1, 1), (5, 2), (13, 1)):
             torch.set_num_threads(t)
             x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
             got = prefill(layer, x)
