@@ -93,7 +93,7 @@ static void dequant_block(int t, const uint8_t *b, float *out) {
     }
 }
 
-static void dequant_row(int t, const uint8_t *w, int64_t k, float *out) {
+__attribute__((unused)) static void dequant_row(int t, const uint8_t *w, int64_t k, float *out) { /* without AVX2 */
     for (int64_t b = 0; b < k / QK; ++b) dequant_block(t, w + b * BLOCK_BYTES[t], out + b * QK);
 }
 

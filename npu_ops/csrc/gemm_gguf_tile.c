@@ -3,11 +3,11 @@
  * stream every row of x past them; for a prompt that left the FMA units waiting on x (fp32 sgemm over the same
  * weights dequantized ran a 512-token prefill ~2x faster). Here, GotoBLAS-style: a thread takes NC of its weight
  * rows and a K-chunk of KC columns, dequantizes that tile once with the type's own row kernel (gguf_dequant_<type>,
- * the values gguf.quants.dequantize gives, bit for bit) into 16-row k-major panels (NC x KC fp32: 128 KB, in L2),
- * then runs a 6 x 16 register tile (twelve ymm accumulators, one broadcast of x and two panel loads per k) over
- * every 6 rows of x (6 x KC: 24 KB, in L1), each panel in turn. The next K-chunk reloads the tile's partial sums
- * from y. KC and NC measured on this CPU (one core, 512 rows, Q4_0 [5120, 960], [960, 2560], [2048, 8192]): KC 256
- * gave 71-75 GFLOP/s, 512 80-85, 1024 85-91 (our packed fp32 sgemm, gemm.c: ~89); NC from 16 to 64 made no odds.
+ * the values gguf.quants.dequantize gives, bit for bit) into 16-row k-major panels (NC x KC fp32, in L2), then runs
+ * a 6 x 16 register tile (twelve ymm accumulators, one broadcast of x and two panel loads per k) over every 6 rows
+ * of x, each panel in turn. The next K-chunk reloads the tile's partial sums from y. KC and NC measured on this CPU
+ * (one core, Q4_0 [5120, 960] and Q4_K [960, 2560] at 512 rows, [2048, 8192] at 256): KC 256 x NC 128 gave 71-75
+ * GFLOP/s, 1024 x 32 68-91, 4096 x 16 88-95, as gemm_kquant.c's whole-K panels (92-95) and our fp32 sgemm (~90).
  *
  * Numerics: each output is one FMA chain, fma(x[k], w[k], acc) for k ascending from acc = 0; spilling acc to y
  * between K-chunks stores an fp32 exactly, so the chain, and its bits, do not depend on m, the row's place in the
@@ -23,8 +23,9 @@
 
 #define NR F32_TILE_NR /* weight rows a panel (the register tile's width) */
 #define MR F32_TILE_MR /* rows of x a register tile */
-#define KC 1024        /* columns a tile: whole blocks of every type (32, 256); a panel is 64 KB */
-#define NC 32          /* weight rows a tile: NC x KC fp32 = 128 KB, a quarter of this CPU's L2 */
+#define KC 4096        /* columns a tile (whole blocks of every type: 32, 256); most projections' whole K */
+#define NC 16          /* weight rows a tile: one panel, NC x KC fp32 = 256 KB, half this CPU's L2 */
+#define DC 256         /* columns decoded at a time into the transposing scratch (16 x DC: 16 KB) */
 
 typedef void (*row_dequant_fn)(const uint8_t *w, int64_t k, float *out);
 
@@ -70,12 +71,12 @@ typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, float *)
 static const tile_fn TILES[MR + 1] = {0, tile_acc1, tile_acc2, tile_acc3, tile_acc4, tile_acc5, tile_acc6};
 #define TILE_ACC(R, a, lda, b, kc, c) TILES[R](a, lda, b, kc, c)
 
-/* rows[16][KC] (16 weight rows of one K-chunk) -> panel[kc][16], 8 x 8 blocks in registers */
+/* rows[16][DC] (16 weight rows of kc <= DC columns) -> panel[kc][16], 8 x 8 blocks in registers */
 static void to_panel(const float *rows, int64_t kc, float *panel) {
     for (int h = 0; h < 2; ++h)
         for (int64_t c = 0; c < kc / 8; ++c) {
             __m256 r[8], t[8];
-            for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows + (8 * h + i) * KC + 8 * c);
+            for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows + (8 * h + i) * DC + 8 * c);
             for (int i = 0; i < 8; i += 2) {
                 t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
                 t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
@@ -103,24 +104,26 @@ static void tile_acc(int R, const float *a, int64_t lda, const float *b, int64_t
 
 static void to_panel(const float *rows, int64_t kc, float *panel) {
     for (int64_t k = 0; k < kc; ++k)
-        for (int j = 0; j < NR; ++j) panel[k * NR + j] = rows[j * KC + k];
+        for (int j = 0; j < NR; ++j) panel[k * NR + j] = rows[j * DC + k];
 }
 #endif
 
 /* Weight rows [n0, n0 + nc) x columns [k0, k0 + kc) dequantized into ceil(nc / 16) k-major panels (rows past nc:
- * zeros); rows: 16 x KC floats of scratch. */
+ * zeros), DC columns at a time through rows (16 x DC floats of scratch, in L1). */
 static void decode_tile(row_dequant_fn row_fn, int64_t block_vals, int64_t row_bytes, const uint8_t *w, int64_t n0,
                         int64_t nc, int64_t k0, int64_t k, int64_t kc, float *panels, float *rows) {
-    const int64_t off = k0 / block_vals * (row_bytes / (k / block_vals));
-    for (int64_t p = 0; p * NR < nc; ++p) {
-        for (int64_t j = 0; j < NR; ++j) {
-            if (p * NR + j < nc)
-                row_fn(w + (n0 + p * NR + j) * row_bytes + off, kc, rows + j * KC);
-            else
-                memset(rows + j * KC, 0, sizeof(float) * (size_t)kc);
+    const int64_t bb = row_bytes / (k / block_vals);
+    for (int64_t p = 0; p * NR < nc; ++p)
+        for (int64_t d0 = 0; d0 < kc; d0 += DC) {
+            const int64_t dc = kc - d0 < DC ? kc - d0 : DC, off = (k0 + d0) / block_vals * bb;
+            for (int64_t j = 0; j < NR; ++j) {
+                if (p * NR + j < nc)
+                    row_fn(w + (n0 + p * NR + j) * row_bytes + off, dc, rows + j * DC);
+                else
+                    memset(rows + j * DC, 0, sizeof(float) * (size_t)dc);
+            }
+            to_panel(rows, dc, panels + p * KC * NR + d0 * NR);
         }
-        to_panel(rows, kc, panels + p * KC * NR);
-    }
 }
 
 /* y's rows [m0, m0 + mr) against the tile's panels, columns n0 ...: each 6 x 16 tile of sums loaded from y (zeros
@@ -144,8 +147,8 @@ static void tile_rows(const float *x, int64_t k, int64_t k0, int64_t kc, int64_t
 
 int gguf_tile_matmul(row_dequant_fn row_fn, int64_t block_vals, int64_t row_bytes, const uint8_t *w, int64_t n_out,
                      int64_t k, const float *x, int64_t m, float *y) {
-    if (block_vals <= 0 || block_vals % 8 != 0 || KC % block_vals != 0 || k % block_vals != 0) return 3; /* never read past a row */
-    float *panels = malloc(sizeof(float) * (size_t)(NC * KC)), *rows = malloc(sizeof(float) * (size_t)(NR * KC));
+    if (block_vals <= 0 || block_vals % 8 != 0 || DC % block_vals != 0 || k % block_vals != 0) return 3; /* never read past a row */
+    float *panels = malloc(sizeof(float) * (size_t)(NC * KC)), *rows = malloc(sizeof(float) * (size_t)(NR * DC));
     if (panels == NULL || rows == NULL) {
         free(panels);
         free(rows);

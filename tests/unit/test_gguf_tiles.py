@@ -40,9 +40,9 @@ def random_weight(kind: str, n: int, k: int, seed: int) -> GgufWeight:
 
 
 def shape_of(kind: str) -> tuple[int, int]:
-    """150 rows (NC = 32 row tiles, the last one short, its last panel 6 rows), two K-chunks of KC = 1024 columns
-    (the second short: a block, or a super-block)"""
-    return 150, 1024 + BLOCK_TYPES[kind].block_size
+    """150 rows (16-row tiles, the last 6 rows), two K-chunks of KC = 4096 columns (the second short: a block, or
+    a super-block), each decoded 256 columns at a time"""
+    return 150, 4096 + BLOCK_TYPES[kind].block_size
 
 
 def prefill(layer: GgufLinear, x: torch.Tensor) -> torch.Tensor:
