@@ -3,18 +3,23 @@ block type with a row kernel, a prefill piece on fp32 activations gives, bit for
 (csrc/gemm.c) over the weights dequantized (each output one FMA chain over k), so within an fp32 GEMM's error bound
 of ``x @ dequantize(W).T``; over several NC row tiles and K-chunks (a short last one), any row count, any thread
 split, and a row alone gives its bits in a batch (a prompt's numerics do not depend on how much of it was cached).
-Decode steps, the LM head (a prefill's last rows) and int8-all's prefill keep their own kernels."""
+Decode steps, the LM head (a prefill's last rows) and int8-all's prefill keep their own kernels. An engine on a GGUF
+gives a prompt the same tokens and log-probs, bit for bit, when its prefix was cached (a 1-row prefill piece) as
+when it ran whole."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
+from mindie_service import LLM
 from mindie_service.models import gguf_packed
 from npu_ops import cpu_kernels, gguf_cpu
 from npu_ops.gguf_modules import INT8_ALL, STEP_DECODE, STEP_PREFILL, GgufLinear, gguf_step
 from npu_ops.linear import within_fp32_gemm_error
 from npu_ops.quant_gguf import BLOCK_TYPES, GgufWeight, block_type, matmul_ref
+from tests.gguf_files import write_gguf
+from tests.packed_checks import generate
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here")
 
@@ -115,3 +120,20 @@ def test_set_activations_keeps_the_head_off_the_tiles():
         gguf_packed.set_activations(model, mode)
         assert model.proj.prefill_tiles and not model.lm_head.prefill_tiles
     assert "prefill on fp32 tiles" in repr(model.proj) and "tiles" not in repr(model.lm_head)
+
+
+@pytest.mark.parametrize("activations", ["int8", "fp32"])
+def test_a_prompt_whose_prefix_was_cached_gets_its_first_runs_bits(tiny_model, tmp_path, activations):
+    gguf = pytest.importorskip("gguf")
+    T = gguf.GGMLQuantizationType
+    types = {f"blk.{b}.{n}.weight": T.Q4_1 for b in range(4) for n in ("attn_q", "attn_k", "attn_v", "attn_output",
+                                                                       "ffn_gate", "ffn_up", "ffn_down")}
+    path = write_gguf(tiny_model, tmp_path / "tiny-q4_1.gguf", {**types, "token_embd.weight": T.Q8_0})
+    llm = LLM(str(path), dtype="float32", gguf_activations=activations, cache_block_size=4, num_kv_blocks=64,
+              max_seq_len=128)
+    prompt = list(range(3, 40))  # 37 tokens: 36 of them cached for the second run, which prefills one row
+    first = generate(llm, [prompt])
+    blocks = llm.engine.blocks
+    hits = blocks.prefix_hits
+    assert generate(llm, [prompt]) == first
+    assert blocks.prefix_hits == hits + 1  # the second run found its prefix cached (36 of its 37 tokens)
