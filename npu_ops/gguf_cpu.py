@@ -1,6 +1,7 @@
 """ctypes bindings of the GGUF block-quantized linears (csrc/gemm_gguf.c: Q4_0, Q4_1, Q8_0 and our Q4_1F against fp32
 activations, csrc/gemm_gguf_q8.c: the same against int8 ones; Q5_0 and Q5_1: csrc/gemm_gguf_q5*.c; csrc/gguf_linear.c:
-a projection of one or more segments over a team), built with the other CPU kernels by npu_ops.cpu_kernels. Each
+a projection of one or more segments over a team, its prefill pieces through csrc/gemm_gguf_tile.c's fp32 tiles),
+built with the other CPU kernels by npu_ops.cpu_kernels. Each
 block type's kernels are found by the names npu_ops.quant_gguf's table gives them; a segment table hands the C side
 their addresses, so a type registered there runs in the fused decoder too."""
 from __future__ import annotations

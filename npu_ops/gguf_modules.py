@@ -4,7 +4,8 @@
 gate/up whose checkpoint tensors differ in type (Q4_K_M: q/k in Q4_K, v in Q6_K) keeps each part in its own type.
 On the CPU with the kernels built it runs csrc/gguf_linear.c over the parts' segment table (a call of a step kind
 ``int8_steps`` names on the types' int8-activation kernels, ``quant_gguf.matmul_q8_ref``'s numerics; the kind is
-the caller's ``gguf_step``: a decode step or a prefill piece); anywhere
+the caller's ``gguf_step``: a decode step or a prefill piece; a prefill piece on fp32 activations runs
+csrc/gemm_gguf_tile.c's tiles, ``prefill_tiles``); anywhere
 else the reference (dequantize, then ``F.linear``), slow but exact. LoRA and the loaders see what they see of a FastLinear:
 ``in_features``, ``out_features`` (LoRA deltas are added to its output). ``GgufEmbedding`` dequantizes only the
 rows a lookup reads; a tied LM head is a GgufLinear over the embedding's own GgufWeight (one copy of the bytes)."""

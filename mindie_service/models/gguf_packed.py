@@ -92,9 +92,10 @@ def packed_values(model: nn.Module) -> int:
 # rule in decode steps (bursts and speculation's verify rows too: each row a sequence's next token), at any number
 # of rows, and keeps prefill pieces on the fp32 kernels (exact against the dequantized weights), so a prompt's
 # numerics do not depend on how much of it a prefix cache held; "int8-all" takes the int8 kernels in prefill pieces
-# too (csrc/gemm_gguf_q8.c's GEMM: faster than the fp32 one at prefill sizes, tools/bench_gguf_kernels.py --gemv;
-# llama.cpp's own choice, but on SmolLM2's Q4_1 file it turns the first-hour answer's first token, a near-tie, from
-# "The capital of France is Paris." to "L'Étoile..."); "fp32" never. The LM head keeps fp32 activations in every
+# too (csrc/gemm_gguf_q8.c's GEMM: llama.cpp's own choice; no faster than the fp32 tiles, csrc/gemm_gguf_tile.c,
+# prefill pieces take otherwise, tools/bench_gguf_kernels.py --tiles; and on SmolLM2's Q4_1 file it turns the
+# first-hour answer's first token, a near-tie, from "The capital of France is Paris." to "L'Étoile..."); "fp32"
+# never. The LM head keeps fp32 activations in every
 # mode: its logits choose the token, and an int8 head flipped a 0.03-nat near-tie of that answer and added a quarter
 # of the int8 path's mean KL.
 ACTIVATIONS = {"int8": INT8_DECODE, "int8-all": INT8_ALL, "fp32": 0}
