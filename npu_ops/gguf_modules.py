@@ -60,9 +60,10 @@ class GgufLinear(nn.Module):
         # Bit (1 << STEP_*) set: calls of that step kind take the parts' int8-activation kernels (0: never;
         # models/loader.py sets it from ModelConfig.ggufActivations, gguf_packed.set_activations)
         self.int8_steps = 0
-        # Prefill pieces on fp32 activations run csrc/gemm_gguf_tile.c's tiles (a prompt's rows: the decode of a
-        # tile pays for itself from a few rows on); False keeps the packed kernel (the LM head, which sees a
-        # prompt's last rows only: gguf_packed.set_activations). Either way by the layer, never by the row count
+        # Prefill pieces on fp32 activations run csrc/gemm_gguf_tile.c's tiles: our fp32 sgemm's bits over the
+        # dequantized weights, so a packed prefill is the dequantized reference's (the LM head's too, whose few
+        # rows a step pay ~2.5x the packed kernel's time for it); False keeps the packed kernel (the kernels' own
+        # tests). Either way by the layer, never by the row count
         self.prefill_tiles = True
 
     @property

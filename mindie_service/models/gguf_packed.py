@@ -110,8 +110,6 @@ def set_activations(model: nn.Module, mode: str) -> dict[str, str]:
     head = getattr(model, "lm_head", None)
     for m in lins:  # the head keeps fp32: its logits pick the token (an int8 head flipped SmolLM2's near-ties)
         m.int8_steps = ACTIVATIONS[mode] if m is not head else 0
-        # a prefill's head rows are its prompts' last tokens, a few: the packed kernel, not the tiles' decode
-        m.prefill_tiles = m is not head
     if not lins:
         return {}
     if mode == "fp32":

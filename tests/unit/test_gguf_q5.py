@@ -93,6 +93,7 @@ def test_the_int8_gemm_chunks_and_tails_agree_and_each_row_is_its_own(kind):
             assert torch.equal(gguf_cpu.matmul(x[a:b], w, int8_rows=int8), full[a:b]), (int8, a, b)
         layer = GgufLinear([w])
         layer.int8_steps = INT8_ALL if int8 else 0
+        layer.prefill_tiles = False  # the kernel's bits; prefill pieces' tiles: tests/unit/test_gguf_tiles.py
         for t in at_threads(1, 2, 3):
             assert torch.equal(layer(x), full) and torch.equal(layer(x[2:3]), full[2:3]), (int8, t)
     assert ((full - matmul_q8_ref(x, w)).abs() <= q8_bound(x, w)).all()
@@ -115,6 +116,7 @@ def test_a_linear_of_q5_and_q4_parts_takes_each_kernel_by_step_kind():
     bias = torch.randn(20)
     layer = GgufLinear(parts, bias)
     layer.int8_steps = INT8_DECODE
+    layer.prefill_tiles = False  # the kernels' bits; prefill pieces' tiles: tests/unit/test_gguf_tiles.py
     x = activations(5, 256, seed=4)
     for step, int8 in ((STEP_DECODE, True), (STEP_PREFILL, False)):
         want = torch.cat([gguf_cpu.matmul(x, p, int8_rows=int8) for p in parts], dim=1) + bias

@@ -3,17 +3,19 @@ block type with a row kernel, a prefill piece on fp32 activations gives, bit for
 (csrc/gemm.c) over the weights dequantized (each output one FMA chain over k), so within an fp32 GEMM's error bound
 of ``x @ dequantize(W).T``; over several NC row tiles and K-chunks (a short last one), any row count, any thread
 split, and a row alone gives its bits in a batch (a prompt's numerics do not depend on how much of it was cached).
-Decode steps, the LM head (a prefill's last rows) and int8-all's prefill keep their own kernels. An engine on a GGUF
-gives a prompt the same tokens and log-probs, bit for bit, when its prefix was cached (a 1-row prefill piece) as
-when it ran whole."""
+Decode steps and int8-all's prefill keep their own kernels. A teacher-forced prefill over a GGUF's blocks gives the
+log-probs of the same file dequantized at load bit for bit, and an engine gives a prompt the same tokens and
+log-probs when its prefix was cached (a 1-row prefill piece) as when it ran whole."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from mindie_service import LLM
-from mindie_service.models import gguf_packed
+from mindie_service.devkit.quant_eval import teacher_forced_logprobs
 from npu_ops import cpu_kernels, gguf_cpu
 from npu_ops.gguf_modules import INT8_ALL, STEP_DECODE, STEP_PREFILL, GgufLinear, gguf_step
 from npu_ops.linear import within_fp32_gemm_error
@@ -42,6 +44,17 @@ def random_weight(kind: str, n: int, k: int, seed: int) -> GgufWeight:
         v = rng.choice([-1, 1], size=raw.shape[:2]) * 10.0 ** rng.uniform(-4 if i == 0 else -5, -1, size=raw.shape[:2])
         raw[..., at:at + np.dtype(dt).itemsize] = v.astype(dt)[..., None].view(np.uint8)
     return GgufWeight(torch.from_numpy(raw.reshape(n, -1).copy()), kind, (n, k))
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_model, tmp_path_factory) -> Path:
+    """The demo tiny model as a GGUF: projections in Q4_1, the head in Q4_0, the embeddings in Q8_0."""
+    gguf = pytest.importorskip("gguf")
+    T = gguf.GGMLQuantizationType
+    types = {f"blk.{b}.{n}.weight": T.Q4_1 for b in range(4) for n in ("attn_q", "attn_k", "attn_v", "attn_output",
+                                                                       "ffn_gate", "ffn_up", "ffn_down")}
+    types.update({"token_embd.weight": T.Q8_0, "output.weight": T.Q4_0})
+    return write_gguf(Path(tiny_model), tmp_path_factory.mktemp("gguf") / "tiny-q4_1.gguf", types)
 
 
 def shape_of(kind: str) -> tuple[int, int]:
@@ -95,7 +108,7 @@ def test_a_rows_tile_result_is_its_own_at_any_row_count_and_thread_split(kind):
     assert within_fp32_gemm_error(full, x @ dense.T + bias, x, dense, bias)
 
 
-def test_decode_steps_the_head_and_int8_all_prefill_keep_their_kernels():
+def test_decode_steps_and_int8_all_prefill_keep_their_kernels():
     w = random_weight("Q4_1", 48, 256, seed=4)
     layer, x = GgufLinear([w]), torch.randn(9, 256, generator=torch.Generator().manual_seed(6))
     tiles, packed = prefill(layer, x), gguf_cpu.matmul(x, w)
@@ -108,28 +121,17 @@ def test_decode_steps_the_head_and_int8_all_prefill_keep_their_kernels():
     assert torch.equal(prefill(layer, x), gguf_cpu.matmul(x, w, int8_rows=True))
 
 
-def test_set_activations_keeps_the_head_off_the_tiles():
-    class Model(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.proj = GgufLinear([random_weight("Q4_0", 16, 64, seed=7)])
-            self.lm_head = GgufLinear([random_weight("Q4_0", 32, 64, seed=8)])
-
-    model = Model()
-    for mode in gguf_packed.ACTIVATIONS:
-        gguf_packed.set_activations(model, mode)
-        assert model.proj.prefill_tiles and not model.lm_head.prefill_tiles
-    assert "prefill on fp32 tiles" in repr(model.proj) and "tiles" not in repr(model.lm_head)
+def test_a_packed_prefill_is_the_dequantized_reference_bit_for_bit(tiny_gguf):
+    """Every projection and the head: teacher-forced log-probs over the file's blocks equal those of the file
+    dequantized at load (our fp32 sgemm over the same values)."""
+    tokens = list(range(3, 51))
+    ref = teacher_forced_logprobs(tiny_gguf, tokens, seq_len=48, chunk=16, gguf_packed=False)
+    assert torch.equal(teacher_forced_logprobs(tiny_gguf, tokens, seq_len=48, chunk=16), ref)
 
 
 @pytest.mark.parametrize("activations", ["int8", "fp32"])
-def test_a_prompt_whose_prefix_was_cached_gets_its_first_runs_bits(tiny_model, tmp_path, activations):
-    gguf = pytest.importorskip("gguf")
-    T = gguf.GGMLQuantizationType
-    types = {f"blk.{b}.{n}.weight": T.Q4_1 for b in range(4) for n in ("attn_q", "attn_k", "attn_v", "attn_output",
-                                                                       "ffn_gate", "ffn_up", "ffn_down")}
-    path = write_gguf(tiny_model, tmp_path / "tiny-q4_1.gguf", {**types, "token_embd.weight": T.Q8_0})
-    llm = LLM(str(path), dtype="float32", gguf_activations=activations, cache_block_size=4, num_kv_blocks=64,
+def test_a_prompt_whose_prefix_was_cached_gets_its_first_runs_bits(tiny_gguf, activations):
+    llm = LLM(str(tiny_gguf), dtype="float32", gguf_activations=activations, cache_block_size=4, num_kv_blocks=64,
               max_seq_len=128)
     prompt = list(range(3, 40))  # 37 tokens: 36 of them cached for the second run, which prefills one row
     first = generate(llm, [prompt])
