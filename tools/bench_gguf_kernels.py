@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from npu_ops import cpu_kernels  # noqa: E402
-from npu_ops.gguf_modules import GgufLinear  # noqa: E402
+from npu_ops.gguf_modules import STEP_DECODE, GgufLinear, gguf_step  # noqa: E402
 from npu_ops.quant_gguf import GgufWeight, block_type  # noqa: E402
 
 SHAPES = [("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576)]
@@ -86,7 +86,7 @@ def tiles(kinds: list[str], n: int, k: int, rows: list[int], rounds: int) -> Non
     runs) against csrc/gemm_gguf_tile.c's tiles (a prefill piece's), the int8 GEMM (a prefill piece's under int8-all)
     and sgemm over the weights dequantized (torch's F.linear, and our packed fp32 linear): GFLOP/s (2 M N K a
     second) and the tiles' speed against the packed and int8 kernels."""
-    from npu_ops.gguf_modules import INT8_ALL, STEP_DECODE, STEP_PREFILL, gguf_step
+    from npu_ops.gguf_modules import INT8_ALL, STEP_PREFILL
     for kind in kinds:
         lin = random_linear(kind, n, k)
         w = lin.dequantized()
@@ -143,7 +143,8 @@ def main() -> None:
         f = best_of(lambda: [cpu_kernels.linear(x, p, n, None) for x, (_, n, p) in zip(xs, fp32)], reps, args.rounds)
         line = f"M={m:3d} fp32 {f * 1e6:8.1f} us/layer ({sum(4 * k * n for _, k, n in SHAPES) / f / 1e9:5.1f} GB/s)"
         for kind, ls in layers.items():
-            t = best_of(lambda: [lin(x) for x, lin in zip(xs, ls)], reps, args.rounds)
+            with gguf_step(STEP_DECODE):  # the packed kernels (a prefill piece would run the tiles: --tiles)
+                t = best_of(lambda: [lin(x) for x, lin in zip(xs, ls)], reps, args.rounds)
             gbs = sum(lin.parts[0].nbytes for lin in ls) / t / 1e9
             line += f"  {kind} {t * 1e6:8.1f} ({f / t:.2f}x, {gbs:5.1f} GB/s)"
         print(line, flush=True)
