@@ -28,6 +28,7 @@
 #include "kernels.h"
 #include "team_sync.h"
 #include "stream_ahead.h"
+#include "vec_math.h"
 
 #define QK 32 /* values per block */
 #define NR 4  /* weight rows a tile */
@@ -37,28 +38,6 @@
 enum { T_Q4_0 = 0, T_Q4_1 = 1, T_Q8_0 = 2, T_Q4_1F = 3 };
 static const int64_t BLOCK_BYTES[4] = {18, 20, 34, 24};
 static const int QS_AT[4] = {2, 4, 2, 8}; /* where a block's quants start */
-
-static inline float f16_to_f32(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#ifdef __F16C__
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    uint32_t bits;
-    if (e == 0 && m == 0) bits = sign;
-    else if (e == 0) { /* subnormal: renormalize */
-        int s = -1;
-        uint32_t mm = m;
-        do { ++s; mm <<= 1; } while (!(mm & 0x400));
-        bits = sign | ((uint32_t)(112 - s) << 23) | ((mm & 0x3ff) << 13);
-    } else if (e == 31) bits = sign | 0x7f800000u | (m << 13);
-    else bits = sign | ((e + 112) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-#endif
-}
 
 /* One block's 32 values, scalar: the reference of the vector decoders and the fallback without AVX2. */
 static inline float f32_at(const uint8_t *p) {
@@ -99,7 +78,6 @@ __attribute__((unused)) static void dequant_row(int t, const uint8_t *w, int64_t
 
 
 #ifdef __AVX2__
-#include "vec_math.h"
 
 /* The block's 4 chunks of 8 values (k ascending), the values dequant_block gives. */
 static inline __attribute__((always_inline)) void dequant_regs(const int t, const uint8_t *b, __m256 c[4]) {

@@ -27,7 +27,7 @@
 
 /* One block's 32 values, scalar: the reference of the vector decoder, the row kernel. */
 static void dequant_block(int t, const uint8_t *b, float *out) {
-    const float d = q5_f16(b), mn = q5_min(t, b);
+    const float d = f16_to_f32(b), mn = q5_min(t, b);
     uint8_t q[Q5_QK];
     q5_quants_scalar(t, b, q);
     for (int j = 0; j < Q5_QK; ++j) out[j] = t == T_Q5_1 ? fmaf(d, (float)q[j], mn) : d * (float)(q[j] - 16);
@@ -42,7 +42,7 @@ static inline void dequant_row(int t, const uint8_t *w, int64_t k, float *out) {
 
 /* The block's 4 chunks of 8 values (k ascending), the values dequant_block gives. */
 static inline __attribute__((always_inline)) void dequant_regs(const int t, const uint8_t *b, __m256 c[4]) {
-    const __m256 d = _mm256_set1_ps(q5_f16(b));
+    const __m256 d = _mm256_set1_ps(f16_to_f32(b));
     const __m256i q = q5_quants(t, b);
     const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
     const __m128i part[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};

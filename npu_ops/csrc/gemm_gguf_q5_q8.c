@@ -160,7 +160,7 @@ static void tile_q8(const int t, const int mr, const uint8_t *w[NR], int64_t nb,
                 q5_quants_scalar(t, p, q);
                 int s[2] = {0, 0}; /* values 0-15, 16-31: each half of x has its own scale */
                 for (int e = 0; e < Q5_QK; ++e) s[e / 16] += q[e] * x[e];
-                const float d = q5_f16(p), mn = t == T_Q5_1 ? q5_min(t, p) : d;
+                const float d = f16_to_f32(p), mn = t == T_Q5_1 ? q5_min(t, p) : d;
                 const float *xdb = xd + 8 * (i * nb + b);
                 acc = fmaf(d * xdb[0], (float)s[0], fmaf(d * xdb[4], (float)s[1], acc));
                 off = fmaf(mn, xs[i * nb + b], off);

@@ -7,6 +7,7 @@
 #define MINDIE_GGUF_Q5_BLOCK_H
 #include <stdint.h>
 #include <string.h>
+#include "vec_math.h"
 #if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -17,30 +18,8 @@
 #define Q5_BYTES(t) ((t) == T_Q5_1 ? 24 : 22)
 #define Q5_QH_AT(t) ((t) == T_Q5_1 ? 4 : 2) /* the quants' high bits; their nibbles 4 bytes on */
 
-static inline float q5_f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#ifdef __F16C__
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    uint32_t bits;
-    if (e == 0 && m == 0) bits = sign;
-    else if (e == 0) { /* subnormal: renormalize */
-        int s = -1;
-        uint32_t mm = m;
-        do { ++s; mm <<= 1; } while (!(mm & 0x400));
-        bits = sign | ((uint32_t)(112 - s) << 23) | ((mm & 0x3ff) << 13);
-    } else if (e == 31) bits = sign | 0x7f800000u | (m << 13);
-    else bits = sign | ((e + 112) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-#endif
-}
-
 /* the block's min (Q5_1) */
-static inline float q5_min(int t, const uint8_t *b) { return t == T_Q5_1 ? q5_f16(b + 2) : 0.0f; }
+static inline float q5_min(int t, const uint8_t *b) { return t == T_Q5_1 ? f16_to_f32(b + 2) : 0.0f; }
 
 /* the block's 32 quants (0-31), k ascending */
 static inline void q5_quants_scalar(int t, const uint8_t *b, uint8_t q[Q5_QK]) {

@@ -4,6 +4,34 @@
 #define MINDIE_VEC_MATH_H
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
+
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+/* An IEEE half at p (any alignment) as a float: F16C's conversion, or the same value bit by bit. */
+static inline float f16_to_f32(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    uint32_t bits;
+    if (e == 0 && m == 0) bits = sign;
+    else if (e == 0) { /* subnormal: renormalize */
+        int s = -1;
+        uint32_t mm = m;
+        do { ++s; mm <<= 1; } while (!(mm & 0x400));
+        bits = sign | ((uint32_t)(112 - s) << 23) | ((mm & 0x3ff) << 13);
+    } else if (e == 31) bits = sign | 0x7f800000u | (m << 13);
+    else bits = sign | ((e + 112) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
 
 #ifdef __AVX2__
 #include <immintrin.h>
