@@ -71,29 +71,6 @@ typedef void (*tile_fn)(const float *, int64_t, const float *, int64_t, float *)
 static const tile_fn TILES[MR + 1] = {0, tile_acc1, tile_acc2, tile_acc3, tile_acc4, tile_acc5, tile_acc6};
 #define TILE_ACC(R, a, lda, b, kc, c) TILES[R](a, lda, b, kc, c)
 
-/* rows[16][DC] (16 weight rows of kc <= DC columns) -> panel[kc][16], 8 x 8 blocks in registers */
-static void to_panel(const float *rows, int64_t kc, float *panel) {
-    for (int h = 0; h < 2; ++h)
-        for (int64_t c = 0; c < kc / 8; ++c) {
-            __m256 r[8], t[8];
-            for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows + (8 * h + i) * DC + 8 * c);
-            for (int i = 0; i < 8; i += 2) {
-                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-            }
-            for (int i = 0; i < 8; i += 4) {
-                r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-                r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-                r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-                r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-            }
-            for (int i = 0; i < 4; ++i) {
-                t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
-                t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
-            }
-            for (int i = 0; i < 8; ++i) _mm256_storeu_ps(panel + (8 * c + i) * NR + 8 * h, t[i]);
-        }
-}
 #else
 static void tile_acc(int R, const float *a, int64_t lda, const float *b, int64_t kc, float *c) {
     for (int r = 0; r < R; ++r)
@@ -102,10 +79,6 @@ static void tile_acc(int R, const float *a, int64_t lda, const float *b, int64_t
 }
 #define TILE_ACC(R, a, lda, b, kc, c) tile_acc(R, a, lda, b, kc, c)
 
-static void to_panel(const float *rows, int64_t kc, float *panel) {
-    for (int64_t k = 0; k < kc; ++k)
-        for (int j = 0; j < NR; ++j) panel[k * NR + j] = rows[j * DC + k];
-}
 #endif
 
 /* Weight rows [n0, n0 + nc) x columns [k0, k0 + kc) dequantized into ceil(nc / 16) k-major panels (rows past nc:
@@ -122,7 +95,7 @@ static void decode_tile(row_dequant_fn row_fn, int64_t block_vals, int64_t row_b
                 else
                     memset(rows + j * DC, 0, sizeof(float) * (size_t)dc);
             }
-            to_panel(rows, dc, panels + p * KC * NR + d0 * NR);
+            f32_panel_from_rows(rows, DC, dc, panels + p * KC * NR + d0 * NR);
         }
 }
 

@@ -273,35 +273,8 @@ static void decode_q6k(const uint8_t *b, float *out) { kq_block(Q6K, 0, b, out, 
 typedef void (*decode_fn)(const uint8_t *b, float *out);
 static const decode_fn DECODE_FNS[3] = {decode_q4k, decode_q5k, decode_q6k};
 
-/* tmp[16][256] (16 W rows of one super-block column) -> out[256][16], 8 x 8 blocks in registers */
-static void transpose_16(const float *tmp, float *out) {
-    for (int h = 0; h < 2; ++h)
-        for (int c = 0; c < QK / 8; ++c) {
-            __m256 r[8], t[8];
-            for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(tmp + (8 * h + i) * QK + 8 * c);
-            for (int i = 0; i < 8; i += 2) {
-                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
-                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
-            }
-            for (int i = 0; i < 8; i += 4) {
-                r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-                r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
-                r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-                r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
-            }
-            for (int i = 0; i < 4; ++i) {
-                t[i] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x20);
-                t[i + 4] = _mm256_permute2f128_ps(r[i], r[i + 4], 0x31);
-            }
-            for (int i = 0; i < 8; ++i) _mm256_storeu_ps(out + (8 * c + i) * NR + 8 * h, t[i]);
-        }
-}
 #define DECODE(type, b, out) DECODE_FNS[type](b, out)
 #else
-static void transpose_16(const float *tmp, float *out) {
-    for (int j = 0; j < NR; ++j)
-        for (int e = 0; e < QK; ++e) out[e * NR + j] = tmp[j * QK + e];
-}
 #define DECODE(type, b, out) kq_decode_scalar(type, b, out)
 #endif
 
@@ -321,7 +294,7 @@ static void decode_panel(int type, const uint8_t *w, int64_t p, int64_t n_out, i
             else
                 memset(tmp + j * QK, 0, QK * sizeof(float));
         }
-        transpose_16(tmp, panel + i * QK * NR);
+        f32_panel_from_rows(tmp, QK, QK, panel + i * QK * NR);
     }
 }
 
