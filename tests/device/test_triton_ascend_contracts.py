@@ -12,7 +12,10 @@ os.environ["TRITON_INTERPRET"] = "1"  # read by triton when the kernels are deco
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tests.triton_interp import mend_scalar_index  # noqa: E402
+
 pytest.importorskip("triton")
+mend_scalar_index()  # triton <= 3.6 under NumPy >= 2.4 (tests/triton_interp.py)
 
 from npu_ops import ops, quant_kv  # noqa: E402
 from tests.device.test_npu_contracts import AtbStandIn, _decode_case, _reference  # noqa: E402

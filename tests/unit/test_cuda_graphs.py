@@ -12,7 +12,10 @@ os.environ["TRITON_INTERPRET"] = "1"  # before the kernel modules are imported
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tests.triton_interp import mend_scalar_index  # noqa: E402
+
 pytest.importorskip("triton")
+mend_scalar_index()  # triton <= 3.6 under NumPy >= 2.4 (tests/triton_interp.py)
 
 from mindie_service.engine.runner import cuda_graphs  # noqa: E402
 from mindie_service.engine.runner.cuda_graphs import GraphPlan, graph_plan  # noqa: E402

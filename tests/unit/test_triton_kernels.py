@@ -14,7 +14,10 @@ if DEVICE == "cpu":
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tests.triton_interp import mend_scalar_index  # noqa: E402
+
 pytest.importorskip("triton")
+mend_scalar_index()  # triton <= 3.6 under NumPy >= 2.4 (tests/triton_interp.py)
 
 from npu_ops import ops, quant, quant_kv  # noqa: E402
 from npu_ops import triton_attention, triton_kv_write, triton_rms_norm, triton_rotary, triton_w8a8  # noqa: E402
