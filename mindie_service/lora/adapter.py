@@ -110,8 +110,8 @@ _QUANTIFIER = re.compile(r"(?<!\\)[*+{]")
 
 
 def _compile_patterns(name: str, field_name: str, raw: Any, check_value: Any) -> dict[re.Pattern[str], Any]:
-    """rank_pattern / alpha_pattern: matched the way PEFT does (``(.*\.)?(<key>)$``), but only keys a
-    backtracking matcher runs in bounded time on: a key like ``(\\w|.)*Z`` would hold the GIL for minutes."""
+    r"""rank_pattern / alpha_pattern: matched the way PEFT does (``(.*\.)?(<key>)$``), but only keys a
+    backtracking matcher runs in bounded time on: a key like ``(\w|.)*Z`` would hold the GIL for minutes."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
