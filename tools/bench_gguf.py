@@ -88,8 +88,10 @@ def engine_weight_bytes(llm: Any) -> int:
                                    if isinstance(m, GgufLinear) for p in m.parts)
 
 
-def ours_side(model: str, quant: str | None, work: dict[str, Any], acts: str = EngineConfig.gguf_activations) -> dict[str, Any]:
-    """Our engine on one model in this (fresh) process: load, RSS, KV pool, one stream, N streams, a prefill."""
+def ours_side(model: str, quant: str | None, work: dict[str, Any], acts: str = EngineConfig.gguf_activations,
+              stream_only: bool = False) -> dict[str, Any]:
+    """Our engine on one model in this (fresh) process: load, RSS, KV pool, one stream, N streams, a prefill (or,
+    ``stream_only``, the one stream alone: a repeat round)."""
     import torch
     from mindie_service import LLM, SamplingParams
     from bench_real import timed_generate
@@ -105,6 +107,8 @@ def ours_side(model: str, quant: str | None, work: dict[str, Any], acts: str = E
     timed_generate(llm, [work["streams"][-1][:8]], [2])  # warm-up: threads, kernels
     dt, decode_s, decoded = timed_generate(llm, [work["stream"]], [work["out"]])
     row.update(stream=work["out"] / dt, decode=decoded / decode_s)
+    if stream_only:
+        return row
     for n in work["stream_counts"]:
         dt = timed_generate(llm, work["streams"][:n], [work["out"]] * n)[0]
         row[f"streams_{n}"] = n * work["out"] / dt
@@ -116,9 +120,11 @@ def ours_side(model: str, quant: str | None, work: dict[str, Any], acts: str = E
     return row
 
 
-def run_ours(model: Path, quant: str | None, work_file: Path, acts: str = EngineConfig.gguf_activations) -> dict[str, Any]:
+def run_ours(model: Path, quant: str | None, work_file: Path, acts: str = EngineConfig.gguf_activations,
+             stream_only: bool = False) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, __file__, "--ours", str(model), "--quant", quant or "none",
-                           "--work", str(work_file), "--gguf-activations", acts], capture_output=True, text=True)
+                           "--work", str(work_file), "--gguf-activations", acts,
+                           *(["--stream-only"] if stream_only else [])], capture_output=True, text=True)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"rc {proc.returncode}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -149,6 +155,28 @@ def run_llama(python: Path, gguf: Path, work: dict[str, Any], threads: int) -> d
     return row
 
 
+def stream_rounds(row: dict[str, Any], model: Path, quant: str | None, work: dict[str, Any], work_file: Path,
+                  llama: Path | None, threads: int, triad_mib: int, acts: str) -> None:
+    """Rounds 2..N of the one-stream figure, each engine in a fresh process, the two alternating which goes first (so
+    a drift in the host's speed falls on both): the table shows the median, the spread, and the median of the paired
+    per-round ratios, so one noisy minute cannot decide the comparison. Round 1 is the row's main run."""
+    ours, peer = row["ours"], row.get("llama.cpp")
+    if "error" in ours or work["stream_rounds"] < 2:
+        return
+    paired = peer is not None and "error" not in peer
+    ours["decode_rounds"], row["triad_rounds"] = [ours["decode"]], [row["triad"]]
+    if paired:
+        peer["decode_rounds"] = [peer["decode"]]
+    for i in range(1, work["stream_rounds"]):
+        row["triad_rounds"].append(membw.triad(mib=triad_mib, reps=5, threads=threads).median)
+        steps = [lambda: ours["decode_rounds"].append(run_ours(model, quant, work_file, acts, True)["decode"])]
+        if paired:
+            steps.append(lambda: peer["decode_rounds"].append(
+                harness(llama, model, [work["stream"]], [work["out"]], [1], threads)[0]["decode_tok_s"]))
+        for step in (steps if i % 2 == 0 else steps[::-1]):
+            step()
+
+
 def file_bytes(model: Path) -> int:
     """A .gguf's size, or a checkpoint folder's safetensors."""
     if model.is_file():
@@ -171,6 +199,8 @@ def measure(name: str, model: Path, quant: str | None, work: dict[str, Any], wor
             row["llama.cpp"] = run_llama(llama, model, work, threads)
         except RuntimeError as exc:
             row["llama.cpp"] = {"error": str(exc)}
+    stream_rounds(row, model, quant, work, work_file, llama if model.suffix == ".gguf" else None, threads,
+                  triad_mib, acts)
     return row
 
 
@@ -230,6 +260,10 @@ def main() -> None:
     ap.add_argument("--llama-slots", type=int, nargs="+", default=[8, 16, 32],
                     help="llama.cpp's slot counts tried for N streams (those up to N; its best is shown); fewer "
                          "shorten a 1.7B row by minutes")
+    ap.add_argument("--stream-rounds", type=int, default=3,
+                    help="one-stream rounds per file, the engines alternating, each in a fresh process: the table "
+                         "shows the median, min-max and the median paired ratio (1: a single measurement)")
+    ap.add_argument("--stream-only", action="store_true", help=argparse.SUPPRESS)  # a child's repeat round
     ap.add_argument("--ours", default="", help=argparse.SUPPRESS)  # the child process: our engine on one model
     ap.add_argument("--quant", default="none", help=argparse.SUPPRESS)
     ap.add_argument("--work", default="", help=argparse.SUPPRESS)
@@ -237,7 +271,7 @@ def main() -> None:
     if args.ours:
         work = json.loads(Path(args.work).read_text())
         print(json.dumps(ours_side(args.ours, None if args.quant == "none" else args.quant, work,
-                                   args.gguf_activations)))
+                                   args.gguf_activations, args.stream_only)))
         return
     import torch
     threads, cache = torch.get_num_threads(), Path(args.cache)
@@ -245,7 +279,7 @@ def main() -> None:
     cache.mkdir(parents=True, exist_ok=True)
     llama = llama_python(args, cache, any(k not in FLOAT_KINDS for _, k in rows))
     work = workload(sizes)
-    work["llama_slots"] = args.llama_slots
+    work["llama_slots"], work["stream_rounds"] = args.llama_slots, args.stream_rounds
     work_file = cache / ("work-smoke.json" if args.smoke else "work.json")
     work_file.write_text(json.dumps(work))
     table = Table(sizes["stream_counts"], sizes["prefill"], Path(args.markdown) if args.markdown else None)

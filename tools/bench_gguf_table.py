@@ -6,10 +6,12 @@ measured just before; one stream's decode rate and its share of that bound; N st
 KV pool (bytes and tokens); resident memory before the load (the interpreter and its imports), after it and at the
 end against issue 44's goal, file size + KV pool + 300 MB (ours only: llama.cpp maps the file and sizes its own
 context). Ratios in brackets are ours against
-llama.cpp on the same file (above 1: ours is better; prefill: the ratio of its time to ours)."""
+llama.cpp on the same file (above 1: ours is better; prefill: the ratio of its time to ours). With several one-stream
+rounds the decode cell is their median [min-max, n] and its ratio the median of the paired per-round ratios."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import median
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,22 @@ def verdict(r: dict[str, Any], e: dict[str, Any]) -> str:
     """RSS after load, and at the end (every weight touched, the KV pool used), against the goal."""
     goal = memory_goal(r, e)
     return "/".join("pass" if e.get(k, 0) <= goal else "FAIL" for k in ("rss_load", "rss_end"))
+
+
+def rounds_cell(r: dict[str, Any], e: dict[str, Any], peer: dict[str, Any] | None) -> tuple[str, str]:
+    """(decode cell, of-bound cell) for a row measured in rounds (bench_gguf's --stream-rounds): the median, its
+    min-max, and the median of the paired per-round ratios against the peer; of bound: the median of each round's
+    decode over that round's own triad bound."""
+    got = e["decode_rounds"]
+    cell = f"{median(got):.2f}"
+    theirs = (peer or {}).get("decode_rounds")
+    if theirs and len(theirs) == len(got):
+        cell += f" ({median(a / b for a, b in zip(got, theirs)):.2f}x paired)"
+    cell += f" [{min(got):.1f}-{max(got):.1f}, n={len(got)}]"
+    triads = r.get("triad_rounds", [])
+    share = (f"{median(d * r['bytes'] / (t * 1e9) for d, t in zip(got, triads)):.0%}"
+             if r.get("bytes") and len(triads) == len(got) else "")
+    return cell, share
 
 
 @dataclass
@@ -94,11 +112,14 @@ class Table:
         bound = r["triad"] * 1e9 / r["bytes"] if r.get("bytes") else 0.0
         streams = [cell(f"streams_{n}") + (f" P={e[f'slots_{n}']}" if f"slots_{n}" in e else "") for n in self.counts]
         share = f"{e['decode'] / bound:.0%}" if bound and e.get("decode") else ""
+        decode = cell("decode")
+        if e.get("decode_rounds"):
+            decode, share = rounds_cell(r, e, peer if ok_peer else None)
         ours = eng == "ours"
         kv = f"{mb(e.get('kv_bytes', 0))} ({e.get('kv_tokens', 0)})" if ours else ""
         before = mb(e["rss_start"]) if "rss_start" in e else ""
         goal = f"{memory_goal(r, e) / MB:.0f}" if ours else ""
         return (f"| {r['file']} | {eng} | {r.get('file_bytes', 0) / MB:.0f} | {r.get('bytes', 0) / MB:.0f} | "
-                f"{r['triad']:.1f} | {bound:.1f} | {cell('decode')} | {share} | " + " | ".join(streams) +
+                f"{r['triad']:.1f} | {bound:.1f} | {decode} | {share} | " + " | ".join(streams) +
                 f" | {cell('prefill_s', False)} | {kv} | {before} | {e.get('rss_load', 0) / MB:.0f} | "
                 f"{e.get('rss_end', 0) / MB:.0f} | {goal} | {verdict(r, e) if ours else ''} |")
