@@ -36,14 +36,14 @@
                                     * the chunk stays in L2 while every weight group of the thread's share passes */
 #define STACK_K 16384 /* x's quantized rows live on the stack up to this many values */
 
-enum { T_Q4_0 = 0, T_Q4_1 = 1, T_Q8_0 = 2, T_Q4_1F = 3 };
+enum { T_Q4_0 = GGUF_Q8_Q4_0, T_Q4_1 = GGUF_Q8_Q4_1, T_Q8_0 = GGUF_Q8_Q8_0, T_Q4_1F = GGUF_Q8_Q4_1F };
 static const int64_t BLOCK_BYTES[4] = {18, 20, 34, 24};
 static const int QS_AT[4] = {2, 4, 2, 8}; /* where a block's quants start */
 
 /* x[k] -> xq[k] int8 per 16 values with their scale d = max|x| / 127 (clamped to +-127, as the reference clamps),
  * xd[8 * (k / 32)]: each block's two scales as the tile multiplies them (the first 4 lanes d0, the last 4 d1),
  * xs[k / 32] = d0 * sum(q[0:16]) + d1 * sum(q[16:32]) */
-static void quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, float *xs) {
+void gguf_q8_quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, float *xs) {
     for (int64_t b = 0; b < k / QK; ++b) {
         const float *v = x + b * QK;
         float d[2];
@@ -313,7 +313,7 @@ static inline __attribute__((always_inline)) void matmul_q8(const int t, const u
     float *xd = heap ? malloc(sizeof(float) * (size_t)(8 * m * nb)) : sd;
     float *xs = heap ? malloc(sizeof(float) * (size_t)(m * nb)) : ss;
     if (xq != NULL && xd != NULL && xs != NULL) {
-        for (int64_t i = 0; i < m; ++i) quantize_row(x + i * k, k, xq + i * k, xd + 8 * i * nb, xs + i * nb);
+        for (int64_t i = 0; i < m; ++i) gguf_q8_quantize_row(x + i * k, k, xq + i * k, xd + 8 * i * nb, xs + i * nb);
         const groups_fn run = GROUPS[t];
         if (omp_get_level() > 0 || groups == 1) { /* inside any team, a team of 1 included */
             run(w, n_out, k, xq, xd, xs, m, y, 0, groups);
@@ -333,15 +333,14 @@ static inline __attribute__((always_inline)) void matmul_q8(const int t, const u
     }
 }
 
-void gguf_matmul_q4_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
-    matmul_q8(T_Q4_0, w, n_out, k, x, m, y);
-}
-void gguf_matmul_q4_1_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
-    matmul_q8(T_Q4_1, w, n_out, k, x, m, y);
+void gguf_q8_matmul(int type, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    switch (type) { /* each type's own compiled copy */
+    case T_Q4_0: matmul_q8(T_Q4_0, w, n_out, k, x, m, y); break;
+    case T_Q4_1: matmul_q8(T_Q4_1, w, n_out, k, x, m, y); break;
+    case T_Q4_1F: matmul_q8(T_Q4_1F, w, n_out, k, x, m, y); break;
+    default: matmul_q8(T_Q8_0, w, n_out, k, x, m, y); break;
+    }
 }
 void gguf_matmul_q8_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
     matmul_q8(T_Q8_0, w, n_out, k, x, m, y);
-}
-void gguf_matmul_q4_1f_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
-    matmul_q8(T_Q4_1F, w, n_out, k, x, m, y);
 }

@@ -1,6 +1,18 @@
-/* GGUF's Q4_0, Q4_1, Q8_0 and Q4_1F blocks against int8 activations (gemm_gguf_q8.c): its entry points are in
- * kernels.h; the fused paths reach them through function pointers (a segment's fn_q8, gguf_linear.c), so it exports
- * nothing else. */
+/* GGUF's simple blocks against int8 activations, 4 weight rows a pass (gemm_gguf_q8.c): Q8_0's entry point is in
+ * kernels.h (the fused paths reach it through a segment's fn_q8, gguf_linear.c); the 4-bit types' entry points are
+ * gemm_gguf_q4_q8.c's, which hands its few-row calls and its rows' quantization to this file. */
 #ifndef MINDIE_GEMM_GGUF_Q8_H
 #define MINDIE_GEMM_GGUF_Q8_H
+#include <stdint.h>
+
+#define GGUF_Q8_Q4_0 0
+#define GGUF_Q8_Q4_1 1
+#define GGUF_Q8_Q8_0 2
+#define GGUF_Q8_Q4_1F 3
+
+/* x[k] -> xq[k] int8 per 16 values (d = max|x| / 127, round-half-even, clamped to +-127), xd[8 * (k / 32)] each
+ * block's two scales (lanes 0-3 d0, 4-7 d1), xs[k / 32] = d0 * sum(q[0:16]) + d1 * sum(q[16:32]) */
+void gguf_q8_quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, float *xs);
+/* y[m, n_out] = x . W^T for W of GGUF_Q8_* `type`: 4 weight rows a pass sharing each x block, MR rows of x a tile */
+void gguf_q8_matmul(int type, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 #endif

@@ -1,0 +1,231 @@
+/* GGUF's 4-bit simple blocks (Q4_0, Q4_1 and our Q4_1F) against int8 activations, 8 weight rows at a time: the
+ * int8-activation kernels of these types at every row count (a decode step of one stream or of 32, a prefill piece
+ * under ggufActivations int8-all). x is quantized as gemm_gguf_q8.c does it (per 16 columns, fp32 scales d0 and d1
+ * a block, the block's sum xs of the dequantized values).
+ *
+ * Why 8 rows in lanes: a batch of decode rows is a small GEMM, bound by the arithmetic, not the weight bytes. The
+ * scales are per block of 32 (d_w) and per 16 (x's d), so each (weight row, x row, block) needs its integer sum
+ * turned to fp32 and scaled: done a row a lane, the cvt / mul / fma cost as much as the maddubs, and summing 4 rows'
+ * lanes together (gemm_gguf_q8.c's hadd) costs shuffles. Here a weight block's 8 rows are transposed once into 8
+ * vectors (vector c, lane r: row r's values 4c..4c+3, its nibbles unpacked) and each x row meets them through 8
+ * broadcasts of its own 4 bytes: the 8 maddubs sum into int16 per half (|q| <= 15, |x| <= 127: 4 pairs at most
+ * 15240), one madd each, and the scaling is 8 rows a vector. The transposed block serves every row of x in the
+ * chunk, its accumulators in L1 (acc[i], lane r).
+ *
+ * Numerics: quant_gguf.matmul_q8_ref is the reference (within 1e-6 of |x_q| . |W|: exact integer sums, only the
+ * order of fp32 operations differs). Each output's operations are the same whatever the row count, the chunk or
+ * the thread split (a lane of its own all the way): so are its bits.
+ * Threads: as gemm_gguf_q8.c (inside any team the calling thread runs the whole call; else groups of 8 weight rows
+ * shared by team_share). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#include "gemm_gguf_q4_q8.h"
+#include "gemm_gguf_q8.h"
+#include "kernels.h"
+#include "stream_ahead.h"
+#include "team_sync.h"
+#include "vec_math.h"
+
+#define QK 32
+#define RW 8                        /* weight rows a group: a vector's lanes */
+#define FEW_ROWS 4                  /* fewer rows of x than this: gemm_gguf_q8.c's passes (bandwidth-bound) */
+#define XC 64                       /* most rows of x a chunk (their accumulators: 2 KiB) */
+#define X_CHUNK_BYTES (384 * 1024)  /* a chunk's quantized x (bytes, scales) stays in L2 while a share's groups pass */
+
+enum { T_Q4_0 = 0, T_Q4_1 = 1, T_Q4_1F = 2 };
+static const int64_t BLOCK_BYTES[3] = {18, 20, 24};
+static const int QS_AT[3] = {2, 4, 8};
+
+/* x's per-block numbers a kernel reads: d0, d1 (the halves' scales), xs (the block's sum), a pad */
+typedef struct { float d0, d1, xs, pad; } xblock;
+
+/* the 8 rows' scales d and offset factors mn (Q4_1's min, Q4_0's d: its -8 applied at the end) of block b */
+static inline __attribute__((always_inline)) void scales8(const int t, const uint8_t *p[RW], float *d, float *mn) {
+    for (int r = 0; r < RW; ++r) {
+        if (t == T_Q4_1F) {
+            memcpy(d + r, p[r], 4);
+            memcpy(mn + r, p[r] + 4, 4);
+        } else {
+            d[r] = f16_to_f32(p[r]);
+            mn[r] = t == T_Q4_1 ? f16_to_f32(p[r] + 2) : d[r];
+        }
+    }
+}
+
+#ifdef __AVX2__
+/* v[c] lane r: row r's quants 4c..4c+3 as bytes (a block's packed byte j holds quant j low, j + 16 high) */
+static inline __attribute__((always_inline)) void quants8(const int t, const uint8_t *p[RW], __m256i v[8]) {
+    __m256i y[4]; /* y[r]: row r's 16 packed bytes, row r + 4's in the high lane */
+    for (int r = 0; r < 4; ++r)
+        y[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p[r] + QS_AT[t]))),
+                                       _mm_loadu_si128((const __m128i *)(p[r + 4] + QS_AT[t])), 1);
+    const __m256i a = _mm256_unpacklo_epi32(y[0], y[1]), b = _mm256_unpackhi_epi32(y[0], y[1]);
+    const __m256i c = _mm256_unpacklo_epi32(y[2], y[3]), e = _mm256_unpackhi_epi32(y[2], y[3]);
+    const __m256i pk[4] = {_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c), _mm256_unpacklo_epi64(b, e),
+                           _mm256_unpackhi_epi64(b, e)}; /* pk[j] lane r: row r's packed bytes 4j..4j+3 */
+    const __m256i lo = _mm256_set1_epi8(0x0f);
+    for (int j = 0; j < 4; ++j) {
+        v[j] = _mm256_and_si256(pk[j], lo);
+        v[j + 4] = _mm256_and_si256(_mm256_srli_epi16(pk[j], 4), lo);
+    }
+}
+
+/* scales8 as vectors: the fp16 fields gathered by the integer ports (64 bits at a time), then one conversion each
+ * (16 scalar conversions and a store-to-load trip through memory cost more than a lone row's dot products) */
+static inline __attribute__((always_inline)) void scales8v(const int t, const uint8_t *p[RW], __m256 *dv,
+                                                           __m256 *mv) {
+    if (t == T_Q4_1F) {
+        float d[RW], mn[RW];
+        scales8(t, p, d, mn);
+        *dv = _mm256_loadu_ps(d);
+        *mv = _mm256_loadu_ps(mn);
+        return;
+    }
+    uint64_t h[2] = {0, 0}, m[2] = {0, 0};
+    for (int r = 0; r < RW; ++r) {
+        uint16_t u[2];
+        memcpy(u, p[r], t == T_Q4_1 ? 4 : 2);
+        h[r / 4] |= (uint64_t)u[0] << (16 * (r % 4));
+        if (t == T_Q4_1) m[r / 4] |= (uint64_t)u[1] << (16 * (r % 4));
+    }
+    *dv = _mm256_cvtph_ps(_mm_set_epi64x((long long)h[1], (long long)h[0]));
+    *mv = t == T_Q4_1 ? _mm256_cvtph_ps(_mm_set_epi64x((long long)m[1], (long long)m[0]))
+                      : *dv;
+}
+
+/* the 4 bytes at x in every lane: a broadcast load (the load port alone; through a general register it cost two
+ * vector operations more) */
+static inline __attribute__((always_inline)) __m256i bcast4(const int8_t *x) {
+    return _mm256_castps_si256(_mm256_broadcast_ss((const float *)(const void *)x));
+}
+
+/* block b of the 8 rows p[r] against x rows [0, mr) of a chunk: acc[i] lane r += row r . x row i over the block */
+static inline __attribute__((always_inline)) void block8(const int t, const uint8_t *p[RW], const int8_t *xq,
+                                                         int64_t k, const xblock *xb, int64_t nb, int64_t mr,
+                                                         __m256 *acc, __m256 *off) {
+    __m256i v[8];
+    quants8(t, p, v);
+    __m256 dv, mv;
+    scales8v(t, p, &dv, &mv);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t i = 0; i < mr; ++i) {
+        const int8_t *x = xq + i * k;
+        __m256i s[2];
+        for (int h = 0; h < 2; ++h) {
+            s[h] = _mm256_maddubs_epi16(v[4 * h], bcast4(x + 16 * h));
+            for (int c = 1; c < 4; ++c)
+                s[h] = _mm256_add_epi16(s[h], _mm256_maddubs_epi16(v[4 * h + c], bcast4(x + 16 * h + 4 * c)));
+        }
+        const xblock *e = xb + i * nb;
+        for (int h = 0; h < 2; ++h)
+            acc[2 * i + h] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(h ? e->d1 : e->d0)),
+                                             _mm256_cvtepi32_ps(_mm256_madd_epi16(s[h], ones)), acc[2 * i + h]);
+        off[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(e->xs), off[i]);
+    }
+}
+
+/* weight row groups [g0, g1) of RW rows (the last maybe fewer: its missing rows repeat its first, their lanes unused)
+ * against m quantized rows of x, in chunks of x rows */
+static inline __attribute__((always_inline)) void groups8(const int t, const uint8_t *w, int64_t n_out, int64_t k,
+                                                          const int8_t *xq, const xblock *xb, int64_t m, float *y,
+                                                          int64_t g0, int64_t g1) {
+    const int64_t nb = k / QK, rb = nb * BLOCK_BYTES[t];
+    int64_t chunk = X_CHUNK_BYTES / (k + nb * (int64_t)sizeof(xblock));
+    chunk = chunk > XC ? XC : chunk < 1 ? 1 : chunk;
+    for (int64_t c0 = 0; c0 < m; c0 += chunk) {
+        const int64_t mr = m - c0 < chunk ? m - c0 : chunk;
+        for (int64_t g = g0; g < g1; ++g) {
+            const int64_t r0 = g * RW;
+            const int nr = n_out - r0 < RW ? (int)(n_out - r0) : RW;
+            const uint8_t *p[RW];
+            __m256 acc[2 * XC], off[XC]; /* acc[2 i + h]: x row i's half h */
+            for (int64_t i = 0; i < mr; ++i) acc[2 * i] = acc[2 * i + 1] = off[i] = _mm256_setzero_ps();
+            for (int64_t b = 0; b < nb; ++b) {
+                for (int r = 0; r < RW; ++r) p[r] = w + (r0 + (r < nr ? r : 0)) * rb + b * BLOCK_BYTES[t];
+                if ((b & 1) == 0) /* the next group's rows, a 64-byte line (2 blocks) at a time */
+                    for (int r = 0; r < RW; ++r) stream_at(p[r] + RW * rb);
+                block8(t, p, xq + c0 * k + b * QK, k, xb + c0 * nb + b, nb, mr, acc, off);
+            }
+            for (int64_t i = 0; i < mr; ++i) {
+                float o[RW];
+                const __m256 v = _mm256_add_ps(acc[2 * i], acc[2 * i + 1]);
+                _mm256_storeu_ps(o, t == T_Q4_0 ? _mm256_fnmadd_ps(_mm256_set1_ps(8.0f), off[i], v)
+                                                : _mm256_add_ps(v, off[i]));
+                memcpy(y + (c0 + i) * n_out + r0, o, sizeof(float) * (size_t)nr);
+            }
+        }
+    }
+}
+
+/* each type's groups8 compiled for it (a parallel region's body is outlined before inlining gives it its type) */
+typedef void (*groups_fn)(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const xblock *xb, int64_t m,
+                          float *y, int64_t g0, int64_t g1);
+#define GROUPS_OF(T)                                                                                               \
+    static void groups_##T(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const xblock *xb,       \
+                           int64_t m, float *y, int64_t g0, int64_t g1) {                                        \
+        groups8(T, w, n_out, k, xq, xb, m, y, g0, g1);                                                            \
+    }
+GROUPS_OF(T_Q4_0)
+GROUPS_OF(T_Q4_1)
+GROUPS_OF(T_Q4_1F)
+#undef GROUPS_OF
+static const groups_fn GROUPS[3] = {groups_T_Q4_0, groups_T_Q4_1, groups_T_Q4_1F};
+
+/* y = x . W^T for m >= FEW_ROWS rows of x */
+static void many_q4_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    const int64_t nb = k / QK, groups = (n_out + RW - 1) / RW;
+    int8_t *xq = malloc((size_t)(m * k));
+    xblock *xb = malloc(sizeof(xblock) * (size_t)(m * nb));
+    float *xd = malloc(sizeof(float) * (size_t)(8 * nb)), *xs = malloc(sizeof(float) * (size_t)nb);
+    if (xq != NULL && xb != NULL && xd != NULL && xs != NULL) {
+        for (int64_t i = 0; i < m; ++i) {
+            gguf_q8_quantize_row(x + i * k, k, xq + i * k, xd, xs);
+            for (int64_t b = 0; b < nb; ++b) xb[i * nb + b] = (xblock){xd[8 * b], xd[8 * b + 4], xs[b], 0.0f};
+        }
+        const groups_fn run = GROUPS[t];
+        if (omp_get_level() > 0 || groups == 1) { /* inside any team, a team of 1 included */
+            run(w, n_out, k, xq, xb, m, y, 0, groups);
+        } else {
+#pragma omp parallel
+            {
+                int64_t g0, g1;
+                team_share(groups, &g0, &g1);
+                run(w, n_out, k, xq, xb, m, y, g0, g1);
+            }
+        }
+    }
+    free(xq);
+    free(xb);
+    free(xd);
+    free(xs);
+}
+#endif
+
+static void matmul_q4_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m,
+                         float *y) {
+    if (k % QK != 0 || m <= 0) return; /* the Python side refuses a bad k first */
+#ifdef __AVX2__
+    if (m >= FEW_ROWS) {
+        many_q4_q8(t, w, n_out, k, x, m, y);
+        return;
+    }
+#endif
+    /* a few rows (or no AVX2): gemm_gguf_q8.c's 4-row passes, the same bits as block8's */
+    gguf_q8_matmul(t == T_Q4_0 ? GGUF_Q8_Q4_0 : t == T_Q4_1 ? GGUF_Q8_Q4_1 : GGUF_Q8_Q4_1F, w, n_out, k, x, m, y);
+}
+
+void gguf_matmul_q4_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_q4_q8(T_Q4_0, w, n_out, k, x, m, y);
+}
+void gguf_matmul_q4_1_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_q4_q8(T_Q4_1, w, n_out, k, x, m, y);
+}
+void gguf_matmul_q4_1f_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_q4_q8(T_Q4_1F, w, n_out, k, x, m, y);
+}
