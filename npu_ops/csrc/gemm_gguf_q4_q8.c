@@ -1,6 +1,6 @@
-/* GGUF's 4-bit simple blocks (Q4_0, Q4_1 and our Q4_1F) against int8 activations, 8 weight rows at a time: the
- * int8-activation kernels of these types at every row count (a decode step of one stream or of 32, a prefill piece
- * under ggufActivations int8-all). x is quantized as gemm_gguf_q8.c does it (per 16 columns, fp32 scales d0 and d1
+/* GGUF's 4-bit simple blocks (Q4_0, Q4_1 and our Q4_1F) against int8 activations: these types' int8-activation
+ * entry points, 8 weight rows a vector from FEW_ROWS rows of x on (a batch of decode rows, a prefill piece under
+ * ggufActivations int8-all), gemm_gguf_q8.c's 4-row passes below. x is quantized as gemm_gguf_q8.c does it (per 16 columns, fp32 scales d0 and d1
  * a block, the block's sum xs of the dequantized values).
  *
  * Why 8 rows in lanes: a batch of decode rows is a small GEMM, bound by the arithmetic, not the weight bytes. The
@@ -10,11 +10,14 @@
  * vectors (vector c, lane r: row r's values 4c..4c+3, its nibbles unpacked) and each x row meets them through 8
  * broadcasts of its own 4 bytes: the 8 maddubs sum into int16 per half (|q| <= 15, |x| <= 127: 4 pairs at most
  * 15240), one madd each, and the scaling is 8 rows a vector. The transposed block serves every row of x in the
- * chunk, its accumulators in L1 (acc[i], lane r).
+ * chunk, its accumulators in L1 (acc[2 i + h], lane r). 1.3x gemm_gguf_q8.c's rate at 16 and 32 rows on 1.7B's
+ * shapes, one core (tools/bench_gguf_kernels.py --batch); below FEW_ROWS rows, where the weight bytes bound the
+ * call, the transposes cost more than they save and gemm_gguf_q8.c's passes run it.
  *
  * Numerics: quant_gguf.matmul_q8_ref is the reference (within 1e-6 of |x_q| . |W|: exact integer sums, only the
- * order of fp32 operations differs). Each output's operations are the same whatever the row count, the chunk or
- * the thread split (a lane of its own all the way): so are its bits.
+ * order of fp32 operations differs). Each output's fp32 operations are gemm_gguf_q8.c's, in its order (per half:
+ * acc += (d_w d_x) * sum; off += mn * xs; then the halves added, the offset last), on the same exact integer sums:
+ * its bits are the same whatever the row count (either file), the chunk or the thread split.
  * Threads: as gemm_gguf_q8.c (inside any team the calling thread runs the whole call; else groups of 8 weight rows
  * shared by team_share). */
 #include <stdint.h>

@@ -79,7 +79,7 @@ void gguf_dequant_q8_0(const uint8_t *w, int64_t k, float *out);
 void gguf_matmul_q4_1f(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 void gguf_dequant_q4_1f(const uint8_t *w, int64_t k, float *out);
 /* the same four against int8 activations, each row quantized per 16 columns by llama.cpp's Q8_0 rule (fp32 scale)
- * with its blocks' sums (gemm_gguf_q8.c; quant_gguf's kernel_q8): for the bandwidth-bound few-row case */
+ * with its blocks' sums (gemm_gguf_q8.c, the 4-bit types' batches gemm_gguf_q4_q8.c; quant_gguf's kernel_q8): for the bandwidth-bound few-row case */
 void gguf_matmul_q4_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 void gguf_matmul_q4_1_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 void gguf_matmul_q8_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);

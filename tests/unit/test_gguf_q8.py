@@ -159,3 +159,16 @@ def test_bad_calls_are_refused_before_the_kernel_reads_anything():
     w = random_weight("Q4_0", 4, 64)
     with pytest.raises(ValueError, match="against W"):
         gguf_cpu.matmul(torch.zeros(1, 96), w, int8_rows=True)
+
+
+@pytest.mark.parametrize("kind", ("Q4_0", "Q4_1", "Q4_1F"))
+def test_the_8_row_batch_kernel_gives_each_row_the_bits_of_the_few_row_passes_at_1_to_33_rows(kind):
+    """From 4 rows of x on the 4-bit types run csrc/gemm_gguf_q4_q8.c (8 weight rows in lanes), below it
+    gemm_gguf_q8.c's 4-row passes: every row count 1..33 (full and tail chunks, 21 weight rows: a short last group)
+    gives each row the bits it has alone, within the reference's bound, at 1 and 2 threads."""
+    w, x = random_weight(kind, 21, 320, seed=21), activations(33, 320, seed=22)
+    alone = torch.cat([gguf_cpu.matmul(x[i:i + 1], w, int8_rows=True) for i in range(33)])
+    assert ((alone - matmul_q8_ref(x, w)).abs() <= q8_bound(x, w)).all()
+    for t in at_threads(1, 2):
+        for m in range(1, 34):
+            assert torch.equal(gguf_cpu.matmul(x[33 - m:], w, int8_rows=True), alone[33 - m:]), (t, m)
