@@ -15,6 +15,14 @@ Decode steps take int8 at any row count under the default ggufActivations int8; 
 
     PYTHONPATH=$PWD .venv/bin/python tools/bench_gguf_kernels.py --gemv 2048 8192 --rows 1 4 16 64 256 512 --kinds Q4_0
 
+``--batch``: the int8-activation kernels (ggufActivations int8, each type's fn_q8) at a batch of decode rows on one
+SmolLM2-1.7B layer's shapes (q, k, v, o 2048->2048, gate and up 2048->8192, down 8192->2048; random blocks, cycled
+past the last-level cache): GFLOP/s (2 M N K a second: these calls are bound by the arithmetic) and weight GB/s,
+beside a STREAM triad measured in the same run (the machine is shared: compare ratios). --kinds and --rows as given,
+default all six packed types at 16 and 32 rows.
+
+    PYTHONPATH=$PWD .venv/bin/python tools/bench_gguf_kernels.py --batch --threads 2
+
 ``--tiles N K``: a prompt piece's projection: the packed fp32-activation kernel against csrc/gemm_gguf_tile.c's
 tiles (what prefill pieces run) and sgemm over the dequantized weights, GFLOP/s at each ``--rows``.
 
@@ -29,15 +37,20 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+
+import membw  # noqa: E402
 
 from npu_ops import cpu_kernels  # noqa: E402
 from npu_ops.gguf_modules import STEP_DECODE, GgufLinear, gguf_step  # noqa: E402
 from npu_ops.quant_gguf import GgufWeight, block_type  # noqa: E402
 
 SHAPES = [("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576)]
+LAYER_17B = [(2048, 2048)] * 4 + [(8192, 2048)] * 2 + [(2048, 8192)]  # (N, K): q, k, v, o, gate, up, down
+BATCH_KINDS = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K"]
 GEMM_ROWS = 64  # --gemv: from this many rows of x on, one matrix (its bytes reused from cache: compute-bound)
 
 
@@ -81,6 +94,25 @@ def gemv(kinds: list[str], n: int, k: int, rows: list[int], rounds: int, cache_m
                   f"{flop / q / 1e9:6.1f} GFLOP/s)  int8 {f / q:.2f}x", flush=True)
 
 
+def batch(kinds: list[str], rows: list[int], rounds: int, cache_mb: int, threads: int) -> None:
+    """Each kind's int8-activation kernels over one 1.7B layer (copies past the cache) at each row count."""
+    from npu_ops import gguf_cpu
+    for kind in kinds:
+        layer = [random_linear(kind, n, k).parts[0] for n, k in LAYER_17B]
+        nbytes = sum(w.nbytes for w in layer)
+        layers = [layer] + [[GgufWeight(w.data.clone(), kind, w.shape) for w in layer]
+                            for _ in range(cache_mb * 2**20 // nbytes)]
+        for m in rows:
+            xs = {k: torch.randn(m, k) for k in (2048, 8192)}
+            t = best_of(lambda: [gguf_cpu.matmul(xs[w.shape[1]], w, int8_rows=True) for ws in layers for w in ws],
+                        1, rounds) / len(layers)
+            flop = sum(2 * m * n * k for n, k in LAYER_17B)
+            tri = membw.triad(mib=64, reps=5, threads=threads).median
+            print(f"{kind} M={m:3d}: {t * 1e3:7.2f} ms/layer  {flop / t / 1e9:6.1f} GFLOP/s  {nbytes / t / 1e9:5.2f} "
+                  f"GB/s of weights  (triad {tri:5.1f} GB/s: weights at {nbytes / t / 1e9 / tri:.3f} of it)",
+                  flush=True)
+
+
 def tiles(kinds: list[str], n: int, k: int, rows: list[int], rounds: int) -> None:
     """A prompt piece's [n, k] projection per block type: the packed fp32-activation kernel (what a decode-kind call
     runs) against csrc/gemm_gguf_tile.c's tiles (a prefill piece's), the int8 GEMM (a prefill piece's under int8-all)
@@ -112,18 +144,25 @@ def tiles(kinds: list[str], n: int, k: int, rows: list[int], rounds: int) -> Non
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
-    ap.add_argument("--kinds", nargs="+", default=["Q4_0", "Q4_1", "Q8_0"])
+    ap.add_argument("--rows", type=int, nargs="+", default=None, help="default 1 8 64 (--batch: 16 32)")
+    ap.add_argument("--kinds", nargs="+", default=None, help="default Q4_0 Q4_1 Q8_0 (--batch: all six types)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--gemv", type=int, nargs=2, metavar=("N", "K"), help="fp32 vs int8 activations on one [N, K]")
     ap.add_argument("--cache-mb", type=int, default=64, help="--gemv: weight bytes cycled (past the cache)")
+    ap.add_argument("--batch", action="store_true", help="int8 kernels at decode batches on 1.7B's layer shapes")
     ap.add_argument("--tiles", type=int, nargs=2, metavar=("N", "K"), help="packed kernel vs tiles on one [N, K]")
     args = ap.parse_args()
     if cpu_kernels.load() is None:
         sys.exit("the CPU kernels are not built here")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.batch:
+        print(f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}")
+        batch(args.kinds or BATCH_KINDS, args.rows or [16, 32], args.rounds, args.cache_mb, args.threads)
+        print(f"load at the end {os.getloadavg()[0]:.1f}")
+        return
+    args.kinds, args.rows = args.kinds or ["Q4_0", "Q4_1", "Q8_0"], args.rows or [1, 8, 64]
     if args.tiles:
         print(f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}")
         tiles(args.kinds, *args.tiles, args.rows, args.rounds)
