@@ -27,7 +27,7 @@
 static const int64_t BLOCK_BYTES[3] = {144, 176, 210};
 
 /* x[k] -> xq[k] int8, xd[k / 256] fp32 scales, bs[k / 16] int16 sums of each 16 quants. */
-static void quantize_row_q8k(const float *x, int64_t k, int8_t *xq, float *xd, int16_t *bs) {
+void gguf_q8k_quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, int16_t *bs) {
     for (int64_t b = 0; b < k / QK; ++b) {
         const float *xb = x + b * QK;
         float amax = 0.0f;
@@ -70,12 +70,13 @@ static inline void scales_mins(const uint8_t *b, uint8_t *sm) {
 #define KMR 4 /* rows of x a pass shares each super-block's unpacked quants with */
 
 /* Q4_K / Q5_K super-block . mr quantized row blocks (row r's at xq + r * k, its scale xd[r * nb], its sums of 16
- * at bs + r * nb * 16), into each row's accumulators: acc[r] += (d * xd) * sum_s sc[s] q.x8 (8 int32 lanes),
- * acc_m[r] -= (dmin * xd) * sum_s m[s] bsum_s (4 lanes). The quants are unpacked once for the mr rows; each row's
+ * at bs + r * nb * 16), into each row's accumulators: acc[r] += (d * xd) * sum_s sc[s] q.x8, acc_m[r] +=
+ * (dmin * xd) * sum_s m[s] bsum_s, each sum an exact int32 (|sum| < 2^25: its float rounds once, as the lanes'
+ * kernel's). The quants are unpacked once for the mr rows; each row's
  * operations are the same whatever mr, so are its bits. */
 static inline __attribute__((always_inline)) void dot_q45k(const int five, const int mr, const uint8_t *b,
                                                            const int8_t *xq, int64_t k, const float *xd, int64_t nb,
-                                                           const int16_t *bs, __m256 *acc, __m128 *acc_m) {
+                                                           const int16_t *bs, __m128 *acc) {
     uint8_t sm[16];
     scales_mins(b, sm);
     const uint8_t *qs = b + (five ? 48 : 16);
@@ -102,14 +103,19 @@ static inline __attribute__((always_inline)) void dot_q45k(const int five, const
     }
     /* the mins against each row's sums of 32 (pairs of its sums of 16), 8 int16 products summed in pairs */
     const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8)));
-    const float d = half_at(b), dmin = half_at(b + 2);
+    uint32_t dd;
+    memcpy(&dd, b, 4);
+    const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd)); /* d, dmin */
     for (int r = 0; r < mr; ++r) {
         const int16_t *s = bs + r * nb * 16;
         const __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)s),
                                              _mm_loadu_si128((const __m128i *)(s + 8)));
         const __m128i mins = _mm_madd_epi16(m16, pairs);
-        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd[r * nb]), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-        acc_m[r] = _mm_fnmadd_ps(_mm_set1_ps(dmin * xd[r * nb]), _mm_cvtepi32_ps(mins), acc_m[r]);
+        /* the super-block's exact sums S (lane 0) and M (lane 1), then fp32 in gemm_kquant_q8_lanes.c's order (the
+         * same bits): acc += (d d_x) S, acc_m += (dmin d_x) M */
+        const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(sumi[r]), _mm256_extracti128_si256(sumi[r], 1));
+        const __m128i sm2 = _mm_hadd_epi32(_mm_hadd_epi32(h, mins), _mm_setzero_si128());
+        acc[r] = _mm_fmadd_ps(_mm_mul_ps(dm, _mm_set1_ps(xd[r * nb])), _mm_cvtepi32_ps(sm2), acc[r]);
     }
 }
 
@@ -156,10 +162,10 @@ static inline __attribute__((always_inline)) void rows_dot(const int type, const
                                                            const float *xd, const int16_t *bs, float *y,
                                                            int64_t ldy) {
     __m256 acc[KMR];
-    __m128 acc_m[KMR];
+    __m128 acc45[KMR]; /* lanes: acc, acc_m */
     for (int r = 0; r < mr; ++r) {
         acc[r] = _mm256_setzero_ps();
-        acc_m[r] = _mm_setzero_ps();
+        acc45[r] = _mm_setzero_ps();
     }
     for (int64_t i = 0; i < nb; ++i) {
         /* every line of the super-block 8 on (one ask a super-block left 1-2 of its 3-4 lines to the hardware
@@ -168,11 +174,14 @@ static inline __attribute__((always_inline)) void rows_dot(const int type, const
         if (type == GGUF_KQ_Q6_K)
             dot_q6k(mr, row + i * bb, xq + i * QK, k, xd + i, nb, bs + i * 16, acc);
         else
-            dot_q45k(type == GGUF_KQ_Q5_K, mr, row + i * bb, xq + i * QK, k, xd + i, nb, bs + i * 16, acc, acc_m);
+            dot_q45k(type == GGUF_KQ_Q5_K, mr, row + i * bb, xq + i * QK, k, xd + i, nb, bs + i * 16, acc45);
     }
     for (int r = 0; r < mr; ++r) {
-        __m128 x = _mm_add_ps(_mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1)),
-                              acc_m[r]);
+        if (type != GGUF_KQ_Q6_K) {
+            y[r * ldy] = _mm_cvtss_f32(_mm_sub_ss(acc45[r], _mm_movehdup_ps(acc45[r])));
+            continue;
+        }
+        __m128 x = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
         x = _mm_add_ps(x, _mm_movehl_ps(x, x));
         y[r * ldy] = _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
     }
@@ -255,13 +264,13 @@ int gguf_matmul_kquant_q8_team(int type, const uint8_t *w, int64_t n_out, int64_
     return 0;
 }
 
-static void matmul_q8(int type, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+void gguf_kquant_q8_matmul(int type, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
     if (k % QK != 0 || m <= 0) return;  /* the Python wrapper refuses a bad k first */
     int8_t *xq = malloc((size_t)(m * k));
     float *xd = malloc(sizeof(float) * (size_t)(m * k / QK));
     int16_t *bs = malloc(sizeof(int16_t) * (size_t)(m * k / 16));
     if (xq != NULL && xd != NULL && bs != NULL) {
-        for (int64_t r = 0; r < m; ++r) quantize_row_q8k(x + r * k, k, xq + r * k, xd + r * k / QK, bs + r * k / 16);
+        for (int64_t r = 0; r < m; ++r) gguf_q8k_quantize_row(x + r * k, k, xq + r * k, xd + r * k / QK, bs + r * k / 16);
         if (omp_get_level() > 0) { /* inside a team (gguf_linear.c's segments): the calling thread runs it all */
             rows_q8(type, w, 0, n_out, n_out, k, xq, xd, bs, m, y);
         } else {
@@ -274,12 +283,6 @@ static void matmul_q8(int type, const uint8_t *w, int64_t n_out, int64_t k, cons
     free(bs);
 }
 
-void gguf_matmul_q4_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
-    matmul_q8(GGUF_KQ_Q4_K, w, n_out, k, x, m, y);
-}
-void gguf_matmul_q5_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
-    matmul_q8(GGUF_KQ_Q5_K, w, n_out, k, x, m, y);
-}
 void gguf_matmul_q6_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
-    matmul_q8(GGUF_KQ_Q6_K, w, n_out, k, x, m, y);
+    gguf_kquant_q8_matmul(GGUF_KQ_Q6_K, w, n_out, k, x, m, y);
 }

@@ -1,0 +1,226 @@
+/* GGUF's Q4_K and Q5_K against int8 activations (Q8_K rows, gemm_kquant_q8.c's quantization): these types'
+ * int8-activation entry points, 8 weight rows a vector from FEW_ROWS rows of x on (a batch of decode rows, a prefill
+ * piece under ggufActivations int8-all), gemm_kquant_q8.c's row passes below.
+ *
+ * Why: a row pass applies each sub-block's 6-bit scale by a madd per (weight row, x row) and 32 values, as many
+ * multiplies as the maddubs of the products. Here a super-block's 8 rows are transposed once (vector c, lane r: row
+ * r's bytes 4c..4c+3 of a 32-byte run of quants) for every x row of the chunk: each x row's 4 bytes broadcast into 8
+ * maddubs summed in int16 (Q4_K: 8 chunks, at most 30480; Q5_K: 4, at most 31496), then one madd by the 8 rows'
+ * scales (a lane each): 1 multiply in 8 instead of 1 in 2. The mins: 4 madds of the rows' mins against x's sums of
+ * 32. Both sums exact int32 a super-block, then fp32: acc += (d d_x) * S, acc_m += (dmin d_x) * M, y = acc - acc_m,
+ * the row passes' order: the same bits at every row count, chunk and thread split.
+ * Threads: groups of 8 weight rows shared by team_share (inside a team: the calling thread alone). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#include "gemm_kquant.h"
+#include "gemm_kquant_q8.h"
+#include "gemm_kquant_q8_lanes.h"
+#include "kernels.h"
+#include "team_sync.h"
+#include "vec_math.h"
+
+#define QK 256
+#define RW 8                       /* weight rows a group: a vector's lanes */
+#define FEW_ROWS 4                 /* fewer rows of x: gemm_kquant_q8.c's row passes (bandwidth-bound) */
+#define XC 32                      /* most rows of x a chunk */
+#define X_CHUNK_BYTES (384 * 1024) /* a chunk's quantized x stays in L2 while a share's groups pass */
+
+#if defined(__AVX2__) && defined(__F16C__)
+static const int64_t BLOCK_BYTES[2] = {144, 176};
+
+/* what a super-block's 8 rows give every x row: scl[s] lane r = row r's scale of sub-block s (both int16 halves),
+ * mn[p] lane r = its mins of sub-blocks 2p, 2p + 1; d, dmin a lane a row; qh (Q5_K) as the quants' vectors */
+typedef struct {
+    __m256i scl[8], mn[4], qh[8];
+    __m256 d, dmin;
+} sb8;
+
+/* out[c] lane r (rows r < 4 low lane, r + 4 high): dword c of the 16 bytes at p[r] + off */
+static inline __attribute__((always_inline)) void transpose8x4(const uint8_t *p[RW], int off, __m256i out[4]) {
+    __m256i y[4];
+    for (int r = 0; r < 4; ++r)
+        y[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p[r] + off))),
+                                       _mm_loadu_si128((const __m128i *)(p[r + 4] + off)), 1);
+    const __m256i a = _mm256_unpacklo_epi32(y[0], y[1]), b = _mm256_unpackhi_epi32(y[0], y[1]);
+    const __m256i c = _mm256_unpacklo_epi32(y[2], y[3]), e = _mm256_unpackhi_epi32(y[2], y[3]);
+    out[0] = _mm256_unpacklo_epi64(a, c);
+    out[1] = _mm256_unpackhi_epi64(a, c);
+    out[2] = _mm256_unpacklo_epi64(b, e);
+    out[3] = _mm256_unpackhi_epi64(b, e);
+}
+
+static inline __attribute__((always_inline)) void super8(const int five, const uint8_t *p[RW], sb8 *sb) {
+    int32_t scl[8][RW], mn[4][RW];
+    uint64_t h[2] = {0, 0}, hm[2] = {0, 0};
+    for (int r = 0; r < RW; ++r) {
+        uint32_t u[3], v[4];
+        memcpy(u, p[r] + 4, 12); /* llama.cpp's kmask unpacking (gemm_kquant_q8.c's scales_mins) */
+        v[0] = u[0] & 0x3f3f3f3fu;
+        v[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
+        v[2] = u[1] & 0x3f3f3f3fu;
+        v[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
+        uint8_t sm[16];
+        memcpy(sm, v, 16);
+        for (int s = 0; s < 8; ++s) scl[s][r] = sm[s] | sm[s] << 16;
+        for (int q = 0; q < 4; ++q) mn[q][r] = sm[8 + 2 * q] | sm[9 + 2 * q] << 16;
+        uint16_t dd[2];
+        memcpy(dd, p[r], 4);
+        h[r / 4] |= (uint64_t)dd[0] << (16 * (r % 4));
+        hm[r / 4] |= (uint64_t)dd[1] << (16 * (r % 4));
+    }
+    for (int s = 0; s < 8; ++s) sb->scl[s] = _mm256_loadu_si256((const __m256i *)scl[s]);
+    for (int q = 0; q < 4; ++q) sb->mn[q] = _mm256_loadu_si256((const __m256i *)mn[q]);
+    sb->d = _mm256_cvtph_ps(_mm_set_epi64x((long long)h[1], (long long)h[0]));
+    sb->dmin = _mm256_cvtph_ps(_mm_set_epi64x((long long)hm[1], (long long)hm[0]));
+    if (five) {
+        transpose8x4(p, 16, sb->qh);
+        transpose8x4(p, 32, sb->qh + 4);
+    }
+}
+
+static inline __attribute__((always_inline)) __m256i bcast4(const void *x) {
+    return _mm256_castps_si256(_mm256_broadcast_ss((const float *)x));
+}
+
+/* the super-block's quants . x rows [0, mr) of the chunk (row i's block at xq + i * k): isum[i] lane r += row r's
+ * scaled sums over the 8 sub-blocks */
+static inline __attribute__((always_inline)) void quants8(const int five, const uint8_t *p[RW], const sb8 *sb,
+                                                          const int8_t *xq, int64_t k, int64_t mr, __m256i *isum) {
+    const __m256i lo = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    for (int j = 0; j < 4; ++j) {
+        __m256i t[8];
+        transpose8x4(p, (five ? 48 : 16) + 32 * j, t);
+        transpose8x4(p, (five ? 48 : 16) + 32 * j + 16, t + 4);
+        for (int h = 0; h < 2; ++h) {
+            __m256i v[8];
+            for (int c = 0; c < 8; ++c) {
+                v[c] = _mm256_and_si256(h ? _mm256_srli_epi16(t[c], 4) : t[c], lo);
+                if (five)
+                    v[c] = _mm256_or_si256(v[c], _mm256_slli_epi16(
+                        _mm256_and_si256(_mm256_srli_epi16(sb->qh[c], 2 * j + h), one), 4));
+            }
+            const __m256i sc = sb->scl[2 * j + h];
+            for (int64_t i = 0; i < mr; ++i) {
+                const int8_t *x = xq + i * k + 64 * j + 32 * h;
+                __m256i s = _mm256_maddubs_epi16(v[0], bcast4(x)), acc = isum[i];
+                for (int c = 1; c < 8; ++c) {
+                    if (five && c == 4) { /* 5-bit quants: 4 chunks fill int16 */
+                        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, sc));
+                        s = _mm256_maddubs_epi16(v[c], bcast4(x + 4 * c));
+                    } else {
+                        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[c], bcast4(x + 4 * c)));
+                    }
+                }
+                isum[i] = _mm256_add_epi32(acc, _mm256_madd_epi16(s, sc));
+            }
+        }
+    }
+}
+
+/* weight row groups [g0, g1) of RW rows (a short last one repeats its first row: lanes unused) against m rows */
+static inline __attribute__((always_inline)) void groups8(const int five, const uint8_t *w, int64_t n_out, int64_t k,
+                                                          const int8_t *xq, const float *xd, const int16_t *b32,
+                                                          int64_t m, float *y, int64_t g0, int64_t g1) {
+    const int64_t nb = k / QK, bb = BLOCK_BYTES[five], rb = nb * bb;
+    int64_t chunk = X_CHUNK_BYTES / (k + nb * 20);
+    chunk = chunk > XC ? XC : chunk < 1 ? 1 : chunk;
+    for (int64_t c0 = 0; c0 < m; c0 += chunk) {
+        const int64_t mr = m - c0 < chunk ? m - c0 : chunk;
+        for (int64_t g = g0; g < g1; ++g) {
+            const int64_t r0 = g * RW;
+            const int nr = n_out - r0 < RW ? (int)(n_out - r0) : RW;
+            __m256 acc[XC], acc_m[XC];
+            __m256i isum[XC];
+            for (int64_t i = 0; i < mr; ++i) acc[i] = acc_m[i] = _mm256_setzero_ps();
+            for (int64_t b = 0; b < nb; ++b) {
+                const uint8_t *p[RW];
+                for (int r = 0; r < RW; ++r) {
+                    p[r] = w + (r0 + (r < nr ? r : 0)) * rb + b * bb;
+                    for (int64_t o = 0; o < bb; o += 64) __builtin_prefetch(p[r] + 2 * bb + o, 0, 0);
+                }
+                sb8 sb;
+                super8(five, p, &sb);
+                for (int64_t i = 0; i < mr; ++i) isum[i] = _mm256_setzero_si256();
+                quants8(five, p, &sb, xq + c0 * k + b * QK, k, mr, isum);
+                for (int64_t i = 0; i < mr; ++i) {
+                    const int64_t at = (c0 + i) * nb + b;
+                    __m256i ms = _mm256_setzero_si256();
+                    for (int q = 0; q < 4; ++q) ms = _mm256_add_epi32(ms, _mm256_madd_epi16(sb.mn[q], bcast4(b32 + 8 * at + 2 * q)));
+                    const __m256 dx = _mm256_set1_ps(xd[at]);
+                    acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(sb.d, dx), _mm256_cvtepi32_ps(isum[i]), acc[i]);
+                    acc_m[i] = _mm256_fmadd_ps(_mm256_mul_ps(sb.dmin, dx), _mm256_cvtepi32_ps(ms), acc_m[i]);
+                }
+            }
+            for (int64_t i = 0; i < mr; ++i) {
+                float o[RW];
+                _mm256_storeu_ps(o, _mm256_sub_ps(acc[i], acc_m[i]));
+                memcpy(y + (c0 + i) * n_out + r0, o, sizeof(float) * (size_t)nr);
+            }
+        }
+    }
+}
+
+typedef void (*groups_fn)(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const float *xd,
+                          const int16_t *b32, int64_t m, float *y, int64_t g0, int64_t g1);
+static void groups_q4k(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const float *xd,
+                       const int16_t *b32, int64_t m, float *y, int64_t g0, int64_t g1) {
+    groups8(0, w, n_out, k, xq, xd, b32, m, y, g0, g1);
+}
+static void groups_q5k(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const float *xd,
+                       const int16_t *b32, int64_t m, float *y, int64_t g0, int64_t g1) {
+    groups8(1, w, n_out, k, xq, xd, b32, m, y, g0, g1);
+}
+
+/* y = x . W^T for m >= FEW_ROWS rows of x: Q8_K rows, with each super-block's 8 sums of 32 (pairs of its sums of
+ * 16, as the row passes add them) */
+static void many_kq(const int five, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    const int64_t nb = k / QK, groups = (n_out + RW - 1) / RW;
+    int8_t *xq = malloc((size_t)(m * k));
+    float *xd = malloc(sizeof(float) * (size_t)(m * nb));
+    int16_t *bs = malloc(sizeof(int16_t) * (size_t)(m * k / 16)), *b32 = malloc(sizeof(int16_t) * (size_t)(m * k / 32));
+    if (xq != NULL && xd != NULL && bs != NULL && b32 != NULL) {
+        for (int64_t i = 0; i < m; ++i) gguf_q8k_quantize_row(x + i * k, k, xq + i * k, xd + i * nb, bs + i * k / 16);
+        for (int64_t j = 0; j < m * k / 32; ++j) b32[j] = (int16_t)(bs[2 * j] + bs[2 * j + 1]);
+        const groups_fn run = five ? groups_q5k : groups_q4k;
+        if (omp_get_level() > 0 || groups == 1) {
+            run(w, n_out, k, xq, xd, b32, m, y, 0, groups);
+        } else {
+#pragma omp parallel
+            {
+                int64_t g0, g1;
+                team_share(groups, &g0, &g1);
+                run(w, n_out, k, xq, xd, b32, m, y, g0, g1);
+            }
+        }
+    }
+    free(xq);
+    free(xd);
+    free(bs);
+    free(b32);
+}
+#endif
+
+static void matmul_kq(const int type, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m,
+                      float *y) {
+    if (k % QK != 0 || m <= 0) return; /* the Python wrapper refuses a bad k first */
+#if defined(__AVX2__) && defined(__F16C__)
+    if (m >= FEW_ROWS) {
+        many_kq(type == GGUF_KQ_Q5_K, w, n_out, k, x, m, y);
+        return;
+    }
+#endif
+    gguf_kquant_q8_matmul(type, w, n_out, k, x, m, y);
+}
+
+void gguf_matmul_q4_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_kq(GGUF_KQ_Q4_K, w, n_out, k, x, m, y);
+}
+void gguf_matmul_q5_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_kq(GGUF_KQ_Q5_K, w, n_out, k, x, m, y);
+}
