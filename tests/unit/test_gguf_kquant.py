@@ -221,3 +221,26 @@ def test_bad_shapes_are_refused_before_the_kernel_reads_anything() -> None:
         kq.matmul(torch.zeros(1, 512), raw, "Q4_K", 2, 512, int8_rows=True)
     assert [t.name for t in kq.KQUANT_TYPES.values()] == list(TYPES)
     assert {t: kq.KQUANT_TYPES[GGMLQuantizationType[t].value].name for t in TYPES} == {t: t for t in TYPES}
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K"])
+def test_the_8_row_batch_kernel_gives_each_row_the_bits_of_the_row_passes_at_1_to_33_rows(name: str) -> None:
+    """From 4 rows of x on Q4_K / Q5_K run csrc/gemm_kquant_q8_lanes.c (8 weight rows in lanes), below it
+    gemm_kquant_q8.c's row passes: every row count 1..33 (19 weight rows: a short last group) gives each row the bits
+    it has alone, within the reference's bound, at 1 and 2 threads."""
+    n, k = 19, 512
+    raw = weights(n, k, name, seed=19)
+    x = torch.randn(33, k, generator=torch.Generator().manual_seed(2))
+    alone = torch.cat([kq.matmul(x[i:i + 1], raw, name, n, k, int8_rows=True) for i in range(33)])
+    bound = 1e-6 * (kq.quantize_q8k(x).abs() @ kq.dequantize(raw, name, n, k).abs().T)
+    assert ((alone - kq.matmul_q8_ref(x, raw, name, n, k)).abs() <= bound).all()
+    before = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            for m in range(1, 34):
+                got = kq.matmul(x[33 - m:], raw, name, n, k, int8_rows=True)
+                assert torch.equal(got, alone[33 - m:]), (t, m)
+    finally:
+        torch.set_num_threads(before)
