@@ -2,10 +2,12 @@
  * activation row is quantized per 256 columns to int8 with an fp32 scale (llama.cpp's Q8_K: d = max|x| / 127,
  * q = round-half-even(x * (1 / d))), and each super-block's products are exact integer sums (maddubs of the unsigned
  * quants against the int8 row, madd by the sub-block scales, the mins / Q6_K's -32 through the row's sums per 16),
- * scaled once per super-block into fp32 lanes that are summed at the row's end. Against fp32 activations
+ * scaled once per super-block (Q6_K: into fp32 lanes summed at the row's end; Q4_K / Q5_K: the super-block's sum
+ * and its mins' reduced to two exact int32 first, then acc += (d d_x) S, acc_m += (dmin d_x) M, y = acc - acc_m:
+ * gemm_kquant_q8_lanes.c's order, so its batches of 4+ rows give each row these bits). Against fp32 activations
  * (gemm_kquant.c) this runs far fewer instructions per weight (2.2x the rate per core on a lone row here), so two
  * cores come nearer to memory bandwidth; the price is the rounding of x (each element off by at most d / 2).
- * Several rows of x (a batch of decode rows, a prefill): each super-block's quants unpacked once for up to KMR rows,
+ * Several rows of x (Q6_K's batches and prefills; Q4_K / Q5_K below 4 rows): each super-block unpacked once for KMR rows,
  * over chunks of x rows that stay in L2 (1.4x fp32 at 16 rows, 1.2x at 32, 0.9x at 64, 0.77x at 512 on one core
  * of this machine, tools/bench_gguf_kernels.py --gemv; a row's operations, so its bits, the same whatever the tile).
  * quant_gguf_kquant.matmul_q8_ref is the reference (the quantized rows, dequantized, times gguf's W): the kernel
