@@ -42,8 +42,10 @@
 #define X_CHUNK_BYTES (384 * 1024)  /* a chunk's quantized x (bytes, scales) stays in L2 while a share's groups pass */
 
 enum { T_Q4_0 = 0, T_Q4_1 = 1, T_Q4_1F = 2 };
+#ifdef __AVX2__
 static const int64_t BLOCK_BYTES[3] = {18, 20, 24};
 static const int QS_AT[3] = {2, 4, 8};
+#endif
 
 /* x's per-block numbers a kernel reads: d0, d1 (the halves' scales), xs (the block's sum), a pad */
 typedef struct { float d0, d1, xs, pad; } xblock;
