@@ -2,12 +2,9 @@
  * activation row is quantized per 256 columns to int8 with an fp32 scale (llama.cpp's Q8_K: d = max|x| / 127,
  * q = round-half-even(x * (1 / d))), and each super-block's products are exact integer sums (maddubs of the unsigned
  * quants against the int8 row, madd by the sub-block scales, the mins / Q6_K's -32 through the row's sums per 16),
- * scaled once per super-block (Q6_K: into fp32 lanes summed at the row's end; Q4_K / Q5_K: the super-block's sum
- * and its mins' reduced to two exact int32 first, then acc += (d d_x) S, acc_m += (dmin d_x) M, y = acc - acc_m:
- * gemm_kquant_q8_lanes.c's order, so its batches of 4+ rows give each row these bits). Against fp32 activations
- * (gemm_kquant.c) this runs far fewer instructions per weight (2.2x the rate per core on a lone row here), so two
- * cores come nearer to memory bandwidth; the price is the rounding of x (each element off by at most d / 2).
- * Several rows of x (Q6_K's batches and prefills; Q4_K / Q5_K below 4 rows): each super-block unpacked once for KMR rows,
+ * reduced to exact int32 a super-block (S; Q4_K / Q5_K also the mins' M) before fp32: acc += (d d_x) S, acc_m +=
+ * (dmin d_x) M, y = acc - acc_m: gemm_kquant_q8_lanes.c's order, so its batches of 4+ rows give each row these bits.
+ * Several rows of x (below 4: the lanes kernel takes more): each super-block unpacked once for up to KMR rows,
  * over chunks of x rows that stay in L2 (1.4x fp32 at 16 rows, 1.2x at 32, 0.9x at 64, 0.77x at 512 on one core
  * of this machine, tools/bench_gguf_kernels.py --gemv; a row's operations, so its bits, the same whatever the tile).
  * quant_gguf_kquant.matmul_q8_ref is the reference (the quantized rows, dequantized, times gguf's W): the kernel
@@ -125,7 +122,7 @@ static inline __attribute__((always_inline)) void dot_q45k(const int five, const
  * sc[g] bsum_g) */
 static inline __attribute__((always_inline)) void dot_q6k(const int mr, const uint8_t *b, const int8_t *xq,
                                                           int64_t k, const float *xd, int64_t nb, const int16_t *bs,
-                                                          __m256 *acc) {
+                                                          __m128 *acc) {
     const int8_t *sc = (const int8_t *)(b + 192);
     const __m256i nib = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(0x30);
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc));
@@ -154,8 +151,12 @@ static inline __attribute__((always_inline)) void dot_q6k(const int mr, const ui
         }
     }
     const float d = half_at(b + 208);
-    for (int r = 0; r < mr; ++r)
-        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * xd[r * nb]), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+    for (int r = 0; r < mr; ++r) { /* the super-block's exact sum, then fp32 in the lanes kernel's order (lane 0) */
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(sumi[r]), _mm256_extracti128_si256(sumi[r], 1));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+        acc[r] = _mm_fmadd_ss(_mm_set_ss(d * xd[r * nb]), _mm_cvtepi32_ps(h), acc[r]);
+    }
 }
 
 /* One W row (nb super-blocks of `type`) . mr quantized rows of x (row r at xq + r * k) -> y[r * ldy] */
@@ -163,12 +164,8 @@ static inline __attribute__((always_inline)) void rows_dot(const int type, const
                                                            int64_t nb, int64_t bb, const int8_t *xq, int64_t k,
                                                            const float *xd, const int16_t *bs, float *y,
                                                            int64_t ldy) {
-    __m256 acc[KMR];
-    __m128 acc45[KMR]; /* lanes: acc, acc_m */
-    for (int r = 0; r < mr; ++r) {
-        acc[r] = _mm256_setzero_ps();
-        acc45[r] = _mm_setzero_ps();
-    }
+    __m128 acc[KMR]; /* lanes: acc, acc_m (the mins; Q6_K: 0) */
+    for (int r = 0; r < mr; ++r) acc[r] = _mm_setzero_ps();
     for (int64_t i = 0; i < nb; ++i) {
         /* every line of the super-block 8 on (one ask a super-block left 1-2 of its 3-4 lines to the hardware
          * prefetchers: Q6_K 1.6x, Q4_K 1.2x a core from memory with all asked; 16 on did no better) */
@@ -176,17 +173,9 @@ static inline __attribute__((always_inline)) void rows_dot(const int type, const
         if (type == GGUF_KQ_Q6_K)
             dot_q6k(mr, row + i * bb, xq + i * QK, k, xd + i, nb, bs + i * 16, acc);
         else
-            dot_q45k(type == GGUF_KQ_Q5_K, mr, row + i * bb, xq + i * QK, k, xd + i, nb, bs + i * 16, acc45);
+            dot_q45k(type == GGUF_KQ_Q5_K, mr, row + i * bb, xq + i * QK, k, xd + i, nb, bs + i * 16, acc);
     }
-    for (int r = 0; r < mr; ++r) {
-        if (type != GGUF_KQ_Q6_K) {
-            y[r * ldy] = _mm_cvtss_f32(_mm_sub_ss(acc45[r], _mm_movehdup_ps(acc45[r])));
-            continue;
-        }
-        __m128 x = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-        x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-        y[r * ldy] = _mm_cvtss_f32(_mm_add_ss(x, _mm_movehdup_ps(x)));
-    }
+    for (int r = 0; r < mr; ++r) y[r * ldy] = _mm_cvtss_f32(_mm_sub_ss(acc[r], _mm_movehdup_ps(acc[r])));
 }
 
 /* W rows n0..n1 against the quantized rows [c0, c1): KMR rows a pass, then a pair, then one */
@@ -285,6 +274,3 @@ void gguf_kquant_q8_matmul(int type, const uint8_t *w, int64_t n_out, int64_t k,
     free(bs);
 }
 
-void gguf_matmul_q6_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
-    gguf_kquant_q8_matmul(GGUF_KQ_Q6_K, w, n_out, k, x, m, y);
-}

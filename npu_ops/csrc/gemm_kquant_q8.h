@@ -10,7 +10,7 @@ int gguf_matmul_kquant_q8_team(int type, const uint8_t *w, int64_t n_out, int64_
                                const float *xd, const int16_t *bs, int64_t m, float *y);
 /* x[k] -> Q8_K: xq[k] int8, xd[k / 256] fp32 scales, bs[k / 16] int16 sums of each 16 quants */
 void gguf_q8k_quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, int16_t *bs);
-/* y[m, n_out] = x . W^T (x quantized here), a W row a pass against up to 4 rows of x: Q6_K's entry point, and the
- * few-row calls of gemm_kquant_q8_lanes.c's Q4_K / Q5_K */
+/* y[m, n_out] = x . W^T (x quantized here), a W row a pass against up to 4 rows of x: gemm_kquant_q8_lanes.c's
+ * few-row calls */
 void gguf_kquant_q8_matmul(int type, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 #endif

@@ -1,4 +1,4 @@
-/* GGUF's Q4_K and Q5_K against int8 activations (Q8_K rows, gemm_kquant_q8.c's quantization): these types'
+/* GGUF's Q4_K, Q5_K and Q6_K against int8 activations (Q8_K rows, gemm_kquant_q8.c's quantization): these types'
  * int8-activation entry points, 8 weight rows a vector from FEW_ROWS rows of x on (a batch of decode rows, a prefill
  * piece under ggufActivations int8-all), gemm_kquant_q8.c's row passes below.
  *
@@ -7,7 +7,8 @@
  * r's bytes 4c..4c+3 of a 32-byte run of quants) for every x row of the chunk: each x row's 4 bytes broadcast into 8
  * maddubs summed in int16 (Q4_K: 8 chunks, at most 30480; Q5_K: 4, at most 31496), then one madd by the 8 rows'
  * scales (a lane each): 1 multiply in 8 instead of 1 in 2. The mins: 4 madds of the rows' mins against x's sums of
- * 32. Both sums exact int32 a super-block, then fp32: acc += (d d_x) * S, acc_m += (dmin d_x) * M, y = acc - acc_m,
+ * 32 (Q6_K: 2 chunks fill int16, a madd by each 16 values' int8 scale; its -32 through x's sums of 16). The sums
+ * are exact int32 a super-block, then fp32: acc += (d d_x) * S, acc_m += (dmin d_x) * M, y = acc - acc_m,
  * the row passes' order: the same bits at every row count, chunk and thread split.
  * Threads: groups of 8 weight rows shared by team_share (inside a team: the calling thread alone). */
 #include <stdint.h>
@@ -32,7 +33,7 @@
 #define X_CHUNK_BYTES (384 * 1024) /* a chunk's quantized x stays in L2 while a share's groups pass */
 
 #if defined(__AVX2__) && defined(__F16C__)
-static const int64_t BLOCK_BYTES[2] = {144, 176};
+static const int64_t BLOCK_BYTES[3] = {144, 176, 210}; /* Q4_K, Q5_K, Q6_K (t: 0, 1, 2) */
 
 /* what a super-block's 8 rows give every x row: scl[s] lane r = row r's scale of sub-block s (both int16 halves),
  * mn[p] lane r = its mins of sub-blocks 2p, 2p + 1; d, dmin a lane a row; qh (Q5_K) as the quants' vectors */
@@ -123,11 +124,66 @@ static inline __attribute__((always_inline)) void quants8(const int five, const 
     }
 }
 
+/* Q6_K's super-block . x rows [0, mr) (row i's quants at xq + i * k, its sums of 16 at bs + i * bstride): isum[i]
+ * lane r += row r's exact sum, its -32 through x's sums of 16 (the row passes' integers) */
+static inline __attribute__((always_inline)) void q6k8(const uint8_t *p[RW], const int8_t *xq, int64_t k,
+                                                       const int16_t *bs, int64_t bstride, int64_t mr,
+                                                       __m256i *isum) {
+    int32_t scl[16][RW], scp[8][RW]; /* lane r: (sc[g], sc[g]), and (sc[2q], sc[2q + 1]) as int16 pairs */
+    for (int r = 0; r < RW; ++r) {
+        const int8_t *sc = (const int8_t *)(p[r] + 192);
+        for (int g = 0; g < 16; ++g) scl[g][r] = (int32_t)((uint16_t)sc[g] | (uint32_t)(uint16_t)sc[g] << 16);
+        for (int q = 0; q < 8; ++q)
+            scp[q][r] = (int32_t)((uint16_t)sc[2 * q] | (uint32_t)(uint16_t)sc[2 * q + 1] << 16);
+    }
+    for (int64_t i = 0; i < mr; ++i) {
+        __m256i o = _mm256_setzero_si256();
+        for (int q = 0; q < 8; ++q)
+            o = _mm256_add_epi32(o, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)scp[q]),
+                                                      bcast4(bs + i * bstride + 2 * q)));
+        isum[i] = _mm256_sub_epi32(isum[i], _mm256_slli_epi32(o, 5));
+    }
+    const __m256i nib = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; ++h) {
+        __m256i ta[8], tc[8], tq[8];
+        transpose8x4(p, 64 * h, ta);
+        transpose8x4(p, 64 * h + 16, ta + 4);
+        transpose8x4(p, 64 * h + 32, tc);
+        transpose8x4(p, 64 * h + 48, tc + 4);
+        transpose8x4(p, 128 + 32 * h, tq);
+        transpose8x4(p, 128 + 32 * h + 16, tq + 4);
+        for (int i4 = 0; i4 < 4; ++i4) {
+            __m256i v[8];
+            for (int c = 0; c < 8; ++c) {
+                const __m256i l = i4 & 1 ? tc[c] : ta[c];
+                const __m256i hi = i4 == 0 ? _mm256_slli_epi16(tq[c], 4) : i4 == 1 ? _mm256_slli_epi16(tq[c], 2)
+                                 : i4 == 2 ? tq[c] : _mm256_srli_epi16(tq[c], 2);
+                v[c] = _mm256_or_si256(_mm256_and_si256(i4 < 2 ? l : _mm256_srli_epi16(l, 4), nib),
+                                       _mm256_and_si256(hi, two));
+            }
+            const int g = 8 * h + 2 * i4;
+            const __m256i s0 = _mm256_loadu_si256((const __m256i *)scl[g]);
+            const __m256i s1 = _mm256_loadu_si256((const __m256i *)scl[g + 1]);
+            for (int64_t i = 0; i < mr; ++i) {
+                const int8_t *x = xq + i * k + 128 * h + 32 * i4;
+                __m256i acc = isum[i];
+                for (int c = 0; c < 8; c += 2) { /* 6-bit quants: 2 chunks fill int16 */
+                    const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(v[c], bcast4(x + 4 * c)),
+                                                       _mm256_maddubs_epi16(v[c + 1], bcast4(x + 4 * c + 4)));
+                    acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, c < 4 ? s0 : s1));
+                }
+                isum[i] = acc;
+            }
+        }
+    }
+}
+
 /* weight row groups [g0, g1) of RW rows (a short last one repeats its first row: lanes unused) against m rows */
-static inline __attribute__((always_inline)) void groups8(const int five, const uint8_t *w, int64_t n_out, int64_t k,
-                                                          const int8_t *xq, const float *xd, const int16_t *b32,
-                                                          int64_t m, float *y, int64_t g0, int64_t g1) {
-    const int64_t nb = k / QK, bb = BLOCK_BYTES[five], rb = nb * bb;
+static inline __attribute__((always_inline)) void groups8(const int t, const uint8_t *w, int64_t n_out, int64_t k,
+                                                          const int8_t *xq, const float *xd, const int16_t *bs,
+                                                          const int16_t *b32, int64_t m, float *y, int64_t g0,
+                                                          int64_t g1) {
+    const int64_t nb = k / QK, bb = BLOCK_BYTES[t], rb = nb * bb;
     int64_t chunk = X_CHUNK_BYTES / (k + nb * 20);
     chunk = chunk > XC ? XC : chunk < 1 ? 1 : chunk;
     for (int64_t c0 = 0; c0 < m; c0 += chunk) {
@@ -144,10 +200,24 @@ static inline __attribute__((always_inline)) void groups8(const int five, const 
                     p[r] = w + (r0 + (r < nr ? r : 0)) * rb + b * bb;
                     for (int64_t o = 0; o < bb; o += 64) __builtin_prefetch(p[r] + 2 * bb + o, 0, 0);
                 }
-                sb8 sb;
-                super8(five, p, &sb);
                 for (int64_t i = 0; i < mr; ++i) isum[i] = _mm256_setzero_si256();
-                quants8(five, p, &sb, xq + c0 * k + b * QK, k, mr, isum);
+                if (t == 2) {
+                    q6k8(p, xq + c0 * k + b * QK, k, bs + (c0 * nb + b) * 16, nb * 16, mr, isum);
+                    uint64_t hh[2] = {0, 0};
+                    for (int r = 0; r < RW; ++r) {
+                        uint16_t u;
+                        memcpy(&u, p[r] + 208, 2);
+                        hh[r / 4] |= (uint64_t)u << (16 * (r % 4));
+                    }
+                    const __m256 d = _mm256_cvtph_ps(_mm_set_epi64x((long long)hh[1], (long long)hh[0]));
+                    for (int64_t i = 0; i < mr; ++i)
+                        acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(xd[(c0 + i) * nb + b])),
+                                                 _mm256_cvtepi32_ps(isum[i]), acc[i]);
+                    continue;
+                }
+                sb8 sb;
+                super8(t, p, &sb);
+                quants8(t, p, &sb, xq + c0 * k + b * QK, k, mr, isum);
                 for (int64_t i = 0; i < mr; ++i) {
                     const int64_t at = (c0 + i) * nb + b;
                     __m256i ms = _mm256_setzero_si256();
@@ -167,19 +237,20 @@ static inline __attribute__((always_inline)) void groups8(const int five, const 
 }
 
 typedef void (*groups_fn)(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const float *xd,
-                          const int16_t *b32, int64_t m, float *y, int64_t g0, int64_t g1);
-static void groups_q4k(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const float *xd,
-                       const int16_t *b32, int64_t m, float *y, int64_t g0, int64_t g1) {
-    groups8(0, w, n_out, k, xq, xd, b32, m, y, g0, g1);
-}
-static void groups_q5k(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const float *xd,
-                       const int16_t *b32, int64_t m, float *y, int64_t g0, int64_t g1) {
-    groups8(1, w, n_out, k, xq, xd, b32, m, y, g0, g1);
-}
+                          const int16_t *bs, const int16_t *b32, int64_t m, float *y, int64_t g0, int64_t g1);
+#define GROUPS_OF(T, name)                                                                                         \
+    static void name(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const float *xd,              \
+                     const int16_t *bs, const int16_t *b32, int64_t m, float *y, int64_t g0, int64_t g1) {       \
+        groups8(T, w, n_out, k, xq, xd, bs, b32, m, y, g0, g1);                                                    \
+    }
+GROUPS_OF(0, groups_q4k)
+GROUPS_OF(1, groups_q5k)
+GROUPS_OF(2, groups_q6k)
+#undef GROUPS_OF
 
 /* y = x . W^T for m >= FEW_ROWS rows of x: Q8_K rows, with each super-block's 8 sums of 32 (pairs of its sums of
  * 16, as the row passes add them) */
-static void many_kq(const int five, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+static void many_kq(const int t, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
     const int64_t nb = k / QK, groups = (n_out + RW - 1) / RW;
     int8_t *xq = malloc((size_t)(m * k));
     float *xd = malloc(sizeof(float) * (size_t)(m * nb));
@@ -187,15 +258,15 @@ static void many_kq(const int five, const uint8_t *w, int64_t n_out, int64_t k, 
     if (xq != NULL && xd != NULL && bs != NULL && b32 != NULL) {
         for (int64_t i = 0; i < m; ++i) gguf_q8k_quantize_row(x + i * k, k, xq + i * k, xd + i * nb, bs + i * k / 16);
         for (int64_t j = 0; j < m * k / 32; ++j) b32[j] = (int16_t)(bs[2 * j] + bs[2 * j + 1]);
-        const groups_fn run = five ? groups_q5k : groups_q4k;
+        const groups_fn run = t == 2 ? groups_q6k : t == 1 ? groups_q5k : groups_q4k;
         if (omp_get_level() > 0 || groups == 1) {
-            run(w, n_out, k, xq, xd, b32, m, y, 0, groups);
+            run(w, n_out, k, xq, xd, bs, b32, m, y, 0, groups);
         } else {
 #pragma omp parallel
             {
                 int64_t g0, g1;
                 team_share(groups, &g0, &g1);
-                run(w, n_out, k, xq, xd, b32, m, y, g0, g1);
+                run(w, n_out, k, xq, xd, bs, b32, m, y, g0, g1);
             }
         }
     }
@@ -211,7 +282,7 @@ static void matmul_kq(const int type, const uint8_t *w, int64_t n_out, int64_t k
     if (k % QK != 0 || m <= 0) return; /* the Python wrapper refuses a bad k first */
 #if defined(__AVX2__) && defined(__F16C__)
     if (m >= FEW_ROWS) {
-        many_kq(type == GGUF_KQ_Q5_K, w, n_out, k, x, m, y);
+        many_kq(type == GGUF_KQ_Q6_K ? 2 : type == GGUF_KQ_Q5_K, w, n_out, k, x, m, y);
         return;
     }
 #endif
@@ -223,4 +294,7 @@ void gguf_matmul_q4_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float
 }
 void gguf_matmul_q5_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
     matmul_kq(GGUF_KQ_Q5_K, w, n_out, k, x, m, y);
+}
+void gguf_matmul_q6_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_kq(GGUF_KQ_Q6_K, w, n_out, k, x, m, y);
 }

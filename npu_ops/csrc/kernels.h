@@ -62,7 +62,7 @@ void gguf_dequant_q4_k(const uint8_t *w, int64_t k, float *out);
 void gguf_dequant_q5_k(const uint8_t *w, int64_t k, float *out);
 void gguf_dequant_q6_k(const uint8_t *w, int64_t k, float *out);
 /* the same against int8 activations, each row quantized per 256 columns as llama.cpp's Q8_K (gemm_kquant_q8.c;
- * quant_gguf_kquant.matmul_q8; Q4_K / Q5_K batches of 4+ rows: gemm_kquant_q8_lanes.c) */
+ * quant_gguf_kquant.matmul_q8; batches of 4+ rows: gemm_kquant_q8_lanes.c) */
 void gguf_matmul_q4_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 void gguf_matmul_q5_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 void gguf_matmul_q6_k_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);

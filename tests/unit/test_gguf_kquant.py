@@ -224,9 +224,9 @@ def test_bad_shapes_are_refused_before_the_kernel_reads_anything() -> None:
 
 
 @needs_kernels
-@pytest.mark.parametrize("name", ["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K", "Q6_K"])
 def test_the_8_row_batch_kernel_gives_each_row_the_bits_of_the_row_passes_at_1_to_33_rows(name: str) -> None:
-    """From 4 rows of x on Q4_K / Q5_K run csrc/gemm_kquant_q8_lanes.c (8 weight rows in lanes), below it
+    """From 4 rows of x the K-quants run csrc/gemm_kquant_q8_lanes.c (8 weight rows in lanes), below it
     gemm_kquant_q8.c's row passes: every row count 1..33 (19 weight rows: a short last group) gives each row the bits
     it has alone, within the reference's bound, at 1 and 2 threads."""
     n, k = 19, 512
