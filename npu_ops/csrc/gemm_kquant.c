@@ -219,6 +219,63 @@ static inline __attribute__((always_inline)) void q6k_block(const int R, const u
         }
 }
 
+/* Q6_K into R >= 1 rows' FMAs, the weights as q6k_block gives them in fewer instructions (the head's GEMV was
+ * compute-bound at ~12 cycles per 32 weights a core, now ~9): a quarter's 32 quants put together byte-wise in one
+ * 256-bit register (ql's nibble | qh's 2 bits << 4), each sub-block's 16 bytes copied to both halves and 8 of them
+ * spread by pshufb into byte 2 of 8 lanes. With 0x3F800000 or-ed in, a lane is the float 1 + q / 128 exactly, so
+ * fmsub(128 dsc, 1 + q / 128, 160 dsc) = dsc * (q - 32): 128 dsc and 160 dsc are exact (dsc = d * sc has at most
+ * 18 significant bits), the product and difference are exact inside the FMA, and dsc * (q - 32) (at most 23 bits)
+ * is gguf's fl(fl(d * sc) * (q - 32)) itself, so the one rounding changes nothing. (A non-finite d, which no
+ * quantizer writes, gives NaN here where gguf gives infinities.) a, c: q6k_scales' factors of this super-block. */
+static inline void q6k_scales(const uint8_t *b, float *a, float *c) {
+    const __m256 d = _mm256_set1_ps(half_at(b + 208));
+    for (int v = 0; v < 2; ++v) {
+        const __m256 s = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                              _mm_loadl_epi64((const __m128i *)(b + 192 + 8 * v)))));
+        _mm256_storeu_ps(a + 8 * v, _mm256_mul_ps(s, _mm256_set1_ps(128.0f)));
+        _mm256_storeu_ps(c + 8 * v, _mm256_mul_ps(s, _mm256_set1_ps(160.0f)));
+    }
+}
+
+static inline __attribute__((always_inline)) void q6k_rows_block(const int R, const uint8_t *b, const float *a,
+                                                                 const float *c, const float *x, int64_t ldx,
+                                                                 __m256 *acc) {
+    const __m256i nib = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
+    const __m256i one = _mm256_set1_epi32(0x3F800000);
+    /* lane p of spread j: byte 8 j + p of the sub-block's 16 (p < 4 from the low half's copy, p >= 4 the high's) */
+    const __m256i spread[2] = {
+        _mm256_setr_epi8(-1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1,
+                         -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1),
+        _mm256_setr_epi8(-1, -1, 8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1,
+                         -1, -1, 12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15, -1)};
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+        const __m256i a0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+        const __m256i a1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+        const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(a0, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 4), two)),
+            _mm256_or_si256(_mm256_and_si256(a1, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 2), two)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a0, 4), nib), _mm256_and_si256(qh, two)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a1, 4), nib),
+                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), two))};
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i)
+#pragma GCC unroll 2
+            for (int half = 0; half < 2; ++half) {
+                const int s = 8 * h + 2 * i + half, e0 = 128 * h + 32 * i + 16 * half;
+                const __m256i sb = half ? _mm256_permute2x128_si256(q[i], q[i], 0x11)
+                                        : _mm256_permute2x128_si256(q[i], q[i], 0x00);
+                const __m256 as = _mm256_broadcast_ss(a + s), cs = _mm256_broadcast_ss(c + s);
+#pragma GCC unroll 2
+                for (int j = 0; j < 2; ++j) {
+                    const __m256 f = _mm256_castsi256_ps(_mm256_or_si256(_mm256_shuffle_epi8(sb, spread[j]), one));
+                    emit(R, 2 * half + j, _mm256_fmsub_ps(as, f, cs), e0 + 8 * j, NULL, x, ldx, acc);
+                }
+            }
+    }
+}
+
 static inline __attribute__((always_inline)) void kq_block(const int type, const int R, const uint8_t *b, float *out,
                                                            const float *x, int64_t ldx, __m256 *acc) {
     if (type == Q6K)
@@ -237,11 +294,18 @@ static inline __attribute__((always_inline)) void rows_fused_r(const int type, c
         __m256 acc[4];
         for (int c = 0; c < 4; ++c) acc[c] = _mm256_setzero_ps();
         const uint8_t *row = w + n * nb * bb;
+        float sc[2][2][16]; /* Q6_K: the next super-block's factors made while this one's are used */
+        if (type == Q6K) q6k_scales(row, sc[0][0], sc[0][1]);
         for (int64_t i = 0; i < nb; ++i) {
             /* every line of the super-block 8 on, not its first only (gemm_kquant_q8.c's rows_dot: SmolLM2-1.7B's
              * Q6_K head, 49152 x 2048, read faster from memory with all asked) */
             for (int64_t o = 0; o < bb; o += 64) __builtin_prefetch(row + (i + 8) * bb + o, 0, 0);
-            kq_block(type, R, row + i * bb, NULL, x + i * QK, k, acc);
+            if (type != Q6K) {
+                kq_block(type, R, row + i * bb, NULL, x + i * QK, k, acc);
+                continue;
+            }
+            if (i + 1 < nb) q6k_scales(row + (i + 1) * bb, sc[(i + 1) & 1][0], sc[(i + 1) & 1][1]);
+            q6k_rows_block(R, row + i * bb, sc[i & 1][0], sc[i & 1][1], x + i * QK, k, acc);
         }
         for (int r = 0; r < R; ++r) {
             __m256 s = acc[r * CHAINS(R)];
