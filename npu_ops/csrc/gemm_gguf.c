@@ -32,6 +32,7 @@
 
 #define QK 32 /* values per block */
 #define NR 4  /* weight rows a tile */
+#define NR_ROW 8 /* weight rows a lone row of x streams at once (two groups) */
 #define MR 3  /* x rows a tile (the buffered path) */
 #define MC 64 /* x rows a decoded weight buffer serves */
 
@@ -104,20 +105,23 @@ static inline __attribute__((always_inline)) void dequant_row_buf(const int t, c
     }
 }
 
-/* y[0, r] for rows r < nr (<= NR) of w, one row of x: blocks decoded in registers. */
+/* y[0, r] for rows r < nr (<= NR_ROW) of w, one row of x: blocks decoded in registers. Each row keeps its one
+ * accumulator chain (the buffered path's sums); NR_ROW rows at once so that 8 chains hide the FMAs' latency (4 left
+ * the fp32 head's GEMV waiting on them). */
 static inline __attribute__((always_inline)) void row_tile(const int t, const uint8_t *w, int64_t rb, int nr,
                                                            int64_t k, const float *x, float *y) {
-    __m256 acc[NR];
-    for (int r = 0; r < NR; ++r) acc[r] = _mm256_setzero_ps();
+    __m256 acc[NR_ROW];
+    for (int r = 0; r < NR_ROW; ++r) acc[r] = _mm256_setzero_ps();
     const int64_t bb = BLOCK_BYTES[t];
     for (int64_t b = 0; b < k / QK; ++b) {
         const float *xb = x + b * QK;
-        for (int r = 0; r < NR; ++r) {
+#pragma GCC unroll 8
+        for (int r = 0; r < NR_ROW; ++r) {
             if (r >= nr) break;
             __m256 c[4];
             /* the same place of the next group's row asked for about once a line read (stream_ahead.h): the
              * hardware prefetchers alone left the head's long GEMV at half the rate */
-            if (bb * b % 64 < bb) stream_at(w + (r + NR) * rb + b * bb);
+            if (bb * b % 64 < bb) stream_at(w + (r + NR_ROW) * rb + b * bb);
             dequant_regs(t, w + r * rb + b * bb, c);
             for (int i = 0; i < 4; ++i) acc[r] = _mm256_fmadd_ps(c[i], _mm256_loadu_ps(xb + 8 * i), acc[r]);
         }
@@ -198,6 +202,14 @@ static inline __attribute__((always_inline)) void groups_range(const int t, cons
                                                                int64_t k, const float *x, int64_t m, float *y,
                                                                int64_t g0, int64_t g1, float *wb) {
     const int64_t rb = k / QK * BLOCK_BYTES[t];
+    if (m == 1) { /* a lone row: NR_ROW / NR groups at once, the same sums per row */
+        const int64_t end = g1 * NR < n_out ? g1 * NR : n_out;
+        int64_t r0 = g0 * NR;
+        for (; r0 + NR_ROW <= end; r0 += NR_ROW) /* nr a constant: the accumulators stay in registers */
+            row_tile(t, w + r0 * rb, rb, NR_ROW, k, x, y + r0);
+        if (r0 < end) row_tile(t, w + r0 * rb, rb, (int)(end - r0), k, x, y + r0);
+        return;
+    }
     for (int64_t g = g0; g < g1; ++g) {
         const int64_t r0 = g * NR;
         const int nr = n_out - r0 < NR ? (int)(n_out - r0) : NR;
