@@ -21,6 +21,7 @@
 #include "gemm_tile.h"
 #include "kernels.h"
 #include "team_sync.h"
+#include "vec_math.h"
 
 #define QK 256
 #define ROWS_FUSED 4
@@ -30,41 +31,17 @@
 enum { Q4K = GGUF_KQ_Q4_K, Q5K = GGUF_KQ_Q5_K, Q6K = GGUF_KQ_Q6_K };
 static const int64_t BLOCK_BYTES[3] = {144, 176, 210};
 
-#if !defined(__AVX2__) || !defined(__F16C__)
-/* IEEE half -> float, exact (subnormals included), for the d / dmin fields. */
-static float half_to_float(const uint8_t *p) {
-    const uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
-    const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
-    uint32_t bits;
-    if (exp == 0x1F) {
-        bits = sign | 0x7F800000u | man << 13;
-    } else if (exp != 0) {
-        bits = sign | (exp + 112) << 23 | man << 13;
-    } else if (man == 0) {
-        bits = sign;
-    } else {  /* subnormal: normalise */
-        int e = -1;
-        uint32_t m = man;
-        do { ++e; m <<= 1; } while (!(m & 0x400));
-        bits = sign | (uint32_t)(112 - e) << 23 | (m & 0x3FF) << 13;
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-#endif
-
 #ifndef __AVX2__
 /* A super-block's per-sub-block factors: w = dsc[s] * q - dm[s] (Q4_K, Q5_K: 8 sub-blocks of 32, 6-bit scale
  * and min packed in 12 bytes as llama.cpp's get_scale_min_k4); Q6_K: w = dsc[s] * (q - 32), 16 sub-blocks of 16
  * with int8 scales. Each product rounded to fp32 once, as gguf's dequantize_blocks does. */
 static void kq_factors(int type, const uint8_t *b, float *dsc, float *dm) {
     if (type == Q6K) {
-        const float d = half_to_float(b + 208);
+        const float d = f16_to_f32(b + 208);
         for (int s = 0; s < 16; ++s) dsc[s] = d * (float)(int8_t)b[192 + s];
         return;
     }
-    const float d = half_to_float(b), dmin = half_to_float(b + 2);
+    const float d = f16_to_f32(b), dmin = f16_to_f32(b + 2);
     const uint8_t *sc = b + 4;
     for (int s = 0; s < 8; ++s) {
         uint8_t ls, lm;
@@ -107,22 +84,11 @@ static void kq_decode_scalar(int type, const uint8_t *b, float *out) {
 
 #ifdef __AVX2__
 #include <immintrin.h>
-#include "vec_math.h"
-
-static inline float half_at(const uint8_t *p) {
-#ifdef __F16C__
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-#else
-    return half_to_float(p);
-#endif
-}
 
 /* kq_factors with vectors: the 12 packed bytes unpacked 4 at a time as llama.cpp's AVX2 code does (kmask1-3). */
 static inline void kq_factors_avx(int type, const uint8_t *b, float *dsc, float *dm) {
     if (type == Q6K) {
-        const __m256 d = _mm256_set1_ps(half_at(b + 208));
+        const __m256 d = _mm256_set1_ps(f16_to_f32(b + 208));
         const __m256i s0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 192)));
         const __m256i s1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 200)));
         _mm256_storeu_ps(dsc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s0)));
@@ -137,8 +103,8 @@ static inline void kq_factors_avx(int type, const uint8_t *b, float *dsc, float 
     v[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
     const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)v));
     const __m256i mn = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(v + 2)));
-    _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(half_at(b)), _mm256_cvtepi32_ps(sc)));
-    _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_set1_ps(half_at(b + 2)), _mm256_cvtepi32_ps(mn)));
+    _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(f16_to_f32(b)), _mm256_cvtepi32_ps(sc)));
+    _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_set1_ps(f16_to_f32(b + 2)), _mm256_cvtepi32_ps(mn)));
 }
 
 /* Independent accumulator chains a row keeps, so the FMAs' latency is hidden: R rows x CHAINS(R) <= 4. */
@@ -219,16 +185,13 @@ static inline __attribute__((always_inline)) void q6k_block(const int R, const u
         }
 }
 
-/* Q6_K into R >= 1 rows' FMAs, the weights as q6k_block gives them in fewer instructions (the head's GEMV was
- * compute-bound at ~12 cycles per 32 weights a core, now ~9): a quarter's 32 quants put together byte-wise in one
- * 256-bit register (ql's nibble | qh's 2 bits << 4), each sub-block's 16 bytes copied to both halves and 8 of them
- * spread by pshufb into byte 2 of 8 lanes. With 0x3F800000 or-ed in, a lane is the float 1 + q / 128 exactly, so
- * fmsub(128 dsc, 1 + q / 128, 160 dsc) = dsc * (q - 32): 128 dsc and 160 dsc are exact (dsc = d * sc has at most
- * 18 significant bits), the product and difference are exact inside the FMA, and dsc * (q - 32) (at most 23 bits)
- * is gguf's fl(fl(d * sc) * (q - 32)) itself, so the one rounding changes nothing. (A non-finite d, which no
- * quantizer writes, gives NaN here where gguf gives infinities.) a, c: q6k_scales' factors of this super-block. */
+/* Q6_K into R >= 1 rows' FMAs in fewer instructions than q6k_block (the head's GEMV was compute-bound): a quarter's
+ * quants put together byte-wise in one register, a sub-block's bytes copied to both halves and spread by pshufb into
+ * byte 2 of 8 lanes; or-ed with 0x3F800000 a lane is 1 + q / 128, and fmsub(128 dsc, 1 + q / 128, 160 dsc) is
+ * gguf's exact fl(fl(d * sc) * (q - 32)) (every term exact: dsc has <= 18 significant bits, the weight <= 23; a
+ * non-finite d, which no quantizer writes, gives NaN). a, c: q6k_scales' 128 dsc and 160 dsc of the super-block. */
 static inline void q6k_scales(const uint8_t *b, float *a, float *c) {
-    const __m256 d = _mm256_set1_ps(half_at(b + 208));
+    const __m256 d = _mm256_set1_ps(f16_to_f32(b + 208));
     for (int v = 0; v < 2; ++v) {
         const __m256 s = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
                                               _mm_loadl_epi64((const __m128i *)(b + 192 + 8 * v)))));
@@ -240,14 +203,12 @@ static inline void q6k_scales(const uint8_t *b, float *a, float *c) {
 static inline __attribute__((always_inline)) void q6k_rows_block(const int R, const uint8_t *b, const float *a,
                                                                  const float *c, const float *x, int64_t ldx,
                                                                  __m256 *acc) {
-    const __m256i nib = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30);
-    const __m256i one = _mm256_set1_epi32(0x3F800000);
-    /* lane p of spread j: byte 8 j + p of the sub-block's 16 (p < 4 from the low half's copy, p >= 4 the high's) */
-    const __m256i spread[2] = {
-        _mm256_setr_epi8(-1, -1, 0, -1, -1, -1, 1, -1, -1, -1, 2, -1, -1, -1, 3, -1,
-                         -1, -1, 4, -1, -1, -1, 5, -1, -1, -1, 6, -1, -1, -1, 7, -1),
-        _mm256_setr_epi8(-1, -1, 8, -1, -1, -1, 9, -1, -1, -1, 10, -1, -1, -1, 11, -1,
-                         -1, -1, 12, -1, -1, -1, 13, -1, -1, -1, 14, -1, -1, -1, 15, -1)};
+    const __m256i nib = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(0x30), one = _mm256_set1_epi32(0x3F800000);
+#define SPREAD(j) /* lane p: byte j + p of the sub-block's 16, from the half copy p / 4 */                           \
+    _mm256_setr_epi8(-1, -1, j, -1, -1, -1, j + 1, -1, -1, -1, j + 2, -1, -1, -1, j + 3, -1, -1, -1, j + 4, -1,   \
+                     -1, -1, j + 5, -1, -1, -1, j + 6, -1, -1, -1, j + 7, -1)
+    const __m256i spread[2] = {SPREAD(0), SPREAD(8)};
+#undef SPREAD
 #pragma GCC unroll 2
     for (int h = 0; h < 2; ++h) {
         const __m256i a0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
@@ -300,12 +261,9 @@ static inline __attribute__((always_inline)) void rows_fused_r(const int type, c
             /* every line of the super-block 8 on, not its first only (gemm_kquant_q8.c's rows_dot: SmolLM2-1.7B's
              * Q6_K head, 49152 x 2048, read faster from memory with all asked) */
             for (int64_t o = 0; o < bb; o += 64) __builtin_prefetch(row + (i + 8) * bb + o, 0, 0);
-            if (type != Q6K) {
-                kq_block(type, R, row + i * bb, NULL, x + i * QK, k, acc);
-                continue;
-            }
-            if (i + 1 < nb) q6k_scales(row + (i + 1) * bb, sc[(i + 1) & 1][0], sc[(i + 1) & 1][1]);
-            q6k_rows_block(R, row + i * bb, sc[i & 1][0], sc[i & 1][1], x + i * QK, k, acc);
+            if (type == Q6K && i + 1 < nb) q6k_scales(row + (i + 1) * bb, sc[(i + 1) & 1][0], sc[(i + 1) & 1][1]);
+            if (type == Q6K) q6k_rows_block(R, row + i * bb, sc[i & 1][0], sc[i & 1][1], x + i * QK, k, acc);
+            else kq_block(type, R, row + i * bb, NULL, x + i * QK, k, acc);
         }
         for (int r = 0; r < R; ++r) {
             __m256 s = acc[r * CHAINS(R)];
