@@ -244,3 +244,27 @@ def test_the_8_row_batch_kernel_gives_each_row_the_bits_of_the_row_passes_at_1_t
                 assert torch.equal(got, alone[33 - m:]), (t, m)
     finally:
         torch.set_num_threads(before)
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", TYPES)
+def test_a_k_quant_linear_inside_a_team_gives_the_kernel_s_bits(name: str) -> None:
+    """A decode step's GgufLinear runs the fp32-activation kernel inside gguf_linear.c's team (each thread its share
+    of the output rows, as the fused decoder's head does): every output, at 1 to 3 threads, is the bits of the
+    kernel's own team call on the same rows."""
+    from npu_ops.gguf_modules import STEP_DECODE, GgufLinear, gguf_step
+    from npu_ops.quant_gguf import GgufWeight
+
+    n, k = 37, 512
+    raw = weights(n, k, name, seed=11)
+    layer = GgufLinear([GgufWeight(raw.reshape(n, -1), name, (n, k))])
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(2))
+    want, lone = kq.matmul(x, raw, name, n, k), kq.matmul(x[1:2], raw, name, n, k)
+    before = torch.get_num_threads()
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            with gguf_step(STEP_DECODE):
+                assert torch.equal(layer(x), want) and torch.equal(layer(x[1:2]), lone), t
+    finally:
+        torch.set_num_threads(before)
