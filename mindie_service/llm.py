@@ -105,6 +105,7 @@ class LLM:
         self.input_processor = InputProcessor.from_facts(input_facts(self.engine))
         self._ids = itertools.count()
         self.pooling = engine_pooling(self.engine)  # tasks, pooling (engine.pooling)
+        self.engine.runner.idle()  # what building the engine and its input processor freed, out of the RSS (issue 44)
         logger.info("LLM: %s ready in %.1f s", model, time.monotonic() - t0)
 
     def shutdown(self) -> None:

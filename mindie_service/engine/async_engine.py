@@ -198,6 +198,7 @@ class AsyncEngine:
 
     def _run(self) -> None:
         try:
+            self.engine.runner.idle()  # what the load and the serve's setup freed, out of the RSS before any request
             while True:
                 with self._cond:
                     while not self._inbox and not self._has_work() and not self._stopping:

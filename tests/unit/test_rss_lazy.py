@@ -197,3 +197,29 @@ def test_the_serve_engine_thread_gives_it_back_when_it_runs_out_of_work(tiny_mod
         assert _fused_work(eng.engine) == 0
     finally:
         eng.shutdown()
+
+
+def test_an_offline_engine_gives_back_what_its_build_freed_before_it_returns(tiny_model, monkeypatch):
+    # What the engine's and the input processor's builds allocate and free (~9 MB on SmolLM2) stays in the RSS
+    # until glibc trims: the last thing LLM() does is a trim, after the input processor is built.
+    from npu_ops import memory
+    events: list[str] = []
+    trim, build = memory.trim_heap, InputProcessor.from_facts
+    monkeypatch.setattr(memory, "trim_heap", lambda: events.append("trim") or trim())
+    monkeypatch.setattr(InputProcessor, "from_facts", staticmethod(lambda *a, **k: events.append("processor")
+                                                                   or build(*a, **k)))
+    LLM(str(tiny_model), num_kv_blocks=16)
+    assert "processor" in events and events[-1] == "trim", events
+
+
+def test_the_serve_engine_thread_gives_it_back_before_the_first_request(tiny_model):
+    eng = AsyncEngine(EngineConfig(model=str(tiny_model), cache_block_size=16, num_kv_blocks=16, max_batch_size=2,
+                                   max_prefill_batch_size=2))
+    calls = threading.Event()
+    idle = eng.engine.runner.idle
+    eng.engine.runner.idle = lambda: (calls.set(), idle())  # type: ignore[method-assign]
+    eng.start()
+    try:
+        assert calls.wait(timeout=60), "the engine thread waited for work with the load's freed heap still held"
+    finally:
+        eng.shutdown()
