@@ -8,6 +8,10 @@ cached GGUF reader's mapped pages. Memory, not speed: fine on a busy machine.
 
     PYTHONPATH=$PWD .venv/bin/python tools/rss_breakdown.py [--gguf PATH] [--blocks 2912] [--streams 32] [--json]
 
+``--imports`` prints instead where the RSS before any weight goes: the resident bytes each top-level package's own
+module bodies added (its imports of other packages counted to those), over ``import torch``, then what ``serve`` and
+the offline ``LLM`` import (a module imported while a load runs is not counted here: the phases show it).
+
 ``--streams N`` then runs N requests at once, three times, and marks the RSS after the first run, after the third (a
 growth that does not stop there is unbounded) and after ``malloc_trim(0)`` (what glibc held but was free).
 """
@@ -16,11 +20,14 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import importlib.abc
+import importlib.machinery
 import json
 import os
 import sys
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
@@ -193,6 +200,66 @@ def streams(engine: Any, n: int, tokens: int) -> None:
     engine.runner.idle()
 
 
+class ImportMeter(importlib.abc.MetaPathFinder):
+    """On sys.meta_path: each module's body run between two /proc/self/statm reads; what its own imports added is
+    taken off its share, and the rest counted to its top-level package."""
+
+    def __init__(self) -> None:
+        self.own: Counter[str] = Counter()
+        self._stack: list[int] = []
+        self._busy = False
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if self._busy:
+            return None
+        self._busy = True
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        finally:
+            self._busy = False
+        if spec is None or not hasattr(spec.loader, "exec_module"):
+            return None
+        run = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            self._stack.append(0)
+            before = _statm_rss()
+            try:
+                run(module)
+            finally:
+                grew, inner = _statm_rss() - before, self._stack.pop()
+                self.own[name.partition(".")[0]] += grew - inner
+                if self._stack:
+                    self._stack[-1] += grew
+        try:
+            spec.loader.exec_module = exec_module
+        except (AttributeError, TypeError):  # a loader that refuses the attribute: counted to its importer
+            return None
+        return spec
+
+
+def _statm_rss() -> int:
+    with open("/proc/self/statm", "rb") as f:  # bytes: a text codec's lookup would import inside the meter
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def imports_report() -> None:
+    """The floor before any weight: interpreter, torch, then serve's and LLM's imports, by top-level package."""
+    meter = ImportMeter()
+    sys.meta_path.insert(0, meter)
+    steps = [("import torch", "torch"), ("serve's imports", "mindie_service.server.main"),
+             ("the offline LLM's", "mindie_service.llm")]
+    print(f"interpreter: RSS {_statm_rss() / MIB:.0f} MiB")
+    for title, module in steps:
+        meter.own.clear()
+        before = _statm_rss()
+        importlib.import_module(module)
+        print(f"{title}: +{(_statm_rss() - before) / MIB:.1f} MiB (RSS {_statm_rss() / MIB:.0f})")
+        for pkg, n in meter.own.most_common(12):
+            if n >= MIB // 4:
+                print(f"  {pkg:28} {n / MIB:6.1f}")
+
+
 def report(phases: Phases, own: dict[str, int], file_bytes: int, kv: int, as_json: bool) -> None:
     goal = file_bytes + kv + 300 * MIB
     if as_json:
@@ -219,7 +286,11 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=0, help="then this many requests at once (the growth a run adds, once idle)")
     ap.add_argument("--stream-tokens", type=int, default=64, help="tokens each of --streams generates")
     ap.add_argument("--json", action="store_true", help="one JSON line instead of the table")
+    ap.add_argument("--imports", action="store_true", help="only the RSS the imports add, by top-level package")
     args = ap.parse_args()
+    if args.imports:
+        imports_report()
+        return
     phases = Phases()
     phases.mark("interpreter")
     t = time.perf_counter()
