@@ -5,11 +5,15 @@ helper would each parse it again. ``read_gguf`` caches the parsed reader per (fi
 inside their functions, for the duration of one call."""
 from __future__ import annotations
 
+import sys
 import threading
+from collections.abc import Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
+
+import numpy as np
 
 from mindie_service.errors import ValidationError
 
@@ -27,11 +31,85 @@ def _cached(file: str, size: int, mtime_ns: int) -> Any:
     return parse_gguf(Path(file))
 
 
+class ArrayParts(Sequence):
+    """An array field's ``parts`` as gguf.GGUFReader lists them (key length, key, value type, item type, count, then
+    each item's: a string's length and bytes, a scalar's one-element view), each view made when it is read. The stock
+    reader makes them all at the parse: ~250k numpy objects for SmolLM2's vocabulary and merges, whose arenas the
+    objects that a load keeps, made while the parse lives, pin in the RSS after it is dropped (issue 44)."""
+
+    def __init__(self, reader: Any, head: list[Any], starts: np.ndarray, lengths: np.ndarray | None,
+                 item: Any) -> None:
+        self._reader, self._head, self._starts, self._lengths, self._item = reader, head, starts, lengths, item
+        self._per = 1 if lengths is None else 2
+
+    def __len__(self) -> int:
+        return len(self._head) + self._per * len(self._starts)
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(len(self)))]
+        k = k + len(self) if k < 0 else k
+        if not 0 <= k < len(self):
+            raise IndexError(k)
+        if k < len(self._head):
+            return self._head[k]
+        i, j = divmod(k - len(self._head), self._per)
+        start = int(self._starts[i])
+        if self._lengths is None:
+            return self._reader._get(start, self._item)
+        if j == 0:
+            return self._reader._get(start, np.uint64)
+        return self._reader._get(start + 8, np.uint8, int(self._lengths[i]))
+
+
+def _array_field(reader: Any, offs: int, head: list[Any]) -> tuple[int, Any, Any, list[Any]] | None:
+    """(size, parts, data indices, types) of the array value at ``offs``, compact (ArrayParts); None for an array
+    of arrays, which the stock reader walks."""
+    from gguf import GGUFValueType
+    itype, alen = reader._get(offs, np.uint32), reader._get(offs + 4, np.uint64)
+    item, n, pos = GGUFValueType(int(itype[0])), int(alen[0]), offs + 12
+    head = head + [itype, alen]
+    if item == GGUFValueType.STRING:
+        starts, lengths = np.empty(n, np.int64), np.empty(n, np.int64)
+        raw, order = reader.data, "big" if (reader.byte_order == "S") == (sys.byteorder == "little") else "little"
+        for i in range(n):  # each length says where the next string starts
+            starts[i], lengths[i] = pos, int.from_bytes(raw[pos:pos + 8].tobytes(), order)
+            pos += 8 + int(lengths[i])
+        parts = ArrayParts(reader, head, starts, lengths, None)
+        return pos - offs, parts, range(len(head) + 1, len(parts), 2), [GGUFValueType.ARRAY, item]
+    nptype = reader.gguf_scalar_to_np.get(item)
+    if nptype is None:
+        return None
+    size = np.dtype(nptype).itemsize
+    parts = ArrayParts(reader, head, pos + size * np.arange(n, dtype=np.int64), None, nptype)
+    return 12 + size * n, parts, range(len(head), len(parts)), [GGUFValueType.ARRAY, item]
+
+
 def _named_reader() -> Any:
-    """gguf.GGUFReader whose tensor of an unknown type fails naming the tensor and the type's number."""
-    from gguf import GGMLQuantizationType, GGUFReader
+    """gguf.GGUFReader whose tensor of an unknown type fails naming the tensor and the type's number, and whose array
+    fields are compact (ArrayParts)."""
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+    from gguf.gguf_reader import ReaderField
 
     class NamedReader(GGUFReader):  # type: ignore[misc, valid-type]
+        def _build_fields(self, offs: int, count: int) -> int:  # gguf's own, but for arrays
+            for _ in range(count):
+                orig_offs = offs
+                klen, kdata = self._get_str(offs)
+                offs += int(klen.nbytes + kdata.nbytes)
+                raw_type = self._get(offs, np.uint32)
+                offs += int(raw_type.nbytes)
+                head = [klen, kdata, raw_type]
+                got = _array_field(self, offs, head) if int(raw_type[0]) == GGUFValueType.ARRAY else None
+                if got is None:
+                    size, fparts, fidx, types = self._get_field_parts(offs, raw_type[0])
+                    got = size, head + fparts, [i + len(head) for i in fidx], types
+                size, parts, data, types = got
+                self._push_field(ReaderField(orig_offs, str(bytes(kdata), encoding="utf-8"), parts, data, types),
+                                 skip_sum=True)
+                offs += size
+            return offs
+
         def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
             for f in fields:
                 raw = int(f.parts[4][0])
