@@ -69,6 +69,7 @@ def _array_field(reader: Any, offs: int, head: list[Any]) -> tuple[int, Any, Any
     itype, alen = reader._get(offs, np.uint32), reader._get(offs + 4, np.uint64)
     item, n, pos = GGUFValueType(int(itype[0])), int(alen[0]), offs + 12
     head = head + [itype, alen]
+    types = [GGUFValueType.ARRAY, item] if n else [GGUFValueType.ARRAY]  # the stock reader's: items name the type
     if item == GGUFValueType.STRING:
         starts, lengths = np.empty(n, np.int64), np.empty(n, np.int64)
         raw, order = reader.data, "big" if (reader.byte_order == "S") == (sys.byteorder == "little") else "little"
@@ -76,13 +77,13 @@ def _array_field(reader: Any, offs: int, head: list[Any]) -> tuple[int, Any, Any
             starts[i], lengths[i] = pos, int.from_bytes(raw[pos:pos + 8].tobytes(), order)
             pos += 8 + int(lengths[i])
         parts = ArrayParts(reader, head, starts, lengths, None)
-        return pos - offs, parts, range(len(head) + 1, len(parts), 2), [GGUFValueType.ARRAY, item]
+        return pos - offs, parts, range(len(head) + 1, len(parts), 2), types
     nptype = reader.gguf_scalar_to_np.get(item)
     if nptype is None:
         return None
     size = np.dtype(nptype).itemsize
     parts = ArrayParts(reader, head, pos + size * np.arange(n, dtype=np.int64), None, nptype)
-    return 12 + size * n, parts, range(len(head), len(parts)), [GGUFValueType.ARRAY, item]
+    return 12 + size * n, parts, range(len(head), len(parts)), types
 
 
 def _named_reader() -> Any:
