@@ -268,3 +268,16 @@ def test_a_k_quant_linear_inside_a_team_gives_the_kernel_s_bits(name: str) -> No
                 assert torch.equal(layer(x), want) and torch.equal(layer(x[1:2]), lone), t
     finally:
         torch.set_num_threads(before)
+
+
+@needs_kernels
+@pytest.mark.parametrize("name", TYPES)
+def test_few_rows_of_a_very_wide_int8_gemm_are_each_their_own(name: str) -> None:
+    """At k = 49152 the row passes' x chunk (96 KiB of int8 rows) is one row, so 3 rows (under the 8-lane batch
+    kernel's 4) take 3 chunks: each row's result is its own."""
+    n, k = 4, 49152
+    raw = weights(n, k, name, seed=9)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(5))
+    full = kq.matmul(x, raw, name, n, k, int8_rows=True)
+    for i in range(3):
+        assert torch.equal(kq.matmul(x[i:i + 1], raw, name, n, k, int8_rows=True), full[i:i + 1]), i
