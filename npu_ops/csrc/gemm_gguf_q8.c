@@ -27,6 +27,7 @@
 #include "gemm_gguf_q8.h"
 #include "kernels.h"
 #include "team_sync.h"
+#include "vec_math.h"
 #include "stream_ahead.h"
 
 #define QK 32 /* values per block */
@@ -92,29 +93,6 @@ void gguf_q8_quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, floa
         for (int j = 0; j < 8; ++j) xd[8 * b + j] = d[j / 4];
         xs[b] = d[0] * (float)sum[0] + d[1] * (float)sum[1];
     }
-}
-
-static inline float f16_at(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#ifdef __F16C__
-    return _cvtsh_ss(h);
-#else
-    /* the types' scales are normal or zero halves in practice; subnormals renormalized as gemm_gguf.c does */
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    uint32_t bits;
-    if (e == 0 && m == 0) bits = sign;
-    else if (e == 0) {
-        int s = -1;
-        uint32_t mm = m;
-        do { ++s; mm <<= 1; } while (!(mm & 0x400));
-        bits = sign | ((uint32_t)(112 - s) << 23) | ((mm & 0x3ff) << 13);
-    } else if (e == 31) bits = sign | 0x7f800000u | (m << 13);
-    else bits = sign | ((e + 112) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-#endif
 }
 
 #ifdef __AVX2__
@@ -245,7 +223,7 @@ static void tile_q8(const int t, const int mr, const uint8_t *w[NR], int64_t nb,
                 }
                 float d, mn;
                 if (t == T_Q4_1F) { memcpy(&d, p, 4); memcpy(&mn, p + 4, 4); }
-                else { d = f16_at(p); mn = t == T_Q4_1 ? f16_at(p + 2) : d; }
+                else { d = f16_to_f32(p); mn = t == T_Q4_1 ? f16_to_f32(p + 2) : d; }
                 const float *xdb = xd + 8 * (i * nb + b);
                 acc = fmaf(d * xdb[0], (float)s[0], fmaf(d * xdb[4], (float)s[1], acc));
                 if (t != T_Q8_0) off = fmaf(mn, xs[i * nb + b], off);

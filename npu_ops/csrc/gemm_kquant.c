@@ -21,6 +21,7 @@
 #include "gemm_tile.h"
 #include "kernels.h"
 #include "team_sync.h"
+#include "kquant_block.h"
 #include "vec_math.h"
 
 #define QK 256
@@ -95,14 +96,10 @@ static inline void kq_factors_avx(int type, const uint8_t *b, float *dsc, float 
         _mm256_storeu_ps(dsc + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(s1)));
         return;
     }
-    uint32_t u[3], v[4];
-    memcpy(u, b + 4, 12);
-    v[0] = u[0] & 0x3f3f3f3fu;
-    v[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
-    v[2] = u[1] & 0x3f3f3f3fu;
-    v[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
-    const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)v));
-    const __m256i mn = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(v + 2)));
+    uint8_t sm[16];
+    kq_scales_mins(b, sm);
+    const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm));
+    const __m256i mn = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 8)));
     _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_set1_ps(f16_to_f32(b)), _mm256_cvtepi32_ps(sc)));
     _mm256_storeu_ps(dm, _mm256_mul_ps(_mm256_set1_ps(f16_to_f32(b + 2)), _mm256_cvtepi32_ps(mn)));
 }

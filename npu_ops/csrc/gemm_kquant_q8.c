@@ -19,6 +19,8 @@
 
 #include "gemm_kquant.h"
 #include "gemm_kquant_q8.h"
+#include "kquant_block.h"
+#include "vec_math.h"
 #include "kernels.h"
 #include "team_sync.h"
 
@@ -49,23 +51,6 @@ void gguf_q8k_quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, int
 #if defined(__AVX2__) && defined(__F16C__)
 #include <immintrin.h>
 
-static inline float half_at(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
-/* The 8 6-bit scales then the 8 mins of a Q4_K / Q5_K super-block, as bytes (llama.cpp's kmask unpacking). */
-static inline void scales_mins(const uint8_t *b, uint8_t *sm) {
-    uint32_t u[3], v[4];
-    memcpy(u, b + 4, 12);
-    v[0] = u[0] & 0x3f3f3f3fu;
-    v[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
-    v[2] = u[1] & 0x3f3f3f3fu;
-    v[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
-    memcpy(sm, v, 16);
-}
-
 #define KMR 4 /* rows of x a pass shares each super-block's unpacked quants with */
 
 /* Q4_K / Q5_K super-block . mr quantized row blocks (row r's at xq + r * k, its scale xd[r * nb], its sums of 16
@@ -77,7 +62,7 @@ static inline __attribute__((always_inline)) void dot_q45k(const int five, const
                                                            const int8_t *xq, int64_t k, const float *xd, int64_t nb,
                                                            const int16_t *bs, __m128 *acc) {
     uint8_t sm[16];
-    scales_mins(b, sm);
+    kq_scales_mins(b, sm);
     const uint8_t *qs = b + (five ? 48 : 16);
     const __m256i nib = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     const __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
@@ -150,7 +135,7 @@ static inline __attribute__((always_inline)) void dot_q6k(const int mr, const ui
             }
         }
     }
-    const float d = half_at(b + 208);
+    const float d = f16_to_f32(b + 208);
     for (int r = 0; r < mr; ++r) { /* the super-block's exact sum, then fp32 in the lanes kernel's order (lane 0) */
         __m128i h = _mm_add_epi32(_mm256_castsi256_si128(sumi[r]), _mm256_extracti128_si256(sumi[r], 1));
         h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));

@@ -22,6 +22,7 @@
 #include "gemm_kquant.h"
 #include "gemm_kquant_q8.h"
 #include "gemm_kquant_q8_lanes.h"
+#include "kquant_block.h"
 #include "kernels.h"
 #include "team_sync.h"
 #include "vec_math.h"
@@ -60,14 +61,8 @@ static inline __attribute__((always_inline)) void super8(const int five, const u
     int32_t scl[8][RW], mn[4][RW];
     uint64_t h[2] = {0, 0}, hm[2] = {0, 0};
     for (int r = 0; r < RW; ++r) {
-        uint32_t u[3], v[4];
-        memcpy(u, p[r] + 4, 12); /* llama.cpp's kmask unpacking (gemm_kquant_q8.c's scales_mins) */
-        v[0] = u[0] & 0x3f3f3f3fu;
-        v[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
-        v[2] = u[1] & 0x3f3f3f3fu;
-        v[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
         uint8_t sm[16];
-        memcpy(sm, v, 16);
+        kq_scales_mins(p[r], sm);
         for (int s = 0; s < 8; ++s) scl[s][r] = sm[s] | sm[s] << 16;
         for (int q = 0; q < 4; ++q) mn[q][r] = sm[8 + 2 * q] | sm[9 + 2 * q] << 16;
         uint16_t dd[2];
