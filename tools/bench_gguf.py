@@ -91,7 +91,7 @@ def engine_weight_bytes(llm: Any) -> int:
 def ours_side(model: str, quant: str | None, work: dict[str, Any], acts: str = EngineConfig.gguf_activations,
               stream_only: bool = False) -> dict[str, Any]:
     """Our engine on one model in this (fresh) process: load, RSS, KV pool, one stream, N streams, a prefill (or,
-    ``stream_only``, the one stream alone: a repeat round)."""
+    ``stream_only``, the one stream and the prefill: a repeat round)."""
     import torch
     from mindie_service import LLM, SamplingParams
     from bench_real import timed_generate
@@ -107,9 +107,7 @@ def ours_side(model: str, quant: str | None, work: dict[str, Any], acts: str = E
     timed_generate(llm, [work["streams"][-1][:8]], [2])  # warm-up: threads, kernels
     dt, decode_s, decoded = timed_generate(llm, [work["stream"]], [work["out"]])
     row.update(stream=work["out"] / dt, decode=decoded / decode_s)
-    if stream_only:
-        return row
-    for n in work["stream_counts"]:
+    for n in ([] if stream_only else work["stream_counts"]):
         dt = timed_generate(llm, work["streams"][:n], [work["out"]] * n)[0]
         row[f"streams_{n}"] = n * work["out"] / dt
     t = time.perf_counter()
@@ -150,29 +148,43 @@ def run_llama(python: Path, gguf: Path, work: dict[str, Any], threads: int) -> d
         rows = harness(python, gguf, work["streams"][:n], [work["out"]] * n, slots, threads)
         best = max((r for r in rows if "tok_s" in r), key=lambda r: r["tok_s"])
         row[f"streams_{n}"], row[f"slots_{n}"] = best["tok_s"], best["slots"]
-    rows = harness(python, gguf, [work["prefill_ids"]], [1], [1], threads)
-    row["prefill_s"] = 1.0 / rows[0]["tok_s"]
+    row["prefill_s"] = llama_prefill(python, gguf, work, threads)
     return row
+
+
+def llama_prefill(python: Path, gguf: Path, work: dict[str, Any], threads: int) -> float:
+    """Seconds to llama.cpp's first token of the prefill prompt (one slot, so the prompt is all one step's)."""
+    return 1.0 / harness(python, gguf, [work["prefill_ids"]], [1], [1], threads)[0]["tok_s"]
 
 
 def stream_rounds(row: dict[str, Any], model: Path, quant: str | None, work: dict[str, Any], work_file: Path,
                   llama: Path | None, threads: int, triad_mib: int, acts: str) -> None:
-    """Rounds 2..N of the one-stream figure, each engine in a fresh process, the two alternating which goes first (so
-    a drift in the host's speed falls on both): the table shows the median, the spread, and the median of the paired
-    per-round ratios, so one noisy minute cannot decide the comparison. Round 1 is the row's main run."""
+    """Rounds 2..N of the one-stream and prefill figures, each engine in a fresh process, the two alternating which
+    goes first (so a drift in the host's speed falls on both): the table shows the median, the spread, and the median
+    of the paired per-round ratios, so one noisy minute cannot decide the comparison. Round 1 is the row's main run."""
     ours, peer = row["ours"], row.get("llama.cpp")
     if "error" in ours or work["stream_rounds"] < 2:
         return
     paired = peer is not None and "error" not in peer
-    ours["decode_rounds"], row["triad_rounds"] = [ours["decode"]], [row["triad"]]
-    if paired:
-        peer["decode_rounds"] = [peer["decode"]]
+    engines = [ours, peer] if paired and peer is not None else [ours]
+    for e in engines:
+        e["decode_rounds"], e["prefill_s_rounds"] = [e["decode"]], [e["prefill_s"]]
+    row["triad_rounds"] = [row["triad"]]
+
+    def ours_round() -> None:
+        got = run_ours(model, quant, work_file, acts, True)
+        ours["decode_rounds"].append(got["decode"])
+        ours["prefill_s_rounds"].append(got["prefill_s"])
+
+    def peer_round() -> None:
+        assert peer is not None and llama is not None
+        peer["decode_rounds"].append(harness(llama, model, [work["stream"]], [work["out"]], [1], threads)[0]
+                                     ["decode_tok_s"])
+        peer["prefill_s_rounds"].append(llama_prefill(llama, model, work, threads))
+
     for i in range(1, work["stream_rounds"]):
         row["triad_rounds"].append(membw.triad(mib=triad_mib, reps=5, threads=threads).median)
-        steps = [lambda: ours["decode_rounds"].append(run_ours(model, quant, work_file, acts, True)["decode"])]
-        if paired:
-            steps.append(lambda: peer["decode_rounds"].append(
-                harness(llama, model, [work["stream"]], [work["out"]], [1], threads)[0]["decode_tok_s"]))
+        steps = [ours_round, peer_round] if paired else [ours_round]
         for step in (steps if i % 2 == 0 else steps[::-1]):
             step()
 
@@ -261,7 +273,7 @@ def main() -> None:
                     help="llama.cpp's slot counts tried for N streams (those up to N; its best is shown); fewer "
                          "shorten a 1.7B row by minutes")
     ap.add_argument("--stream-rounds", type=int, default=3,
-                    help="one-stream rounds per file, the engines alternating, each in a fresh process: the table "
+                    help="one-stream and prefill rounds per file, the engines alternating, each in a fresh process: the table "
                          "shows the median, min-max and the median paired ratio (1: a single measurement)")
     ap.add_argument("--stream-only", action="store_true", help=argparse.SUPPRESS)  # a child's repeat round
     ap.add_argument("--ours", default="", help=argparse.SUPPRESS)  # the child process: our engine on one model

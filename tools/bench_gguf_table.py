@@ -7,7 +7,8 @@ KV pool (bytes and tokens); resident memory before the load (the interpreter and
 end against issue 44's goal, file size + KV pool + 300 MB (ours only: llama.cpp maps the file and sizes its own
 context). Ratios in brackets are ours against
 llama.cpp on the same file (above 1: ours is better; prefill: the ratio of its time to ours). With several one-stream
-rounds the decode cell is their median [min-max, n] and its ratio the median of the paired per-round ratios."""
+rounds the decode and prefill cells are their median [min-max, n] and the ratio the median of the paired per-round
+ratios."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,20 +40,23 @@ def verdict(r: dict[str, Any], e: dict[str, Any]) -> str:
     return "/".join("pass" if e.get(k, 0) <= goal else "FAIL" for k in ("rss_load", "rss_end"))
 
 
-def rounds_cell(r: dict[str, Any], e: dict[str, Any], peer: dict[str, Any] | None) -> tuple[str, str]:
-    """(decode cell, of-bound cell) for a row measured in rounds (bench_gguf's --stream-rounds): the median, its
-    min-max, and the median of the paired per-round ratios against the peer; of bound: the median of each round's
-    decode over that round's own triad bound."""
-    got = e["decode_rounds"]
+def rounds_cell(e: dict[str, Any], peer: dict[str, Any] | None, key: str, higher: bool = True) -> str:
+    """A figure measured in rounds (bench_gguf's --stream-rounds): the median, the median of the paired per-round
+    ratios against the peer (above 1: ours is better), and the rounds' min-max."""
+    got = e[f"{key}_rounds"]
     cell = f"{median(got):.2f}"
-    theirs = (peer or {}).get("decode_rounds")
+    theirs = (peer or {}).get(f"{key}_rounds")
     if theirs and len(theirs) == len(got):
-        cell += f" ({median(a / b for a, b in zip(got, theirs)):.2f}x paired)"
-    cell += f" [{min(got):.1f}-{max(got):.1f}, n={len(got)}]"
-    triads = r.get("triad_rounds", [])
-    share = (f"{median(d * r['bytes'] / (t * 1e9) for d, t in zip(got, triads)):.0%}"
-             if r.get("bytes") and len(triads) == len(got) else "")
-    return cell, share
+        cell += f" ({median(a / b if higher else b / a for a, b in zip(got, theirs)):.2f}x paired)"
+    return cell + f" [{min(got):.2f}-{max(got):.2f}, n={len(got)}]"
+
+
+def bound_share(r: dict[str, Any], e: dict[str, Any]) -> str:
+    """The median over the rounds of each round's decode over that round's own triad bound."""
+    got, triads = e["decode_rounds"], r.get("triad_rounds", [])
+    if not r.get("bytes") or len(triads) != len(got):
+        return ""
+    return f"{median(d * r['bytes'] / (t * 1e9) for d, t in zip(got, triads)):.0%}"
 
 
 @dataclass
@@ -112,14 +116,16 @@ class Table:
         bound = r["triad"] * 1e9 / r["bytes"] if r.get("bytes") else 0.0
         streams = [cell(f"streams_{n}") + (f" P={e[f'slots_{n}']}" if f"slots_{n}" in e else "") for n in self.counts]
         share = f"{e['decode'] / bound:.0%}" if bound and e.get("decode") else ""
-        decode = cell("decode")
+        decode, prefill = cell("decode"), cell("prefill_s", False)
         if e.get("decode_rounds"):
-            decode, share = rounds_cell(r, e, peer if ok_peer else None)
+            decode, share = rounds_cell(e, peer if ok_peer else None, "decode"), bound_share(r, e)
+        if e.get("prefill_s_rounds"):
+            prefill = rounds_cell(e, peer if ok_peer else None, "prefill_s", False)
         ours = eng == "ours"
         kv = f"{mb(e.get('kv_bytes', 0))} ({e.get('kv_tokens', 0)})" if ours else ""
         before = mb(e["rss_start"]) if "rss_start" in e else ""
         goal = f"{memory_goal(r, e) / MB:.0f}" if ours else ""
         return (f"| {r['file']} | {eng} | {r.get('file_bytes', 0) / MB:.0f} | {r.get('bytes', 0) / MB:.0f} | "
                 f"{r['triad']:.1f} | {bound:.1f} | {decode} | {share} | " + " | ".join(streams) +
-                f" | {cell('prefill_s', False)} | {kv} | {before} | {e.get('rss_load', 0) / MB:.0f} | "
+                f" | {prefill} | {kv} | {before} | {e.get('rss_load', 0) / MB:.0f} | "
                 f"{e.get('rss_end', 0) / MB:.0f} | {goal} | {verdict(r, e) if ours else ''} |")
