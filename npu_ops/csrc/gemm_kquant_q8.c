@@ -7,6 +7,8 @@
  * Several rows of x (below 4: the lanes kernel takes more): each super-block unpacked once for up to KMR rows,
  * over chunks of x rows that stay in L2 (1.4x fp32 at 16 rows, 1.2x at 32, 0.9x at 64, 0.77x at 512 on one core
  * of this machine, tools/bench_gguf_kernels.py --gemv; a row's operations, so its bits, the same whatever the tile).
+ * The last 1-3 rows (one to three streams' decode step) take kquant_q8_wide.h's passes, 4 W rows at a time (one core,
+ * weights in cache: 1.35-1.5x the 1-row pass; the same bits).
  * quant_gguf_kquant.matmul_q8_ref is the reference (the quantized rows, dequantized, times gguf's W): the kernel
  * differs from it only in the order of fp32 operations.
  * Threads: the OpenMP runtime's team, each a contiguous share of W's rows (team_share); called inside a team
@@ -51,6 +53,8 @@ void gguf_q8k_quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, int
 #if defined(__AVX2__) && defined(__F16C__)
 #include <immintrin.h>
 
+#include "kquant_q8_wide.h"
+
 #define KMR 4 /* rows of x a pass shares each super-block's unpacked quants with */
 
 /* Q4_K / Q5_K super-block . mr quantized row blocks (row r's at xq + r * k, its scale xd[r * nb], its sums of 16
@@ -61,8 +65,8 @@ void gguf_q8k_quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, int
 static inline __attribute__((always_inline)) void dot_q45k(const int five, const int mr, const uint8_t *b,
                                                            const int8_t *xq, int64_t k, const float *xd, int64_t nb,
                                                            const int16_t *bs, __m128 *acc) {
-    uint8_t sm[16];
-    kq_scales_mins(b, sm);
+    const __m128i sm = kq_scales_mins_v(b);
+    const __m256i sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
     const uint8_t *qs = b + (five ? 48 : 16);
     const __m256i nib = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     const __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
@@ -76,7 +80,7 @@ static inline __attribute__((always_inline)) void dot_q45k(const int five, const
             lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4));
             hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4));
         }
-        const __m256i s_lo = _mm256_set1_epi16(sm[2 * j]), s_hi = _mm256_set1_epi16(sm[2 * j + 1]);
+        const __m256i s_lo = _mm256_shuffle_epi8(sc, PICK16(2 * j)), s_hi = _mm256_shuffle_epi8(sc, PICK16(2 * j + 1));
         for (int r = 0; r < mr; ++r) {
             const int8_t *x = xq + r * k + 64 * j;
             const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x));
@@ -86,7 +90,7 @@ static inline __attribute__((always_inline)) void dot_q45k(const int five, const
         }
     }
     /* the mins against each row's sums of 32 (pairs of its sums of 16), 8 int16 products summed in pairs */
-    const __m128i m16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8)));
+    const __m128i m16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(sm, sm));
     uint32_t dd;
     memcpy(&dd, b, 4);
     const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd)); /* d, dmin */
@@ -163,23 +167,33 @@ static inline __attribute__((always_inline)) void rows_dot(const int type, const
     for (int r = 0; r < mr; ++r) y[r * ldy] = _mm_cvtss_f32(_mm_sub_ss(acc[r], _mm_movehdup_ps(acc[r])));
 }
 
-/* W rows n0..n1 against the quantized rows [c0, c1): KMR rows a pass, then a pair, then one */
+/* W rows n0..n1 against the quantized rows [c0, c1): a W row KMR x rows a pass, then the last 1-3 x rows NW W rows
+ * a pass (a group's rows stay in cache for its passes) */
 static inline __attribute__((always_inline)) void rows_chunk(const int type, const uint8_t *w, int64_t n0, int64_t n1,
                                                              int64_t n_out, int64_t k, const int8_t *xq,
                                                              const float *xd, const int16_t *bs, int64_t c0,
                                                              int64_t c1, float *y) {
-    const int64_t nb = k / QK, bb = BLOCK_BYTES[type];
-    for (int64_t n = n0; n < n1; ++n) {
-        const uint8_t *row = w + n * nb * bb;
-        int64_t r = c0;
-#define ROWS(mr) rows_dot(type, mr, row, nb, bb, xq + r * k, k, xd + r * nb, bs + r * nb * 16, y + r * n_out + n, n_out)
-        for (; r + KMR <= c1; r += KMR) ROWS(KMR);
+    const int64_t nb = k / QK, bb = BLOCK_BYTES[type], tail = c0 + (c1 - c0) / KMR * KMR;
+    for (int64_t n = n0; n < n1;) {
+        const int64_t nw = n1 - n >= NW ? NW : 1;
+        int64_t r;
+#define ROWS(n, mr) rows_dot(type, mr, w + (n) * nb * bb, nb, bb, xq + r * k, k, xd + r * nb, bs + r * nb * 16, \
+                             y + r * n_out + (n), n_out)
+#define WIDE(mr) rows_wide(type, mr, w + n * nb * bb, nb * bb, nb, bb, xq + r * k, k, xd + r * nb, bs + r * nb * 16, \
+                           y + r * n_out + n, n_out)
+        for (int64_t v = n; v < n + nw; ++v)
+            for (r = c0; r < tail; r += KMR) ROWS(v, KMR);
+        r = tail;
         if (r + 2 <= c1) {
-            ROWS(2);
+            if (nw == NW) WIDE(2); else ROWS(n, 2);
             r += 2;
         }
-        if (r < c1) ROWS(1);
+        if (r < c1) {
+            if (nw == NW) WIDE(1); else ROWS(n, 1);
+        }
 #undef ROWS
+#undef WIDE
+        n += nw;
     }
 }
 
