@@ -151,9 +151,9 @@ static inline __attribute__((always_inline)) __m256i nibble_isum4(const __m256i 
 }
 
 /* y[i * ldy + r] = W row r . x row i (dequantized) for the 4 rows w[r] (rows past the last repeat it: their
- * results unused) and mr (1, 2 or MR) rows of x: a block's quants unpacked once for all of them; the lines `ahead`
- * bytes on are asked for. The sequence of operations that makes each output is the same whatever mr, so are its
- * bits. */
+ * results unused) and mr (1, 2 or MR) rows of x: a block's quants unpacked once for all of them; the next group's
+ * lines (`ahead` bytes on) are asked for. The sequence of operations that makes each output is the same whatever
+ * mr, so are its bits. */
 static inline __attribute__((always_inline)) void tile_q8(const int t, const int mr, const uint8_t *w[NR],
                                                           int64_t nb, const int8_t *xq, const float *xd,
                                                           const float *xs, int64_t k, float *y, int64_t ldy, int nr,
@@ -168,12 +168,11 @@ static inline __attribute__((always_inline)) void tile_q8(const int t, const int
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *p[NR];
         for (int r = 0; r < NR; ++r) p[r] = w[r] + b * bb;
-        /* each row asks for the same place of the next group's row (ahead: NR rows' bytes), once a 64-byte line (2
-         * blocks of the 4-bit types fit in one). A fixed 2 KiB past each row (stream_ahead) reached only some of
-         * the next group's rows where rows are 1-2 KiB long, and 1.7B's Q4_0 rows of 4.6 KiB, from memory, read
-         * 1.3x faster a core this way (tools/profile_decode.py) */
-        if (t == T_Q8_0 || (b & 1) == 0)
-            for (int r = 0; r < NR; ++r) stream_at(p[r] + ahead);
+        /* the next group's NR rows (ahead: NR rows' bytes on; contiguous) asked for as one stream, a step's share
+         * of it (NR blocks' bytes) a step. Each row asking for its own place there (4 streams 1-2 KiB apart where
+         * rows are short) read 1.05-1.3x slower a core from memory, 1.35-1.7x at two cores (Q4_0 / Q4_1 / Q8_0 on
+         * 1.7B's and 360M's shapes, one run); a fixed 2 KiB past each row (stream_ahead), slower again */
+        for (int64_t o = 0; o < NR * bb; o += 64) stream_at(w[0] + ahead + b * NR * bb + o);
         __m256i q[NR];
         for (int r = 0; r < NR; ++r) q[r] = block_quants(t, p[r]);
         __m128 mn = _mm_setzero_ps();
