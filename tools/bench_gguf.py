@@ -248,10 +248,14 @@ def source(shape: str, kind: str, cache: Path, llama: Path | None) -> tuple[Path
     folder = files.random_checkpoint(files.SHAPES[shape], cache / f"ckpt-{shape}")
     if kind in FLOAT_KINDS:
         return folder, None if kind == "fp32" else kind, None
-    if llama is None:
-        raise SystemExit(f"{shape}:{kind} needs llama.cpp's converter and quantizer (drop --no-llama)")
+    made = cache / f"gguf-{shape}" / f"model-{kind}.gguf"
+    if llama is None:  # --no-llama: ours alone, on a file an earlier run made
+        if made.exists():
+            return made, None, None
+        raise SystemExit(f"{shape}:{kind}: {made} is not made yet, and making it needs llama.cpp's converter and "
+                         "quantizer (drop --no-llama)")
     src = files.llama_src(cache, llama)
-    return files.gguf_files(folder, [kind], src, llama, cache / f"gguf-{shape}")[kind], None, llama
+    return files.gguf_files(folder, [kind], src, llama, made.parent)[kind], None, llama
 
 
 def main() -> None:
