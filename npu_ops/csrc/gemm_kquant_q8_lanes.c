@@ -22,7 +22,6 @@
 #include "gemm_kquant.h"
 #include "gemm_kquant_q8.h"
 #include "gemm_kquant_q8_lanes.h"
-#include "kquant_block.h"
 #include "kernels.h"
 #include "team_sync.h"
 #include "vec_math.h"
@@ -57,21 +56,41 @@ static inline __attribute__((always_inline)) void transpose8x4(const uint8_t *p[
     out[3] = _mm256_unpackhi_epi64(b, e);
 }
 
+/* kq_scales_mins for the 8 rows at once, on one transpose of their 12 scale bytes (lane r: row r; bytewise through
+ * 16-bit shifts, each mask keeping bits of its own byte): sc[s] as the pair (sc, sc), the mins paired (2p, 2p + 1).
+ * The scalar unpacking a row and 24 stores of it cost a tenth of a 16-row call. */
+static inline __attribute__((always_inline)) void kq_scales8(const uint8_t *p[RW], __m256i scl[8], __m256i mn[4]) {
+    __m256i u[4];
+    transpose8x4(p, 4, u); /* u[c] lane r: row r's scale bytes 4c..4c+3 (u[3]: its first quants, unused) */
+    const __m256i m6 = _mm256_set1_epi8(0x3f), m4 = _mm256_set1_epi8(0x0f), hi2 = _mm256_set1_epi8(0x30);
+    const __m256i sm[4] = {
+        _mm256_and_si256(u[0], m6),
+        _mm256_or_si256(_mm256_and_si256(u[2], m4), _mm256_and_si256(_mm256_srli_epi16(u[0], 2), hi2)),
+        _mm256_and_si256(u[1], m6),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(u[2], 4), m4),
+                        _mm256_and_si256(_mm256_srli_epi16(u[1], 2), hi2))}; /* scales 0-3, 4-7, mins 0-3, 4-7 */
+    const __m256i b0 = _mm256_set1_epi32(0xff), b2 = _mm256_set1_epi32(0xff0000);
+    for (int h = 0; h < 2; ++h) {
+        for (int j = 0; j < 4; ++j) {
+            const __m256i v = _mm256_and_si256(_mm256_srli_epi32(sm[h], 8 * j), b0);
+            scl[4 * h + j] = _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+        }
+        const __m256i x = sm[2 + h];
+        mn[2 * h] = _mm256_or_si256(_mm256_and_si256(x, b0), _mm256_and_si256(_mm256_slli_epi32(x, 8), b2));
+        mn[2 * h + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(x, 16), b0),
+                                        _mm256_and_si256(_mm256_srli_epi32(x, 8), b2));
+    }
+}
+
 static inline __attribute__((always_inline)) void super8(const int five, const uint8_t *p[RW], sb8 *sb) {
-    int32_t scl[8][RW], mn[4][RW];
     uint64_t h[2] = {0, 0}, hm[2] = {0, 0};
     for (int r = 0; r < RW; ++r) {
-        uint8_t sm[16];
-        kq_scales_mins(p[r], sm);
-        for (int s = 0; s < 8; ++s) scl[s][r] = sm[s] | sm[s] << 16;
-        for (int q = 0; q < 4; ++q) mn[q][r] = sm[8 + 2 * q] | sm[9 + 2 * q] << 16;
         uint16_t dd[2];
         memcpy(dd, p[r], 4);
         h[r / 4] |= (uint64_t)dd[0] << (16 * (r % 4));
         hm[r / 4] |= (uint64_t)dd[1] << (16 * (r % 4));
     }
-    for (int s = 0; s < 8; ++s) sb->scl[s] = _mm256_loadu_si256((const __m256i *)scl[s]);
-    for (int q = 0; q < 4; ++q) sb->mn[q] = _mm256_loadu_si256((const __m256i *)mn[q]);
+    kq_scales8(p, sb->scl, sb->mn);
     sb->d = _mm256_cvtph_ps(_mm_set_epi64x((long long)h[1], (long long)h[0]));
     sb->dmin = _mm256_cvtph_ps(_mm_set_epi64x((long long)hm[1], (long long)hm[0]));
     if (five) {
@@ -119,22 +138,35 @@ static inline __attribute__((always_inline)) void quants8(const int five, const 
     }
 }
 
+/* Q6_K's 16 int8 scales of the 8 rows as int16 pairs, from one transpose (lane r: row r): scl[g] = (sc[g], sc[g]),
+ * scp[q] = (sc[2q], sc[2q + 1]); was a scalar loop of 24 stores a row, a sixth of a 16-row call */
+static inline __attribute__((always_inline)) void q6k_scales8(const uint8_t *p[RW], __m256i scl[16], __m256i scp[8]) {
+    __m256i t[4];
+    transpose8x4(p, 192, t); /* t[c] lane r: row r's scales 4c..4c+3 */
+    for (int c = 0; c < 4; ++c) {
+        const __m256i lo = _mm256_srai_epi16(_mm256_slli_epi16(t[c], 8), 8); /* int16 sc[4c], sc[4c + 2] */
+        const __m256i hi = _mm256_srai_epi16(t[c], 8);                        /* int16 sc[4c + 1], sc[4c + 3] */
+        const __m256i one[4] = {lo, hi, _mm256_srli_epi32(lo, 16), _mm256_srli_epi32(hi, 16)}; /* sc[4c + j] low */
+        for (int j = 0; j < 4; ++j) {
+            const __m256i v = _mm256_and_si256(one[j], _mm256_set1_epi32(0xffff));
+            scl[4 * c + j] = _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+        }
+        scp[2 * c] = _mm256_blend_epi16(lo, _mm256_slli_epi32(hi, 16), 0xAA);
+        scp[2 * c + 1] = _mm256_blend_epi16(_mm256_srli_epi32(lo, 16), hi, 0xAA);
+    }
+}
+
 /* Q6_K's super-block . x rows [0, mr) (row i's quants at xq + i * k, its sums of 16 at bs + i * bstride): isum[i]
  * lane r += row r's exact sum, its -32 through x's sums of 16 (the row passes' integers) */
 static inline __attribute__((always_inline)) void q6k8(const uint8_t *p[RW], const int8_t *xq, int64_t k,
                                                        const int16_t *bs, int64_t bstride, int64_t mr,
                                                        __m256i *isum) {
-    int32_t scl[16][RW], scp[8][RW]; /* lane r: (sc[g], sc[g]), and (sc[2q], sc[2q + 1]) as int16 pairs */
-    for (int r = 0; r < RW; ++r) {
-        const int8_t *sc = (const int8_t *)(p[r] + 192);
-        for (int g = 0; g < 16; ++g) scl[g][r] = (int32_t)((uint16_t)sc[g] | (uint32_t)(uint16_t)sc[g] << 16);
-        for (int q = 0; q < 8; ++q)
-            scp[q][r] = (int32_t)((uint16_t)sc[2 * q] | (uint32_t)(uint16_t)sc[2 * q + 1] << 16);
-    }
+    __m256i scl[16], scp[8]; /* lane r: (sc[g], sc[g]), and (sc[2q], sc[2q + 1]) as int16 pairs */
+    q6k_scales8(p, scl, scp);
     for (int64_t i = 0; i < mr; ++i) {
         __m256i o = _mm256_setzero_si256();
         for (int q = 0; q < 8; ++q)
-            o = _mm256_add_epi32(o, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)scp[q]),
+            o = _mm256_add_epi32(o, _mm256_madd_epi16(scp[q],
                                                       bcast4(bs + i * bstride + 2 * q)));
         isum[i] = _mm256_sub_epi32(isum[i], _mm256_slli_epi32(o, 5));
     }
@@ -157,8 +189,7 @@ static inline __attribute__((always_inline)) void q6k8(const uint8_t *p[RW], con
                                        _mm256_and_si256(hi, two));
             }
             const int g = 8 * h + 2 * i4;
-            const __m256i s0 = _mm256_loadu_si256((const __m256i *)scl[g]);
-            const __m256i s1 = _mm256_loadu_si256((const __m256i *)scl[g + 1]);
+            const __m256i s0 = scl[g], s1 = scl[g + 1];
             for (int64_t i = 0; i < mr; ++i) {
                 const int8_t *x = xq + i * k + 128 * h + 32 * i4;
                 __m256i acc = isum[i];
