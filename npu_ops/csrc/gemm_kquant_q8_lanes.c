@@ -56,12 +56,19 @@ static inline __attribute__((always_inline)) void transpose8x4(const uint8_t *p[
     out[3] = _mm256_unpackhi_epi64(b, e);
 }
 
-/* kq_scales_mins for the 8 rows at once, on one transpose of their 12 scale bytes (lane r: row r; bytewise through
- * 16-bit shifts, each mask keeping bits of its own byte): sc[s] as the pair (sc, sc), the mins paired (2p, 2p + 1).
- * The scalar unpacking a row and 24 stores of it cost a tenth of a 16-row call. */
-static inline __attribute__((always_inline)) void kq_scales8(const uint8_t *p[RW], __m256i scl[8], __m256i mn[4]) {
-    __m256i u[4];
-    transpose8x4(p, 4, u); /* u[c] lane r: row r's scale bytes 4c..4c+3 (u[3]: its first quants, unused) */
+/* A super-block's d, dmin and kq_scales_mins for the 8 rows at once, on one transpose of their first 16 bytes (lane
+ * r: row r; bytewise through 16-bit shifts, each mask keeping bits of its own byte): sc[s] as the pair (sc, sc), the
+ * mins paired (2p, 2p + 1). A row's scalar unpacking, its 24 stores and the fp16 fields gathered by scalar shifts
+ * had cost ~10% of a 16-row call (tools/bench_gguf_kernels.py --batch). */
+static inline __attribute__((always_inline)) void kq_scales8(const uint8_t *p[RW], __m256i scl[8], __m256i mn[4],
+                                                           __m256 *d, __m256 *dmin) {
+    __m256i t[4];
+    transpose8x4(p, 0, t); /* t[0] lane r: row r's d | dmin << 16; t[1 + c]: its scale bytes 4c..4c+3 */
+    const __m256i *u = t + 1;
+    const __m256i d16 = _mm256_and_si256(t[0], _mm256_set1_epi32(0xffff)), m16 = _mm256_srli_epi32(t[0], 16);
+    /* the 8 fp16 fields in row order (packus works per 128-bit lane: rows 0-3 low, 4-7 high), then converted */
+    *d = _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(d16, d16), 0x08)));
+    *dmin = _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(m16, m16), 0x08)));
     const __m256i m6 = _mm256_set1_epi8(0x3f), m4 = _mm256_set1_epi8(0x0f), hi2 = _mm256_set1_epi8(0x30);
     const __m256i sm[4] = {
         _mm256_and_si256(u[0], m6),
@@ -83,16 +90,7 @@ static inline __attribute__((always_inline)) void kq_scales8(const uint8_t *p[RW
 }
 
 static inline __attribute__((always_inline)) void super8(const int five, const uint8_t *p[RW], sb8 *sb) {
-    uint64_t h[2] = {0, 0}, hm[2] = {0, 0};
-    for (int r = 0; r < RW; ++r) {
-        uint16_t dd[2];
-        memcpy(dd, p[r], 4);
-        h[r / 4] |= (uint64_t)dd[0] << (16 * (r % 4));
-        hm[r / 4] |= (uint64_t)dd[1] << (16 * (r % 4));
-    }
-    kq_scales8(p, sb->scl, sb->mn);
-    sb->d = _mm256_cvtph_ps(_mm_set_epi64x((long long)h[1], (long long)h[0]));
-    sb->dmin = _mm256_cvtph_ps(_mm_set_epi64x((long long)hm[1], (long long)hm[0]));
+    kq_scales8(p, sb->scl, sb->mn, &sb->d, &sb->dmin);
     if (five) {
         transpose8x4(p, 16, sb->qh);
         transpose8x4(p, 32, sb->qh + 4);
