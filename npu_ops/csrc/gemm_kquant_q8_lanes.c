@@ -29,7 +29,7 @@
 #define QK 256
 #define RW 8                       /* weight rows a group: a vector's lanes */
 #define FEW_ROWS 4                 /* fewer rows of x: gemm_kquant_q8.c's row passes (bandwidth-bound) */
-#define XC 32                      /* most rows of x a chunk */
+#define XC 64                      /* most rows of x a chunk */
 #define X_CHUNK_BYTES (384 * 1024) /* a chunk's quantized x stays in L2 while a share's groups pass */
 
 #if defined(__AVX2__) && defined(__F16C__)
