@@ -201,7 +201,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.llama_layers_f32.restype = ctypes.c_int
     lib.greedy_rows_f32.argtypes, lib.greedy_rows_f32.restype = [_F32P, _I64, _I64, _I32P, _F32P, ctypes.c_int], ctypes.c_int
     # a whole decode step (csrc/decode_f32.c, mindie_service/models/fused_decode.py)
-    lib.decode_f32_work.argtypes, lib.decode_f32_work.restype = [_I64] * 6, _I64
+    lib.decode_f32_work.argtypes, lib.decode_f32_work.restype = [_I64] * 7, _I64
     lib.llama_decode_f32.argtypes, lib.llama_decode_f32.restype = [ctypes.c_void_p], ctypes.c_int
     lib.llama_decode_steps_f32.argtypes = [ctypes.c_void_p, _I64] + [ctypes.c_void_p] * 4
     lib.llama_decode_steps_f32.restype = ctypes.c_int

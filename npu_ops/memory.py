@@ -95,6 +95,18 @@ def _fresh(nbytes: int) -> torch.Tensor:
     return t
 
 
+def scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised 1-D CPU tensor on an anonymous mapping of its own (Linux; else ``torch.empty``): a work buffer
+    whose pages leave the RSS when it is dropped, whichever thread allocated it. glibc keeps a freed block below its
+    mmap threshold in the allocating thread's arena, and a thread arena's top is never trimmed (malloc_trim
+    included). Only touched pages are resident."""
+    nbytes = max(numel, 1) * dtype.itemsize
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    if not (sys.platform.startswith("linux") and flags):
+        return torch.empty(numel, dtype=dtype)
+    return torch.frombuffer(mmap.mmap(-1, nbytes, flags=flags), dtype=torch.uint8).view(dtype)[:numel]
+
+
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``torch.zeros`` whose CPU memory is advised to huge pages before it is first touched."""
     if device.type != "cpu":

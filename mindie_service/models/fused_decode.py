@@ -115,8 +115,10 @@ class FusedDecode:
         # what the argument block points into, held: a tensor replaced later cannot be freed under it, nor its id
         # (the key above) reused by the new one
         self.keep = [fused.table, w, bias, scale, emb[1], m.rope_cos, m.rope_sin, m.norm.weight]
-        self.work = torch.empty(lib.decode_f32_work(self.max_rows, d.hidden, d.heads, d.kv_heads, d.head_dim,
-                                                    d.intermediate))
+        # the step's scratch is the fused layers' work buffer (FusedLayers.scratch), which the engine drops when it
+        # runs out of work; a GGUF head's threads take their temporaries there too (csrc/gguf_linear.c says why)
+        self.work_floats = lib.decode_f32_work(self.max_rows, d.hidden, d.heads, d.kv_heads, d.head_dim,
+                                               d.intermediate, d.vocab)
         self.seqs = array("i", range(self.max_rows))
         logger.info("decode steps run as one CPU kernel call (%s head)", {0: "fp32", 3: "W8I16", 4: "GGUF"}[kind])
         return DecodeArgs(
@@ -125,7 +127,7 @@ class FusedDecode:
             rope_len=m.rope_cos.shape[0], eps=float(d.eps), scale=float(d.head_dim ** -0.5),
             embed=_ptr(emb[1]), embed_kind=emb[0], rope_cos=_ptr(m.rope_cos), rope_sin=_ptr(m.rope_sin),
             final_norm=_ptr(m.norm.weight), head_w=_ptr(w), head_bias=_ptr(bias), head_scale=_ptr(scale),
-            head_kind=kind, row_seq=self.seqs.buffer_info()[0], work=self.work.data_ptr())
+            head_kind=kind, row_seq=self.seqs.buffer_info()[0])
 
     def run(self, ids: list[int], positions: list[int], slots: list[int],
             tables: list[tuple[int, ...]]) -> torch.Tensor:
@@ -167,6 +169,7 @@ class FusedDecode:
         a.ids, a.positions, a.block_tables = (b.buffer_info()[0] for b in bufs)
         logits = torch.empty(t, self.model.dims.vocab)
         a.T, a.MB, a.nthreads, a.logits = t, mb, torch.get_num_threads(), logits.data_ptr()
+        a.work = self.model._fused_layers.scratch(self.work_floats).data_ptr()
         self._bufs = bufs
         return logits
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from npu_ops import cpu_kernels, quant_kv
+from npu_ops import cpu_kernels, memory, quant_kv
 from npu_ops.gguf_modules import GgufLinear, current_step
 from npu_ops.linear import FastLinear
 from npu_ops.quant import QuantLinear
@@ -64,9 +64,13 @@ class FusedLayers:
         return self.usable
 
     def scratch(self, floats: int) -> torch.Tensor:
-        """The step's work buffer, grown to the largest step so far (a prefill of many prompts: tens of MB)."""
+        """The step's work buffer (the fused layers', and the one-call decode step's: models/fused_decode.py), grown
+        to the largest step so far (a prefill of many prompts: tens of MB). A mapping of its own (memory.scratch), so
+        that dropping it gives its pages back from any thread: a glibc block freed in the serve's engine thread
+        would stay in that thread's arena."""
         if self.work.numel() < floats:
-            self.work = torch.empty(floats, dtype=torch.float32)
+            self.work = torch.empty(0)  # the old one goes before the new one is mapped
+            self.work = memory.scratch(floats, torch.float32)
         return self.work
 
     def release(self) -> None:

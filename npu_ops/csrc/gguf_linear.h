@@ -29,7 +29,11 @@ typedef struct gguf_seg {
 /* the segments of a table ended by one whose fn is NULL (as npu_ops/gguf_modules.py writes them) */
 int64_t gguf_seg_count(const gguf_seg *segs);
 /* y[M, N] = x[M, K] . W^T (+ bias) over the segments (their rows add up to N), by every thread of the calling team
- * (add: y += that), a call of step kind `step` (GGUF_STEP_*); ends on the team's barrier; 0, or 3 without scratch */
+ * (add: y += that), a call of step kind `step` (GGUF_STEP_*); scratch: M x N floats the team may overwrite (each
+ * thread its rows' part), or NULL (each thread mallocs its own); ends on the team's barrier; 0, or 3 without scratch */
 int gguf_linear_team(const gguf_seg *segs, int64_t nseg, const float *x, int64_t M, int64_t K, const float *bias,
-                     float *y, int64_t N, int add, int step);
+                     float *scratch, float *y, int64_t N, int add, int step);
+/* gguf_linear_f32 over the caller's scratch (M x N floats, or NULL as above), in a team of its own */
+int gguf_linear_run(const gguf_seg *segs, int64_t nseg, const float *x, int64_t M, int64_t K, const float *bias,
+                    float *scratch, float *y, int64_t N, int nthreads, int step);
 #endif

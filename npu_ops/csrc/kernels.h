@@ -115,7 +115,8 @@ int llama_layers_f32(const struct layer_f32 *layers, int64_t L, float *x, int64_
 /* a decode step, or several greedy ones, in one call (decode_f32.c; mindie_service/models/fused_decode.py fills
  * the arguments) */
 struct decode_f32_args;
-int64_t decode_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH, int64_t D, int64_t inter);
+int64_t decode_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH, int64_t D, int64_t inter,
+                        int64_t vocab);
 int llama_decode_f32(const struct decode_f32_args *a);
 int llama_decode_steps_f32(struct decode_f32_args *a, int64_t steps, const int64_t *slots, int64_t *out_ids,
                            float *out_lp, int64_t *done);

@@ -67,10 +67,20 @@ static int64_t kmax_padded(int64_t hidden, int64_t QD, int64_t inter) {
     return ((k > inter ? k : inter) + 3) / 4 * 4;
 }
 
-/* floats: x's norm, qkv, q, attention, h, gate/up, then the int8 scratch (int8_scratch) */
+/* Floats a row leaves between h and gate/up: a GGUF gate/up's team scratch (gguf_linear.h) is the region from qkv
+ * to gate/up (qkv, q, attention and h are dead while it runs), at least 2 x inter a row; qkv's is the region from q
+ * on (to gate/up's end), at least QKV a row. Typical shapes need none. */
+static int64_t gu_pad(int64_t QKV, int64_t QD, int64_t inter) {
+    const int64_t gu_short = 2 * inter - (QKV + 2 * QD + inter), qkv_short = QKV - (2 * QD + 3 * inter);
+    const int64_t pad = gu_short > qkv_short ? gu_short : qkv_short;
+    return pad > 0 ? pad : 0;
+}
+
+/* floats: x's norm, qkv, q, attention, h, the pad (gu_pad), gate/up, then the int8 scratch (int8_scratch) */
 int64_t llama_layers_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH, int64_t D, int64_t inter) {
     const int64_t kp = kmax_padded(hidden, H * D, inter), bytes = T * kp + w8a8_zero_bytes(kp);
-    return T * (hidden + (H + 2 * KVH) * D + 2 * H * D + inter + 2 * inter) + T + (bytes + 3) / 4;
+    const int64_t QKV = (H + 2 * KVH) * D;
+    return T * (hidden + QKV + 2 * H * D + inter + gu_pad(QKV, H * D, inter) + 2 * inter) + T + (bytes + 3) / 4;
 }
 
 /* A thread's own copies for a step of one row (a one-stream decode step): the normed row, its W8A8
@@ -92,15 +102,17 @@ static int own_row_alloc(own_row *o, int64_t T, int64_t hidden, int64_t kp, int6
 }
 
 /* y = x . W^T (+ bias), or y += that with add: one projection of any kind, by every thread of the team. A
- * single row's W8A8 quantization goes to the thread's own buffers (own != NULL). */
+ * single row's W8A8 quantization goes to the thread's own buffers (own != NULL). tmp: T x N floats of the work that
+ * are dead during the call, a GGUF projection's team scratch (its threads' temporaries, never their own mallocs:
+ * gguf_linear.c says why). */
 static void lin(const dims_f32 *d, const lin_desc *ln, const float *x, int64_t K, int64_t N, float *y, int add,
-                const int8_scratch *s, const own_row *own) {
+                const int8_scratch *s, const own_row *own, float *tmp) {
     if (ln->kind == LIN_F32)
         linear_f32_team(x, d->T, K, ln->w, N, ln->bias, y, add);
     else if (ln->kind == LIN_W8A16)
         linear_w8a16_f32_team(x, d->T, K, ln->w, ln->scale, N, ln->bias, y, add);
     else if (ln->kind == LIN_GGUF)
-        gguf_linear_team(ln->w, gguf_seg_count(ln->w), x, d->T, K, ln->bias, y, N, add, d->gguf_step);
+        gguf_linear_team(ln->w, gguf_seg_count(ln->w), x, d->T, K, ln->bias, tmp, y, N, add, d->gguf_step);
     else
         linear_w8a8_f32_team(x, d->T, K, ln->w, ln->scale, N, ln->bias, y, d->T == 1 ? own->xq : s->xq,
                              d->T == 1 ? own->xs : s->xs, s->zero, add);
@@ -179,18 +191,19 @@ static void silu_rows(const dims_f32 *d, const float *gu, float *h) {
     for (int64_t t = 0; t < d->T; ++t) silu_mul_row_f32(gu + t * 2 * inter, gu + t * 2 * inter + inter, h + t * inter, inter);
 }
 
+/* gate/up's team scratch: qkv's start (gu_pad's region); down's: xn (its T x hidden, dead once gate/up read it) */
 static void mlp(const dims_f32 *d, const layer_f32 *ly, const float *xn, float *h, float *gu, float *x,
-                const int8_scratch *s, const own_row *own) {
+                const int8_scratch *s, const own_row *own, float *gu_tmp, float *down_tmp) {
     const int64_t inter = d->inter;
     if (ly->gu.kind == LIN_F32 && inter % F32_TILE_NR == 0) {
         gate_up_silu_f32_team(xn, d->T, d->hidden, ly->gu.w, inter, ly->gu.bias, h);
     } else if (ly->gu.kind == LIN_W8A8 && d->T == 1 && inter % w8a8_panel_width() == 0) {
         gate_up_silu_w8a8_team(xn, d->hidden, ly->gu.w, ly->gu.scale, inter, ly->gu.bias, h, own->xq, own->xs);
     } else {
-        lin(d, &ly->gu, xn, d->hidden, 2 * inter, gu, 0, s, own);
+        lin(d, &ly->gu, xn, d->hidden, 2 * inter, gu, 0, s, own, gu_tmp);
         silu_rows(d, gu, h);
     }
-    lin(d, &ly->down, h, inter, d->hidden, x, 1, s, own);
+    lin(d, &ly->down, h, inter, d->hidden, x, 1, s, own, down_tmp);
 }
 
 int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, int64_t hidden, int64_t H, int64_t KVH,
@@ -208,7 +221,7 @@ int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, in
     const int64_t QD = H * D;
     const int64_t kp = kmax_padded(hidden, QD, inter);
     float *xn = work, *qkv = xn + T * hidden, *q = qkv + T * (QD + 2 * KVH * D), *att = q + T * QD,
-          *h = att + T * QD, *gu = h + T * inter, *xs = gu + T * 2 * inter;
+          *h = att + T * QD, *gu = h + T * (inter + gu_pad(QD + 2 * KVH * D, QD, inter)), *xs = gu + T * 2 * inter;
     int8_t *xq = (int8_t *)(xs + T);
     const int8_scratch s8 = {xs, xq, xq + T * kp};
     memset(s8.zero, 0, (size_t)w8a8_zero_bytes(kp));
@@ -227,14 +240,16 @@ int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, in
         for (int64_t l = 0; l < L && !failed; ++l) {
             const layer_f32 *ly = layers + l;
             const float *xin = norm_rows(&d, x, ly->in_norm, xn, &own);
-            lin(&d, &ly->qkv, xin, hidden, QD + 2 * KVH * D, qkv, 0, &s8, &own);
+            /* the GGUF projections' team scratch (lin): qkv's from q on (q, attention, h, gate/up: T x (2 QD +
+             * 3 inter) >= its T x (QD + 2 KD)), o's and down's in xn (T x hidden, their N), gate/up's from qkv on */
+            lin(&d, &ly->qkv, xin, hidden, QD + 2 * KVH * D, qkv, 0, &s8, &own, q);
             /* a lone row whose attention the whole team shares (attention.c, attention_int8.c) */
             const int lone = pl.shared != NULL && (!ly->kv_i8 || lone_i8_supported(H, KVH, D));
             const float *qr = rope_rows(&d, qkv, cos_, sin_, slots, q, ly, lone ? &own : NULL);
             attn_rows_team(&pl, (int)ly->kv_i8, qr, ly->k_cache, ly->v_cache, block_tables, row_seq, row_pos, att, H,
                            KVH, D, BS, MB, scale, scores, acc);
-            lin(&d, &ly->o, att, QD, hidden, x, 1, &s8, &own);
-            mlp(&d, ly, norm_rows(&d, x, ly->post_norm, xn, &own), h, gu, x, &s8, &own);
+            lin(&d, &ly->o, att, QD, hidden, x, 1, &s8, &own, xn);
+            mlp(&d, ly, norm_rows(&d, x, ly->post_norm, xn, &own), h, gu, x, &s8, &own, qkv, xn);
         }
         free(scores);
         free(acc);
