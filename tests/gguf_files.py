@@ -104,13 +104,13 @@ def finish(w: Any) -> None:
     w.close()
 
 
-def llama_writer(path: Path, name: str, hidden: int, ffn: int, vocab: int, layers: int) -> Any:
-    """A GGUFWriter for a random Llama's file at ``path``: 2 heads, 1 KV head, context 128, its hyperparameters
-    written (the tensors are the caller's: ``llama_shapes``)."""
+def llama_writer(path: Path, name: str, hidden: int, ffn: int, vocab: int, layers: int, context: int = 128) -> Any:
+    """A GGUFWriter for a random Llama's file at ``path``: 2 heads, 1 KV head, context 128 (or ``context``), its
+    hyperparameters written (the tensors are the caller's: ``llama_shapes``)."""
     import gguf
 
     w = gguf.GGUFWriter(str(path), "llama")
-    for add, v in ((w.add_name, name), (w.add_block_count, layers), (w.add_context_length, 128),
+    for add, v in ((w.add_name, name), (w.add_block_count, layers), (w.add_context_length, context),
                    (w.add_embedding_length, hidden), (w.add_feed_forward_length, ffn), (w.add_head_count, 2),
                    (w.add_head_count_kv, 1), (w.add_layer_norm_rms_eps, 1e-5), (w.add_rope_freq_base, 10000.0),
                    (w.add_vocab_size, vocab)):
