@@ -14,6 +14,10 @@ the offline ``LLM`` import (a module imported while a load runs is not counted h
 
 ``--streams N`` then runs N requests at once, three times, and marks the RSS after the first run, after the third (a
 growth that does not stop there is unbounded) and after ``malloc_trim(0)`` (what glibc held but was free).
+
+``--after-run`` then runs tools/bench_gguf.py's shapes (one stream after a 64-token prompt, 16 and 32 streams of
+64-token prompts, a 512-token prefill; fewer tokens out) and marks the RSS once the engine is idle: the goal holds at
+the end of a run too (needs ``--blocks`` for 32 x 80 tokens and ``--max-batch-size`` 32 or more).
 """
 from __future__ import annotations
 
@@ -200,6 +204,21 @@ def streams(engine: Any, n: int, tokens: int) -> None:
     engine.runner.idle()
 
 
+def bench_run(engine: Any) -> None:
+    """tools/bench_gguf.py's run shapes, 8 tokens out (what a run leaves depends on its step shapes, not its length),
+    each run ending idle as ``LLM.generate`` does."""
+    from mindie_service.engine.contract import EngineRequest
+    from mindie_service.sampling_params import SamplingParams
+    for n, prompt, out in ((1, 64, 8), (16, 64, 8), (32, 64, 8), (1, 512, 1)):
+        for i in range(n):
+            ids = tuple(1000 + 7 * i + k for k in range(prompt))
+            engine.add_request(EngineRequest(f"b{n}-{i}", ids, SamplingParams(max_tokens=out, temperature=0.0,
+                                                                             ignore_eos=True)))
+        while engine.has_work():
+            engine.step()
+        engine.runner.idle()
+
+
 class ImportMeter(importlib.abc.MetaPathFinder):
     """On sys.meta_path: each module's body run between two /proc/self/statm reads; what its own imports added is
     taken off its share, and the rest counted to its top-level package."""
@@ -285,6 +304,7 @@ def main() -> None:
     ap.add_argument("--max-batch-size", type=int, default=200)
     ap.add_argument("--streams", type=int, default=0, help="then this many requests at once (the growth a run adds, once idle)")
     ap.add_argument("--stream-tokens", type=int, default=64, help="tokens each of --streams generates")
+    ap.add_argument("--after-run", action="store_true", help="then tools/bench_gguf.py's run shapes, and the RSS once idle")
     ap.add_argument("--json", action="store_true", help="one JSON line instead of the table")
     ap.add_argument("--imports", action="store_true", help="only the RSS the imports add, by top-level package")
     args = ap.parse_args()
@@ -310,6 +330,9 @@ def main() -> None:
         from npu_ops.memory import trim_heap
         trim_heap()
         phases.mark("then malloc_trim(0)")
+    if args.after_run:
+        bench_run(engine)
+        phases.mark("after the bench's run shapes (idle)")
     own = owners(engine, args.gguf)
     report(phases, own, args.gguf.stat().st_size, engine.runner.kv_pool_bytes, args.json)
     print(f"({time.perf_counter() - t:.0f} s)", file=sys.stderr)
