@@ -8,7 +8,7 @@
  * W's rows once, each 8-weight chunk decoded and multiplied into every activation row's accumulators at once
  * (a lone row keeps 4 accumulator chains, so the FMA latency is hidden).
  * More rows: a thread decodes 16 rows of W at a time into the k-major panel gemm.c's register tile reads
- * (8 x 8 transposes) and runs that 6 x 16 tile over every activation row, so the decode costs once per 16 x m
+ * (gemm_kquant_panel.c) and runs that 6 x 16 tile over every activation row, so the decode costs once per 16 x m
  * outputs and the products run at the fp32 GEMM's speed.
  * Threads come from the OpenMP runtime the process already has (PyTorch's libgomp), split as team_share does. */
 #include <stdint.h>
@@ -18,6 +18,7 @@
 
 #include "gemm.h"
 #include "gemm_kquant.h"
+#include "gemm_kquant_panel.h"
 #include "gemm_tile.h"
 #include "kernels.h"
 #include "team_sync.h"
@@ -300,33 +301,33 @@ static const decode_fn DECODE_FNS[3] = {decode_q4k, decode_q5k, decode_q6k};
 /* One super-block of `type` into out[256]: the fp32 values gguf.quants.dequantize gives. */
 void gguf_kquant_decode_block(int type, const uint8_t *block, float *out) { DECODE(type, block, out); }
 
-/* Panel p of W (rows 16p .. 16p + 15, zeros past n_out) decoded into the k-major layout f32_tile reads:
- * panel[kk * 16 + j] = W[16p + j, kk]. */
-static void decode_panel(int type, const uint8_t *w, int64_t p, int64_t n_out, int64_t k, float *panel,
-                         float *tmp) {
+#ifndef __AVX2__
+/* Panel p of W (rows 16p .. 16p + 15, zeros past n_out) into the k-major layout f32_tile reads, panel[kk * 16 + j] =
+ * W[16p + j, kk]: each row's super-block decoded, then transposed (with AVX2: gemm_kquant_panel.c, 8 rows in lanes). */
+static void kquant_decode_panel(int type, const uint8_t *w, int64_t p, int64_t n_out, int64_t k, float *panel) {
     const int64_t nb = k / QK, bb = BLOCK_BYTES[type];
+    float tmp[NR * QK] = {0}; /* rows past n_out stay zeros */
     for (int64_t i = 0; i < nb; ++i) {
-        for (int64_t j = 0; j < NR; ++j) {
-            const int64_t row = p * NR + j;
-            if (row < n_out)
-                DECODE(type, w + (row * nb + i) * bb, tmp + j * QK);
-            else
-                memset(tmp + j * QK, 0, QK * sizeof(float));
-        }
+        for (int64_t j = 0; j < NR && p * NR + j < n_out; ++j)
+            DECODE(type, w + ((p * NR + j) * nb + i) * bb, tmp + j * QK);
         f32_panel_from_rows(tmp, QK, QK, panel + i * QK * NR);
     }
 }
+#endif
 
 /* W's panels p0..p1 against m activation rows: each panel decoded once, then gemm.c's register tiles over it. */
 static void rows_panels(int type, const uint8_t *w, int64_t p0, int64_t p1, int64_t n_out, int64_t k,
                         const float *x, int64_t m, float *y, float *panel) {
-    float c[MR * NR], tmp[NR * QK];
+    float c[MR * NR];
+    const int64_t bytes = NR * (k / QK) * BLOCK_BYTES[type]; /* a panel's blocks, <= 16 k: 4 floats a k */
     for (int64_t p = p0; p < p1; ++p) {
-        decode_panel(type, w, p, n_out, k, panel, tmp);
+        kquant_decode_panel(type, w, p, n_out, k, panel);
         const int64_t cols = n_out - p * NR < NR ? n_out - p * NR : NR;
+        /* the first tile asks for the next panel's blocks (into L2), so that its decode does not wait on memory */
+        const int ask = p + 1 < p1;
         for (int64_t r0 = 0; r0 < m; r0 += MR) {
-            const int mr = m - r0 < MR ? (int)(m - r0) : MR;
-            f32_tile(mr, x + r0 * k, k, panel, k, c, panel, 0);
+            const int mr = m - r0 < MR ? (int)(m - r0) : MR, pf = ask && r0 == 0;
+            f32_tile(mr, x + r0 * k, k, panel, k, c, pf ? (const float *)(w + (p + 1) * bytes) : panel, pf ? 4 : 0);
             for (int r = 0; r < mr; ++r)
                 memcpy(y + (r0 + r) * n_out + p * NR, c + r * NR, (size_t)cols * sizeof(float));
         }

@@ -4,10 +4,7 @@
 #define MINDIE_GEMM_KQUANT_H
 #include <stdint.h>
 
-/* the GGML block types gemm_kquant.c runs, as its `type` argument takes them */
-#define GGUF_KQ_Q4_K 0
-#define GGUF_KQ_Q5_K 1
-#define GGUF_KQ_Q6_K 2
+#include "kquant_block.h" /* the GGUF_KQ_* type numbers */
 
 /* y[m, n_out] = x[m, k] . W^T, W as GGUF stores it (row r: k / 256 super-blocks of `type`), by every thread of
  * the calling team (each a contiguous share of W's rows; serial outside a parallel region); k % 256 == 0.

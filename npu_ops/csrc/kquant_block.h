@@ -1,9 +1,16 @@
 /* A Q4_K / Q5_K super-block's 12 packed bytes of 6-bit factors (bytes 4..15, after the fp16 d and dmin), read
- * where they lie: gemm_kquant.c (fp32 activations), gemm_kquant_q8.c and gemm_kquant_q8_lanes.c (int8 ones). */
+ * where they lie: gemm_kquant.c and gemm_kquant_panel.c (fp32 activations), gemm_kquant_q8.c and
+ * gemm_kquant_q8_lanes.c (int8 ones). The K-quant type numbers every one of them takes as `type`. */
 #ifndef MINDIE_KQUANT_BLOCK_H
 #define MINDIE_KQUANT_BLOCK_H
 #include <stdint.h>
 #include <string.h>
+
+/* the GGML block types the K-quant kernels run, as their `type` argument takes them, and a block's bytes */
+#define GGUF_KQ_Q4_K 0
+#define GGUF_KQ_Q5_K 1
+#define GGUF_KQ_Q6_K 2
+#define KQ_BLOCK_BYTES(type) ((type) == GGUF_KQ_Q4_K ? 144 : (type) == GGUF_KQ_Q5_K ? 176 : 210)
 
 /* The 8 sub-block scales then the 8 mins of the super-block at b, one byte each (llama.cpp's kmask unpacking,
  * 4 at a time). */
