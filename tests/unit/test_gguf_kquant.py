@@ -137,6 +137,21 @@ def test_the_kernels_dequantize_exactly_gguf_values(name: str, kind: str) -> Non
     assert torch.equal(picked, wt)
 
 
+@needs_kernels
+@pytest.mark.parametrize("name", TYPES)
+def test_every_lane_of_every_panel_holds_gguf_values_at_8_to_32_rows(name: str) -> None:
+    """From 5 rows of x the kernel decodes 16-row panels (csrc/gemm_kquant_panel.c: 8 weight rows in a vector's
+    lanes, the next panel's blocks asked for by the first tile): one-hot rows, 8, 16 or 32 a call, pick every column
+    of 37 weight rows (two full panels, then 5 rows) out exactly, random bytes included."""
+    n, k = 37, 512
+    eye = torch.eye(k)
+    for kind in ("quantized", "random"):
+        raw = weights(n, k, name, seed=3, kind=kind)
+        wt = gguf_reference(raw, name).reshape(n, k).T
+        for m in (8, 16, 32):
+            assert torch.equal(torch.cat([kq.matmul(eye[j:j + m], raw, name, n, k) for j in range(0, k, m)]), wt), m
+
+
 SHAPES = [(1, 37, 256), (3, 13, 512), (17, 5, 2048), (64, 33, 1024), (1, 1, 2048), (4, 65, 768), (5, 8, 256)]
 
 
