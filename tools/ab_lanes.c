@@ -22,37 +22,17 @@
 #include <string.h>
 #include <time.h>
 
+#include "ab_common.h"
 #include "gemm_gguf_tile.h"
 #include "kernels.h"
 
 void old_q4_0(const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y);
 void old_q4_k(const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y);
 void old_q6_k(const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y);
-typedef void (*fn)(const uint8_t *, int64_t, int64_t, const float *, int64_t, float *);
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* random blocks with a small fp16 d (and dmin) in every block: no inf / NaN scales */
+/* random blocks, a small fp16 d (and a K-quant's dmin) in every block: Q6_K's d is its last 2 bytes (208) */
 static uint8_t *random_blocks(char kind, int64_t n, int64_t nb, int bb) {
-    uint8_t *w = malloc((size_t)(n * nb * bb));
-    for (int64_t i = 0; i < n * nb * bb; ++i) w[i] = (uint8_t)rand();
-    for (int64_t i = 0; i < n * nb; ++i) {
-        uint16_t h = (uint16_t)(0x1400 + (rand() & 0xff));
-        memcpy(w + i * bb + (kind == '6' ? 208 : 0), &h, 2);
-        if (kind == 'k') memcpy(w + i * bb + 2, &h, 2);
-    }
-    return w;
-}
-
-static double best(fn f, const uint8_t *w, int64_t n, int64_t k, const float *x, int m, float *y, double t0) {
-    const double t = now();
-    f(w, n, k, x, m, y);
-    const double d = now() - t;
-    return d < t0 ? d : t0;
+    return ab_random_blocks(n, nb, bb, kind == '6' ? 208 : 0, kind == 'k', 0xff);
 }
 
 int main(int argc, char **argv) {
@@ -64,8 +44,8 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < (int64_t)m * 8192; ++i) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
     for (const char *kc = kinds; *kc; ++kc) {
         const int bv = *kc == '0' ? 32 : 256, bb = *kc == '0' ? 18 : *kc == 'k' ? 144 : 210;
-        const fn fo = *kc == '0' ? old_q4_0 : *kc == 'k' ? old_q4_k : old_q6_k;
-        const fn fw = *kc == '0' ? gguf_matmul_q4_0_q8 : *kc == 'k' ? gguf_matmul_q4_k_q8 : gguf_matmul_q6_k_q8;
+        const ab_fn fo = *kc == '0' ? old_q4_0 : *kc == 'k' ? old_q4_k : old_q6_k;
+        const ab_fn fw = *kc == '0' ? gguf_matmul_q4_0_q8 : *kc == 'k' ? gguf_matmul_q4_k_q8 : gguf_matmul_q6_k_q8;
         void (*deq)(const uint8_t *, int64_t, float *) = *kc == '0' ? gguf_dequant_q4_0 : *kc == 'k' ? gguf_dequant_q4_k
                                                                                                     : gguf_dequant_q6_k;
         double to = 0, tn = 0, tt = 0, fl = 0;
@@ -74,14 +54,14 @@ int main(int argc, char **argv) {
             uint8_t *w = random_blocks(*kc, n, nb, bb);
             double bo = 1e9, bn = 1e9, bt = 1e9;
             for (int r = 0; r < reps; ++r) {
-                bo = best(fo, w, n, k, x, m, y0, bo);
-                bn = best(fw, w, n, k, x, m, y1, bn);
+                bo = ab_best(fo, w, n, k, x, m, y0, bo);
+                bn = ab_best(fw, w, n, k, x, m, y1, bn);
             }
             if (memcmp(y0, y1, sizeof(float) * (size_t)(m * n))) printf("BITS DIFFER: kind %c, shape %d\n", *kc, s);
             for (int r = 0; getenv("TILES") != NULL && r < reps; ++r) {
-                const double t = now();
+                const double t = ab_now();
                 gguf_tile_matmul(deq, bv, nb * bb, w, n, k, x, m, y0);
-                const double d = now() - t;
+                const double d = ab_now() - t;
                 bt = d < bt ? d : bt;
             }
             to += bo, tn += bn, tt += bt, fl += 2.0 * m * (double)(n * k);

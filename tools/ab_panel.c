@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "ab_common.h"
 #include "gemm_kquant_panel.h"
 #include "gemm_tile.h"
 #include "kernels.h"
@@ -31,25 +32,10 @@ void old_q4_k(const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m,
 void old_q5_k(const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y);
 void old_q6_k(const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y);
 void old_decode_block(int type, const uint8_t *block, float *out);
-typedef void (*fn)(const uint8_t *, int64_t, int64_t, const float *, int64_t, float *);
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-/* random blocks with a small fp16 d (and dmin) in every block: no inf / NaN scales */
+/* random blocks, a small fp16 d (and Q4_K / Q5_K's dmin) in every block, with the sign bit now and then */
 static uint8_t *random_blocks(int type, int64_t n, int64_t nb) {
-    const int bb = KQ_BLOCK_BYTES(type);
-    uint8_t *w = malloc((size_t)(n * nb * bb));
-    for (int64_t i = 0; i < n * nb * bb; ++i) w[i] = (uint8_t)rand();
-    for (int64_t i = 0; i < n * nb; ++i) {
-        uint16_t h = (uint16_t)(0x1400 + (rand() & 0x1ff)); /* with the sign bit now and then */
-        memcpy(w + i * bb + (type == GGUF_KQ_Q6_K ? 208 : 0), &h, 2);
-        if (type != GGUF_KQ_Q6_K) memcpy(w + i * bb + 2, &h, 2);
-    }
-    return w;
+    return ab_random_blocks(n, nb, KQ_BLOCK_BYTES(type), type == GGUF_KQ_Q6_K ? 208 : 0, type != GGUF_KQ_Q6_K, 0x1ff);
 }
 
 /* the old decode_panel: each row's super-block decoded alone, then 8 x 8 float transposes; zeros past n_out */
@@ -79,13 +65,6 @@ static int panels_equal(int type) {
     return same;
 }
 
-static double best(fn f, const uint8_t *w, int64_t n, int64_t k, const float *x, int m, float *y, double t0) {
-    const double t = now();
-    f(w, n, k, x, m, y);
-    const double d = now() - t;
-    return d < t0 ? d : t0;
-}
-
 int main(int argc, char **argv) {
     const int m = argc > 1 ? atoi(argv[1]) : 16, reps = argc > 2 ? atoi(argv[2]) : 5;
     const char *kinds = argc > 3 ? argv[3] : "k56";
@@ -97,8 +76,8 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < (int64_t)m * 8192; ++i) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
     for (const char *kc = kinds; *kc; ++kc) {
         const int type = *kc == 'k' ? GGUF_KQ_Q4_K : *kc == '5' ? GGUF_KQ_Q5_K : GGUF_KQ_Q6_K;
-        const fn fo = type == GGUF_KQ_Q4_K ? old_q4_k : type == GGUF_KQ_Q5_K ? old_q5_k : old_q6_k;
-        const fn fw = type == GGUF_KQ_Q4_K   ? gguf_matmul_q4_k
+        const ab_fn fo = type == GGUF_KQ_Q4_K ? old_q4_k : type == GGUF_KQ_Q5_K ? old_q5_k : old_q6_k;
+        const ab_fn fw = type == GGUF_KQ_Q4_K   ? gguf_matmul_q4_k
                       : type == GGUF_KQ_Q5_K ? gguf_matmul_q5_k
                                              : gguf_matmul_q6_k;
         const int64_t(*shp)[2] = type == GGUF_KQ_Q6_K ? head : layers;
@@ -109,8 +88,8 @@ int main(int argc, char **argv) {
             uint8_t *w = random_blocks(type, n, k / 256);
             double bo = 1e9, bn = 1e9;
             for (int r = 0; r < reps; ++r) {
-                bo = best(fo, w, n, k, x, m, y0, bo);
-                bn = best(fw, w, n, k, x, m, y1, bn);
+                bo = ab_best(fo, w, n, k, x, m, y0, bo);
+                bn = ab_best(fw, w, n, k, x, m, y1, bn);
             }
             if (memcmp(y0, y1, sizeof(float) * (size_t)(m * n))) printf("BITS DIFFER: kind %c, shape %d\n", *kc, s);
             to += bo, tn += bn, fl += 2.0 * m * (double)(n * k);
