@@ -21,6 +21,7 @@
  * THREADS: runs at 1 thread and, when THREADS is 2 or more, at THREADS too. MB=256 sets the streamed size.
  * The thread CPU clock leaves out time the thread did not run, not a busy neighbour's effect on the time it ran
  * (this VM's two vCPUs at load 4: the in-cache rates 0.6x their load-1 ones): in-cache figures at load <= 1 only. */
+#define _DEFAULT_SOURCE /* getloadavg */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -269,9 +270,13 @@ int main(int argc, char **argv) {
     const int64_t mb = getenv("MB") != NULL ? atoll(getenv("MB")) : 256;
     float *x = malloc(sizeof(float) * 8192), *y = malloc(sizeof(float) * 16384);
     for (int i = 0; i < 8192; ++i) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
-    printf("lone-row int8 GEMV against the bandwidth bound: %d round(s), %lld MB streamed a type\n", rounds,
-           (long long)mb);
+    double load[1] = {-1};
+    getloadavg(load, 1);
+    printf("lone-row int8 GEMV against the bandwidth bound: %d round(s), %lld MB streamed a type, load average %.2f\n",
+           rounds, (long long)mb, load[0]);
     if (run_threads(1, rounds, keys, mb, x, y) != 0) return 1;
     if (nt > 1 && run_threads(nt, rounds, keys, mb, x, y) != 0) return 1;
+    getloadavg(load, 1);
+    printf("load average at the end %.2f\n", load[0]);
     return 0;
 }
