@@ -15,8 +15,8 @@
  *
  *   cd npu_ops/csrc && gcc -O3 -march=native -fopenmp -std=gnu11 -I. -o /tmp/ab_ceiling \
  *       ../../tools/ab_ceiling.c ../../tools/membw.c *.c -lm && \
- *   /tmp/ab_ceiling 2 5 0185k6x        # THREADS ROUNDS KINDS (0 Q4_0, 1 Q4_1, 8 Q8_0, 5 Q5_0, k Q4_K, 6 Q6_K,
- *                                       # x: Q4_0 repacked 4 rows interleaved, a what-if: q4_0_x4 below)
+ *   /tmp/ab_ceiling 2 5 0185k6xy       # THREADS ROUNDS KINDS (0 Q4_0, 1 Q4_1, 8 Q8_0, 5 Q5_0, k Q4_K, 6 Q6_K;
+ *                                       # x, y: Q4_0, Q4_1 repacked 4 rows interleaved, a what-if: q4_x4 below)
  *
  * THREADS: runs at 1 thread and, when THREADS is 2 or more, at THREADS too. MB=256 sets the streamed size.
  * The thread CPU clock leaves out time the thread did not run, not a busy neighbour's effect on the time it ran
@@ -49,65 +49,84 @@ typedef struct kind {
 } kind;
 
 static void q4_0_x4(const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y);
+static void q4_1_x4(const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y);
 
 static const kind KINDS[] = {
     {'0', "Q4_0", gguf_matmul_q4_0_q8, 32, 18, 0, 0, 0},   {'1', "Q4_1", gguf_matmul_q4_1_q8, 32, 20, 0, 1, 0},
     {'8', "Q8_0", gguf_matmul_q8_0_q8, 32, 34, 0, 0, 0},   {'5', "Q5_0", gguf_matmul_q5_0_q8, 32, 22, 0, 0, 0},
     {'k', "Q4_K", gguf_matmul_q4_k_q8, 256, 144, 0, 1, 0}, {'6', "Q6_K", gguf_matmul_q6_k_q8, 256, 210, 208, 0, 0},
-    {'x', "Q4_0x4", q4_0_x4, 32, 18, 0, 0, 1},
+    {'x', "Q4_0x4", q4_0_x4, 32, 18, 0, 0, 1},             {'y', "Q4_1x4", q4_1_x4, 32, 20, 0, 1, 1},
 };
 
 
-/* What if: Q4_0 repacked at load, 4 rows' blocks interleaved (each block step: the 4 fp16 d in 8 bytes, then the 4
- * rows' 16 bytes of nibbles; 72 bytes, as many as the 4 blocks GGUF stores): gemm_gguf_q8.c's lone-row pass with the
- * same operations on each value (the same bits: checked), but the 4 scales one 8-byte load instead of 4 loads,
- * shifts and ors, one pointer instead of 4 and one stream. Not an entry point: a measure of what the layout buys. */
-static uint8_t *repack_q4_0_x4(const uint8_t *w, int64_t n, int64_t k) {
-    const int64_t nb = k / 32;
-    uint8_t *o = malloc((size_t)(n / 4 * nb * 72));
+/* What if: Q4_0 / Q4_1 repacked at load, 4 rows' blocks interleaved (each block step: the 4 rows' fp16 d (Q4_1: d
+ * and m) in 8 (16) bytes, then their 16 bytes of nibbles each; as many bytes as the 4 blocks GGUF stores):
+ * gemm_gguf_q8.c's lone-row pass with the same operations on each value (the same bits: checked), but the 4 rows'
+ * scales one load instead of 4 loads, shifts and ors (Q4_1: 4 inserts), one pointer instead of 4. Not an entry
+ * point: a measure of what the layout buys. */
+static uint8_t *repack_x4(const uint8_t *w, int64_t n, int64_t k, int bb) {
+    const int64_t nb = k / 32, sb = bb - 16; /* a block's scale bytes */
+    uint8_t *o = malloc((size_t)(n * nb * bb));
     for (int64_t g = 0; g < n / 4; ++g)
         for (int64_t b = 0; b < nb; ++b)
             for (int r = 0; r < 4; ++r) {
-                const uint8_t *src = w + ((g * 4 + r) * nb + b) * 18;
-                uint8_t *dst = o + (g * nb + b) * 72;
-                memcpy(dst + 2 * r, src, 2);
-                memcpy(dst + 8 + 16 * r, src + 2, 16);
+                const uint8_t *src = w + ((g * 4 + r) * nb + b) * bb;
+                uint8_t *dst = o + (g * nb + b) * 4 * bb;
+                memcpy(dst + sb * r, src, (size_t)sb);
+                memcpy(dst + 4 * sb + 16 * r, src + sb, 16);
             }
     return o;
 }
 
-static void q4_0_x4(const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y) {
-    (void)m;
-    const int64_t nb = k / 32;
+static inline __attribute__((always_inline)) void q4_x4(const int q41, const uint8_t *w, int64_t n, int64_t k,
+                                                         const float *x, float *y) {
+    const int64_t nb = k / 32, step = q41 ? 80 : 72, sb = q41 ? 16 : 8;
     int8_t xq[8192];
     float xd[8192 / 32 * 8], xs[8192 / 32];
     gguf_q8_quantize_row(x, k, xq, xd, xs);
     const __m256i shift = _mm256_setr_epi64x(0, 0, 4, 4), low = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi16(1);
     for (int64_t g = 0; g < n / 4; ++g) {
-        const uint8_t *p = w + g * nb * 72;
+        const uint8_t *p = w + g * nb * step;
         __m256 acc = _mm256_setzero_ps();
         __m128 off = _mm_setzero_ps();
-        for (int64_t b = 0; b < nb; ++b, p += 72) {
-            __builtin_prefetch(p + 4 * 72 * nb, 0, 1); /* the next group's line, as gemm_gguf_q8.c asks for it */
-            __builtin_prefetch(p + 4 * 72 * nb + 64, 0, 1);
+        for (int64_t b = 0; b < nb; ++b, p += step) {
+            __builtin_prefetch(p + step * nb, 0, 1); /* the next group's lines, as gemm_gguf_q8.c asks for them */
+            __builtin_prefetch(p + step * nb + 64, 0, 1);
             __m256i q[4];
             for (int r = 0; r < 4; ++r)
                 q[r] = _mm256_and_si256(
-                    _mm256_srlv_epi64(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + 8 + 16 * r))),
+                    _mm256_srlv_epi64(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + sb + 16 * r))),
                                       shift),
                     low);
-            const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p));
+            __m128 d, mn = _mm_setzero_ps();
+            if (q41) { /* d0 m0 d1 m1 ... -> d0-3, m0-3 */
+                const __m256 dm = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
+                                                           _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
+                d = _mm256_castps256_ps128(dm), mn = _mm256_extractf128_ps(dm, 1);
+            } else {
+                d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p));
+            }
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + b * 32));
             const __m256i p01 = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[0], xv), _mm256_maddubs_epi16(q[1], xv));
             const __m256i p23 = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[2], xv), _mm256_maddubs_epi16(q[3], xv));
             const __m256i h = _mm256_madd_epi16(_mm256_hadd_epi16(p01, p23), one);
             const __m256 scale = _mm256_mul_ps(_mm256_set_m128(d, d), _mm256_loadu_ps(xd + 8 * b));
             acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(h), acc);
-            off = _mm_fmadd_ps(d, _mm_set1_ps(xs[b]), off);
+            off = _mm_fmadd_ps(q41 ? mn : d, _mm_set1_ps(xs[b]), off);
         }
         __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-        _mm_storeu_ps(y + 4 * g, _mm_fnmadd_ps(_mm_set1_ps(8.0f), off, v));
+        _mm_storeu_ps(y + 4 * g, q41 ? _mm_add_ps(v, off) : _mm_fnmadd_ps(_mm_set1_ps(8.0f), off, v));
     }
+}
+
+static void q4_0_x4(const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y) {
+    (void)m;
+    q4_x4(0, w, n, k, x, y);
+}
+
+static void q4_1_x4(const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y) {
+    (void)m;
+    q4_x4(1, w, n, k, x, y);
 }
 
 #define K_IN 2048
@@ -137,10 +156,10 @@ static double in_cache(const kind *kd, int nt, const float *x, double *each) {
         fill_blocks(kd, w, n * (K_IN / kd->vals));
         if (kd->x4) { /* the same values as Q4_0's kernel gives on the blocks as GGUF stores them */
             float y0[1024];
-            uint8_t *o = repack_q4_0_x4(w, n, K_IN);
-            gguf_matmul_q4_0_q8(w, n, K_IN, x, 1, y0);
+            uint8_t *o = repack_x4(w, n, K_IN, kd->bytes);
+            (kd->bytes == 18 ? gguf_matmul_q4_0_q8 : gguf_matmul_q4_1_q8)(w, n, K_IN, x, 1, y0);
             kd->fn(o, n, K_IN, x, 1, y);
-            if (memcmp(y0, y, sizeof(float) * (size_t)n)) printf("%s: BITS DIFFER from Q4_0's kernel\n", kd->name);
+            if (memcmp(y0, y, sizeof(float) * (size_t)n)) printf("%s: BITS DIFFER from GGUF's layout\n", kd->name);
             memcpy(w, o, (size_t)(n * row));
             free(o);
         }
@@ -181,9 +200,9 @@ static int layers_new(const kind *kd, int64_t min_bytes, layers *L) {
     if (L->base == NULL) return 1;
     fill_blocks(kd, L->base, L->nl * lb / kd->bytes); /* random scales in every block (a real file's are finite) */
     for (int64_t l = 0, at = 0; kd->x4 && l < L->nl; ++l)
-        for (int p = 0; p < NPROJ; at += PROJ[p][0] * (PROJ[p][1] / 32 * 18), ++p) {
-            uint8_t *o = repack_q4_0_x4(L->base + at, PROJ[p][0], PROJ[p][1]);
-            memcpy(L->base + at, o, (size_t)(PROJ[p][0] * (PROJ[p][1] / 32 * 18)));
+        for (int p = 0; p < NPROJ; at += PROJ[p][0] * (PROJ[p][1] / 32 * kd->bytes), ++p) {
+            uint8_t *o = repack_x4(L->base + at, PROJ[p][0], PROJ[p][1], kd->bytes);
+            memcpy(L->base + at, o, (size_t)(PROJ[p][0] * (PROJ[p][1] / 32 * kd->bytes)));
             free(o);
         }
     for (int p = 0; p < NPROJ; ++p) {
@@ -266,7 +285,7 @@ static int run_threads(int nt, int rounds, const char *keys, int64_t mb, const f
 
 int main(int argc, char **argv) {
     const int nt = argc > 1 ? atoi(argv[1]) : 2, rounds = argc > 2 ? atoi(argv[2]) : 5;
-    const char *keys = argc > 3 ? argv[3] : "0185k6x";
+    const char *keys = argc > 3 ? argv[3] : "0185k6xy";
     const int64_t mb = getenv("MB") != NULL ? atoll(getenv("MB")) : 256;
     float *x = malloc(sizeof(float) * 8192), *y = malloc(sizeof(float) * 16384);
     for (int i = 0; i < 8192; ++i) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
