@@ -154,7 +154,7 @@ static double in_cache(const kind *kd, int nt, const float *x, double *each) {
         uint8_t *w = malloc((size_t)(n * row));
         float y[1024];
         fill_blocks(kd, w, n * (K_IN / kd->vals));
-        if (kd->x4) { /* the same values as Q4_0's kernel gives on the blocks as GGUF stores them */
+        if (kd->x4) { /* the same values as the type's kernel gives on the blocks as GGUF stores them */
             float y0[1024];
             uint8_t *o = repack_x4(w, n, K_IN, kd->bytes);
             (kd->bytes == 18 ? gguf_matmul_q4_0_q8 : gguf_matmul_q4_1_q8)(w, n, K_IN, x, 1, y0);
