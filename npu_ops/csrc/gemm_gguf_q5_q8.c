@@ -88,10 +88,14 @@ static void quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, float
 #ifdef __AVX2__
 /* the 4 rows' scales (lanes 0-3) and, for Q5_1, mins (*mn) of the blocks at p[r] */
 static inline __attribute__((always_inline)) __m128 scales4(const int t, const uint8_t *p[NR], __m128 *mn) {
-    if (t == T_Q5_0) {
-        uint16_t h[NR];
-        for (int r = 0; r < NR; ++r) memcpy(h + r, p[r], 2);
-        return _mm_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0));
+    if (t == T_Q5_0) { /* the 4 halves packed in a scalar register, one move into a vector (gemm_gguf_q8.c's way) */
+        uint64_t h = 0;
+        for (int r = 0; r < NR; ++r) {
+            uint16_t u;
+            memcpy(&u, p[r], 2);
+            h |= (uint64_t)u << (16 * r);
+        }
+        return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)h));
     }
     uint32_t u[NR];
     for (int r = 0; r < NR; ++r) memcpy(u + r, p[r], 4);
@@ -101,9 +105,14 @@ static inline __attribute__((always_inline)) __m128 scales4(const int t, const u
     return _mm256_castps256_ps128(dm);
 }
 
-/* 32 quants . 32 int8 x: 8 int32 partial sums */
-static inline __attribute__((always_inline)) __m256i block_isum(__m256i q, __m256i xv) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), _mm256_set1_epi16(1));
+/* the 4 rows' quants . 32 int8 x, lane r: row r's sum over values 0-15, lane 4 + r: over 16-31 (as two levels of
+ * hadd_epi32 over each row's maddubs + madd give them, with 5 multiplies instead of 8): the int16 pair sums (q <= 31,
+ * |x| <= 127: at most 7874) are added in int16 twice more (at most 31496 < 32767) before the one widening madd.
+ * Integer sums, exact: the same values. */
+static inline __attribute__((always_inline)) __m256i quants_isum4(const __m256i q[NR], __m256i xv) {
+    const __m256i p01 = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[0], xv), _mm256_maddubs_epi16(q[1], xv));
+    const __m256i p23 = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[2], xv), _mm256_maddubs_epi16(q[3], xv));
+    return _mm256_madd_epi16(_mm256_hadd_epi16(p01, p23), _mm256_set1_epi16(1));
 }
 
 /* y[i * ldy + r] = W row r . x row i (dequantized) for the 4 rows w[r] (rows past the last repeat it: their results
@@ -111,7 +120,8 @@ static inline __attribute__((always_inline)) __m256i block_isum(__m256i q, __m25
  * that makes each output is the same whatever mr, so are its bits. */
 static inline __attribute__((always_inline)) void tile_q8(const int t, const int mr, const uint8_t *w[NR],
                                                           int64_t nb, const int8_t *xq, const float *xd,
-                                                          const float *xs, int64_t k, float *y, int64_t ldy, int nr) {
+                                                          const float *xs, int64_t k, float *y, int64_t ldy, int nr,
+                                                          int64_t ahead) {
     __m256 acc[MR]; /* lanes r: values 0-15 of row r, r + 4: 16-31 */
     __m128 off[MR];
     for (int i = 0; i < mr; ++i) {
@@ -121,8 +131,10 @@ static inline __attribute__((always_inline)) void tile_q8(const int t, const int
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *p[NR];
         for (int r = 0; r < NR; ++r) p[r] = w[r] + b * Q5_BYTES(t);
-        if ((b & 1) == 0) /* one ask a 64-byte line: about 2 blocks */
-            for (int r = 0; r < NR; ++r) stream_ahead(p[r]);
+        /* the next group's NR rows (ahead: NR rows' bytes on; contiguous) asked for as one stream, a step's share
+         * of it (NR blocks' bytes) a step: each row asking 2 KiB past itself (4 streams 660 bytes apart at 360M's
+         * k 960) read slower (tools/ab_q5.c; gemm_gguf_q8.c found the same) */
+        for (int64_t o = 0; o < NR * Q5_BYTES(t); o += 64) stream_at(w[0] + ahead + b * NR * Q5_BYTES(t) + o);
         __m256i q[NR];
         for (int r = 0; r < NR; ++r) q[r] = q5_quants(t, p[r]);
         __m128 mn = _mm_setzero_ps();
@@ -130,8 +142,7 @@ static inline __attribute__((always_inline)) void tile_q8(const int t, const int
         const __m256 d8 = _mm256_set_m128(d, d);
         for (int i = 0; i < mr; ++i) {
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + i * k + b * Q5_QK));
-            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(block_isum(q[0], xv), block_isum(q[1], xv)),
-                                                _mm256_hadd_epi32(block_isum(q[2], xv), block_isum(q[3], xv)));
+            const __m256i h = quants_isum4(q, xv);
             const __m256 scale = _mm256_mul_ps(d8, _mm256_loadu_ps(xd + 8 * (i * nb + b)));
             acc[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(h), acc[i]);
             /* sum w x = d_w d_x sum q xq + off_w xs: Q5_1's off is its min, Q5_0's -16 d_w (the -16 applied below) */
@@ -149,7 +160,8 @@ static inline __attribute__((always_inline)) void tile_q8(const int t, const int
 #else
 /* the same sums without AVX2, a row at a time */
 static void tile_q8(const int t, const int mr, const uint8_t *w[NR], int64_t nb, const int8_t *xq, const float *xd,
-                    const float *xs, int64_t k, float *y, int64_t ldy, int nr) {
+                    const float *xs, int64_t k, float *y, int64_t ldy, int nr, int64_t ahead) {
+    (void)ahead;
     for (int i = 0; i < mr; ++i)
         for (int r = 0; r < nr; ++r) {
             float acc = 0.0f, off = 0.0f;
@@ -187,7 +199,8 @@ static inline __attribute__((always_inline)) void groups_q8(const int t, const u
             const uint8_t *rows[NR];
             for (int r = 0; r < NR; ++r) rows[r] = w + (r0 + (r < nr ? r : 0)) * rb;
             int64_t i = c0;
-#define TILE(mr) tile_q8(t, mr, rows, nb, xq + i * k, xd + 8 * i * nb, xs + i * nb, k, y + i * n_out + r0, n_out, nr)
+#define TILE(mr) \
+    tile_q8(t, mr, rows, nb, xq + i * k, xd + 8 * i * nb, xs + i * nb, k, y + i * n_out + r0, n_out, nr, NR * rb)
             for (; i + MR <= c1; i += MR) TILE(MR);
             if (i + 2 <= c1) {
                 TILE(2);
@@ -198,6 +211,19 @@ static inline __attribute__((always_inline)) void groups_q8(const int t, const u
         }
     }
 }
+
+/* each type's groups_q8 compiled for it: a parallel region's body is outlined once per function, before inlining
+ * gives it its type (gemm_gguf_q8.c: the standalone call's team ran the type-generic code) */
+typedef void (*groups_fn)(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const float *xd,
+                          const float *xs, int64_t m, float *y, int64_t g0, int64_t g1);
+#define GROUPS_OF(T)                                                                                               \
+    static void groups_##T(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const float *xd,        \
+                           const float *xs, int64_t m, float *y, int64_t g0, int64_t g1) {                       \
+        groups_q8(T, w, n_out, k, xq, xd, xs, m, y, g0, g1);                                                      \
+    }
+GROUPS_OF(T_Q5_0)
+GROUPS_OF(T_Q5_1)
+#undef GROUPS_OF
 
 static inline __attribute__((always_inline)) void matmul_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k,
                                                             const float *x, int64_t m, float *y) {
@@ -211,14 +237,15 @@ static inline __attribute__((always_inline)) void matmul_q8(const int t, const u
     float *xs = heap ? malloc(sizeof(float) * (size_t)(m * nb)) : ss;
     if (xq != NULL && xd != NULL && xs != NULL) {
         for (int64_t i = 0; i < m; ++i) quantize_row(x + i * k, k, xq + i * k, xd + 8 * i * nb, xs + i * nb);
+        const groups_fn run = t == T_Q5_1 ? groups_T_Q5_1 : groups_T_Q5_0;
         if (omp_get_level() > 0 || groups == 1) { /* inside any team, a team of 1 included */
-            groups_q8(t, w, n_out, k, xq, xd, xs, m, y, 0, groups);
+            run(w, n_out, k, xq, xd, xs, m, y, 0, groups);
         } else {
 #pragma omp parallel
             {
                 int64_t g0, g1;
                 team_share(groups, &g0, &g1); /* this thread's consecutive groups of NR rows */
-                groups_q8(t, w, n_out, k, xq, xd, xs, m, y, g0, g1);
+                run(w, n_out, k, xq, xd, xs, m, y, g0, g1);
             }
         }
     }

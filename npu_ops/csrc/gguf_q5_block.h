@@ -33,11 +33,12 @@ static inline void q5_quants_scalar(int t, const uint8_t *b, uint8_t q[Q5_QK]) {
 }
 
 #ifdef __AVX2__
-/* the same 32 quants as bytes of a vector (byte j: value j): the nibbles, with qh's bit j spread to byte j (each
- * byte takes qh's byte j / 8, every bit but j % 8 forced on; all on means the bit was set) */
+/* the same 32 quants as bytes of a vector (byte j: value j): the 16 nibble bytes in both lanes by the load itself (no
+ * insert), the high lane's shifted by a variable shift; qh's bit j spread to byte j (each byte takes qh's byte j / 8,
+ * broadcast by the load, every bit but j % 8 forced on: all on means the bit was set) */
 static inline __attribute__((always_inline)) __m256i q5_quants(int t, const uint8_t *b) {
-    const __m128i q = _mm_loadu_si128((const __m128i *)(b + Q5_QH_AT(t) + 4));
-    const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0f));
+    const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + Q5_QH_AT(t) + 4)));
+    const __m256i nib = _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
     uint32_t qh;
     memcpy(&qh, b + Q5_QH_AT(t), 4);
     const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
