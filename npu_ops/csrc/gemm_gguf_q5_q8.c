@@ -26,7 +26,10 @@
 #include "stream_ahead.h"
 #include "team_sync.h"
 
-#define NR 4  /* weight rows a pass */
+#define NR 4  /* weight rows a pass (below FEW_ROWS rows of x) */
+#define RW 8  /* weight rows a group from FEW_ROWS rows of x on: a vector's lanes */
+#define FEW_ROWS 4 /* fewer rows of x than this: the 4-row passes (bandwidth-bound; transposes cost more there) */
+#define XC 64 /* most rows of x a lanes chunk (their accumulators: 2 KiB) */
 #define MR 4  /* rows of x a tile (a prefill's GEMM: each weight block unpacked once for MR rows) */
 #define X_CHUNK_BYTES (96 * 1024) /* a GEMM's rows of x in chunks of about this many quantized bytes (L2) */
 #define STACK_K 16384 /* x's quantized rows live on the stack up to this many values */
@@ -185,6 +188,116 @@ static void tile_q8(const int t, const int mr, const uint8_t *w[NR], int64_t nb,
 /* weight row groups [g0, g1) (NR rows each, the last maybe fewer) against m quantized rows of x: chunks of x rows
  * (X_CHUNK_BYTES) outermost, each group's blocks then unpacked once per MR rows of the chunk (a decode step's few
  * rows: one chunk, so each weight byte is read once) */
+
+#ifdef __AVX2__
+/* FEW_ROWS rows of x on (a batch of decode rows, a prefill piece): gemm_gguf_q4_q8.c's scheme, 8 weight rows in a
+ * vector's lanes. A block's 8 rows are transposed once (v[c] lane r: row r's quants 4c..4c+3 as bytes, fifth bits
+ * in) and each x row meets them through 8 broadcasts of its own 4 bytes; the 4 maddubs of a half sum in int16 (8
+ * products: at most 31496) before one madd, and the scaling is 8 rows a vector. Each output's fp32 operations are
+ * tile_q8's in its order (per half acc += (d_w d_x) sum; off += mn xs; the halves added, the offset last) on the
+ * same exact integer sums: the same bits whatever the row count. */
+static inline __attribute__((always_inline)) void quants8(const int t, const uint8_t *p[RW], __m256i v[8]) {
+    __m256i y[4]; /* y[r]: row r's 16 nibble bytes, row r + 4's in the high lane */
+    for (int r = 0; r < 4; ++r)
+        y[r] = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p[r] + Q5_QH_AT(t) + 4))),
+            _mm_loadu_si128((const __m128i *)(p[r + 4] + Q5_QH_AT(t) + 4)), 1);
+    const __m256i a = _mm256_unpacklo_epi32(y[0], y[1]), b = _mm256_unpackhi_epi32(y[0], y[1]);
+    const __m256i c = _mm256_unpacklo_epi32(y[2], y[3]), e = _mm256_unpackhi_epi32(y[2], y[3]);
+    const __m256i pk[4] = {_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c), _mm256_unpacklo_epi64(b, e),
+                           _mm256_unpackhi_epi64(b, e)}; /* pk[j] lane r: row r's nibble bytes 4j..4j+3 */
+    uint32_t qh[RW]; /* lane r: row r's fifth bits (quant j: bit j) */
+    for (int r = 0; r < RW; ++r) memcpy(qh + r, p[r] + Q5_QH_AT(t), 4);
+    const __m256i hv = _mm256_setr_epi32((int)qh[0], (int)qh[1], (int)qh[2], (int)qh[3], (int)qh[4], (int)qh[5],
+                                         (int)qh[6], (int)qh[7]);
+    const __m256i lo = _mm256_set1_epi8(0x0f);
+    const __m256i dw = _mm256_setr_epi32(0, 0x04040404, 0x08080808, 0x0c0c0c0c, 0, 0x04040404, 0x08080808,
+                                         0x0c0c0c0c); /* each lane byte's own dword (row), byte 0 */
+    for (int j = 0; j < 8; ++j) {
+        /* quant 4j + i (j < 4) or 16 + 4 (j - 4) + i sits in lane byte i; its bit is in qh's byte (j / 2) (j < 4)
+         * or 2 + (j - 4) / 2, at 4 (j % 2) + i: that byte spread to the lane's 4 bytes, every other bit forced on */
+        const int qb = j < 4 ? j / 2 : 2 + (j - 4) / 2, sh = 4 * (j % 2);
+        const __m256i spread = _mm256_shuffle_epi8(hv, _mm256_add_epi8(_mm256_set1_epi8((char)qb), dw));
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi32((int)~(0x08040201u << sh))),
+                                              _mm256_set1_epi8(-1));
+        const __m256i nib = j < 4 ? _mm256_and_si256(pk[j], lo) : _mm256_and_si256(_mm256_srli_epi16(pk[j - 4], 4), lo);
+        v[j] = _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    }
+}
+
+/* the 8 rows' scales d and offset factors mn (Q5_1's min, Q5_0's d: its -16 applied at the end), fp16 fields packed
+ * 4 a scalar register, one conversion each */
+static inline __attribute__((always_inline)) void scales8v(const int t, const uint8_t *p[RW], __m256 *dv, __m256 *mv) {
+    uint64_t h[2] = {0, 0}, m[2] = {0, 0};
+    for (int r = 0; r < RW; ++r) {
+        uint16_t u[2];
+        memcpy(u, p[r], t == T_Q5_1 ? 4 : 2);
+        h[r / 4] |= (uint64_t)u[0] << (16 * (r % 4));
+        if (t == T_Q5_1) m[r / 4] |= (uint64_t)u[1] << (16 * (r % 4));
+    }
+    *dv = _mm256_cvtph_ps(_mm_set_epi64x((long long)h[1], (long long)h[0]));
+    *mv = t == T_Q5_1 ? _mm256_cvtph_ps(_mm_set_epi64x((long long)m[1], (long long)m[0])) : *dv;
+}
+
+/* the 4 bytes at x in every lane (a broadcast load) */
+static inline __attribute__((always_inline)) __m256i bcast4(const int8_t *x) {
+    return _mm256_castps_si256(_mm256_broadcast_ss((const float *)(const void *)x));
+}
+
+/* block b of the 8 rows p[r] against x rows [0, mr) of a chunk: acc[2 i + h] lane r += row r . x row i's half h */
+static inline __attribute__((always_inline)) void block8(const int t, const uint8_t *p[RW], const int8_t *xq,
+                                                         const float *xd, const float *xs, int64_t k, int64_t nb,
+                                                         int64_t mr, __m256 *acc, __m256 *off) {
+    __m256i v[8];
+    quants8(t, p, v);
+    __m256 dv, mv;
+    scales8v(t, p, &dv, &mv);
+    for (int64_t i = 0; i < mr; ++i) {
+        const int8_t *x = xq + i * k;
+        for (int h = 0; h < 2; ++h) {
+            __m256i s = _mm256_maddubs_epi16(v[4 * h], bcast4(x + 16 * h));
+            for (int c = 1; c < 4; ++c)
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[4 * h + c], bcast4(x + 16 * h + 4 * c)));
+            acc[2 * i + h] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(xd[8 * i * nb + 4 * h])),
+                                             _mm256_cvtepi32_ps(_mm256_madd_epi16(s, _mm256_set1_epi16(1))),
+                                             acc[2 * i + h]);
+        }
+        off[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xs[i * nb]), off[i]);
+    }
+}
+
+/* weight row groups [g0, g1) of RW rows (the last maybe fewer: its missing rows repeat its first, their lanes unused)
+ * against m quantized rows of x, in chunks of XC rows */
+static inline __attribute__((always_inline)) void groups8(const int t, const uint8_t *w, int64_t n_out, int64_t k,
+                                                          const int8_t *xq, const float *xd, const float *xs,
+                                                          int64_t m, float *y, int64_t g0, int64_t g1) {
+    const int64_t nb = k / Q5_QK, rb = nb * Q5_BYTES(t);
+    for (int64_t c0 = 0; c0 < m; c0 += XC) {
+        const int64_t mr = m - c0 < XC ? m - c0 : XC;
+        for (int64_t g = g0; g < g1; ++g) {
+            const int64_t r0 = g * RW;
+            const int nr = n_out - r0 < RW ? (int)(n_out - r0) : RW;
+            const uint8_t *p[RW];
+            __m256 acc[2 * XC], off[XC];
+            for (int64_t i = 0; i < mr; ++i) acc[2 * i] = acc[2 * i + 1] = off[i] = _mm256_setzero_ps();
+            for (int64_t b = 0; b < nb; ++b) {
+                for (int r = 0; r < RW; ++r) p[r] = w + (r0 + (r < nr ? r : 0)) * rb + b * Q5_BYTES(t);
+                if ((b & 1) == 0) /* the next group's rows, a 64-byte line (about 2 blocks) at a time */
+                    for (int r = 0; r < RW; ++r) stream_at(p[r] + RW * rb);
+                block8(t, p, xq + c0 * k + b * Q5_QK, xd + 8 * (c0 * nb + b), xs + c0 * nb + b, k, nb, mr, acc, off);
+            }
+            for (int64_t i = 0; i < mr; ++i) {
+                float o[RW];
+                const __m256 v = _mm256_add_ps(acc[2 * i], acc[2 * i + 1]);
+                _mm256_storeu_ps(o, t == T_Q5_0 ? _mm256_fnmadd_ps(_mm256_set1_ps(16.0f), off[i], v)
+                                                : _mm256_add_ps(v, off[i]));
+                memcpy(y + (c0 + i) * n_out + r0, o, sizeof(float) * (size_t)nr);
+            }
+        }
+    }
+}
+#endif
+
 static inline __attribute__((always_inline)) void groups_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k,
                                                             const int8_t *xq, const float *xd, const float *xs,
                                                             int64_t m, float *y, int64_t g0, int64_t g1) {
@@ -223,12 +336,27 @@ typedef void (*groups_fn)(const uint8_t *w, int64_t n_out, int64_t k, const int8
     }
 GROUPS_OF(T_Q5_0)
 GROUPS_OF(T_Q5_1)
+#ifdef __AVX2__
+#define GROUPS8_OF(T)                                                                                              \
+    static void groups8_##T(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const float *xd,       \
+                            const float *xs, int64_t m, float *y, int64_t g0, int64_t g1) {                      \
+        groups8(T, w, n_out, k, xq, xd, xs, m, y, g0, g1);                                                        \
+    }
+GROUPS8_OF(T_Q5_0)
+GROUPS8_OF(T_Q5_1)
+#undef GROUPS8_OF
+#endif
 #undef GROUPS_OF
 
 static inline __attribute__((always_inline)) void matmul_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k,
                                                             const float *x, int64_t m, float *y) {
     if (k % Q5_QK != 0 || m <= 0) return; /* the Python side refuses a bad k first */
-    const int64_t nb = k / Q5_QK, groups = (n_out + NR - 1) / NR;
+#ifdef __AVX2__
+    const int lanes = m >= FEW_ROWS; /* 8 weight rows in lanes (groups8), else the 4-row passes */
+#else
+    const int lanes = 0;
+#endif
+    const int64_t nb = k / Q5_QK, rows = lanes ? RW : NR, groups = (n_out + rows - 1) / rows;
     int8_t sq[STACK_K];
     float sd[STACK_K / Q5_QK * 8], ss[STACK_K / Q5_QK];
     const int heap = m * k > STACK_K;
@@ -237,14 +365,17 @@ static inline __attribute__((always_inline)) void matmul_q8(const int t, const u
     float *xs = heap ? malloc(sizeof(float) * (size_t)(m * nb)) : ss;
     if (xq != NULL && xd != NULL && xs != NULL) {
         for (int64_t i = 0; i < m; ++i) quantize_row(x + i * k, k, xq + i * k, xd + 8 * i * nb, xs + i * nb);
-        const groups_fn run = t == T_Q5_1 ? groups_T_Q5_1 : groups_T_Q5_0;
+        groups_fn run = t == T_Q5_1 ? groups_T_Q5_1 : groups_T_Q5_0;
+#ifdef __AVX2__
+        if (lanes) run = t == T_Q5_1 ? groups8_T_Q5_1 : groups8_T_Q5_0;
+#endif
         if (omp_get_level() > 0 || groups == 1) { /* inside any team, a team of 1 included */
             run(w, n_out, k, xq, xd, xs, m, y, 0, groups);
         } else {
 #pragma omp parallel
             {
                 int64_t g0, g1;
-                team_share(groups, &g0, &g1); /* this thread's consecutive groups of NR rows */
+                team_share(groups, &g0, &g1); /* this thread's consecutive groups of rows */
                 run(w, n_out, k, xq, xd, xs, m, y, g0, g1);
             }
         }
