@@ -4,8 +4,8 @@
  * min and Q5_0's -16); then each weight block's product is an exact integer sum per half: maddubs of the unsigned
  * 5-bit quants (0-31: a pair's sum stays within int16) against the int8 x, madd to int32; 4 weight rows share one x
  * block, their sums reduced together by hadd (the two halves land in the two 128-bit lanes) and scaled once by
- * d_w * d_x. A decode step at any row count (bandwidth-bound), a prefill under ggufActivations int8-all (a GEMM:
- * tiles of MR rows of x by NR weight rows over L2-sized chunks of x).
+ * d_w * d_x: one stream's decode (bandwidth-bound), any row count without AVX2. From FEW_ROWS rows of x on (a batch
+ * of decode rows, a prefill under ggufActivations int8-all) 8 weight rows go in a vector's lanes (groups8).
  *
  * Numerics: quant_gguf.matmul_q8_ref is the reference (the quantized rows, dequantized, times the dequantized W);
  * the kernel differs from it only in the order of fp32 operations. A row's result depends on nothing but its own
