@@ -28,7 +28,8 @@
 
 #define NR 4  /* weight rows a pass (below FEW_ROWS rows of x) */
 #define RW 8  /* weight rows a group from FEW_ROWS rows of x on: a vector's lanes */
-#define FEW_ROWS 4 /* fewer rows of x than this: the 4-row passes (bandwidth-bound; transposes cost more there) */
+#define FEW_ROWS 3 /* fewer rows of x than this: the 4-row passes (one row: 1.15x / 1.4x the lanes in cache / from
+                    * memory; two: even; three, which the passes read as 2 + 1: the lanes 1.4-1.5x; tools/ab_q5.c) */
 #define XC 64 /* most rows of x a lanes chunk (their accumulators: 2 KiB) */
 #define MR 4  /* rows of x a tile (a prefill's GEMM: each weight block unpacked once for MR rows) */
 #define X_CHUNK_BYTES (96 * 1024) /* a GEMM's rows of x in chunks of about this many quantized bytes (L2) */
@@ -282,8 +283,8 @@ static inline __attribute__((always_inline)) void groups8(const int t, const uin
             for (int64_t i = 0; i < mr; ++i) acc[2 * i] = acc[2 * i + 1] = off[i] = _mm256_setzero_ps();
             for (int64_t b = 0; b < nb; ++b) {
                 for (int r = 0; r < RW; ++r) p[r] = w + (r0 + (r < nr ? r : 0)) * rb + b * Q5_BYTES(t);
-                if ((b & 1) == 0) /* the next group's rows, a 64-byte line (about 2 blocks) at a time */
-                    for (int r = 0; r < RW; ++r) stream_at(p[r] + RW * rb);
+                for (int64_t o = 0; o < RW * Q5_BYTES(t); o += 64) /* the next group's rows as one stream (tile_q8) */
+                    stream_at(w + (r0 + RW) * rb + b * RW * Q5_BYTES(t) + o);
                 block8(t, p, xq + c0 * k + b * Q5_QK, xd + 8 * (c0 * nb + b), xs + c0 * nb + b, k, nb, mr, acc, off);
             }
             for (int64_t i = 0; i < mr; ++i) {
