@@ -30,6 +30,7 @@
 
 #include "gemm_gguf_q4_q8.h"
 #include "gemm_gguf_q8.h"
+#include "gguf_linear.h"
 #include "kernels.h"
 #include "stream_ahead.h"
 #include "team_sync.h"
@@ -185,11 +186,13 @@ static const groups_fn GROUPS[3] = {groups_T_Q4_0, groups_T_Q4_1, groups_T_Q4_1F
 /* y = x . W^T for m >= FEW_ROWS rows of x */
 static void many_q4_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
     const int64_t nb = k / QK, groups = (n_out + RW - 1) / RW;
-    int8_t *xq = malloc((size_t)(m * k));
-    xblock *xb = malloc(sizeof(xblock) * (size_t)(m * nb));
-    float *xd = malloc(sizeof(float) * (size_t)(8 * nb)), *xs = malloc(sizeof(float) * (size_t)nb);
-    if (xq != NULL && xb != NULL && xd != NULL && xs != NULL) {
-        for (int64_t i = 0; i < m; ++i) {
+    const gguf_xq *team = gguf_xq_find(x, m, k, GGUF_XQ_Q8); /* x quantized by the team (gguf_linear.c) */
+    int8_t *xq = team != NULL ? team->q : malloc((size_t)(m * k));
+    xblock *xb = team != NULL ? (xblock *)team->xb : malloc(sizeof(xblock) * (size_t)(m * nb));
+    float *xd = team != NULL ? NULL : malloc(sizeof(float) * (size_t)(8 * nb));
+    float *xs = team != NULL ? NULL : malloc(sizeof(float) * (size_t)nb);
+    if (team != NULL || (xq != NULL && xb != NULL && xd != NULL && xs != NULL)) {
+        for (int64_t i = 0; team == NULL && i < m; ++i) {
             gguf_q8_quantize_row(x + i * k, k, xq + i * k, xd, xs);
             for (int64_t b = 0; b < nb; ++b) xb[i * nb + b] = (xblock){xd[8 * b], xd[8 * b + 4], xs[b], 0.0f};
         }
@@ -205,8 +208,10 @@ static void many_q4_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k, 
             }
         }
     }
-    free(xq);
-    free(xb);
+    if (team == NULL) {
+        free(xq);
+        free(xb);
+    }
     free(xd);
     free(xs);
 }

@@ -25,6 +25,7 @@
 #endif
 
 #include "gemm_gguf_q8.h"
+#include "gguf_linear.h"
 #include "kernels.h"
 #include "team_sync.h"
 #include "vec_math.h"
@@ -285,12 +286,14 @@ static inline __attribute__((always_inline)) void matmul_q8(const int t, const u
     const int64_t nb = k / QK, groups = (n_out + NR - 1) / NR;
     int8_t sq[STACK_K];
     float sd[STACK_K / QK * 8], ss[STACK_K / QK];
-    const int heap = m * k > STACK_K;
-    int8_t *xq = heap ? malloc((size_t)(m * k)) : sq;
-    float *xd = heap ? malloc(sizeof(float) * (size_t)(8 * m * nb)) : sd;
-    float *xs = heap ? malloc(sizeof(float) * (size_t)(m * nb)) : ss;
+    const gguf_xq *team = gguf_xq_find(x, m, k, GGUF_XQ_Q8); /* x quantized by the team (gguf_linear.c) */
+    const int heap = team == NULL && m * k > STACK_K;
+    int8_t *xq = team != NULL ? team->q : heap ? malloc((size_t)(m * k)) : sq;
+    float *xd = team != NULL ? team->d : heap ? malloc(sizeof(float) * (size_t)(8 * m * nb)) : sd;
+    float *xs = team != NULL ? team->s : heap ? malloc(sizeof(float) * (size_t)(m * nb)) : ss;
     if (xq != NULL && xd != NULL && xs != NULL) {
-        for (int64_t i = 0; i < m; ++i) gguf_q8_quantize_row(x + i * k, k, xq + i * k, xd + 8 * i * nb, xs + i * nb);
+        for (int64_t i = 0; team == NULL && i < m; ++i)
+            gguf_q8_quantize_row(x + i * k, k, xq + i * k, xd + 8 * i * nb, xs + i * nb);
         const groups_fn run = GROUPS[t];
         if (omp_get_level() > 0 || groups == 1) { /* inside any team, a team of 1 included */
             run(w, n_out, k, xq, xd, xs, m, y, 0, groups);

@@ -84,7 +84,7 @@ static void tile_acc(int R, const float *a, int64_t lda, const float *b, int64_t
 /* Weight rows [n0, n0 + nc) x columns [k0, k0 + kc) dequantized into ceil(nc / 16) k-major panels (rows past nc:
  * zeros), DC columns at a time through rows (16 x DC floats of scratch, in L1). */
 static void decode_tile(row_dequant_fn row_fn, int64_t block_vals, int64_t row_bytes, const uint8_t *w, int64_t n0,
-                        int64_t nc, int64_t k0, int64_t k, int64_t kc, float *panels, float *rows) {
+                        int64_t nc, int64_t k0, int64_t k, int64_t kc, float *panels, int64_t ps, float *rows) {
     const int64_t bb = row_bytes / (k / block_vals);
     for (int64_t p = 0; p * NR < nc; ++p)
         for (int64_t d0 = 0; d0 < kc; d0 += DC) {
@@ -95,14 +95,14 @@ static void decode_tile(row_dequant_fn row_fn, int64_t block_vals, int64_t row_b
                 else
                     memset(rows + j * DC, 0, sizeof(float) * (size_t)dc);
             }
-            f32_panel_from_rows(rows, DC, dc, panels + p * KC * NR + d0 * NR);
+            f32_panel_from_rows(rows, DC, dc, panels + p * ps + d0 * NR);
         }
 }
 
 /* y's rows [m0, m0 + mr) against the tile's panels, columns n0 ...: each 6 x 16 tile of sums loaded from y (zeros
  * on the first K-chunk), carried on over this chunk's kc columns, stored back (only the nc real columns). */
 static void tile_rows(const float *x, int64_t k, int64_t k0, int64_t kc, int64_t m0, int mr, const float *panels,
-                      int64_t n0, int64_t nc, float *y, int64_t n_out) {
+                      int64_t ps, int64_t n0, int64_t nc, float *y, int64_t n_out) {
     float c[MR * NR];
     for (int64_t p = 0; p * NR < nc; ++p) {
         const int64_t cols = nc - p * NR < NR ? nc - p * NR : NR;
@@ -113,30 +113,32 @@ static void tile_rows(const float *x, int64_t k, int64_t k0, int64_t kc, int64_t
             else
                 memcpy(c + r * NR, yt + r * n_out, sizeof(float) * (size_t)cols);
         }
-        TILE_ACC(mr, x + m0 * k + k0, k, panels + p * KC * NR, kc, c);
+        TILE_ACC(mr, x + m0 * k + k0, k, panels + p * ps, kc, c);
         for (int r = 0; r < mr; ++r) memcpy(yt + r * n_out, c + r * NR, sizeof(float) * (size_t)cols);
     }
 }
 
+/* a panel's floats: KC columns, or all of a shorter k (a K-chunk is never longer) */
+static int64_t panel_floats(int64_t k) { return (k < KC ? k : KC) * NR; }
+
+int64_t gguf_tile_work_floats(int64_t k) { return (NC + NR - 1) / NR * panel_floats(k) + NR * DC; }
+
 int gguf_tile_matmul(row_dequant_fn row_fn, int64_t block_vals, int64_t row_bytes, const uint8_t *w, int64_t n_out,
-                     int64_t k, const float *x, int64_t m, float *y) {
+                     int64_t k, const float *x, int64_t m, float *y, float *work) {
     if (block_vals <= 0 || block_vals % 8 != 0 || DC % block_vals != 0 || k % block_vals != 0) return 3; /* never read past a row */
-    float *panels = malloc(sizeof(float) * (size_t)(NC * KC)), *rows = malloc(sizeof(float) * (size_t)(NR * DC));
-    if (panels == NULL || rows == NULL) {
-        free(panels);
-        free(rows);
-        return 3;
-    }
+    const int64_t ps = panel_floats(k);
+    float *own = work != NULL ? NULL : malloc(sizeof(float) * (size_t)gguf_tile_work_floats(k));
+    float *panels = work != NULL ? work : own, *rows = panels == NULL ? NULL : panels + (NC + NR - 1) / NR * ps;
+    if (panels == NULL) return 3;
     for (int64_t n0 = 0; n0 < n_out; n0 += NC) {
         const int64_t nc = n_out - n0 < NC ? n_out - n0 : NC;
         for (int64_t k0 = 0; k0 < k; k0 += KC) {
             const int64_t kc = k - k0 < KC ? k - k0 : KC;
-            decode_tile(row_fn, block_vals, row_bytes, w, n0, nc, k0, k, kc, panels, rows);
+            decode_tile(row_fn, block_vals, row_bytes, w, n0, nc, k0, k, kc, panels, ps, rows);
             for (int64_t m0 = 0; m0 < m; m0 += MR)
-                tile_rows(x, k, k0, kc, m0, m - m0 < MR ? (int)(m - m0) : MR, panels, n0, nc, y, n_out);
+                tile_rows(x, k, k0, kc, m0, m - m0 < MR ? (int)(m - m0) : MR, panels, ps, n0, nc, y, n_out);
         }
     }
-    free(panels);
-    free(rows);
+    free(own);
     return 0;
 }

@@ -6,8 +6,11 @@
 
 /* y[m, n_out] = x[m, k] . W^T on the calling thread alone, W's rows row_bytes apart, each k / block_vals blocks that
  * row_fn (a type's gguf_dequant_<type>: a run of whole blocks -> their fp32 values) dequantizes. Every output is one
- * fp32 FMA chain over k ascending, whatever m, the tile or the thread. 0, or 3 without scratch. */
+ * fp32 FMA chain over k ascending, whatever m, the tile or the thread. work: gguf_tile_work_floats(k) floats of the
+ * caller's (the tile's panels), or NULL: malloc'd here (on a worker thread that block stays in its arena for good:
+ * gguf_linear.c). 0, or 3 without scratch. */
 int gguf_tile_matmul(void (*row_fn)(const uint8_t *w, int64_t k, float *out), int64_t block_vals,
                      int64_t row_bytes, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m,
-                     float *y);
+                     float *y, float *work);
+int64_t gguf_tile_work_floats(int64_t k);
 #endif

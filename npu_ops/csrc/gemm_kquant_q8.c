@@ -21,6 +21,7 @@
 
 #include "gemm_kquant.h"
 #include "gemm_kquant_q8.h"
+#include "gguf_linear.h"
 #include "kquant_block.h"
 #include "vec_math.h"
 #include "kernels.h"
@@ -256,11 +257,13 @@ int gguf_matmul_kquant_q8_team(int type, const uint8_t *w, int64_t n_out, int64_
 
 void gguf_kquant_q8_matmul(int type, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
     if (k % QK != 0 || m <= 0) return;  /* the Python wrapper refuses a bad k first */
-    int8_t *xq = malloc((size_t)(m * k));
-    float *xd = malloc(sizeof(float) * (size_t)(m * k / QK));
-    int16_t *bs = malloc(sizeof(int16_t) * (size_t)(m * k / 16));
+    const gguf_xq *team = gguf_xq_find(x, m, k, GGUF_XQ_Q8K); /* x quantized by the team (gguf_linear.c) */
+    int8_t *xq = team != NULL ? team->q : malloc((size_t)(m * k));
+    float *xd = team != NULL ? team->d : malloc(sizeof(float) * (size_t)(m * k / QK));
+    int16_t *bs = team != NULL ? team->bs : malloc(sizeof(int16_t) * (size_t)(m * k / 16));
     if (xq != NULL && xd != NULL && bs != NULL) {
-        for (int64_t r = 0; r < m; ++r) gguf_q8k_quantize_row(x + r * k, k, xq + r * k, xd + r * k / QK, bs + r * k / 16);
+        for (int64_t r = 0; team == NULL && r < m; ++r)
+            gguf_q8k_quantize_row(x + r * k, k, xq + r * k, xd + r * k / QK, bs + r * k / 16);
         if (omp_get_level() > 0) { /* inside a team (gguf_linear.c's segments): the calling thread runs it all */
             rows_q8(type, w, 0, n_out, n_out, k, xq, xd, bs, m, y);
         } else {
@@ -268,8 +271,10 @@ void gguf_kquant_q8_matmul(int type, const uint8_t *w, int64_t n_out, int64_t k,
             gguf_matmul_kquant_q8_team(type, w, n_out, k, xq, xd, bs, m, y);
         }
     }
-    free(xq);
-    free(xd);
-    free(bs);
+    if (team == NULL) {
+        free(xq);
+        free(xd);
+        free(bs);
+    }
 }
 

@@ -22,6 +22,7 @@
 #include "gemm_kquant.h"
 #include "gemm_kquant_q8.h"
 #include "gemm_kquant_q8_lanes.h"
+#include "gguf_linear.h"
 #include "kernels.h"
 #include "team_sync.h"
 #include "vec_math.h"
@@ -276,12 +277,15 @@ GROUPS_OF(2, groups_q6k)
  * 16, as the row passes add them) */
 static void many_kq(const int t, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
     const int64_t nb = k / QK, groups = (n_out + RW - 1) / RW;
-    int8_t *xq = malloc((size_t)(m * k));
-    float *xd = malloc(sizeof(float) * (size_t)(m * nb));
-    int16_t *bs = malloc(sizeof(int16_t) * (size_t)(m * k / 16)), *b32 = malloc(sizeof(int16_t) * (size_t)(m * k / 32));
+    const gguf_xq *team = gguf_xq_find(x, m, k, GGUF_XQ_Q8K); /* x quantized by the team (gguf_linear.c) */
+    int8_t *xq = team != NULL ? team->q : malloc((size_t)(m * k));
+    float *xd = team != NULL ? team->d : malloc(sizeof(float) * (size_t)(m * nb));
+    int16_t *bs = team != NULL ? team->bs : malloc(sizeof(int16_t) * (size_t)(m * k / 16));
+    int16_t *b32 = team != NULL ? team->b32 : malloc(sizeof(int16_t) * (size_t)(m * k / 32));
     if (xq != NULL && xd != NULL && bs != NULL && b32 != NULL) {
-        for (int64_t i = 0; i < m; ++i) gguf_q8k_quantize_row(x + i * k, k, xq + i * k, xd + i * nb, bs + i * k / 16);
-        for (int64_t j = 0; j < m * k / 32; ++j) b32[j] = (int16_t)(bs[2 * j] + bs[2 * j + 1]);
+        for (int64_t i = 0; team == NULL && i < m; ++i)
+            gguf_q8k_quantize_row(x + i * k, k, xq + i * k, xd + i * nb, bs + i * k / 16);
+        for (int64_t j = 0; team == NULL && j < m * k / 32; ++j) b32[j] = (int16_t)(bs[2 * j] + bs[2 * j + 1]);
         const groups_fn run = t == 2 ? groups_q6k : t == 1 ? groups_q5k : groups_q4k;
         if (omp_get_level() > 0 || groups == 1) {
             run(w, n_out, k, xq, xd, bs, b32, m, y, 0, groups);
@@ -294,10 +298,12 @@ static void many_kq(const int t, const uint8_t *w, int64_t n_out, int64_t k, con
             }
         }
     }
-    free(xq);
-    free(xd);
-    free(bs);
-    free(b32);
+    if (team == NULL) {
+        free(xq);
+        free(xd);
+        free(bs);
+        free(b32);
+    }
 }
 #endif
 

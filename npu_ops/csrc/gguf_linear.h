@@ -26,14 +26,40 @@ typedef struct gguf_seg {
     int64_t tile_block;
 } gguf_seg;
 
+/* x's rows quantized once for a projection by the whole team (gguf_linear_team), in the layout its segments'
+ * int8-activation kernels read, which find it with gguf_xq_find instead of quantizing x themselves:
+ * GGUF_XQ_Q8: gemm_gguf_q8.c's rows (per 16: q[m k], d[8 m nb] lanes 0-3 d0, 4-7 d1, s[m nb] block sums, nb = k / 32)
+ * and gemm_gguf_q4_q8.c's blocks (xb[4 m nb]: d0, d1, s, 0); GGUF_XQ_Q8K: llama.cpp's Q8_K (q[m k], d[m k / 256],
+ * bs[m k / 16] sums of 16, b32[m k / 32] sums of 32). Each row's numbers are its own (the quantization is per row,
+ * deterministic): the bits a kernel gets are those it would have made. */
+#define GGUF_XQ_Q8 1
+#define GGUF_XQ_Q8K 2
+typedef struct gguf_xq {
+    const float *x; /* the activations these are of, [m, k] */
+    int64_t m, k;
+    int format;
+    int8_t *q;
+    float *d, *s, *xb;
+    int16_t *bs, *b32;
+} gguf_xq;
+
+/* the calling thread's team-quantized x when it is x [m, k] in `format`, else NULL (quantize it yourself) */
+const gguf_xq *gguf_xq_find(const float *x, int64_t m, int64_t k, int format);
+/* bytes of team work a projection of M rows of x [M, K] may use (gguf_linear_team's `work`): x quantized once, and
+ * each of up to GGUF_TEAM_THREADS threads' tile panels (gemm_gguf_tile.c) */
+#define GGUF_TEAM_THREADS 64
+int64_t gguf_team_work_bytes(int64_t M, int64_t K);
+
 /* the segments of a table ended by one whose fn is NULL (as npu_ops/gguf_modules.py writes them) */
 int64_t gguf_seg_count(const gguf_seg *segs);
 /* y[M, N] = x[M, K] . W^T (+ bias) over the segments (their rows add up to N), by every thread of the calling team
  * (add: y += that), a call of step kind `step` (GGUF_STEP_*); scratch: M x N floats the team may overwrite (each
- * thread its rows' part), or NULL (each thread mallocs its own); ends on the team's barrier; 0, or 3 without scratch */
+ * thread its rows' part), or NULL (each thread mallocs its own); work: gguf_team_work_bytes(M, K) bytes (64-byte
+ * aligned) the team may overwrite, or NULL (each thread quantizes x itself and mallocs its tile panels); ends on the
+ * team's barrier; 0, or 3 without scratch */
 int gguf_linear_team(const gguf_seg *segs, int64_t nseg, const float *x, int64_t M, int64_t K, const float *bias,
-                     float *scratch, float *y, int64_t N, int add, int step);
-/* gguf_linear_f32 over the caller's scratch (M x N floats, or NULL as above), in a team of its own */
+                     float *scratch, void *work, float *y, int64_t N, int add, int step);
+/* gguf_linear_f32 over the caller's scratch and work (as above), in a team of its own */
 int gguf_linear_run(const gguf_seg *segs, int64_t nseg, const float *x, int64_t M, int64_t K, const float *bias,
-                    float *scratch, float *y, int64_t N, int nthreads, int step);
+                    float *scratch, void *work, float *y, int64_t N, int nthreads, int step);
 #endif
