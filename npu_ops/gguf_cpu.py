@@ -29,6 +29,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         row.argtypes, row.restype = [_P, _I64, _P], None
     lib.gguf_linear_f32.argtypes = [_P, _I64, _P, _I64, _I64, _P, _P, _I64, ctypes.c_int, ctypes.c_int]
     lib.gguf_linear_f32.restype = ctypes.c_int
+    for name in ("gguf_xq_team_rows", "gguf_tile_own_panels"):
+        getattr(lib, name).argtypes, getattr(lib, name).restype = [], ctypes.c_long
     return lib
 
 
@@ -97,6 +99,14 @@ def linear(x: torch.Tensor, segs: torch.Tensor, k: int, n: int, bias: torch.Tens
     if rc:
         raise MemoryError("gguf_linear_f32: no scratch")
     return y
+
+
+def team_counts() -> tuple[int, int]:
+    """Counts over every call so far (the tests' hooks in csrc/gguf_linear.c, gemm_gguf_tile.c): rows of x a team
+    quantized once for all its threads, and tile calls that malloc'd their own panels (no caller's work)."""
+    lib = _lib()
+    assert lib is not None
+    return int(lib.gguf_xq_team_rows()), int(lib.gguf_tile_own_panels())
 
 
 def matmul(x: torch.Tensor, w: GgufWeight, int8_rows: bool = False) -> torch.Tensor:

@@ -20,6 +20,7 @@
 
 #include "gemm_gguf_tile.h"
 #include "gemm_tile.h"
+#include "kernels.h"
 
 #define NR F32_TILE_NR /* weight rows a panel (the register tile's width) */
 #define MR F32_TILE_MR /* rows of x a register tile */
@@ -123,11 +124,16 @@ static int64_t panel_floats(int64_t k) { return (k < KC ? k : KC) * NR; }
 
 int64_t gguf_tile_work_floats(int64_t k) { return (NC + NR - 1) / NR * panel_floats(k) + NR * DC; }
 
+static _Atomic long own_panels; /* calls that malloc'd their panels (no caller's work), all threads: a test's hook */
+
+long gguf_tile_own_panels(void) { return own_panels; }
+
 int gguf_tile_matmul(row_dequant_fn row_fn, int64_t block_vals, int64_t row_bytes, const uint8_t *w, int64_t n_out,
                      int64_t k, const float *x, int64_t m, float *y, float *work) {
     if (block_vals <= 0 || block_vals % 8 != 0 || DC % block_vals != 0 || k % block_vals != 0) return 3; /* never read past a row */
     const int64_t ps = panel_floats(k);
     float *own = work != NULL ? NULL : malloc(sizeof(float) * (size_t)gguf_tile_work_floats(k));
+    if (work == NULL) ++own_panels;
     float *panels = work != NULL ? work : own, *rows = panels == NULL ? NULL : panels + (NC + NR - 1) / NR * ps;
     if (panels == NULL) return 3;
     for (int64_t n0 = 0; n0 < n_out; n0 += NC) {

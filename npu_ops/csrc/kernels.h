@@ -98,6 +98,10 @@ void gguf_matmul_q5_1_q8(const uint8_t *w, int64_t n_out, int64_t k, const float
 struct gguf_seg;
 int gguf_linear_f32(const struct gguf_seg *segs, int64_t nseg, const float *x, int64_t M, int64_t K,
                     const float *bias, float *y, int64_t N, int nthreads, int step);
+/* tests' hooks (gguf_linear.c, gemm_gguf_tile.c), counts over all calls: the rows of x a team quantized once for all
+ * its threads, and the tile calls that malloc'd their own panels (a projection run without the caller's work) */
+long gguf_xq_team_rows(void);
+long gguf_tile_own_panels(void);
 
 /* the all-greedy sampler's rows (greedy_rows.c; cpu_kernels.greedy_rows): first maxima and their
  * log-probabilities; 1 if a logit is not finite */
