@@ -5,7 +5,8 @@ for the head, one calling-thread allocation standalone. A temporary a worker thr
 after its free, in that thread's glibc arena, whose top ``malloc_trim`` never gives back (SmolLM2-135M: +3.3 MB
 after the first 512-token prefill, +10 MB after 16/32 streams). A model whose MLP is far wider than its attention
 takes its gate/up scratch from a pad in the work (layers_f32.c's gu_pad): its fused steps still give the op-by-op
-path's bits. The work buffer itself is a mapping of its own (``memory.scratch``): a glibc block the serve's engine
+path's bits, with x quantized once per projection by the team and the tiles' panels in the work (no worker malloc
+in a step's projections). The work buffer itself is a mapping of its own (``memory.scratch``): a glibc block the serve's engine
 thread freed at idle would stay in its arena. Anonymous memory, counted by the kernel, not timings."""
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest
 from mindie_service.llm import LLM
 from mindie_service.models import fused_layers
 from mindie_service.sampling_params import SamplingParams
-from npu_ops import cpu_kernels
+from npu_ops import cpu_kernels, gguf_cpu
 from tests.gguf_files import _tokenizer, add_tensor, finish, llama_shapes, llama_writer
 
 gguf = pytest.importorskip("gguf")
@@ -63,7 +64,10 @@ def test_a_wide_mlps_fused_steps_give_the_op_by_op_bits(wide_gguf):
         outs += llm.generate([_prompt(2 + i, 20) for i in range(8)], [params] * 8, use_tqdm=False)
         return [(o.prompt_logprobs, o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
 
+    rows, own = gguf_cpu.team_counts()
     fused = run()
+    # the fused steps' GGUF projections: x quantized once per team (the 8-row decode), no tile call's own panels
+    assert gguf_cpu.team_counts()[0] > rows and gguf_cpu.team_counts()[1] == own
     fused_layers.set_enabled(False)
     try:
         assert run() == fused
