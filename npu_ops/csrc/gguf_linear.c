@@ -180,13 +180,14 @@ int gguf_linear_team(const gguf_seg *segs, int64_t nseg, const float *x, int64_t
     int64_t u0, u1;
     team_share(total, &u0, &u1);
     int rc = 0;
-    float *part = NULL, *tiles = tile_work(work, M, K); /* part: the thread's M x its rows of scratch, from its first row's column on */
+    float *part = NULL;                            /* the thread's M x its rows of scratch, from its first row's column on */
+    float *const panels_at = tile_work(work, M, K); /* its tiles' panels */
     for (int64_t i = 0, first = 0, col = 0; i < nseg && rc == 0; first += units_of(segs + i), col += segs[i].rows, ++i) {
         const int64_t n = units_of(segs + i), a = u0 > first ? u0 - first : 0, b = u1 - first < n ? u1 - first : n;
         if (a >= b) continue;
         if (part == NULL && scratch != NULL) part = scratch + M * (col + a * UNIT);
         const int64_t r1 = b * UNIT < segs[i].rows ? b * UNIT : segs[i].rows;
-        rc = seg_rows(segs + i, col, a * UNIT, r1, x, M, K, bias, part, tiles, y, N, add, step);
+        rc = seg_rows(segs + i, col, a * UNIT, r1, x, M, K, bias, part, panels_at, y, N, add, step);
     }
     team_xq = NULL;
     team_barrier(); /* also: no thread quantizes the next x into work while another still reads this one */
