@@ -31,6 +31,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.gguf_linear_f32.restype = ctypes.c_int
     for name in ("gguf_xq_team_rows", "gguf_tile_own_panels"):
         getattr(lib, name).argtypes, getattr(lib, name).restype = [], ctypes.c_long
+    lib.gguf_xq_share.argtypes, lib.gguf_xq_share.restype = [ctypes.c_int], None
     return lib
 
 
@@ -107,6 +108,14 @@ def team_counts() -> tuple[int, int]:
     lib = _lib()
     assert lib is not None
     return int(lib.gguf_xq_team_rows()), int(lib.gguf_tile_own_panels())
+
+
+def share_quantized_x(on: bool) -> None:
+    """Whether a GGUF projection's team quantizes x once for all its threads (csrc/gguf_linear.c; on by default):
+    off only for an A/B of the two in one run (tools/bench_gguf_kernels.py --team)."""
+    lib = _lib()
+    assert lib is not None
+    lib.gguf_xq_share(1 if on else 0)
 
 
 def matmul(x: torch.Tensor, w: GgufWeight, int8_rows: bool = False) -> torch.Tensor:

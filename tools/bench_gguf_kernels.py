@@ -23,6 +23,9 @@ default all six packed types at 16 and 32 rows.
 
     PYTHONPATH=$PWD .venv/bin/python tools/bench_gguf_kernels.py --batch --threads 2
 
+``--batch --team``: the same layer through the team a decode step runs (csrc/gguf_linear.c), x quantized once for
+the team against each thread quantizing all of x itself, alternated in one run: the ratio.
+
 ``--tiles N K``: a prompt piece's projection: the packed fp32-activation kernel against csrc/gemm_gguf_tile.c's
 tiles (what prefill pieces run) and sgemm over the dequantized weights, GFLOP/s at each ``--rows``.
 
@@ -113,6 +116,34 @@ def batch(kinds: list[str], rows: list[int], rounds: int, cache_mb: int, threads
                   flush=True)
 
 
+def team_ab(kinds: list[str], rows: list[int], rounds: int, cache_mb: int) -> None:
+    """--batch --team: the layer's projections as a decode step's team runs them (csrc/gguf_linear.c, each type's
+    int8 kernel), x quantized once for the team against each thread quantizing all of x itself (the former way),
+    alternated round by round in one run (the machine is shared: the ratio is the figure)."""
+    from npu_ops import gguf_cpu
+    from npu_ops.gguf_modules import INT8_ALL
+    for kind in kinds:
+        layer = [random_linear(kind, n, k).parts[0] for n, k in LAYER_17B]
+        nbytes = sum(w.nbytes for w in layer)
+        copies = [layer] + [[GgufWeight(w.data.clone(), kind, w.shape) for w in layer]
+                            for _ in range(cache_mb * 2**20 // nbytes)]
+        tables = [[(gguf_cpu.segments([w], INT8_ALL), w.shape) for w in ws] for ws in copies]
+        for m in rows:
+            xs = {k: torch.randn(m, k) for k in (2048, 8192)}
+            best = {True: float("inf"), False: float("inf")}
+            for _ in range(rounds):
+                for share in (False, True):
+                    gguf_cpu.share_quantized_x(share)
+                    t = time.perf_counter()
+                    for ws in tables:
+                        for segs, (n, k) in ws:
+                            gguf_cpu.linear(xs[k], segs, k, n, None, STEP_DECODE)
+                    best[share] = min(best[share], (time.perf_counter() - t) / len(tables))
+            gguf_cpu.share_quantized_x(True)
+            print(f"{kind} M={m:3d} team: x quantized by each thread {best[False] * 1e3:7.2f} ms/layer, once for the "
+                  f"team {best[True] * 1e3:7.2f}  ({best[False] / best[True]:.3f}x)", flush=True)
+
+
 def tiles(kinds: list[str], n: int, k: int, rows: list[int], rounds: int) -> None:
     """A prompt piece's [n, k] projection per block type: the packed fp32-activation kernel (what a decode-kind call
     runs) against csrc/gemm_gguf_tile.c's tiles (a prefill piece's), the int8 GEMM (a prefill piece's under int8-all)
@@ -151,6 +182,7 @@ def main() -> None:
     ap.add_argument("--gemv", type=int, nargs=2, metavar=("N", "K"), help="fp32 vs int8 activations on one [N, K]")
     ap.add_argument("--cache-mb", type=int, default=64, help="--gemv: weight bytes cycled (past the cache)")
     ap.add_argument("--batch", action="store_true", help="int8 kernels at decode batches on 1.7B's layer shapes")
+    ap.add_argument("--team", action="store_true", help="--batch: through the team (x quantized once vs per thread)")
     ap.add_argument("--tiles", type=int, nargs=2, metavar=("N", "K"), help="packed kernel vs tiles on one [N, K]")
     args = ap.parse_args()
     if cpu_kernels.load() is None:
@@ -159,7 +191,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     if args.batch:
         print(f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.1f}")
-        batch(args.kinds or BATCH_KINDS, args.rows or [16, 32], args.rounds, args.cache_mb, args.threads)
+        if args.team:
+            team_ab(args.kinds or BATCH_KINDS, args.rows or [16, 32], args.rounds, args.cache_mb)
+        else:
+            batch(args.kinds or BATCH_KINDS, args.rows or [16, 32], args.rounds, args.cache_mb, args.threads)
         print(f"load at the end {os.getloadavg()[0]:.1f}")
         return
     args.kinds, args.rows = args.kinds or ["Q4_0", "Q4_1", "Q8_0"], args.rows or [1, 8, 64]

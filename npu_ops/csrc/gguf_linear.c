@@ -44,7 +44,10 @@
 static _Thread_local const gguf_xq *team_xq; /* the calling thread's view of its team's quantized x, or NULL */
 static _Atomic long xq_rows;                 /* rows of x quantized by teams, all calls (a test's hook) */
 
+static _Atomic int xq_share = 1;             /* 0: each thread quantizes x itself (an A/B's "before") */
+
 long gguf_xq_team_rows(void) { return xq_rows; }
+void gguf_xq_share(int on) { xq_share = on; }
 
 const gguf_xq *gguf_xq_find(const float *x, int64_t m, int64_t k, int format) {
     const gguf_xq *q = team_xq;
@@ -88,7 +91,7 @@ static gguf_xq xq_layout(const gguf_seg *segs, int64_t nseg, const float *x, int
     gguf_xq q = {x, M, K, 0, NULL, NULL, NULL, NULL, NULL, NULL};
     for (int64_t i = 0; i < nseg && q.format == 0; ++i)
         if (seg_fn(segs + i, step) == segs[i].fn_q8) q.format = xq_format(segs[i].fn_q8);
-    if (work == NULL || M < XQ_SHARE_ROWS || K % (q.format == GGUF_XQ_Q8K ? 256 : 32) != 0) q.format = 0;
+    if (work == NULL || !xq_share || M < XQ_SHARE_ROWS || K % (q.format == GGUF_XQ_Q8K ? 256 : 32) != 0) q.format = 0;
     const int64_t nb = K / 32;
     q.q = (int8_t *)work;
     uint8_t *p = work + ALIGN(M * K);

@@ -101,6 +101,9 @@ int gguf_linear_f32(const struct gguf_seg *segs, int64_t nseg, const float *x, i
 /* tests' hooks (gguf_linear.c, gemm_gguf_tile.c), counts over all calls: the rows of x a team quantized once for all
  * its threads, and the tile calls that malloc'd their own panels (a projection run without the caller's work) */
 long gguf_xq_team_rows(void);
+/* on 0: teams no longer quantize x once for their threads (each its own, as before): tools/bench_gguf_kernels.py's
+ * A/B in one run */
+void gguf_xq_share(int on);
 long gguf_tile_own_panels(void);
 
 /* the all-greedy sampler's rows (greedy_rows.c; cpu_kernels.greedy_rows): first maxima and their
