@@ -30,7 +30,7 @@
 
 #include "gemm_gguf_q4_q8.h"
 #include "gemm_gguf_q8.h"
-#include "gguf_linear.h"
+#include "gguf_xq.h"
 #include "kernels.h"
 #include "stream_ahead.h"
 #include "team_sync.h"

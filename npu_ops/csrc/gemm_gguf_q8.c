@@ -25,7 +25,7 @@
 #endif
 
 #include "gemm_gguf_q8.h"
-#include "gguf_linear.h"
+#include "gguf_xq.h"
 #include "kernels.h"
 #include "team_sync.h"
 #include "vec_math.h"

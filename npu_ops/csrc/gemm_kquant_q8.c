@@ -21,7 +21,7 @@
 
 #include "gemm_kquant.h"
 #include "gemm_kquant_q8.h"
-#include "gguf_linear.h"
+#include "gguf_xq.h"
 #include "kquant_block.h"
 #include "vec_math.h"
 #include "kernels.h"

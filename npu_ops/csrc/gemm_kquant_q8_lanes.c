@@ -22,7 +22,7 @@
 #include "gemm_kquant.h"
 #include "gemm_kquant_q8.h"
 #include "gemm_kquant_q8_lanes.h"
-#include "gguf_linear.h"
+#include "gguf_xq.h"
 #include "kernels.h"
 #include "team_sync.h"
 #include "vec_math.h"

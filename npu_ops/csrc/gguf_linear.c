@@ -41,7 +41,6 @@
 #define XQ_SHARE_ROWS 2 /* fewest rows of x the team quantizes once for all its threads */
 #define ALIGN(n) (((n) + 63) / 64 * 64)
 
-static _Thread_local const gguf_xq *team_xq; /* the calling thread's view of its team's quantized x, or NULL */
 static _Atomic long xq_rows;                 /* rows of x quantized by teams, all calls (a test's hook) */
 
 static _Atomic int xq_share = 1;             /* 0: each thread quantizes x itself (an A/B's "before") */
@@ -49,10 +48,6 @@ static _Atomic int xq_share = 1;             /* 0: each thread quantizes x itsel
 long gguf_xq_team_rows(void) { return xq_rows; }
 void gguf_xq_share(int on) { xq_share = on; }
 
-const gguf_xq *gguf_xq_find(const float *x, int64_t m, int64_t k, int format) {
-    const gguf_xq *q = team_xq;
-    return q != NULL && q->x == x && q->m == m && q->k == k && q->format == format ? q : NULL;
-}
 
 /* bytes of the quantized x: GGUF_XQ_Q8's layout, the larger (q, d, s, xb: 1 + 1 + 1/8 + 1/2 bytes a value) */
 static int64_t xq_bytes(int64_t M, int64_t K) {
@@ -176,7 +171,7 @@ int gguf_linear_team(const gguf_seg *segs, int64_t nseg, const float *x, int64_t
     if (q.format != 0) {
         xq_rows_share(&q);
         team_barrier(); /* every row of x quantized before any thread's kernel reads one */
-        team_xq = &q;
+        gguf_xq_set(&q);
     }
     int64_t total = 0;
     for (int64_t i = 0; i < nseg; ++i) total += units_of(segs + i);
@@ -192,7 +187,7 @@ int gguf_linear_team(const gguf_seg *segs, int64_t nseg, const float *x, int64_t
         const int64_t r1 = b * UNIT < segs[i].rows ? b * UNIT : segs[i].rows;
         rc = seg_rows(segs + i, col, a * UNIT, r1, x, M, K, bias, part, panels_at, y, N, add, step);
     }
-    team_xq = NULL;
+    gguf_xq_set(NULL);
     team_barrier(); /* also: no thread quantizes the next x into work while another still reads this one */
     return rc;
 }
