@@ -17,8 +17,10 @@
  * its per-column scale for int8 kinds, its kind; its K and V caches and whether they hold int8 rows); x [T, hidden]
  * is updated in place; cos, sin [T, D]; slots [T] int64; block tables, rows and positions as attention.c
  * takes them; work: llama_layers_f32_work(...) floats. Returns 0 or attention.c's error codes. */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS under -std=c11 */
 #include <omp.h>
 #include <stdint.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -90,6 +92,31 @@ int64_t llama_layers_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH,
     const int64_t bytes = T * kp + w8a8_zero_bytes(kp) + 64 + gguf_team_work_bytes(T, kp);
     const int64_t QKV = (H + 2 * KVH) * D;
     return T * (hidden + QKV + 2 * H * D + inter + gu_pad(QKV, H * D, inter) + 2 * inter) + T + (bytes + 3) / 4;
+}
+
+/* A thread's attention scratch for the step (scores, then acc): from a mapping of its own where it is large (a long
+ * prompt's scores: MBs), never from malloc: a worker's freed block stays resident in its glibc arena for good, and
+ * the dynamic mmap threshold, raised by each large free, sends the next large one there too (issue 44: the RSS at
+ * the end of a run). A small one (a decode step's) from malloc: the same few KB reused each step, no system call. */
+#define MAP_AT_BYTES (64 * 1024)
+typedef struct {
+    float *p;
+    size_t bytes;
+} thread_scratch;
+
+static thread_scratch scratch_new(int64_t floats) {
+    thread_scratch t = {NULL, sizeof(float) * (size_t)floats};
+    if (t.bytes < MAP_AT_BYTES) return (thread_scratch){malloc(t.bytes), 0};
+    void *p = mmap(NULL, t.bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    t.p = p == MAP_FAILED ? NULL : p;
+    return t;
+}
+
+static void scratch_free(thread_scratch *t) {
+    if (t->bytes == 0)
+        free(t->p);
+    else if (t->p != NULL)
+        munmap(t->p, t->bytes);
 }
 
 /* A thread's own copies for a step of one row (a one-stream decode step): the normed row, its W8A8
@@ -239,7 +266,8 @@ int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, in
 #pragma omp parallel num_threads(nthreads)
     {
         team_sync_join(omp_get_num_threads() == nthreads ? sync : NULL);
-        float *scores = malloc(sizeof(float) * (size_t)pl.scores_len), *acc = malloc(sizeof(float) * (size_t)pl.acc_len);
+        thread_scratch ts = scratch_new(pl.scores_len + pl.acc_len);
+        float *scores = ts.p, *acc = ts.p == NULL ? NULL : ts.p + pl.scores_len;
         own_row own;
         if (scores == NULL || acc == NULL || own_row_alloc(&own, T, hidden, kp, QD)) {
 #pragma omp atomic write
@@ -260,8 +288,7 @@ int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, in
             lin(&d, &ly->o, att, QD, hidden, x, 1, &s8, &own, xn);
             mlp(&d, ly, norm_rows(&d, x, ly->post_norm, xn, &own), h, gu, x, &s8, &own, qkv, xn);
         }
-        free(scores);
-        free(acc);
+        scratch_free(&ts);
         free(own.xn);
         free(own.xq);
         team_sync_leave();
