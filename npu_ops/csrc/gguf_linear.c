@@ -209,13 +209,14 @@ int gguf_linear_run(const gguf_seg *segs, int64_t nseg, const float *x, int64_t 
 int gguf_linear_f32(const gguf_seg *segs, int64_t nseg, const float *x, int64_t M, int64_t K, const float *bias,
                     float *y, int64_t N, int nthreads, int step) {
     /* the team's scratch and work from the calling thread's heap, not each thread's: a worker's freed temporary stays
-     * in its own arena's top, which malloc_trim does not give back (what fits seg_rows' stack needs no scratch) */
-    const int64_t floats = M * N > 1024 ? M * N : 0, bytes = ALIGN(4 * floats) +
-                  work_bytes(M, K, nthreads < GGUF_TEAM_THREADS ? nthreads : GGUF_TEAM_THREADS);
-    uint8_t *buf = aligned_alloc(64, (size_t)bytes);
-    if (buf == NULL) return 3;
-    const int rc = gguf_linear_run(segs, nseg, x, M, K, bias, floats ? (float *)buf : NULL, buf + ALIGN(4 * floats), y,
-                                   N, nthreads, step);
+     * in its own arena's top, which malloc_trim does not give back (what fits seg_rows' stack needs no scratch; a
+     * lone decode row, no work: none at all) */
+    const int64_t floats = M * N > 1024 ? M * N : 0, threads = nthreads < GGUF_TEAM_THREADS ? nthreads : GGUF_TEAM_THREADS;
+    const int64_t work = step == GGUF_STEP_PREFILL ? work_bytes(M, K, threads) : M >= XQ_SHARE_ROWS ? xq_bytes(M, K) : 0;
+    uint8_t *buf = floats + work > 0 ? aligned_alloc(64, (size_t)(ALIGN(4 * floats) + work)) : NULL;
+    if (floats + work > 0 && buf == NULL) return 3;
+    const int rc = gguf_linear_run(segs, nseg, x, M, K, bias, floats ? (float *)buf : NULL,
+                                   work ? buf + ALIGN(4 * floats) : NULL, y, N, nthreads, step);
     free(buf);
     return rc;
 }
