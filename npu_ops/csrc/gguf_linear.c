@@ -212,7 +212,7 @@ int gguf_linear_f32(const gguf_seg *segs, int64_t nseg, const float *x, int64_t 
      * in its own arena's top, which malloc_trim does not give back (what fits seg_rows' stack needs no scratch; a
      * lone decode row, no work: none at all) */
     const int64_t floats = M * N > 1024 ? M * N : 0, threads = nthreads < GGUF_TEAM_THREADS ? nthreads : GGUF_TEAM_THREADS;
-    const int64_t work = step == GGUF_STEP_PREFILL ? work_bytes(M, K, threads) : M >= XQ_SHARE_ROWS ? xq_bytes(M, K) : 0;
+    const int64_t work = step == GGUF_STEP_PREFILL || M >= XQ_SHARE_ROWS ? work_bytes(M, K, threads) : 0; /* all or none */
     uint8_t *buf = floats + work > 0 ? aligned_alloc(64, (size_t)(ALIGN(4 * floats) + work)) : NULL;
     if (floats + work > 0 && buf == NULL) return 3;
     const int rc = gguf_linear_run(segs, nseg, x, M, K, bias, floats ? (float *)buf : NULL,
