@@ -230,7 +230,7 @@ static double streamed(layers *L, int nt, const float *x, float *y) {
             for (int p = 0; p < NPROJ; ++p) {
                 gguf_seg seg[2] = {L->seg[p][0], L->seg[p][1]};
                 seg[0].w = w;
-                gguf_linear_team(seg, 1, x, 1, PROJ[p][1], NULL, NULL, y, PROJ[p][0], 0, GGUF_STEP_DECODE);
+                gguf_linear_team(seg, 1, x, 1, PROJ[p][1], NULL, NULL, NULL, y, PROJ[p][0], 0, GGUF_STEP_DECODE);
                 w += PROJ[p][0] * seg[0].row_bytes;
             }
         if (omp_get_thread_num() == 0) t1 = omp_get_wtime();

@@ -1,17 +1,18 @@
 /* GGUF's Q5_0 and Q5_1 blocks (gguf_q5_block.h) against int8 activations: gemm_gguf_q8.c's scheme for its 4-bit
- * types. Each row of x is quantized per 16 columns (d = max|x| / 127, q = round-half-even(x * (1 / d)) in fp32:
- * llama.cpp's Q8_0 rule on half its block, fp32 scale) with each block's sum of q * d (llama.cpp's Q8_1 s, for Q5_1's
- * min and Q5_0's -16); then each weight block's product is an exact integer sum per half: maddubs of the unsigned
- * 5-bit quants (0-31: a pair's sum stays within int16) against the int8 x, madd to int32; 4 weight rows share one x
- * block, their sums reduced together by hadd (the two halves land in the two 128-bit lanes) and scaled once by
- * d_w * d_x: one stream's decode (bandwidth-bound), any row count without AVX2. From FEW_ROWS rows of x on (a batch
- * of decode rows, a prefill under ggufActivations int8-all) 8 weight rows go in a vector's lanes (groups8).
+ * types. Each row of x is quantized per 16 columns by gemm_gguf_q8.c's gguf_q8_quantize_row, or once for the whole
+ * team (gguf_xq.h: the same bits) (d = max|x| / 127, q = round-half-even(x * (1 / d)) in fp32: llama.cpp's Q8_0 rule
+ * on half its block, fp32 scale) with each block's sum of q * d (llama.cpp's Q8_1 s, for Q5_1's min and Q5_0's
+ * -16); then each weight block's product is an exact integer sum per half: maddubs of the unsigned 5-bit quants
+ * (0-31: a pair's sum stays within int16) against the int8 x, madd to int32; 4 weight rows share one x block, their
+ * sums reduced together by hadd (the two halves land in the two 128-bit lanes) and scaled once by d_w * d_x: one
+ * stream's decode (bandwidth-bound), any row count without AVX2. From FEW_ROWS rows of x on (a batch of decode
+ * rows, a prefill under ggufActivations int8-all) 8 weight rows go in a vector's lanes (groups8).
  *
  * Numerics: quant_gguf.matmul_q8_ref is the reference (the quantized rows, dequantized, times the dequantized W);
  * the kernel differs from it only in the order of fp32 operations. A row's result depends on nothing but its own
  * row of x and of W: not the tile, the row count or the thread split.
- * Threads: as gemm_gguf_q5.c (inside any team the calling thread runs the whole call; x quantized once per call). */
-#include <math.h>
+ * Threads: as gemm_gguf_q5.c (inside any team the calling thread runs the whole call; x quantized once per call
+ * unless the team quantized it). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,8 @@
 #endif
 
 #include "gemm_gguf_q5_q8.h"
+#include "gemm_gguf_q8.h"
+#include "gguf_xq.h"
 #include "gguf_q5_block.h"
 #include "kernels.h"
 #include "stream_ahead.h"
@@ -34,60 +37,6 @@
 #define MR 4  /* rows of x a tile (a prefill's GEMM: each weight block unpacked once for MR rows) */
 #define X_CHUNK_BYTES (96 * 1024) /* a GEMM's rows of x in chunks of about this many quantized bytes (L2) */
 #define STACK_K 16384 /* x's quantized rows live on the stack up to this many values */
-
-/* x[k] -> xq[k] int8 per 16 values with their scale d = max|x| / 127 (clamped to +-127, as the reference clamps),
- * xd[8 * (k / 32)]: each block's two scales as the tile multiplies them (the first 4 lanes d0, the last 4 d1),
- * xs[k / 32] = d0 * sum(q[0:16]) + d1 * sum(q[16:32]): gemm_gguf_q8.c's quantize_row, the same bits */
-static void quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, float *xs) {
-    for (int64_t b = 0; b < k / Q5_QK; ++b) {
-        const float *v = x + b * Q5_QK;
-        float d[2];
-        int sum[2];
-#ifdef __AVX2__
-        const __m256 sign = _mm256_set1_ps(-0.0f);
-        __m256i q[4];
-        for (int h = 0; h < 2; ++h) {
-            const __m256 f0 = _mm256_loadu_ps(v + 16 * h), f1 = _mm256_loadu_ps(v + 16 * h + 8);
-            const __m256 mx = _mm256_max_ps(_mm256_andnot_ps(sign, f0), _mm256_andnot_ps(sign, f1));
-            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            d[h] = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4))) / 127.0f;
-            const __m256 id = _mm256_set1_ps(d[h] != 0.0f ? 1.0f / d[h] : 0.0f);
-            const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
-            __m256i s8 = _mm256_setzero_si256();
-            for (int i = 0; i < 2; ++i) {
-                const __m256 r = _mm256_round_ps(_mm256_mul_ps(i ? f1 : f0, id),
-                                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                q[2 * h + i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
-                s8 = _mm256_add_epi32(s8, q[2 * h + i]);
-            }
-            __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
-            sum[h] = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
-        }
-        /* packs interleave the 128-bit lanes: the permute puts the 32 bytes back in order */
-        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-        _mm256_storeu_si256((__m256i *)(xq + b * Q5_QK),
-                            _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-#else
-        for (int h = 0; h < 2; ++h) {
-            float amax = 0.0f;
-            for (int e = 16 * h; e < 16 * h + 16; ++e) amax = fabsf(v[e]) > amax ? fabsf(v[e]) : amax;
-            d[h] = amax / 127.0f;
-            const float id = d[h] != 0.0f ? 1.0f / d[h] : 0.0f;
-            sum[h] = 0;
-            for (int e = 16 * h; e < 16 * h + 16; ++e) {
-                const float r = nearbyintf(v[e] * id);
-                const int q = (int)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
-                xq[b * Q5_QK + e] = (int8_t)q;
-                sum[h] += q;
-            }
-        }
-#endif
-        for (int j = 0; j < 8; ++j) xd[8 * b + j] = d[j / 4];
-        xs[b] = d[0] * (float)sum[0] + d[1] * (float)sum[1];
-    }
-}
 
 #ifdef __AVX2__
 /* the 4 rows' scales (lanes 0-3) and, for Q5_1, mins (*mn) of the blocks at p[r] */
@@ -360,12 +309,15 @@ static inline __attribute__((always_inline)) void matmul_q8(const int t, const u
     const int64_t nb = k / Q5_QK, rows = lanes ? RW : NR, groups = (n_out + rows - 1) / rows;
     int8_t sq[STACK_K];
     float sd[STACK_K / Q5_QK * 8], ss[STACK_K / Q5_QK];
-    const int heap = m * k > STACK_K;
-    int8_t *xq = heap ? malloc((size_t)(m * k)) : sq;
-    float *xd = heap ? malloc(sizeof(float) * (size_t)(8 * m * nb)) : sd;
-    float *xs = heap ? malloc(sizeof(float) * (size_t)(m * nb)) : ss;
+    /* x quantized by the team (gguf_linear.c) in gemm_gguf_q8.c's layout, which is this kernel's: per 16 values */
+    const gguf_xq *team = gguf_xq_find(x, m, k, GGUF_XQ_Q8);
+    const int heap = team == NULL && m * k > STACK_K;
+    int8_t *xq = team != NULL ? team->q : heap ? malloc((size_t)(m * k)) : sq;
+    float *xd = team != NULL ? team->d : heap ? malloc(sizeof(float) * (size_t)(8 * m * nb)) : sd;
+    float *xs = team != NULL ? team->s : heap ? malloc(sizeof(float) * (size_t)(m * nb)) : ss;
     if (xq != NULL && xd != NULL && xs != NULL) {
-        for (int64_t i = 0; i < m; ++i) quantize_row(x + i * k, k, xq + i * k, xd + 8 * i * nb, xs + i * nb);
+        for (int64_t i = 0; team == NULL && i < m; ++i)
+            gguf_q8_quantize_row(x + i * k, k, xq + i * k, xd + 8 * i * nb, xs + i * nb);
         groups_fn run = t == T_Q5_1 ? groups_T_Q5_1 : groups_T_Q5_0;
 #ifdef __AVX2__
         if (lanes) run = t == T_Q5_1 ? groups8_T_Q5_1 : groups8_T_Q5_0;

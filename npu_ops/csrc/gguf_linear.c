@@ -70,7 +70,8 @@ static float *tile_work(uint8_t *work, int64_t M, int64_t K) {
 
 /* the x layout a kernel reads (GGUF_XQ_*), 0 for one that quantizes x its own way */
 static int xq_format(gguf_matmul_fn fn) {
-    if (fn == gguf_matmul_q4_0_q8 || fn == gguf_matmul_q4_1_q8 || fn == gguf_matmul_q4_1f_q8 || fn == gguf_matmul_q8_0_q8)
+    if (fn == gguf_matmul_q4_0_q8 || fn == gguf_matmul_q4_1_q8 || fn == gguf_matmul_q4_1f_q8 || fn == gguf_matmul_q8_0_q8 ||
+        fn == gguf_matmul_q5_0_q8 || fn == gguf_matmul_q5_1_q8)
         return GGUF_XQ_Q8;
     if (fn == gguf_matmul_q4_k_q8 || fn == gguf_matmul_q5_k_q8 || fn == gguf_matmul_q6_k_q8) return GGUF_XQ_Q8K;
     return 0;

@@ -1,6 +1,6 @@
 """A GGUF projection's team (csrc/gguf_linear.c) quantizes x once for all its threads (issue 44): from 2 rows of x
 on, each thread quantizes its share of x's rows into the caller's work, in the layout its segments' int8 kernels
-read (GGUF_XQ_Q8: Q4_0, Q4_1, Q4_1F, Q8_0; GGUF_XQ_Q8K: the K-quants), and every kernel finds it there instead of
+read (GGUF_XQ_Q8: Q4_0, Q4_1, Q4_1F, Q8_0, Q5_0, Q5_1; GGUF_XQ_Q8K: the K-quants), and every kernel finds it there instead of
 quantizing all of x itself. The quantization is per row and deterministic, so each output keeps the bits of the
 type's own kernel called alone (which quantizes x itself), at any row count and thread count. The tiles' panels of
 a prefill piece on fp32 activations come from the same work: no tile call mallocs its own (a worker's block stays
@@ -14,6 +14,7 @@ from npu_ops import cpu_kernels, gguf_cpu
 from npu_ops.gguf_modules import INT8_ALL, STEP_DECODE, STEP_PREFILL
 from npu_ops.quant_gguf import GgufWeight
 from tests.unit.test_gguf_kquant import weights as kquant_weights
+from tests.unit.test_gguf_q5 import random_weight as q5_weight
 from tests.unit.test_gguf_q8 import activations, at_threads, random_weight
 
 pytestmark = pytest.mark.skipif(cpu_kernels.load() is None, reason="no C kernels here")
@@ -26,7 +27,7 @@ def kquant(kind: str, n: int, seed: int) -> GgufWeight:
 
 # a projection of each layout: a qkv-like table whose parts hold different types of one layout
 TABLES = {"Q8": lambda: [random_weight("Q4_0", 40, K, 1), random_weight("Q8_0", 24, K, 2),
-                         random_weight("Q4_1", 9, K, 3)],
+                         random_weight("Q4_1", 9, K, 3), q5_weight("Q5_0", 20, K, 9), q5_weight("Q5_1", 13, K, 10)],
           "Q8K": lambda: [kquant("Q4_K", 40, 4), kquant("Q6_K", 24, 5), kquant("Q5_K", 9, 6)]}
 
 
