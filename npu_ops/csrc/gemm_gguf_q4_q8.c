@@ -28,6 +28,7 @@
 #include <immintrin.h>
 #endif
 
+#include "fp16_lanes.h"
 #include "gemm_gguf_q4_q8.h"
 #include "gemm_gguf_q8.h"
 #include "gguf_xq.h"
@@ -82,8 +83,7 @@ static inline __attribute__((always_inline)) void quants8(const int t, const uin
     }
 }
 
-/* scales8 as vectors: the fp16 fields gathered by the integer ports (64 bits at a time), then one conversion each
- * (16 scalar conversions and a store-to-load trip through memory cost more than a lone row's dot products) */
+/* scales8 as vectors: the fp16 fields by fp16_lanes.h, Q4_1F's fp32 ones through scales8 */
 static inline __attribute__((always_inline)) void scales8v(const int t, const uint8_t *p[RW], __m256 *dv,
                                                            __m256 *mv) {
     if (t == T_Q4_1F) {
@@ -93,16 +93,7 @@ static inline __attribute__((always_inline)) void scales8v(const int t, const ui
         *mv = _mm256_loadu_ps(mn);
         return;
     }
-    uint64_t h[2] = {0, 0}, m[2] = {0, 0};
-    for (int r = 0; r < RW; ++r) {
-        uint16_t u[2];
-        memcpy(u, p[r], t == T_Q4_1 ? 4 : 2);
-        h[r / 4] |= (uint64_t)u[0] << (16 * (r % 4));
-        if (t == T_Q4_1) m[r / 4] |= (uint64_t)u[1] << (16 * (r % 4));
-    }
-    *dv = _mm256_cvtph_ps(_mm_set_epi64x((long long)h[1], (long long)h[0]));
-    *mv = t == T_Q4_1 ? _mm256_cvtph_ps(_mm_set_epi64x((long long)m[1], (long long)m[0]))
-                      : *dv;
+    fp16_lanes8(p, t == T_Q4_1, dv, mv);
 }
 
 /* the 4 bytes at x in every lane: a broadcast load (the load port alone; through a general register it cost two

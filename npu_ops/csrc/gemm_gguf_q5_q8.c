@@ -22,6 +22,7 @@
 #endif
 
 #include "gemm_gguf_q5_q8.h"
+#include "fp16_lanes.h"
 #include "gemm_gguf_q8.h"
 #include "gguf_xq.h"
 #include "gguf_q5_block.h"
@@ -175,20 +176,6 @@ static inline __attribute__((always_inline)) void quants8(const int t, const uin
     }
 }
 
-/* the 8 rows' scales d and offset factors mn (Q5_1's min, Q5_0's d: its -16 applied at the end), fp16 fields packed
- * 4 a scalar register, one conversion each */
-static inline __attribute__((always_inline)) void scales8v(const int t, const uint8_t *p[RW], __m256 *dv, __m256 *mv) {
-    uint64_t h[2] = {0, 0}, m[2] = {0, 0};
-    for (int r = 0; r < RW; ++r) {
-        uint16_t u[2];
-        memcpy(u, p[r], t == T_Q5_1 ? 4 : 2);
-        h[r / 4] |= (uint64_t)u[0] << (16 * (r % 4));
-        if (t == T_Q5_1) m[r / 4] |= (uint64_t)u[1] << (16 * (r % 4));
-    }
-    *dv = _mm256_cvtph_ps(_mm_set_epi64x((long long)h[1], (long long)h[0]));
-    *mv = t == T_Q5_1 ? _mm256_cvtph_ps(_mm_set_epi64x((long long)m[1], (long long)m[0])) : *dv;
-}
-
 /* the 4 bytes at x in every lane (a broadcast load) */
 static inline __attribute__((always_inline)) __m256i bcast4(const int8_t *x) {
     return _mm256_castps_si256(_mm256_broadcast_ss((const float *)(const void *)x));
@@ -200,8 +187,8 @@ static inline __attribute__((always_inline)) void block8(const int t, const uint
                                                          int64_t mr, __m256 *acc, __m256 *off) {
     __m256i v[8];
     quants8(t, p, v);
-    __m256 dv, mv;
-    scales8v(t, p, &dv, &mv);
+    __m256 dv, mv; /* the 8 rows' scales and offset factors (Q5_1's min, Q5_0's d: its -16 applied at the end) */
+    fp16_lanes8(p, t == T_Q5_1, &dv, &mv);
     for (int64_t i = 0; i < mr; ++i) {
         const int8_t *x = xq + i * k;
         for (int h = 0; h < 2; ++h) {
