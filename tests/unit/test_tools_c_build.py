@@ -14,7 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 HARNESSES = sorted((ROOT / "tools").glob("*.c"))
 FLAGS = ["-fsyntax-only", "-std=gnu11", "-fopenmp", "-mavx2", "-mfma", "-mf16c",
-         "-Werror=implicit-function-declaration", "-Werror=int-conversion", "-Werror=incompatible-pointer-types", f"-I{ROOT / 'npu_ops' / 'csrc'}"]
+         "-Werror=implicit-function-declaration", "-Werror=int-conversion", "-Werror=incompatible-pointer-types",
+         f"-I{ROOT / 'npu_ops' / 'csrc'}"]
 
 
 def test_there_are_harnesses_to_check():
