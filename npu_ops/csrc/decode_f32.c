@@ -40,7 +40,7 @@ typedef struct decode_f32_args {
 /* floats: x, cos, sin and xn rows, then the layers' work, which a GGUF head's team scratch (T x vocab) and work
  * (gguf_linear.h: x quantized once, 64-byte aligned) reuse once the layers are done (longer where they need it) */
 static int64_t head_floats(int64_t T, int64_t hidden, int64_t vocab) {
-    return T * vocab + (64 + gguf_team_work_bytes(T, hidden) + 3) / 4;
+    return T * vocab + (gguf_team_work_room(T, hidden) + 3) / 4;
 }
 
 int64_t decode_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH, int64_t D, int64_t inter, int64_t vocab) {
@@ -76,7 +76,7 @@ int llama_decode_f32(const decode_f32_args *a) {
                                 (int)a->nthreads);
     if (a->head_kind == HEAD_GGUF)
         return gguf_linear_run(a->head_w, gguf_seg_count(a->head_w), xn, T, hd, a->head_bias, lw,
-                               (void *)(((uintptr_t)(lw + T * a->vocab) + 63) / 64 * 64), a->logits, a->vocab,
+                               gguf_team_work_at(lw + T * a->vocab), a->logits, a->vocab,
                                (int)a->nthreads, GGUF_STEP_DECODE); /* its scratch and work: the layers' work */
     linear_f32(xn, T, hd, a->head_w, a->vocab, a->head_bias, a->logits, (int)a->nthreads);
     return 0;

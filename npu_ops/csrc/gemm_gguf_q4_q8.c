@@ -185,7 +185,7 @@ static void many_q4_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k, 
     if (team != NULL || (xq != NULL && xb != NULL && xd != NULL && xs != NULL)) {
         for (int64_t i = 0; team == NULL && i < m; ++i) {
             gguf_q8_quantize_row(x + i * k, k, xq + i * k, xd, xs);
-            for (int64_t b = 0; b < nb; ++b) xb[i * nb + b] = (xblock){xd[8 * b], xd[8 * b + 4], xs[b], 0.0f};
+            gguf_q8_xblocks(xd, xs, nb, (float *)(xb + i * nb));
         }
         const groups_fn run = GROUPS[t];
         if (omp_get_level() > 0 || groups == 1) { /* inside any team, a team of 1 included */

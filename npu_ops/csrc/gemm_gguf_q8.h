@@ -13,6 +13,12 @@
 /* x[k] -> xq[k] int8 per 16 values (d = max|x| / 127, round-half-even, clamped to +-127), xd[8 * (k / 32)] each
  * block's two scales (lanes 0-3 d0, 4-7 d1), xs[k / 32] = d0 * sum(q[0:16]) + d1 * sum(q[16:32]) */
 void gguf_q8_quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, float *xs);
+/* a quantized row's numbers a block as gemm_gguf_q4_q8.c's lanes kernel reads them: xb[4 b ... 4 b + 3] = (d0, d1, s,
+ * 0) of block b, from gguf_q8_quantize_row's xd and xs (the lanes kernel's own x and the team's, gguf_linear.c) */
+static inline void gguf_q8_xblocks(const float *xd, const float *xs, int64_t nb, float *xb) {
+    for (int64_t b = 0; b < nb; ++b)
+        xb[4 * b] = xd[8 * b], xb[4 * b + 1] = xd[8 * b + 4], xb[4 * b + 2] = xs[b], xb[4 * b + 3] = 0.0f;
+}
 /* y[m, n_out] = x . W^T for W of GGUF_Q8_* `type`: 4 weight rows a pass sharing each x block, MR rows of x a tile */
 void gguf_q8_matmul(int type, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 #endif

@@ -285,7 +285,7 @@ static void many_kq(const int t, const uint8_t *w, int64_t n_out, int64_t k, con
     if (xq != NULL && xd != NULL && bs != NULL && b32 != NULL) {
         for (int64_t i = 0; team == NULL && i < m; ++i)
             gguf_q8k_quantize_row(x + i * k, k, xq + i * k, xd + i * nb, bs + i * k / 16);
-        for (int64_t j = 0; team == NULL && j < m * k / 32; ++j) b32[j] = (int16_t)(bs[2 * j] + bs[2 * j + 1]);
+        if (team == NULL) gguf_q8k_sums32(bs, m * k / 32, b32);
         const groups_fn run = t == 2 ? groups_q6k : t == 1 ? groups_q5k : groups_q4k;
         if (omp_get_level() > 0 || groups == 1) {
             run(w, n_out, k, xq, xd, bs, b32, m, y, 0, groups);

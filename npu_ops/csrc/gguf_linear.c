@@ -20,7 +20,7 @@
  * ~M x N x 4 bytes resident for good after the first long prefill). NULL scratch: each thread mallocs its own.
  * The tiles' panels (gemm_gguf_tile.c, 272 KB a thread) come from the caller's work for the same reason.
  *
- * x quantized once for the team: where the segments' int8-activation kernels read one of gguf_linear.h's GGUF_XQ_*
+ * x quantized once for the team: where the segments' int8-activation kernels read one of gguf_xq.h's GGUF_XQ_*
  * layouts and x has XQ_SHARE_ROWS rows or more, the team quantizes x into the caller's work (each thread its
  * team_share of x's rows), meets at the team's barrier, and every thread's kernel finds it (gguf_xq_find) instead
  * of quantizing all of x itself: one barrier instead of every thread quantizing (and mallocing) all of x for its
@@ -34,6 +34,7 @@
 #include "gemm_gguf_tile.h"
 #include "gemm_kquant_q8.h"
 #include "gguf_linear.h"
+#include "gguf_xq.h"
 #include "kernels.h"
 #include "team_sync.h"
 
@@ -112,14 +113,11 @@ static void xq_rows_share(const gguf_xq *q) {
         if (q->format == GGUF_XQ_Q8) {
             float *d = q->d + 8 * i * nb, *s = q->s + i * nb;
             gguf_q8_quantize_row(q->x + i * k, k, q->q + i * k, d, s);
-            for (int64_t b = 0; b < nb; ++b) {
-                float *xb = q->xb + 4 * (i * nb + b);
-                xb[0] = d[8 * b], xb[1] = d[8 * b + 4], xb[2] = s[b], xb[3] = 0.0f;
-            }
+            gguf_q8_xblocks(d, s, nb, q->xb + 4 * i * nb);
         } else {
             int16_t *bs = q->bs + i * (k / 16), *b32 = q->b32 + i * nb;
             gguf_q8k_quantize_row(q->x + i * k, k, q->q + i * k, q->d + i * (k / 256), bs);
-            for (int64_t j = 0; j < nb; ++j) b32[j] = (int16_t)(bs[2 * j] + bs[2 * j + 1]);
+            gguf_q8k_sums32(bs, nb, b32);
         }
     }
     if (r1 > r0) xq_rows += r1 - r0;

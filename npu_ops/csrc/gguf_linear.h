@@ -4,8 +4,6 @@
 #define MINDIE_GGUF_LINEAR_H
 #include <stdint.h>
 
-#include "gguf_xq.h"
-
 typedef void (*gguf_matmul_fn)(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 typedef void (*gguf_row_fn)(const uint8_t *w, int64_t k, float *out);
 
@@ -32,6 +30,9 @@ typedef struct gguf_seg {
  * each of up to GGUF_TEAM_THREADS threads' tile panels (gemm_gguf_tile.c) */
 #define GGUF_TEAM_THREADS 64
 int64_t gguf_team_work_bytes(int64_t M, int64_t K);
+/* the work's start in a buffer whose room begins at p (rounded up to 64 bytes), and the room that takes */
+static inline void *gguf_team_work_at(void *p) { return (void *)(((uintptr_t)p + 63) / 64 * 64); }
+static inline int64_t gguf_team_work_room(int64_t M, int64_t K) { return 64 + gguf_team_work_bytes(M, K); }
 
 /* the segments of a table ended by one whose fn is NULL (as npu_ops/gguf_modules.py writes them) */
 int64_t gguf_seg_count(const gguf_seg *segs);

@@ -80,16 +80,11 @@ static int64_t gu_pad(int64_t QKV, int64_t QD, int64_t inter) {
     return pad > 0 ? pad : 0;
 }
 
-/* the GGUF team work's start: 64-byte aligned, past the zero panel */
-static uint8_t *gguf_work_at(int8_t *zero, int64_t kp) {
-    return (uint8_t *)(((uintptr_t)(zero + w8a8_zero_bytes(kp)) + 63) / 64 * 64);
-}
-
 /* floats: x's norm, qkv, q, attention, h, the pad (gu_pad), gate/up, then the int8 scratch (int8_scratch) and the
  * GGUF team work (as long as the longest K needs: its layout grows with K) */
 int64_t llama_layers_f32_work(int64_t T, int64_t hidden, int64_t H, int64_t KVH, int64_t D, int64_t inter) {
     const int64_t kp = kmax_padded(hidden, H * D, inter);
-    const int64_t bytes = T * kp + w8a8_zero_bytes(kp) + 64 + gguf_team_work_bytes(T, kp);
+    const int64_t bytes = T * kp + w8a8_zero_bytes(kp) + gguf_team_work_room(T, kp);
     const int64_t QKV = (H + 2 * KVH) * D;
     return T * (hidden + QKV + 2 * H * D + inter + gu_pad(QKV, H * D, inter) + 2 * inter) + T + (bytes + 3) / 4;
 }
@@ -259,7 +254,7 @@ int llama_layers_f32(const layer_f32 *layers, int64_t L, float *x, int64_t T, in
     float *xn = work, *qkv = xn + T * hidden, *q = qkv + T * (QD + 2 * KVH * D), *att = q + T * QD,
           *h = att + T * QD, *gu = h + T * (inter + gu_pad(QD + 2 * KVH * D, QD, inter)), *xs = gu + T * 2 * inter;
     int8_t *xq = (int8_t *)(xs + T);
-    const int8_scratch s8 = {xs, xq, xq + T * kp, gguf_work_at(xq + T * kp, kp)};
+    const int8_scratch s8 = {xs, xq, xq + T * kp, gguf_team_work_at(xq + T * kp + w8a8_zero_bytes(kp))};
     memset(s8.zero, 0, (size_t)w8a8_zero_bytes(kp));
     int failed = 0;
     team_sync *sync = team_sync_new(nthreads); /* NULL: the team meets at `omp barrier`s instead */
