@@ -97,14 +97,20 @@ def gemv(kinds: list[str], n: int, k: int, rows: list[int], rounds: int, cache_m
                   f"{flop / q / 1e9:6.1f} GFLOP/s)  int8 {f / q:.2f}x", flush=True)
 
 
+def layer_copies(kind: str, cache_mb: int) -> tuple[list[list[GgufWeight]], int]:
+    """One random 1.7B layer of ``kind`` and copies of it past ``cache_mb`` MiB (each pass reads from memory), and one
+    layer's bytes."""
+    layer = [random_linear(kind, n, k).parts[0] for n, k in LAYER_17B]
+    nbytes = sum(w.nbytes for w in layer)
+    return [layer] + [[GgufWeight(w.data.clone(), kind, w.shape) for w in layer]
+                      for _ in range(cache_mb * 2**20 // nbytes)], nbytes
+
+
 def batch(kinds: list[str], rows: list[int], rounds: int, cache_mb: int, threads: int) -> None:
     """Each kind's int8-activation kernels over one 1.7B layer (copies past the cache) at each row count."""
     from npu_ops import gguf_cpu
     for kind in kinds:
-        layer = [random_linear(kind, n, k).parts[0] for n, k in LAYER_17B]
-        nbytes = sum(w.nbytes for w in layer)
-        layers = [layer] + [[GgufWeight(w.data.clone(), kind, w.shape) for w in layer]
-                            for _ in range(cache_mb * 2**20 // nbytes)]
+        layers, nbytes = layer_copies(kind, cache_mb)
         for m in rows:
             xs = {k: torch.randn(m, k) for k in (2048, 8192)}
             t = best_of(lambda: [gguf_cpu.matmul(xs[w.shape[1]], w, int8_rows=True) for ws in layers for w in ws],
@@ -123,10 +129,7 @@ def team_ab(kinds: list[str], rows: list[int], rounds: int, cache_mb: int) -> No
     from npu_ops import gguf_cpu
     from npu_ops.gguf_modules import INT8_ALL
     for kind in kinds:
-        layer = [random_linear(kind, n, k).parts[0] for n, k in LAYER_17B]
-        nbytes = sum(w.nbytes for w in layer)
-        copies = [layer] + [[GgufWeight(w.data.clone(), kind, w.shape) for w in layer]
-                            for _ in range(cache_mb * 2**20 // nbytes)]
+        copies = layer_copies(kind, cache_mb)[0]  # held: a segment table points into its weights' bytes
         tables = [[(gguf_cpu.segments([w], INT8_ALL), w.shape) for w in ws] for ws in copies]
         for m in rows:
             xs = {k: torch.randn(m, k) for k in (2048, 8192)}
