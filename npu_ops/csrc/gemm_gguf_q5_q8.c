@@ -40,25 +40,6 @@
 #define STACK_K 16384 /* x's quantized rows live on the stack up to this many values */
 
 #ifdef __AVX2__
-/* the 4 rows' scales (lanes 0-3) and, for Q5_1, mins (*mn) of the blocks at p[r] */
-static inline __attribute__((always_inline)) __m128 scales4(const int t, const uint8_t *p[NR], __m128 *mn) {
-    if (t == T_Q5_0) { /* the 4 halves packed in a scalar register, one move into a vector (gemm_gguf_q8.c's way) */
-        uint64_t h = 0;
-        for (int r = 0; r < NR; ++r) {
-            uint16_t u;
-            memcpy(&u, p[r], 2);
-            h |= (uint64_t)u << (16 * r);
-        }
-        return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)h));
-    }
-    uint32_t u[NR];
-    for (int r = 0; r < NR; ++r) memcpy(u + r, p[r], 4);
-    __m256 dm = _mm256_cvtph_ps(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3])); /* d0 m0 d1 m1 ... */
-    dm = _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
-    *mn = _mm256_extractf128_ps(dm, 1);
-    return _mm256_castps256_ps128(dm);
-}
-
 /* the 4 rows' quants . 32 int8 x, lane r: row r's sum over values 0-15, lane 4 + r: over 16-31 (as two levels of
  * hadd_epi32 over each row's maddubs + madd give them, with 5 multiplies instead of 8): the int16 pair sums (q <= 31,
  * |x| <= 127: at most 7874) are added in int16 twice more (at most 31496 < 32767) before the one widening madd.
@@ -92,7 +73,7 @@ static inline __attribute__((always_inline)) void tile_q8(const int t, const int
         __m256i q[NR];
         for (int r = 0; r < NR; ++r) q[r] = q5_quants(t, p[r]);
         __m128 mn = _mm_setzero_ps();
-        const __m128 d = scales4(t, p, &mn);
+        const __m128 d = fp16_lanes4(p, t == T_Q5_1, &mn); /* the 4 rows' scales and, Q5_1, mins */
         const __m256 d8 = _mm256_set_m128(d, d);
         for (int i = 0; i < mr; ++i) {
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + i * k + b * Q5_QK));
@@ -135,10 +116,6 @@ static void tile_q8(const int t, const int mr, const uint8_t *w[NR], int64_t nb,
         }
 }
 #endif
-
-/* weight row groups [g0, g1) (NR rows each, the last maybe fewer) against m quantized rows of x: chunks of x rows
- * (X_CHUNK_BYTES) outermost, each group's blocks then unpacked once per MR rows of the chunk (a decode step's few
- * rows: one chunk, so each weight byte is read once) */
 
 #ifdef __AVX2__
 /* FEW_ROWS rows of x on (a batch of decode rows, a prefill piece): gemm_gguf_q4_q8.c's scheme, 8 weight rows in a
@@ -235,6 +212,9 @@ static inline __attribute__((always_inline)) void groups8(const int t, const uin
 }
 #endif
 
+/* weight row groups [g0, g1) (NR rows each, the last maybe fewer) against m quantized rows of x: chunks of x rows
+ * (X_CHUNK_BYTES) outermost, each group's blocks then unpacked once per MR rows of the chunk (a decode step's few
+ * rows: one chunk, so each weight byte is read once) */
 static inline __attribute__((always_inline)) void groups_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k,
                                                             const int8_t *xq, const float *xd, const float *xs,
                                                             int64_t m, float *y, int64_t g0, int64_t g1) {

@@ -24,6 +24,7 @@
 #include <immintrin.h>
 #endif
 
+#include "fp16_lanes.h"
 #include "gemm_gguf_q8.h"
 #include "gguf_xq.h"
 #include "kernels.h"
@@ -99,27 +100,11 @@ void gguf_q8_quantize_row(const float *x, int64_t k, int8_t *xq, float *xd, floa
 #ifdef __AVX2__
 /* the 4 rows' scales (lanes 0-3) and, for Q4_1 / Q4_1F, mins (*mn) of the blocks at p[r] */
 static inline __attribute__((always_inline)) __m128 scales4(const int t, const uint8_t *p[NR], __m128 *mn) {
-    if (t == T_Q4_0 || t == T_Q8_0) {
-        /* the 4 halves packed in a scalar register (the integer ports), one move into a vector: _mm_setr_epi16's
-         * inserts took the vector ports the dot products need */
-        uint64_t h = 0;
-        for (int r = 0; r < NR; ++r) {
-            uint16_t u;
-            memcpy(&u, p[r], 2);
-            h |= (uint64_t)u << (16 * r);
-        }
-        return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)h));
-    }
-    __m256 dm; /* d0 m0 d1 m1 d2 m2 d3 m3 */
-    if (t == T_Q4_1) {
-        uint32_t u[NR];
-        for (int r = 0; r < NR; ++r) memcpy(u + r, p[r], 4);
-        dm = _mm256_cvtph_ps(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]));
-    } else {
-        const __m128i a = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p[0]), _mm_loadl_epi64((const __m128i *)p[1]));
-        const __m128i c = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p[2]), _mm_loadl_epi64((const __m128i *)p[3]));
-        dm = _mm256_castsi256_ps(_mm256_set_m128i(c, a));
-    }
+    if (t != T_Q4_1F) return fp16_lanes4(p, t == T_Q4_1, mn); /* fp16 fields */
+    /* Q4_1F's fp32 d and min: d0 m0 d1 m1 d2 m2 d3 m3 */
+    const __m128i a = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p[0]), _mm_loadl_epi64((const __m128i *)p[1]));
+    const __m128i c = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p[2]), _mm_loadl_epi64((const __m128i *)p[3]));
+    __m256 dm = _mm256_castsi256_ps(_mm256_set_m128i(c, a));
     dm = _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
     *mn = _mm256_extractf128_ps(dm, 1);
     return _mm256_castps256_ps128(dm);
