@@ -29,6 +29,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         row.argtypes, row.restype = [_P, _I64, _P], None
     lib.gguf_linear_f32.argtypes = [_P, _I64, _P, _I64, _I64, _P, _P, _I64, ctypes.c_int, ctypes.c_int]
     lib.gguf_linear_f32.restype = ctypes.c_int
+    lib.gguf_int8_vnni.argtypes, lib.gguf_int8_vnni.restype = [], ctypes.c_int
     for name in ("gguf_xq_team_rows", "gguf_tile_own_panels"):
         getattr(lib, name).argtypes, getattr(lib, name).restype = [], ctypes.c_long
     lib.gguf_xq_share.argtypes, lib.gguf_xq_share.restype = [ctypes.c_int], None
@@ -118,10 +119,18 @@ def share_quantized_x(on: bool) -> None:
     lib.gguf_xq_share(1 if on else 0)
 
 
-def matmul(x: torch.Tensor, w: GgufWeight, int8_rows: bool = False) -> torch.Tensor:
+def int8_core(lib: ctypes.CDLL | None = None) -> str:
+    """How this build's int8-activation kernels sum bytes (csrc/dot_u8s8.h): ``vnni`` or ``maddubs``."""
+    lib = _declare(lib) if lib is not None else _lib()
+    assert lib is not None
+    return "vnni" if lib.gguf_int8_vnni() else "maddubs"
+
+
+def matmul(x: torch.Tensor, w: GgufWeight, int8_rows: bool = False, lib: ctypes.CDLL | None = None) -> torch.Tensor:
     """x [M, k] fp32 . W^T by the type's own kernel, called directly (the table's contract, as the tests hold it);
-    ``int8_rows``: its int8-activation kernel (``quant_gguf.matmul_q8_ref``)."""
-    lib, x = _lib(), x.contiguous().float()
+    ``int8_rows``: its int8-activation kernel (``quant_gguf.matmul_q8_ref``); ``lib``: another build of the kernels
+    (a test's), else the loaded one."""
+    lib, x = _declare(lib) if lib is not None else _lib(), x.contiguous().float()
     assert lib is not None
     bt = w.block_type
     if x.dim() != 2 or x.shape[1] != w.shape[1]:

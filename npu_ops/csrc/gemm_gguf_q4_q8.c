@@ -28,6 +28,7 @@
 #include <immintrin.h>
 #endif
 
+#include "dot_u8s8.h"
 #include "fp16_lanes.h"
 #include "gemm_gguf_q4_q8.h"
 #include "gemm_gguf_q8.h"
@@ -110,19 +111,24 @@ static inline __attribute__((always_inline)) void block8(const int t, const uint
     quants8(t, p, v);
     __m256 dv, mv;
     scales8v(t, p, &dv, &mv);
-    const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t i = 0; i < mr; ++i) {
         const int8_t *x = xq + i * k;
-        __m256i s[2];
+        __m256i s[2]; /* a half's int32 sums, lane r: row r's */
         for (int h = 0; h < 2; ++h) {
-            s[h] = _mm256_maddubs_epi16(v[4 * h], bcast4(x + 16 * h));
+#if GGUF_VNNI /* 4 vpdpbusd straight to int32 */
+            s[h] = dot_u8s8(_mm256_setzero_si256(), v[4 * h], bcast4(x + 16 * h));
+            for (int c = 1; c < 4; ++c) s[h] = dot_u8s8(s[h], v[4 * h + c], bcast4(x + 16 * h + 4 * c));
+#else /* 4 maddubs summed in int16, one widening madd */
+            __m256i p = _mm256_maddubs_epi16(v[4 * h], bcast4(x + 16 * h));
             for (int c = 1; c < 4; ++c)
-                s[h] = _mm256_add_epi16(s[h], _mm256_maddubs_epi16(v[4 * h + c], bcast4(x + 16 * h + 4 * c)));
+                p = _mm256_add_epi16(p, _mm256_maddubs_epi16(v[4 * h + c], bcast4(x + 16 * h + 4 * c)));
+            s[h] = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+#endif
         }
         const xblock *e = xb + i * nb;
         for (int h = 0; h < 2; ++h)
             acc[2 * i + h] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(h ? e->d1 : e->d0)),
-                                             _mm256_cvtepi32_ps(_mm256_madd_epi16(s[h], ones)), acc[2 * i + h]);
+                                             _mm256_cvtepi32_ps(s[h]), acc[2 * i + h]);
         off[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(e->xs), off[i]);
     }
 }
@@ -220,6 +226,8 @@ static void matmul_q4_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k
     /* a few rows (or no AVX2): gemm_gguf_q8.c's 4-row passes, the same bits as block8's */
     gguf_q8_matmul(t == T_Q4_0 ? GGUF_Q8_Q4_0 : t == T_Q4_1 ? GGUF_Q8_Q4_1 : GGUF_Q8_Q4_1F, w, n_out, k, x, m, y);
 }
+
+int gguf_int8_vnni(void) { return GGUF_VNNI; }
 
 void gguf_matmul_q4_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
     matmul_q4_q8(T_Q4_0, w, n_out, k, x, m, y);

@@ -84,6 +84,7 @@ void gguf_matmul_q4_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float
 void gguf_matmul_q4_1_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 void gguf_matmul_q8_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 void gguf_matmul_q4_1f_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+int gguf_int8_vnni(void); /* 1: this build's GGUF int8 kernels sum on VNNI (dot_u8s8.h), 0: maddubs */
 /* Q5_0 and Q5_1 (22- and 24-byte blocks of 32: fp16 d (and m), 32 fifth bits, nibbles), fp32 activations and one
  * row dequantized (gemm_gguf_q5.c), and against int8 activations as the four above (gemm_gguf_q5_q8.c) */
 void gguf_matmul_q5_0(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
