@@ -26,5 +26,46 @@ static inline __attribute__((always_inline)) __m256i dot_u8s8(__m256i acc, __m25
 }
 #endif
 
+/* the 4 bytes at x in every int32 lane: a broadcast load (the load port alone; through a general register it cost
+ * two vector operations more) */
+static inline __attribute__((always_inline)) __m256i bytes4_bcast(const void *x) {
+    return _mm256_castps_si256(_mm256_broadcast_ss((const float *)x));
+}
+
+/* The 8-row lanes' half block (gemm_gguf_q4_q8.c, gemm_gguf_q5_q8.c): v[c] lane r holds weight row r's quants
+ * 4c..4c+3 (unsigned, at most 31), x the half's 16 int8 values; lane r of the result: row r . x, exact. VNNI: 4
+ * vpdpbusd straight to int32; AVX2: the 4 maddubs summed in int16 first (8 products a lane: at most 31 x 127 x 8 =
+ * 31496), then one widening madd. */
+static inline __attribute__((always_inline)) __m256i lanes_isum16(const __m256i v[4], const int8_t *x) {
+#if GGUF_VNNI
+    __m256i s = dot_u8s8(_mm256_setzero_si256(), v[0], bytes4_bcast(x));
+    for (int c = 1; c < 4; ++c) s = dot_u8s8(s, v[c], bytes4_bcast(x + 4 * c));
+    return s;
+#else
+    __m256i p = _mm256_maddubs_epi16(v[0], bytes4_bcast(x));
+    for (int c = 1; c < 4; ++c) p = _mm256_add_epi16(p, _mm256_maddubs_epi16(v[c], bytes4_bcast(x + 4 * c)));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+#endif
+}
+
+/* The 4-row passes' block (gemm_gguf_q8.c's 4-bit types, gemm_gguf_q5_q8.c): q[r] holds weight row r's 32 quants
+ * of a block (unsigned, at most 31; values 0-15 in the low 128-bit lane, 16-31 in the high), xv the block's 32 int8
+ * x in the same order; lane r of the result: row r's sum over values 0-15, lane 4 + r: over 16-31, exact. VNNI: a
+ * vpdpbusd a row, two levels of hadd_epi32; AVX2: each row's maddubs, their int16 pair sums (at most 31 x 127 x 2 =
+ * 7874) added in int16 by two levels of hadd_epi16 (at most 31496) before the one widening madd: 5 multiplies
+ * instead of 8. */
+static inline __attribute__((always_inline)) __m256i rows4_isum(const __m256i q[4], __m256i xv) {
+#if GGUF_VNNI
+    const __m256i z = _mm256_setzero_si256();
+    const __m256i p01 = _mm256_hadd_epi32(dot_u8s8(z, q[0], xv), dot_u8s8(z, q[1], xv));
+    const __m256i p23 = _mm256_hadd_epi32(dot_u8s8(z, q[2], xv), dot_u8s8(z, q[3], xv));
+    return _mm256_hadd_epi32(p01, p23);
+#else
+    const __m256i p01 = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[0], xv), _mm256_maddubs_epi16(q[1], xv));
+    const __m256i p23 = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[2], xv), _mm256_maddubs_epi16(q[3], xv));
+    return _mm256_madd_epi16(_mm256_hadd_epi16(p01, p23), _mm256_set1_epi16(1));
+#endif
+}
+
 #endif
 #endif

@@ -8,8 +8,8 @@
  * turned to fp32 and scaled: done a row a lane, the cvt / mul / fma cost as much as the maddubs, and summing 4 rows'
  * lanes together (gemm_gguf_q8.c's hadd) costs shuffles. Here a weight block's 8 rows are transposed once into 8
  * vectors (vector c, lane r: row r's values 4c..4c+3, its nibbles unpacked) and each x row meets them through 8
- * broadcasts of its own 4 bytes: the 8 maddubs sum into int16 per half (|q| <= 15, |x| <= 127: 4 pairs at most
- * 15240), one madd each, and the scaling is 8 rows a vector. The transposed block serves every row of x in the
+ * broadcasts of its own 4 bytes (dot_u8s8.h's lanes_isum16: 4 vpdpbusd a half on VNNI; on AVX2 the 4 maddubs sum
+ * into int16, |q| <= 15, |x| <= 127: at most 15240, then one madd), and the scaling is 8 rows a vector. The transposed block serves every row of x in the
  * chunk, its accumulators in L1 (acc[2 i + h], lane r). 1.3x gemm_gguf_q8.c's rate at 16 and 32 rows on 1.7B's
  * shapes, one core (tools/bench_gguf_kernels.py --batch); below FEW_ROWS rows, where the weight bytes bound the
  * call, the transposes cost more than they save and gemm_gguf_q8.c's passes run it.
@@ -97,12 +97,6 @@ static inline __attribute__((always_inline)) void scales8v(const int t, const ui
     fp16_lanes8(p, t == T_Q4_1, dv, mv);
 }
 
-/* the 4 bytes at x in every lane: a broadcast load (the load port alone; through a general register it cost two
- * vector operations more) */
-static inline __attribute__((always_inline)) __m256i bcast4(const int8_t *x) {
-    return _mm256_castps_si256(_mm256_broadcast_ss((const float *)(const void *)x));
-}
-
 /* block b of the 8 rows p[r] against x rows [0, mr) of a chunk: acc[i] lane r += row r . x row i over the block */
 static inline __attribute__((always_inline)) void block8(const int t, const uint8_t *p[RW], const int8_t *xq,
                                                          int64_t k, const xblock *xb, int64_t nb, int64_t mr,
@@ -113,18 +107,7 @@ static inline __attribute__((always_inline)) void block8(const int t, const uint
     scales8v(t, p, &dv, &mv);
     for (int64_t i = 0; i < mr; ++i) {
         const int8_t *x = xq + i * k;
-        __m256i s[2]; /* a half's int32 sums, lane r: row r's */
-        for (int h = 0; h < 2; ++h) {
-#if GGUF_VNNI /* 4 vpdpbusd straight to int32 */
-            s[h] = dot_u8s8(_mm256_setzero_si256(), v[4 * h], bcast4(x + 16 * h));
-            for (int c = 1; c < 4; ++c) s[h] = dot_u8s8(s[h], v[4 * h + c], bcast4(x + 16 * h + 4 * c));
-#else /* 4 maddubs summed in int16, one widening madd */
-            __m256i p = _mm256_maddubs_epi16(v[4 * h], bcast4(x + 16 * h));
-            for (int c = 1; c < 4; ++c)
-                p = _mm256_add_epi16(p, _mm256_maddubs_epi16(v[4 * h + c], bcast4(x + 16 * h + 4 * c)));
-            s[h] = _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-#endif
-        }
+        const __m256i s[2] = {lanes_isum16(v, x), lanes_isum16(v + 4, x + 16)}; /* lane r: row r's halves */
         const xblock *e = xb + i * nb;
         for (int h = 0; h < 2; ++h)
             acc[2 * i + h] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(h ? e->d1 : e->d0)),

@@ -22,6 +22,7 @@
 #endif
 
 #include "gemm_gguf_q5_q8.h"
+#include "dot_u8s8.h"
 #include "fp16_lanes.h"
 #include "gemm_gguf_q8.h"
 #include "gguf_xq.h"
@@ -40,16 +41,6 @@
 #define STACK_K 16384 /* x's quantized rows live on the stack up to this many values */
 
 #ifdef __AVX2__
-/* the 4 rows' quants . 32 int8 x, lane r: row r's sum over values 0-15, lane 4 + r: over 16-31 (as two levels of
- * hadd_epi32 over each row's maddubs + madd give them, with 5 multiplies instead of 8): the int16 pair sums (q <= 31,
- * |x| <= 127: at most 7874) are added in int16 twice more (at most 31496 < 32767) before the one widening madd.
- * Integer sums, exact: the same values. */
-static inline __attribute__((always_inline)) __m256i quants_isum4(const __m256i q[NR], __m256i xv) {
-    const __m256i p01 = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[0], xv), _mm256_maddubs_epi16(q[1], xv));
-    const __m256i p23 = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[2], xv), _mm256_maddubs_epi16(q[3], xv));
-    return _mm256_madd_epi16(_mm256_hadd_epi16(p01, p23), _mm256_set1_epi16(1));
-}
-
 /* y[i * ldy + r] = W row r . x row i (dequantized) for the 4 rows w[r] (rows past the last repeat it: their results
  * unused) and mr (1, 2 or MR) rows of x: a block's quants unpacked once for all of them. The sequence of operations
  * that makes each output is the same whatever mr, so are its bits. */
@@ -77,7 +68,7 @@ static inline __attribute__((always_inline)) void tile_q8(const int t, const int
         const __m256 d8 = _mm256_set_m128(d, d);
         for (int i = 0; i < mr; ++i) {
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + i * k + b * Q5_QK));
-            const __m256i h = quants_isum4(q, xv);
+            const __m256i h = rows4_isum(q, xv);
             const __m256 scale = _mm256_mul_ps(d8, _mm256_loadu_ps(xd + 8 * (i * nb + b)));
             acc[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(h), acc[i]);
             /* sum w x = d_w d_x sum q xq + off_w xs: Q5_1's off is its min, Q5_0's -16 d_w (the -16 applied below) */
@@ -153,11 +144,6 @@ static inline __attribute__((always_inline)) void quants8(const int t, const uin
     }
 }
 
-/* the 4 bytes at x in every lane (a broadcast load) */
-static inline __attribute__((always_inline)) __m256i bcast4(const int8_t *x) {
-    return _mm256_castps_si256(_mm256_broadcast_ss((const float *)(const void *)x));
-}
-
 /* block b of the 8 rows p[r] against x rows [0, mr) of a chunk: acc[2 i + h] lane r += row r . x row i's half h */
 static inline __attribute__((always_inline)) void block8(const int t, const uint8_t *p[RW], const int8_t *xq,
                                                          const float *xd, const float *xs, int64_t k, int64_t nb,
@@ -169,11 +155,8 @@ static inline __attribute__((always_inline)) void block8(const int t, const uint
     for (int64_t i = 0; i < mr; ++i) {
         const int8_t *x = xq + i * k;
         for (int h = 0; h < 2; ++h) {
-            __m256i s = _mm256_maddubs_epi16(v[4 * h], bcast4(x + 16 * h));
-            for (int c = 1; c < 4; ++c)
-                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[4 * h + c], bcast4(x + 16 * h + 4 * c)));
             acc[2 * i + h] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(xd[8 * i * nb + 4 * h])),
-                                             _mm256_cvtepi32_ps(_mm256_madd_epi16(s, _mm256_set1_epi16(1))),
+                                             _mm256_cvtepi32_ps(lanes_isum16(v + 4 * h, x + 16 * h)),
                                              acc[2 * i + h]);
         }
         off[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xs[i * nb]), off[i]);

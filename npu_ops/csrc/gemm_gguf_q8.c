@@ -24,6 +24,7 @@
 #include <immintrin.h>
 #endif
 
+#include "dot_u8s8.h"
 #include "fp16_lanes.h"
 #include "gemm_gguf_q8.h"
 #include "gguf_xq.h"
@@ -118,22 +119,11 @@ static inline __attribute__((always_inline)) __m256i block_quants(const int t, c
     return _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
 }
 
-/* 32 quants . 32 int8 x, 8 int32 partial sums: maddubs takes its first operand unsigned, so Q8_0's signed weights
- * go in as |w| with x's signs moved onto them (llama.cpp's trick: |q| <= 128, pairs stay within int16) */
+/* 32 quants . 32 int8 x, 8 int32 partial sums (dot_u8s8.h): its first operand is unsigned, so Q8_0's signed weights
+ * go in as |w| with x's signs moved onto them (llama.cpp's trick: |q| <= 128, maddubs' pairs stay within int16) */
 static inline __attribute__((always_inline)) __m256i block_isum(const int t, __m256i q, __m256i xv) {
-    const __m256i p = t == T_Q8_0 ? _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q))
-                                  : _mm256_maddubs_epi16(q, xv);
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-}
-
-/* the 4-bit types' 4 rows at once, lane r: row r's sum over values 0-15, lane 4 + r: over 16-31, as block_isum and
- * two levels of hadd_epi32 give them but with 5 multiplies instead of 8 (the multiplier ports bound this loop): the
- * int16 pair sums (|q| <= 15, |x| <= 127: at most 3810) are added in int16 twice more (at most 15240) before the
- * one widening madd. Integer sums, exact: the same values. */
-static inline __attribute__((always_inline)) __m256i nibble_isum4(const __m256i q[NR], __m256i xv) {
-    const __m256i p01 = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[0], xv), _mm256_maddubs_epi16(q[1], xv));
-    const __m256i p23 = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[2], xv), _mm256_maddubs_epi16(q[3], xv));
-    return _mm256_madd_epi16(_mm256_hadd_epi16(p01, p23), _mm256_set1_epi16(1));
+    return t == T_Q8_0 ? dot_u8s8(_mm256_setzero_si256(), _mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q))
+                       : dot_u8s8(_mm256_setzero_si256(), q, xv);
 }
 
 /* y[i * ldy + r] = W row r . x row i (dequantized) for the 4 rows w[r] (rows past the last repeat it: their
@@ -171,7 +161,7 @@ static inline __attribute__((always_inline)) void tile_q8(const int t, const int
                                                                                 block_isum(t, q[1], xv)),
                                                               _mm256_hadd_epi32(block_isum(t, q[2], xv),
                                                                                 block_isum(t, q[3], xv)))
-                                          : nibble_isum4(q, xv);
+                                          : rows4_isum(q, xv); /* dot_u8s8.h */
             const __m256 scale = _mm256_mul_ps(d8, _mm256_loadu_ps(xd + 8 * (i * nb + b)));
             acc[i] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(h), acc[i]);
             /* sum w x = d_w d_x sum q xq + off_w xs: Q4_1's off is its min, Q4_0's -8 d_w (the -8 applied below) */
