@@ -86,8 +86,8 @@ static inline __attribute__((always_inline)) void dot_q45k(const int five, const
             const int8_t *x = xq + r * k + 64 * j;
             const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x));
             const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32)));
-            sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(s_lo, pl));
-            sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(s_hi, ph));
+            sumi[r] = dot_s16(sumi[r], s_lo, pl);
+            sumi[r] = dot_s16(sumi[r], s_hi, ph);
         }
     }
     /* the mins against each row's sums of 32 (pairs of its sums of 16), 8 int16 products summed in pairs */
@@ -136,7 +136,7 @@ static inline __attribute__((always_inline)) void dot_q6k(const int mr, const ui
             const __m256i scl = _mm256_set_m128i(_mm_set1_epi16(sc[g + 1]), _mm_set1_epi16(sc[g]));
             for (int r = 0; r < mr; ++r) {
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * k + 128 * h + 32 * i));
-                sumi[r] = _mm256_add_epi32(sumi[r], _mm256_madd_epi16(scl, _mm256_maddubs_epi16(q6, xv)));
+                sumi[r] = dot_s16(sumi[r], scl, _mm256_maddubs_epi16(q6, xv));
             }
         }
     }

@@ -51,3 +51,16 @@ def test_vnni_int8_kernels_give_the_avx2_builds_bits(kind, avx2_lib):
         got = gguf_cpu.matmul(x[:m], w, int8_rows=True)
         want = gguf_cpu.matmul(x[:m], w, int8_rows=True, lib=avx2_lib)
         assert torch.equal(got, want), (kind, m)
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q5_K", "Q6_K"])
+def test_vnni_kquant_kernels_at_odd_shapes(kind, avx2_lib):
+    """27 weight rows (a short last group of 8; the lone-row passes' single rows after their groups of 4) and 3
+    super-blocks a row: every K-quant pass's VNNI sums at the edges of its tiles."""
+    n, k = 27, 768
+    w = GgufWeight(kquant_weights(n, k, kind, 21), kind, (n, k))
+    x = activations(9, k, seed=12)
+    x[1] *= 1e3
+    for m in (1, 2, 3, 4, 9):
+        got = gguf_cpu.matmul(x[:m], w, int8_rows=True)
+        assert torch.equal(got, gguf_cpu.matmul(x[:m], w, int8_rows=True, lib=avx2_lib)), (kind, m)
