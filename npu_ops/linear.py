@@ -41,6 +41,13 @@ class FastLinear(nn.Linear):
     packed: torch.Tensor | None = None
     packed_kind: str = ""  # "csrc" | "onednn"
 
+    def reset_parameters(self) -> None:
+        """nn.Linear's random init, but none on the meta device (the loader builds there, then fills every weight
+        from the checkpoint): it draws nothing there, yet its first run faults in the meta kernels' code for good
+        (~1 MB resident, issue 44)."""
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
     def pack(self, batch_hint: int, keep_dense: bool = True) -> bool:
         """Pack the current weight (call after loading). Returns False, leaving F.linear in use,
         where no packed GEMM is available, the weight is not fp32 on the CPU, or the packed result

@@ -4,7 +4,9 @@ the packed layers' segment tables (``SLACK``), the tied head reading the embeddi
 drops the GGUF reader's parse (one numpy view per vocabulary entry: ~160 MB on SmolLM2) once the model and tokenizer
 have what they need; a GGUF load imports neither transformers' modeling code nor torch._dynamo (with triton and sympy,
 ~140 MB resident a serve never uses); and the RoPE tables computed without that code equal the families' transformers
-rotary classes bit for bit. Counts, not timings: ``tools/rss_breakdown.py`` measures the RSS itself."""
+rotary classes bit for bit. Nor does importing the engine run a tensor op, or a load draw a random init that the
+checkpoint then overwrites: an op's first run faults in its kernels' code, which stays resident (~1 MB each). Counts,
+not timings: ``tools/rss_breakdown.py`` measures the RSS itself."""
 from __future__ import annotations
 
 import gc
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from mindie_service.engine.configs.engine_config import EngineConfig
 from mindie_service.engine.runner.engine_parts import load_parts
@@ -26,6 +29,7 @@ from mindie_service.models.loader import load_model
 from mindie_service.models.registry import REGISTRY
 from mindie_service.models.rope import rope_tables
 from npu_ops import cpu_kernels
+from npu_ops.linear import FastLinear
 from npu_ops.quant_gguf import GgufWeight
 from tests import packed_checks
 from tests.gguf_files import write_gguf
@@ -123,3 +127,57 @@ def test_rope_tables_equal_the_transformers_rotary_class(rotary_class, rope):
     cos, sin = ref(torch.zeros(1), torch.arange(300)[None])
     got_cos, got_sin = rope_tables(rotary_class, cfg, 300)
     assert torch.equal(got_cos, cos[0]) and torch.equal(got_sin, sin[0])
+
+
+class OpLog(TorchDispatchMode):
+    """The aten ops run while it is active (factories, meta tensors and views included)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+IMPORT_SCRIPT = """
+import json, torch
+from torch.utils._python_dispatch import TorchDispatchMode
+ops = []
+class OpLog(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+with OpLog():
+    import mindie_service.llm, mindie_service.server.main
+print(json.dumps(ops))
+"""
+
+
+def test_importing_the_engine_runs_no_tensor_op():
+    """The structured-output bit table (grammar_masks) waits for the first mask: its shift and and ops ran at import
+    in every serve, structured output or not."""
+    out = subprocess.run([sys.executable, "-c", IMPORT_SCRIPT], capture_output=True, text=True, cwd=ROOT, check=True,
+                         timeout=300)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_allowed_bits_unpacks_each_word_low_bit_first():
+    from mindie_service.engine.sample.grammar_masks import allowed_bits
+    masks = torch.tensor([[0b101, -2**31], [0, 1]], dtype=torch.int32)  # row 0: tokens 0, 2 and 63; row 1: 32
+    want = torch.zeros(2, 70, dtype=torch.bool)
+    want[0, [0, 2, 63]] = want[1, 32] = True
+    assert torch.equal(allowed_bits(masks, 70), want) and torch.equal(allowed_bits(masks, 40), want[:, :40])
+
+
+def test_a_gguf_load_draws_no_random_init(tiny_q8):
+    """The model is built on the meta device and every weight then comes from the file; a linear built for real
+    still draws nn.Linear's init."""
+    with OpLog() as log:
+        load_model(tiny_q8, "float32", torch.device("cpu"), 64)
+    assert not [op for op in log.ops if "uniform_" in op or "normal_" in op]
+    torch.manual_seed(0)
+    lin = FastLinear(64, 64)
+    bound = 64 ** -0.5  # kaiming_uniform_(a=sqrt(5)) and the bias's: U(-1/sqrt(in), 1/sqrt(in))
+    assert 0.5 * bound < lin.weight.abs().max() <= bound and 0.5 * bound < lin.bias.abs().max() <= bound

@@ -31,6 +31,7 @@ import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import TYPE_CHECKING, Callable, Union
 
 import torch
@@ -82,12 +83,16 @@ class GrammarStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-_BYTE_BITS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool()  # byte -> its 8 bits, low first
+@lru_cache(maxsize=1)
+def _byte_bits() -> torch.Tensor:
+    """byte -> its 8 bits, low first. Made on the first mask, not at import: a serve without structured output never
+    runs these ops (their first calls fault in code pages and kernel state the RSS keeps)."""
+    return ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool()
 
 
 def allowed_bits(masks: torch.Tensor, vocab: int) -> torch.Tensor:
     """int32 words [B, W] -> bool [B, vocab] (bits past the mask are False): a table lookup per byte."""
-    table = _BYTE_BITS.to(masks.device)
+    table = _byte_bits().to(masks.device)
     bits = table[masks.contiguous().view(torch.uint8).long()].reshape(masks.shape[0], -1)
     if bits.shape[1] >= vocab:
         return bits[:, :vocab]
