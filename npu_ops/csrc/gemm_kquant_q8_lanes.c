@@ -33,7 +33,16 @@
 
 #define QK 256
 #define RW 8                       /* weight rows a group: a vector's lanes */
-#define FEW_ROWS 4                 /* fewer rows of x: gemm_kquant_q8.c's row passes (bandwidth-bound) */
+/* fewer rows of x than this: gemm_kquant_q8.c's row passes (bandwidth-bound). With VNNI the lanes run 3 rows of x
+ * 1.16x (Q4_K), 1.27x (Q5_K), 0.99x (Q6_K) the passes' rate, 2 rows 0.88x / 0.87x / 0.71x (one Zen 4 core, 2048 x
+ * 2048, tools/ab_lanes.py); AVX2's lanes pay from 4 */
+#ifndef FEW_ROWS /* tools/ab_lanes.py builds others */
+#if GGUF_VNNI
+#define FEW_ROWS 3
+#else
+#define FEW_ROWS 4
+#endif
+#endif
 #define XC 64                      /* most rows of x a chunk */
 #define X_CHUNK_BYTES (384 * 1024) /* a chunk's quantized x stays in L2 while a share's groups pass */
 
