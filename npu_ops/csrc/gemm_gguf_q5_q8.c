@@ -57,9 +57,9 @@ static inline __attribute__((always_inline)) void tile_q8(const int t, const int
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *p[NR];
         for (int r = 0; r < NR; ++r) p[r] = w[r] + b * Q5_BYTES(t);
-        /* the next group's NR rows (ahead: NR rows' bytes on; contiguous) asked for as one stream, a step's share
-         * of it (NR blocks' bytes) a step: each row asking 2 KiB past itself (4 streams 660 bytes apart at 360M's
-         * k 960) read slower (tools/ab_q5.c; gemm_gguf_q8.c found the same) */
+        /* a group's NR rows further on (ahead: stream_ahead.h's groups_ahead; contiguous) asked for as one
+         * stream, a step's share of it (NR blocks' bytes) a step: each row asking 2 KiB past itself (4 streams
+         * 660 bytes apart at 360M's k 960) read slower (tools/ab_q5.c; gemm_gguf_q8.c found the same) */
         for (int64_t o = 0; o < NR * Q5_BYTES(t); o += 64) stream_at(w[0] + ahead + b * NR * Q5_BYTES(t) + o);
         __m256i q[NR];
         for (int r = 0; r < NR; ++r) q[r] = q5_quants(t, p[r]);
@@ -213,7 +213,8 @@ static inline __attribute__((always_inline)) void groups_q8(const int t, const u
             for (int r = 0; r < NR; ++r) rows[r] = w + (r0 + (r < nr ? r : 0)) * rb;
             int64_t i = c0;
 #define TILE(mr) \
-    tile_q8(t, mr, rows, nb, xq + i * k, xd + 8 * i * nb, xs + i * nb, k, y + i * n_out + r0, n_out, nr, NR * rb)
+    tile_q8(t, mr, rows, nb, xq + i * k, xd + 8 * i * nb, xs + i * nb, k, y + i * n_out + r0, n_out, nr, \
+            groups_ahead(NR * rb))
             for (; i + MR <= c1; i += MR) TILE(MR);
             if (i + 2 <= c1) {
                 TILE(2);

@@ -33,6 +33,7 @@
 #include "vec_math.h"
 #include "stream_ahead.h"
 
+
 #define QK 32 /* values per block */
 #define NR 4  /* weight rows a pass */
 #define MR 4  /* rows of x a tile (a prefill's GEMM: each weight block unpacked once for MR rows) */
@@ -144,10 +145,11 @@ static inline __attribute__((always_inline)) void tile_q8(const int t, const int
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *p[NR];
         for (int r = 0; r < NR; ++r) p[r] = w[r] + b * bb;
-        /* the next group's NR rows (ahead: NR rows' bytes on; contiguous) asked for as one stream, a step's share
-         * of it (NR blocks' bytes) a step. Each row asking for its own place there (4 streams 1-2 KiB apart where
-         * rows are short) read 1.05-1.3x slower a core from memory, 1.35-1.7x at two cores (Q4_0 / Q4_1 / Q8_0 on
-         * 1.7B's and 360M's shapes, one run); a fixed 2 KiB past each row (stream_ahead), slower again */
+        /* a group's NR rows further on (ahead: stream_ahead.h's groups_ahead; contiguous) asked for as one
+         * stream, a step's share of it (NR blocks' bytes) a step. Each row asking for its own place there (4
+         * streams 1-2 KiB apart where rows are short) read 1.05-1.3x slower a core from memory, 1.35-1.7x at two
+         * cores (Q4_0 / Q4_1 / Q8_0 on 1.7B's and 360M's shapes, one run); a fixed 2 KiB past each row
+         * (stream_ahead), slower again */
         for (int64_t o = 0; o < NR * bb; o += 64) stream_at(w[0] + ahead + b * NR * bb + o);
         __m256i q[NR];
         for (int r = 0; r < NR; ++r) q[r] = block_quants(t, p[r]);
@@ -226,7 +228,8 @@ static inline __attribute__((always_inline)) void groups_q8(const int t, const u
             for (int r = 0; r < NR; ++r) rows[r] = w + (r0 + (r < nr ? r : 0)) * rb;
             int64_t i = c0;
 #define TILE(mr) \
-    tile_q8(t, mr, rows, nb, xq + i * k, xd + 8 * i * nb, xs + i * nb, k, y + i * n_out + r0, n_out, nr, NR * rb)
+    tile_q8(t, mr, rows, nb, xq + i * k, xd + 8 * i * nb, xs + i * nb, k, y + i * n_out + r0, n_out, nr, \
+            groups_ahead(NR * rb))
             for (; i + MR <= c1; i += MR) TILE(MR);
             if (i + 2 <= c1) {
                 TILE(2);

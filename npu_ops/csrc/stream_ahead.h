@@ -10,6 +10,18 @@
 
 #define STREAM_AHEAD 2048
 
+/* How far ahead the int8 kernels' lone-row passes (gemm_gguf_q8.c, gemm_gguf_q5_q8.c, kquant_q8_wide.h) ask for
+ * the rows after their group: whole groups, at least GROUPS_AHEAD_BYTES. One group ahead (4.6 KiB on 1.7B's
+ * 2048-wide rows of Q4_0) kept a Zen 4 VM's two cores at ~28 GB/s where they stream ~37 with 12 KiB or more
+ * (tools/profile_decode.py: the 1.7B Q4_0 file's step 35.5 -> 28.6 ms); long rows (8192 wide: 18 KiB a group) had
+ * it already. */
+#ifndef GROUPS_AHEAD_BYTES
+#define GROUPS_AHEAD_BYTES 12288
+#endif
+static inline long long groups_ahead(long long group_bytes) {
+    return group_bytes * ((GROUPS_AHEAD_BYTES + group_bytes - 1) / group_bytes);
+}
+
 /* the line at p, into L2 */
 static inline void stream_at(const void *p) { __builtin_prefetch(p, 0, 1); }
 /* the line STREAM_AHEAD bytes past p */
