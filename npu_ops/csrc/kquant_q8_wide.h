@@ -10,6 +10,7 @@
 #include "dot_u8s8.h"
 #include "gemm_kquant.h"
 #include "kquant_block.h"
+#include "stream_ahead.h"
 
 /* The lone rows (1-3 rows of x: a decode step of one to three streams): NW weight rows a pass share each x load, and
  * their super-block sums are reduced together (one hadd tree for NW rows, not one each), the scales picked by one
@@ -131,12 +132,15 @@ static inline __attribute__((always_inline)) void rows_wide(const int type, cons
                                                             int64_t ldy) {
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     __m128 acc6[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+    const int64_t ahead = groups_ahead(NW * rb);
     for (int64_t i = 0; i < nb; ++i) {
-        /* the next group's NW rows (contiguous) asked for as one stream, a step's share of it a step (NW * bb
-         * bytes): asking each row's place 8 super-blocks on (rows_dot's way, past a short row's end into the next
-         * group's row) made 4 streams 1-2 KiB apart, which read Q6_K rows of k <= 4096 at 0.75-0.9x the 1-row
-         * pass from memory; this way 1.15-1.5x a core (Q4_K and Q6_K, 1.7B's and 360M's shapes) */
-        for (int64_t o = 0; o < NW * bb; o += 64) __builtin_prefetch(row + NW * rb + i * NW * bb + o, 0, 0);
+        /* a group's NW rows further on (ahead: stream_ahead.h's groups_ahead; contiguous) asked for into L2 as
+         * one stream, a step's share of it a step (NW * bb bytes): asking each row's place 8 super-blocks on
+         * (rows_dot's way, past a short row's end into the next group's row) made 4 streams 1-2 KiB apart, which
+         * read Q6_K rows of k <= 4096 at 0.75-0.9x the 1-row pass from memory; this way 1.15-1.5x a core (Q4_K and
+         * Q6_K, 1.7B's and 360M's shapes). The next group only, not into L2 (locality 0), ran the 1.7B Q4_K_M
+         * file's step at 37-44 ms, 41 at 12 KiB on, 35-35.5 ms at 12 KiB on into L2 (tools/profile_decode.py) */
+        for (int64_t o = 0; o < NW * bb; o += 64) stream_at(row + ahead + i * NW * bb + o);
         if (type == GGUF_KQ_Q6_K)
             dot4_q6k(mr, row + i * bb, rb, xq + i * 256, k, xd + i, nb, bs + i * 16, acc6);
         else
