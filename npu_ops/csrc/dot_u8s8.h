@@ -6,7 +6,9 @@
  * int16 pair products added into int32 lanes, one vpdpwssd on VNNI, else madd + add (the same exact sums). */
 #ifndef MINDIE_DOT_U8S8_H
 #define MINDIE_DOT_U8S8_H
-#ifdef __AVX2__
+#ifndef __AVX2__
+#define GGUF_VNNI 0 /* a build without AVX2: the kernels' scalar code */
+#else
 #include <immintrin.h>
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
