@@ -155,6 +155,18 @@ def switched_off() -> bool:
     return not settings().enabled
 
 
+AVX2_ONLY = ["-mno-avx512f", "-mno-avxvnni"]  # the build a CPU without AVX-512 / VNNI runs
+
+
+def build_variant(extra: list[str]) -> ctypes.CDLL:
+    """The same sources built with ``extra`` flags after ours (e.g. ``AVX2_ONLY``, or a macro a benchmark sets):
+    for tests and A/Bs that compare builds in one process; raises where no compiler is found."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("no C compiler found")
+    return ctypes.CDLL(str(_build(cc, [*FLAGS, *extra])))
+
+
 @lru_cache(maxsize=1)
 def load() -> ctypes.CDLL | None:
     """The compiled kernels, or None (reason logged) where they cannot be had."""

@@ -119,9 +119,14 @@ def share_quantized_x(on: bool) -> None:
     lib.gguf_xq_share(1 if on else 0)
 
 
+def _lib_or(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
+    """``lib`` (another build of the kernels, a test's) declared, else the loaded one."""
+    return _declare(lib) if lib is not None else _lib()
+
+
 def int8_core(lib: ctypes.CDLL | None = None) -> str:
     """How this build's int8-activation kernels sum bytes (csrc/dot_u8s8.h): ``vnni`` or ``maddubs``."""
-    lib = _declare(lib) if lib is not None else _lib()
+    lib = _lib_or(lib)
     assert lib is not None
     return "vnni" if lib.gguf_int8_vnni() else "maddubs"
 
@@ -130,7 +135,7 @@ def matmul(x: torch.Tensor, w: GgufWeight, int8_rows: bool = False, lib: ctypes.
     """x [M, k] fp32 . W^T by the type's own kernel, called directly (the table's contract, as the tests hold it);
     ``int8_rows``: its int8-activation kernel (``quant_gguf.matmul_q8_ref``); ``lib``: another build of the kernels
     (a test's), else the loaded one."""
-    lib, x = _declare(lib) if lib is not None else _lib(), x.contiguous().float()
+    lib, x = _lib_or(lib), x.contiguous().float()
     assert lib is not None
     bt = w.block_type
     if x.dim() != 2 or x.shape[1] != w.shape[1]:

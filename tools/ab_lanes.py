@@ -1,18 +1,17 @@
 #!/usr/bin/env python3
 """A/B of builds of the GGUF int8-activation kernels, one core, in one process: the loaded sources built as they are
-("cur"), an AVX2-only build ("avx2": no AVX-512, no VNNI) and builds with a macro set (NAME=VALUE, e.g. FEW_ROWS=2:
+("cur"), an AVX2-only build ("avx2": no AVX-512, no VNNI) and builds with a macro set (NAME=VALUE, e.g. GGUF_LANES_ROWS=2:
 the row count from which the 8-row lanes take over from the row passes). Each variant's output bits are checked
 equal to the AVX2 build's at every row count, then timed in CPU time (process_time), rounds alternated, the best
 round kept: a busy machine moves a round's wall time far more than its CPU time.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python tools/ab_lanes.py Q4_0,Q4_K cur,FEW_ROWS=2 --rows 1 2 3 4 16
+    OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python tools/ab_lanes.py Q4_0,Q4_K cur,GGUF_LANES_ROWS=2 --rows 1 2 3 4 16
 """
 from __future__ import annotations
 
 import argparse
 import ctypes
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -32,9 +31,8 @@ def _weight(kind: str, n: int, k: int) -> GgufWeight:
 
 
 def _builds(variants: list[str]) -> dict[str, ctypes.CDLL]:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    flags = {"avx2": ["-mno-avx512f", "-mno-avxvnni"], **{v: [] if v == "cur" else [f"-D{v}"] for v in variants}}
-    return {name: ctypes.CDLL(str(cpu_kernels._build(cc, [*cpu_kernels.FLAGS, *f]))) for name, f in flags.items()}
+    flags = {"avx2": cpu_kernels.AVX2_ONLY, **{v: [] if v == "cur" else [f"-D{v}"] for v in variants}}
+    return {name: cpu_kernels.build_variant(f) for name, f in flags.items()}
 
 
 def _rate(x: torch.Tensor, w: GgufWeight, lib: ctypes.CDLL, budget: float = 0.12) -> float:

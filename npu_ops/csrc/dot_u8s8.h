@@ -39,6 +39,18 @@ static inline __attribute__((always_inline)) __m256i dot_s16(__m256i acc, __m256
 }
 #endif
 
+/* From how many rows of x the 8-row lanes kernels (gemm_gguf_q4_q8.c, gemm_kquant_q8_lanes.c) beat the row passes
+ * (bandwidth-bound at fewer rows). With VNNI, 3 rows of x run Q4_0 1.5x, Q4_1 1.35x, Q4_K 1.16x, Q5_K 1.27x, Q6_K
+ * 0.99x the passes' rate, 2 rows 0.7-1.18x (one Zen 4 core, 2048 x 2048, tools/ab_lanes.py); AVX2's lanes pay from
+ * 4. tools/ab_lanes.py builds others (-DGGUF_LANES_ROWS=N). */
+#ifndef GGUF_LANES_ROWS
+#if GGUF_VNNI
+#define GGUF_LANES_ROWS 3
+#else
+#define GGUF_LANES_ROWS 4
+#endif
+#endif
+
 /* the 4 bytes at x in every int32 lane: a broadcast load (the load port alone; through a general register it cost
  * two vector operations more) */
 static inline __attribute__((always_inline)) __m256i bytes4_bcast(const void *x) {

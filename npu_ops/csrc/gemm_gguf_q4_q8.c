@@ -40,16 +40,7 @@
 
 #define QK 32
 #define RW 8                        /* weight rows a group: a vector's lanes */
-/* fewer rows of x than this: gemm_gguf_q8.c's passes (bandwidth-bound). With VNNI the lanes run 3 rows of x 1.5x
- * (Q4_0) and 1.35x (Q4_1) the passes' rate, 2 rows 1.18x / 0.95x (one Zen 4 core, 2048 x 2048, tools/ab_lanes.py);
- * AVX2's lanes pay from 4 */
-#ifndef FEW_ROWS /* tools/ab_lanes.py builds others */
-#if GGUF_VNNI
-#define FEW_ROWS 3
-#else
-#define FEW_ROWS 4
-#endif
-#endif
+#define FEW_ROWS GGUF_LANES_ROWS /* fewer rows of x: gemm_gguf_q8.c's passes (dot_u8s8.h says why) */
 #define XC 64                       /* most rows of x a chunk (their accumulators: 2 KiB) */
 #define X_CHUNK_BYTES (384 * 1024)  /* a chunk's quantized x (bytes, scales) stays in L2 while a share's groups pass */
 

@@ -33,16 +33,7 @@
 
 #define QK 256
 #define RW 8                       /* weight rows a group: a vector's lanes */
-/* fewer rows of x than this: gemm_kquant_q8.c's row passes (bandwidth-bound). With VNNI the lanes run 3 rows of x
- * 1.16x (Q4_K), 1.27x (Q5_K), 0.99x (Q6_K) the passes' rate, 2 rows 0.88x / 0.87x / 0.71x (one Zen 4 core, 2048 x
- * 2048, tools/ab_lanes.py); AVX2's lanes pay from 4 */
-#ifndef FEW_ROWS /* tools/ab_lanes.py builds others */
-#if GGUF_VNNI
-#define FEW_ROWS 3
-#else
-#define FEW_ROWS 4
-#endif
-#endif
+#define FEW_ROWS GGUF_LANES_ROWS /* fewer rows of x: gemm_kquant_q8.c's row passes (dot_u8s8.h says why) */
 #define XC 64                      /* most rows of x a chunk */
 #define X_CHUNK_BYTES (384 * 1024) /* a chunk's quantized x stays in L2 while a share's groups pass */
 
@@ -111,9 +102,6 @@ static inline __attribute__((always_inline)) void super8(const int five, const u
     }
 }
 
-static inline __attribute__((always_inline)) __m256i bcast4(const void *x) {
-    return _mm256_castps_si256(_mm256_broadcast_ss((const float *)x));
-}
 
 /* the super-block's quants . x rows [0, mr) of the chunk (row i's block at xq + i * k): isum[i] lane r += row r's
  * scaled sums over the 8 sub-blocks */
@@ -137,11 +125,11 @@ static inline __attribute__((always_inline)) void quants8(const int five, const 
                 const __m256i sc32 = _mm256_srai_epi32(sc, 16);
                 for (int64_t i = 0; i < mr; ++i) {
                     const int8_t *x = xq + i * k + 64 * j + 32 * h;
-                    __m256i s = dot_u8s8(_mm256_setzero_si256(), v[0], bcast4(x));
-                    __m256i e = dot_u8s8(_mm256_setzero_si256(), v[1], bcast4(x + 4));
+                    __m256i s = dot_u8s8(_mm256_setzero_si256(), v[0], bytes4_bcast(x));
+                    __m256i e = dot_u8s8(_mm256_setzero_si256(), v[1], bytes4_bcast(x + 4));
                     for (int c = 2; c < 8; c += 2) {
-                        s = dot_u8s8(s, v[c], bcast4(x + 4 * c));
-                        e = dot_u8s8(e, v[c + 1], bcast4(x + 4 * c + 4));
+                        s = dot_u8s8(s, v[c], bytes4_bcast(x + 4 * c));
+                        e = dot_u8s8(e, v[c + 1], bytes4_bcast(x + 4 * c + 4));
                     }
                     isum[i] = _mm256_add_epi32(isum[i], _mm256_mullo_epi32(_mm256_add_epi32(s, e), sc32));
                 }
@@ -149,13 +137,13 @@ static inline __attribute__((always_inline)) void quants8(const int five, const 
             }
             for (int64_t i = 0; i < mr; ++i) {
                 const int8_t *x = xq + i * k + 64 * j + 32 * h;
-                __m256i s = _mm256_maddubs_epi16(v[0], bcast4(x)), acc = isum[i];
+                __m256i s = _mm256_maddubs_epi16(v[0], bytes4_bcast(x)), acc = isum[i];
                 for (int c = 1; c < 8; ++c) {
                     if (five && c == 4) { /* 5-bit quants: 4 chunks fill int16 */
                         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, sc));
-                        s = _mm256_maddubs_epi16(v[c], bcast4(x + 4 * c));
+                        s = _mm256_maddubs_epi16(v[c], bytes4_bcast(x + 4 * c));
                     } else {
-                        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[c], bcast4(x + 4 * c)));
+                        s = _mm256_add_epi16(s, _mm256_maddubs_epi16(v[c], bytes4_bcast(x + 4 * c)));
                     }
                 }
                 isum[i] = _mm256_add_epi32(acc, _mm256_madd_epi16(s, sc));
@@ -193,7 +181,7 @@ static inline __attribute__((always_inline)) void q6k8(const uint8_t *p[RW], con
         __m256i o = _mm256_setzero_si256();
         for (int q = 0; q < 8; ++q)
             o = _mm256_add_epi32(o, _mm256_madd_epi16(scp[q],
-                                                      bcast4(bs + i * bstride + 2 * q)));
+                                                      bytes4_bcast(bs + i * bstride + 2 * q)));
         isum[i] = _mm256_sub_epi32(isum[i], _mm256_slli_epi32(o, 5));
     }
     const __m256i nib = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(0x30);
@@ -225,14 +213,14 @@ static inline __attribute__((always_inline)) void q6k8(const uint8_t *p[RW], con
                 __m256i acc = isum[i];
 #if GGUF_VNNI /* a sub-block's 4 vpdpbusd straight to int32, then its scale (1.1x a core) */
                 for (int c = 0; c < 8; c += 4) {
-                    __m256i s = dot_u8s8(_mm256_setzero_si256(), v[c], bcast4(x + 4 * c));
-                    for (int e = 1; e < 4; ++e) s = dot_u8s8(s, v[c + e], bcast4(x + 4 * (c + e)));
+                    __m256i s = dot_u8s8(_mm256_setzero_si256(), v[c], bytes4_bcast(x + 4 * c));
+                    for (int e = 1; e < 4; ++e) s = dot_u8s8(s, v[c + e], bytes4_bcast(x + 4 * (c + e)));
                     acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(s, c ? s1 : s0));
                 }
 #else
                 for (int c = 0; c < 8; c += 2) { /* 6-bit quants: 2 chunks fill int16 */
-                    const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(v[c], bcast4(x + 4 * c)),
-                                                       _mm256_maddubs_epi16(v[c + 1], bcast4(x + 4 * c + 4)));
+                    const __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(v[c], bytes4_bcast(x + 4 * c)),
+                                                       _mm256_maddubs_epi16(v[c + 1], bytes4_bcast(x + 4 * c + 4)));
                     acc = _mm256_add_epi32(acc, _mm256_madd_epi16(s, c < 4 ? s0 : s1));
                 }
 #endif
@@ -285,7 +273,7 @@ static inline __attribute__((always_inline)) void groups8(const int t, const uin
                 for (int64_t i = 0; i < mr; ++i) {
                     const int64_t at = (c0 + i) * nb + b;
                     __m256i ms = _mm256_setzero_si256();
-                    for (int q = 0; q < 4; ++q) ms = _mm256_add_epi32(ms, _mm256_madd_epi16(sb.mn[q], bcast4(b32 + 8 * at + 2 * q)));
+                    for (int q = 0; q < 4; ++q) ms = _mm256_add_epi32(ms, _mm256_madd_epi16(sb.mn[q], bytes4_bcast(b32 + 8 * at + 2 * q)));
                     const __m256 dx = _mm256_set1_ps(xd[at]);
                     acc[i] = _mm256_fmadd_ps(_mm256_mul_ps(sb.d, dx), _mm256_cvtepi32_ps(isum[i]), acc[i]);
                     acc_m[i] = _mm256_fmadd_ps(_mm256_mul_ps(sb.dmin, dx), _mm256_cvtepi32_ps(ms), acc_m[i]);

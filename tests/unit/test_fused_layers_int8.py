@@ -6,8 +6,6 @@ build and with the AVX2 build (no AVX-512: W8A8's sign-trick core, W8A16's widen
 from __future__ import annotations
 
 import ctypes
-import os
-import shutil
 
 import pytest
 import torch
@@ -28,8 +26,7 @@ def avx2_kernels() -> ctypes.CDLL:
     """The same sources built without AVX-512; skipped where this machine's build already is that one."""
     if quant_cpu.w8a8_core() != "vnni":
         pytest.skip("the loaded build already runs the AVX2 cores")
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    lib = ctypes.CDLL(str(cpu_kernels._build(cc, [*cpu_kernels.FLAGS, "-mno-avx512f", "-mno-avxvnni"])))
+    lib = cpu_kernels.build_variant(cpu_kernels.AVX2_ONLY)
     assert quant_cpu.w8a8_core(lib) == "maddubs"
     return cpu_kernels._declare(lib)
 

@@ -6,8 +6,6 @@ the loaded build has no VNNI (it then is the AVX2 build, which the other GGUF te
 from __future__ import annotations
 
 import ctypes
-import os
-import shutil
 
 import pytest
 import torch
@@ -28,8 +26,7 @@ def avx2_lib() -> ctypes.CDLL:
     """The same sources built without AVX-512 and AVX-VNNI: the maddubs sums a CPU without VNNI runs."""
     if gguf_cpu.int8_core() != "vnni":
         pytest.skip("the loaded build already sums on maddubs")
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    lib = ctypes.CDLL(str(cpu_kernels._build(cc, [*cpu_kernels.FLAGS, "-mno-avx512f", "-mno-avxvnni"])))
+    lib = cpu_kernels.build_variant(cpu_kernels.AVX2_ONLY)
     assert gguf_cpu.int8_core(lib) == "maddubs"
     return lib
 

@@ -3,7 +3,6 @@ PyTorch reference (npu_ops.quant, npu_ops.quant_kv), the accelerator paths again
 their documented contracts, and the config keys that switch them on."""
 from __future__ import annotations
 
-import os
 import sys
 import types
 
@@ -85,12 +84,9 @@ def test_int8_gemm_exact_at_saturation_extremes(k):
 def avx2_core_lib():
     """The same sources built without AVX-512 (so without VNNI): the sign-trick core a CPU without VNNI runs.
     Skipped where this machine's build already is that core (the tests above cover it) or cannot have AVX2."""
-    import ctypes
-    import shutil
     if cpu_kernels.load() is None or quant_cpu.w8a8_core() != "vnni":
         pytest.skip("the loaded build already runs the sign-trick core")
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    lib = ctypes.CDLL(str(cpu_kernels._build(cc, [*cpu_kernels.FLAGS, "-mno-avx512f", "-mno-avxvnni"])))
+    lib = cpu_kernels.build_variant(cpu_kernels.AVX2_ONLY)
     assert quant_cpu.w8a8_core(lib) == "maddubs"
     return lib
 
