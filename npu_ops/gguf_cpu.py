@@ -15,18 +15,20 @@ from npu_ops import cpu_kernels
 from npu_ops.quant_gguf import GgufWeight, block_type
 
 _I64, _P = ctypes.c_int64, ctypes.c_void_p
-SEG_FIELDS = 8  # csrc/gguf_linear.h's gguf_seg: fn, row_fn, w, rows, row_bytes, fn_q8, q8_steps, tile_block
+# csrc/gguf_linear.h's gguf_seg: fn, row_fn, w, rows, row_bytes, fn_q8, q8_steps, tile_block, interleave
+SEG_FIELDS = 9
 
 
 @lru_cache(maxsize=4)
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     """The GGUF kernels' types, as csrc/kernels.h declares them."""
-    for t in ("q4_0", "q4_1", "q8_0", "q4_1f", "q5_0", "q5_1"):
+    for t in ("q4_0", "q4_1", "q8_0", "q4_1f", "q5_0", "q5_1", "q4_0x4", "q4_1x4", "q4_1fx4"):
         for name in (f"gguf_matmul_{t}", f"gguf_matmul_{t}_q8"):
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = [_P, _I64, _I64, _P, _I64, _P], None
-        row = getattr(lib, f"gguf_dequant_{t}")
-        row.argtypes, row.restype = [_P, _I64, _P], None
+        if not t.endswith("x4"):  # the interleaved types' rows are their base type's
+            row = getattr(lib, f"gguf_dequant_{t}")
+            row.argtypes, row.restype = [_P, _I64, _P], None
     lib.gguf_linear_f32.argtypes = [_P, _I64, _P, _I64, _I64, _P, _P, _I64, ctypes.c_int, ctypes.c_int]
     lib.gguf_linear_f32.restype = ctypes.c_int
     lib.gguf_int8_vnni.argtypes, lib.gguf_int8_vnni.restype = [], ctypes.c_int
@@ -63,11 +65,11 @@ def runnable(kind: str) -> str | None:
 def embeddable(kind: str) -> bool:
     """Whether the C decode step can dequantize an embedding row of ``kind`` (its row kernel is built)."""
     bt, lib = block_type(kind), _lib()
-    return bt is not None and lib is not None and _address(lib, bt.row_kernel) != 0
+    return bt is not None and bt.interleave == 1 and lib is not None and _address(lib, bt.row_kernel) != 0
 
 
 def segments(parts: list[GgufWeight], int8_steps: int = 0, tiles: bool = True) -> torch.Tensor:
-    """int64 [len(parts) + 1, 8]: csrc/gguf_linear.h's gguf_seg of each part (its kernels' addresses, its bytes;
+    """int64 [len(parts) + 1, SEG_FIELDS]: csrc/gguf_linear.h's gguf_seg of each part (its kernels' addresses, its bytes;
     calls of the step kinds whose bit ``int8_steps`` sets take the type's int8-activation kernel where it has one;
     prefill pieces on fp32 activations take csrc/gemm_gguf_tile.c's tiles over its row kernel with ``tiles``, where
     it has one),
@@ -80,7 +82,7 @@ def segments(parts: list[GgufWeight], int8_steps: int = 0, tiles: bool = True) -
         q8 = _address(lib, bt.kernel_q8) if int8_steps else 0
         row = _address(lib, bt.row_kernel)
         rows.append([_address(lib, bt.kernel), row, p.data.data_ptr(), p.shape[0], p.data.shape[1], q8,
-                     int8_steps if q8 else 0, bt.block_size if row and tiles else 0])
+                     int8_steps if q8 else 0, bt.block_size if row and tiles else 0, bt.interleave])
     return torch.tensor(rows + [[0] * SEG_FIELDS], dtype=torch.int64)
 
 
@@ -153,6 +155,8 @@ def dequantize_row(w: GgufWeight, row: int) -> torch.Tensor:
     """Row ``row`` of W dequantized by the type's row kernel (what the C decode step's embedding reads)."""
     lib = _lib()
     assert lib is not None
+    if w.block_type.interleave > 1:
+        raise ValueError(f"{w.kind}: rows interleaved in groups have no row of their own to dequantize")
     fn = ctypes.CFUNCTYPE(None, _P, _I64, _P)(_address(lib, w.block_type.row_kernel))
     out = torch.empty(w.shape[1])
     fn(w.data[row].data_ptr(), w.shape[1], out.data_ptr())

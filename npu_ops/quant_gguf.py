@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 Dequantizer = Callable[[torch.Tensor], torch.Tensor]
 # modules that register more block types, imported when present
-PLUGINS = ("npu_ops.quant_gguf_kquant", "npu_ops.quant_gguf_q5")
+PLUGINS = ("npu_ops.quant_gguf_kquant", "npu_ops.quant_gguf_q5", "npu_ops.quant_gguf_x4")
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ class BlockType:
     kernel: str | None = None  # gguf_matmul_<type> in the CPU kernels
     row_kernel: str | None = None  # gguf_dequant_<type>
     kernel_q8: str | None = None  # gguf_matmul_<type>_q8: the same against int8 activations (few rows)
+    interleave: int = 1  # rows a group (4: npu_ops.quant_gguf_x4's repacked types; the row kernel reads base's rows)
+    base: str | None = None  # the type whose blocks a repacked type holds (its name otherwise)
 
     def row_bytes(self, k: int) -> int:
         if k % self.block_size:
@@ -155,6 +157,8 @@ class GgufWeight:
         if self.data.dtype != torch.uint8 or tuple(self.data.shape) != (n, bt.row_bytes(k)):
             raise ValueError(f"{self.kind} weight of shape {self.shape} needs uint8 [{n}, {bt.row_bytes(k)}], got "
                              f"{self.data.dtype} {tuple(self.data.shape)}")
+        if n % bt.interleave:
+            raise ValueError(f"{self.kind} weight of shape {self.shape}: rows come in groups of {bt.interleave}")
 
     @property
     def block_type(self) -> BlockType:
@@ -173,7 +177,15 @@ class GgufWeight:
 
     def rows(self, idx: torch.Tensor) -> torch.Tensor:
         """fp32 [len(idx), k]: only the rows ``idx`` dequantized (an embedding lookup)."""
+        if self.block_type.interleave > 1:
+            raise ValueError(f"{self.kind}: rows interleaved in groups are not looked up one by one")
         return self.block_type.dequantize(self.data.index_select(0, idx.reshape(-1))).reshape(-1, self.shape[1])
+
+
+def stored_kind(kind: str) -> str:
+    """The GGUF type whose blocks a weight of ``kind`` holds (``kind`` itself, or a repacked type's base)."""
+    bt = block_type(kind)
+    return kind if bt is None or bt.base is None else bt.base
 
 
 def dequantize(w: GgufWeight) -> torch.Tensor:

@@ -17,7 +17,7 @@
  *   cd npu_ops/csrc && gcc -O3 -march=native -fopenmp -std=gnu11 -I. -o /tmp/ab_ceiling \
  *       ../../tools/ab_ceiling.c ../../tools/membw.c *.c -lm && \
  *   /tmp/ab_ceiling 2 5 0185k6xy       # THREADS ROUNDS KINDS (0 Q4_0, 1 Q4_1, 8 Q8_0, 5 Q5_0, k Q4_K, 6 Q6_K;
- *                                       # x, y: Q4_0, Q4_1 repacked 4 rows interleaved, a what-if: q4_x4 below)
+ *                                       # x, y: Q4_0, Q4_1 repacked 4 rows interleaved, as the engine runs them)
  *
  * THREADS: runs at 1 thread and, when THREADS is 2 or more, at THREADS too. MB=256 sets the streamed size.
  * The thread CPU clock leaves out time the thread did not run, not a busy neighbour's effect on the time it ran
@@ -46,25 +46,20 @@ typedef struct kind {
     char key;
     const char *name;
     ab_fn fn;
-    int vals, bytes, d_at, two_scales, x4; /* x4: Q4_0's blocks repacked 4 rows interleaved (the what-if below) */
+    int vals, bytes, d_at, two_scales, x4; /* x4: the blocks repacked 4 rows interleaved (csrc/gguf_x4.h) */
 } kind;
 
-static void q4_0_x4(const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y);
-static void q4_1_x4(const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y);
 
 static const kind KINDS[] = {
     {'0', "Q4_0", gguf_matmul_q4_0_q8, 32, 18, 0, 0, 0},   {'1', "Q4_1", gguf_matmul_q4_1_q8, 32, 20, 0, 1, 0},
     {'8', "Q8_0", gguf_matmul_q8_0_q8, 32, 34, 0, 0, 0},   {'5', "Q5_0", gguf_matmul_q5_0_q8, 32, 22, 0, 0, 0},
     {'k', "Q4_K", gguf_matmul_q4_k_q8, 256, 144, 0, 1, 0}, {'6', "Q6_K", gguf_matmul_q6_k_q8, 256, 210, 208, 0, 0},
-    {'x', "Q4_0x4", q4_0_x4, 32, 18, 0, 0, 1},             {'y', "Q4_1x4", q4_1_x4, 32, 20, 0, 1, 1},
+    {'x', "Q4_0x4", gguf_matmul_q4_0x4_q8, 32, 18, 0, 0, 1}, {'y', "Q4_1x4", gguf_matmul_q4_1x4_q8, 32, 20, 0, 1, 1},
 };
 
 
-/* What if: Q4_0 / Q4_1 repacked at load, 4 rows' blocks interleaved (each block step: the 4 rows' fp16 d (Q4_1: d
- * and m) in 8 (16) bytes, then their 16 bytes of nibbles each; as many bytes as the 4 blocks GGUF stores):
- * gemm_gguf_q8.c's lone-row pass with the same operations on each value (the same bits: checked), but the 4 rows'
- * scales one load instead of 4 loads, shifts and ors (Q4_1: 4 inserts), one pointer instead of 4. Not an entry
- * point: a measure of what the layout buys. */
+/* Q4_0 / Q4_1 repacked 4 rows interleaved (csrc/gguf_x4.h: the engine's Q4_0x4 / Q4_1x4, at load): the kernel
+ * is the engine's entry point; this repack is npu_ops/quant_gguf_x4.py's, the bits checked against GGUF's layout. */
 static uint8_t *repack_x4(const uint8_t *w, int64_t n, int64_t k, int bb) {
     const int64_t nb = k / 32, sb = bb - 16; /* a block's scale bytes */
     uint8_t *o = malloc((size_t)(n * nb * bb));
@@ -77,57 +72,6 @@ static uint8_t *repack_x4(const uint8_t *w, int64_t n, int64_t k, int bb) {
                 memcpy(dst + 4 * sb + 16 * r, src + sb, 16);
             }
     return o;
-}
-
-static inline __attribute__((always_inline)) void q4_x4(const int q41, const uint8_t *w, int64_t n, int64_t k,
-                                                         const float *x, float *y) {
-    const int64_t nb = k / 32, step = q41 ? 80 : 72, sb = q41 ? 16 : 8;
-    int8_t xq[8192];
-    float xd[8192 / 32 * 8], xs[8192 / 32];
-    gguf_q8_quantize_row(x, k, xq, xd, xs);
-    const __m256i shift = _mm256_setr_epi64x(0, 0, 4, 4), low = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi16(1);
-    for (int64_t g = 0; g < n / 4; ++g) {
-        const uint8_t *p = w + g * nb * step;
-        __m256 acc = _mm256_setzero_ps();
-        __m128 off = _mm_setzero_ps();
-        for (int64_t b = 0; b < nb; ++b, p += step) {
-            __builtin_prefetch(p + step * nb, 0, 1); /* the next group's lines, as gemm_gguf_q8.c asks for them */
-            __builtin_prefetch(p + step * nb + 64, 0, 1);
-            __m256i q[4];
-            for (int r = 0; r < 4; ++r)
-                q[r] = _mm256_and_si256(
-                    _mm256_srlv_epi64(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + sb + 16 * r))),
-                                      shift),
-                    low);
-            __m128 d, mn = _mm_setzero_ps();
-            if (q41) { /* d0 m0 d1 m1 ... -> d0-3, m0-3 */
-                const __m256 dm = _mm256_permutevar8x32_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
-                                                           _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
-                d = _mm256_castps256_ps128(dm), mn = _mm256_extractf128_ps(dm, 1);
-            } else {
-                d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)p));
-            }
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + b * 32));
-            const __m256i p01 = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[0], xv), _mm256_maddubs_epi16(q[1], xv));
-            const __m256i p23 = _mm256_hadd_epi16(_mm256_maddubs_epi16(q[2], xv), _mm256_maddubs_epi16(q[3], xv));
-            const __m256i h = _mm256_madd_epi16(_mm256_hadd_epi16(p01, p23), one);
-            const __m256 scale = _mm256_mul_ps(_mm256_set_m128(d, d), _mm256_loadu_ps(xd + 8 * b));
-            acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(h), acc);
-            off = _mm_fmadd_ps(q41 ? mn : d, _mm_set1_ps(xs[b]), off);
-        }
-        __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-        _mm_storeu_ps(y + 4 * g, q41 ? _mm_add_ps(v, off) : _mm_fnmadd_ps(_mm_set1_ps(8.0f), off, v));
-    }
-}
-
-static void q4_0_x4(const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y) {
-    (void)m;
-    q4_x4(0, w, n, k, x, y);
-}
-
-static void q4_1_x4(const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y) {
-    (void)m;
-    q4_x4(1, w, n, k, x, y);
 }
 
 #define K_IN 2048

@@ -60,7 +60,7 @@ int main(int argc, char **argv) {
             if (memcmp(y0, y1, sizeof(float) * (size_t)(m * n))) printf("BITS DIFFER: kind %c, shape %d\n", *kc, s);
             for (int r = 0; getenv("TILES") != NULL && r < reps; ++r) {
                 const double t = ab_now();
-                gguf_tile_matmul(deq, bv, nb * bb, w, n, k, x, m, y0, NULL);
+                gguf_tile_matmul(deq, bv, 1, nb * bb, w, n, k, x, m, y0, NULL);
                 const double d = ab_now() - t;
                 bt = d < bt ? d : bt;
             }

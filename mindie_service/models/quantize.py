@@ -13,6 +13,7 @@ from torch import nn
 from mindie_service.models import gguf_packed, msmodelslim
 from npu_ops import quant, quant_w4a16
 from npu_ops.gguf_modules import GgufLinear
+from npu_ops.quant_gguf import stored_kind
 from npu_ops.quant_w4a16 import Int4Weight
 from npu_ops.w4a16_device import Int4Linear
 
@@ -77,10 +78,10 @@ def requantize_w4a16(model: nn.Module, keep_float: tuple[str, ...] = quant.KEEP_
 def int4_report(model: nn.Module) -> dict[str, str]:
     """weights_report's line for the linears ``requantize_w4a16`` made int4 (empty when there are none)."""
     mods = [m for m in model.modules() if isinstance(m, Int4Linear) or
-            (isinstance(m, GgufLinear) and set(m.kinds) <= {"Q4_0", "Q4_1", "Q4_1F"})]
+            (isinstance(m, GgufLinear) and {stored_kind(k) for k in m.kinds} <= {"Q4_0", "Q4_1", "Q4_1F"})]
     if not mods:
         return {}
-    kinds = sorted({k for m in mods for k in getattr(m, "kinds", ["device int4"])})
+    kinds = sorted({stored_kind(k) for m in mods for k in getattr(m, "kinds", ["device int4"])})
     return {"W4A16": f"{len(mods)} linears requantized at load (round to nearest, groups of {quant_w4a16.GROUP}, "
                      f"asymmetric): kept int4 as {', '.join(kinds)}"}
 

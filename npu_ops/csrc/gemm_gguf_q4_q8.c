@@ -68,11 +68,11 @@ static inline __attribute__((always_inline)) void scales8(const int t, const uin
 
 #ifdef __AVX2__
 /* v[c] lane r: row r's quants 4c..4c+3 as bytes (a block's packed byte j holds quant j low, j + 16 high) */
-static inline __attribute__((always_inline)) void quants8(const int t, const uint8_t *p[RW], __m256i v[8]) {
-    __m256i y[4]; /* y[r]: row r's 16 packed bytes, row r + 4's in the high lane */
+static inline __attribute__((always_inline)) void quants8(const uint8_t *qp[RW], __m256i v[8]) {
+    __m256i y[4]; /* y[r]: row r's 16 packed bytes (at qp[r]), row r + 4's in the high lane */
     for (int r = 0; r < 4; ++r)
-        y[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p[r] + QS_AT[t]))),
-                                       _mm_loadu_si128((const __m128i *)(p[r + 4] + QS_AT[t])), 1);
+        y[r] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)qp[r])),
+                                       _mm_loadu_si128((const __m128i *)qp[r + 4]), 1);
     const __m256i a = _mm256_unpacklo_epi32(y[0], y[1]), b = _mm256_unpackhi_epi32(y[0], y[1]);
     const __m256i c = _mm256_unpacklo_epi32(y[2], y[3]), e = _mm256_unpackhi_epi32(y[2], y[3]);
     const __m256i pk[4] = {_mm256_unpacklo_epi64(a, c), _mm256_unpackhi_epi64(a, c), _mm256_unpacklo_epi64(b, e),
@@ -97,12 +97,12 @@ static inline __attribute__((always_inline)) void scales8v(const int t, const ui
     fp16_lanes8(p, t == T_Q4_1, dv, mv);
 }
 
-/* block b of the 8 rows p[r] against x rows [0, mr) of a chunk: acc[i] lane r += row r . x row i over the block */
-static inline __attribute__((always_inline)) void block8(const int t, const uint8_t *p[RW], const int8_t *xq,
-                                                         int64_t k, const xblock *xb, int64_t nb, int64_t mr,
-                                                         __m256 *acc, __m256 *off) {
+/* block b of the 8 rows (scale fields at p[r], quants at qp[r]) against x rows [0, mr) of a chunk: acc[i] lane r += row r . x row i over the block */
+static inline __attribute__((always_inline)) void block8(const int t, const uint8_t *p[RW], const uint8_t *qp[RW],
+                                                         const int8_t *xq, int64_t k, const xblock *xb, int64_t nb,
+                                                         int64_t mr, __m256 *acc, __m256 *off) {
     __m256i v[8];
-    quants8(t, p, v);
+    quants8(qp, v);
     __m256 dv, mv;
     scales8v(t, p, &dv, &mv);
     for (int64_t i = 0; i < mr; ++i) {
@@ -118,10 +118,10 @@ static inline __attribute__((always_inline)) void block8(const int t, const uint
 
 /* weight row groups [g0, g1) of RW rows (the last maybe fewer: its missing rows repeat its first, their lanes unused)
  * against m quantized rows of x, in chunks of x rows */
-static inline __attribute__((always_inline)) void groups8(const int t, const uint8_t *w, int64_t n_out, int64_t k,
-                                                          const int8_t *xq, const xblock *xb, int64_t m, float *y,
-                                                          int64_t g0, int64_t g1) {
-    const int64_t nb = k / QK, rb = nb * BLOCK_BYTES[t];
+static inline __attribute__((always_inline)) void groups8(const int t, const int x4, const uint8_t *w, int64_t n_out,
+                                                          int64_t k, const int8_t *xq, const xblock *xb, int64_t m,
+                                                          float *y, int64_t g0, int64_t g1) {
+    const int64_t nb = k / QK, bb = BLOCK_BYTES[t], rb = nb * bb, sb = bb - 16; /* x4: a block's scale bytes */
     int64_t chunk = X_CHUNK_BYTES / (k + nb * (int64_t)sizeof(xblock));
     chunk = chunk > XC ? XC : chunk < 1 ? 1 : chunk;
     for (int64_t c0 = 0; c0 < m; c0 += chunk) {
@@ -129,14 +129,20 @@ static inline __attribute__((always_inline)) void groups8(const int t, const uin
         for (int64_t g = g0; g < g1; ++g) {
             const int64_t r0 = g * RW;
             const int nr = n_out - r0 < RW ? (int)(n_out - r0) : RW;
-            const uint8_t *p[RW];
+            const uint8_t *p[RW], *qp[RW];
             __m256 acc[2 * XC], off[XC]; /* acc[2 i + h]: x row i's half h */
             for (int64_t i = 0; i < mr; ++i) acc[2 * i] = acc[2 * i + 1] = off[i] = _mm256_setzero_ps();
             for (int64_t b = 0; b < nb; ++b) {
-                for (int r = 0; r < RW; ++r) p[r] = w + (r0 + (r < nr ? r : 0)) * rb + b * BLOCK_BYTES[t];
-                if ((b & 1) == 0) /* the next group's rows, a 64-byte line (2 blocks) at a time */
+                for (int r = 0; r < RW; ++r) {
+                    const int64_t row = r0 + (r < nr ? r : 0), at = row & ~3; /* x4: its group's first row */
+                    p[r] = x4 ? w + at * rb + b * 4 * bb + sb * (row - at) : w + row * rb + b * bb;
+                    qp[r] = x4 ? w + at * rb + b * 4 * bb + 4 * sb + 16 * (row - at) : p[r] + QS_AT[t];
+                }
+                if ((b & 1) == 0 && !x4) /* the next group's rows, a 64-byte line (2 blocks) at a time */
                     for (int r = 0; r < RW; ++r) stream_at(p[r] + RW * rb);
-                block8(t, p, xq + c0 * k + b * QK, k, xb + c0 * nb + b, nb, mr, acc, off);
+                for (int64_t h = 0; (b & 1) == 0 && x4 && h < 2; ++h) /* x4: its two 4-row streams, 2 blocks' bytes */
+                    for (int64_t o = 0; o < 8 * bb; o += 64) stream_at(w + (r0 + RW + 4 * h) * rb + 4 * bb * b + o);
+                block8(t, p, qp, xq + c0 * k + b * QK, k, xb + c0 * nb + b, nb, mr, acc, off);
             }
             for (int64_t i = 0; i < mr; ++i) {
                 float o[RW];
@@ -152,19 +158,23 @@ static inline __attribute__((always_inline)) void groups8(const int t, const uin
 /* each type's groups8 compiled for it (a parallel region's body is outlined before inlining gives it its type) */
 typedef void (*groups_fn)(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const xblock *xb, int64_t m,
                           float *y, int64_t g0, int64_t g1);
-#define GROUPS_OF(T)                                                                                               \
-    static void groups_##T(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const xblock *xb,       \
-                           int64_t m, float *y, int64_t g0, int64_t g1) {                                        \
-        groups8(T, w, n_out, k, xq, xb, m, y, g0, g1);                                                            \
+#define GROUPS_OF(T, X4)                                                                                           \
+    static void groups_##T##_##X4(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const xblock *xb, \
+                                  int64_t m, float *y, int64_t g0, int64_t g1) {                                 \
+        groups8(T, X4, w, n_out, k, xq, xb, m, y, g0, g1);                                                        \
     }
-GROUPS_OF(T_Q4_0)
-GROUPS_OF(T_Q4_1)
-GROUPS_OF(T_Q4_1F)
+GROUPS_OF(T_Q4_0, 0)
+GROUPS_OF(T_Q4_1, 0)
+GROUPS_OF(T_Q4_1F, 0)
+GROUPS_OF(T_Q4_0, 1)
+GROUPS_OF(T_Q4_1, 1)
+GROUPS_OF(T_Q4_1F, 1)
 #undef GROUPS_OF
-static const groups_fn GROUPS[3] = {groups_T_Q4_0, groups_T_Q4_1, groups_T_Q4_1F};
+static const groups_fn GROUPS[2][3] = {{groups_T_Q4_0_0, groups_T_Q4_1_0, groups_T_Q4_1F_0},
+                                       {groups_T_Q4_0_1, groups_T_Q4_1_1, groups_T_Q4_1F_1}}; /* [x4][type] */
 
 /* y = x . W^T for m >= FEW_ROWS rows of x */
-static void many_q4_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+static void many_q4_q8(const int t, const int x4, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
     const int64_t nb = k / QK, groups = (n_out + RW - 1) / RW;
     const gguf_xq *team = gguf_xq_find(x, m, k, GGUF_XQ_Q8); /* x quantized by the team (gguf_linear.c) */
     int8_t *xq = team != NULL ? team->q : malloc((size_t)(m * k));
@@ -176,7 +186,7 @@ static void many_q4_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k, 
             gguf_q8_quantize_row(x + i * k, k, xq + i * k, xd, xs);
             gguf_q8_xblocks(xd, xs, nb, (float *)(xb + i * nb));
         }
-        const groups_fn run = GROUPS[t];
+        const groups_fn run = GROUPS[x4][t];
         if (omp_get_level() > 0 || groups == 1) { /* inside any team, a team of 1 included */
             run(w, n_out, k, xq, xb, m, y, 0, groups);
         } else {
@@ -197,27 +207,38 @@ static void many_q4_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k, 
 }
 #endif
 
-static void matmul_q4_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m,
-                         float *y) {
-    if (k % QK != 0 || m <= 0) return; /* the Python side refuses a bad k first */
+static void matmul_q4_q8(const int t, const int x4, const uint8_t *w, int64_t n_out, int64_t k, const float *x,
+                         int64_t m, float *y) {
+    if (k % QK != 0 || m <= 0 || (x4 && n_out % 4 != 0)) return; /* the Python side refuses these first */
 #ifdef __AVX2__
     if (m >= FEW_ROWS) {
-        many_q4_q8(t, w, n_out, k, x, m, y);
+        many_q4_q8(t, x4, w, n_out, k, x, m, y);
         return;
     }
 #endif
     /* a few rows (or no AVX2): gemm_gguf_q8.c's 4-row passes, the same bits as block8's */
-    gguf_q8_matmul(t == T_Q4_0 ? GGUF_Q8_Q4_0 : t == T_Q4_1 ? GGUF_Q8_Q4_1 : GGUF_Q8_Q4_1F, w, n_out, k, x, m, y);
+    const int type = t == T_Q4_0 ? GGUF_Q8_Q4_0 : t == T_Q4_1 ? GGUF_Q8_Q4_1 : GGUF_Q8_Q4_1F;
+    gguf_q8_matmul(type + (x4 ? GGUF_Q8_X4 : 0), w, n_out, k, x, m, y);
 }
 
 int gguf_int8_vnni(void) { return GGUF_VNNI; }
 
 void gguf_matmul_q4_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
-    matmul_q4_q8(T_Q4_0, w, n_out, k, x, m, y);
+    matmul_q4_q8(T_Q4_0, 0, w, n_out, k, x, m, y);
 }
 void gguf_matmul_q4_1_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
-    matmul_q4_q8(T_Q4_1, w, n_out, k, x, m, y);
+    matmul_q4_q8(T_Q4_1, 0, w, n_out, k, x, m, y);
 }
 void gguf_matmul_q4_1f_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
-    matmul_q4_q8(T_Q4_1F, w, n_out, k, x, m, y);
+    matmul_q4_q8(T_Q4_1F, 0, w, n_out, k, x, m, y);
+}
+/* gguf_x4.h's interleaved layout */
+void gguf_matmul_q4_0x4_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_q4_q8(T_Q4_0, 1, w, n_out, k, x, m, y);
+}
+void gguf_matmul_q4_1x4_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_q4_q8(T_Q4_1, 1, w, n_out, k, x, m, y);
+}
+void gguf_matmul_q4_1fx4_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+    matmul_q4_q8(T_Q4_1F, 1, w, n_out, k, x, m, y);
 }

@@ -112,11 +112,21 @@ static inline __attribute__((always_inline)) __m128 scales4(const int t, const u
     return _mm256_castps256_ps128(dm);
 }
 
-/* a block's 32 weights as bytes: the nibbles (low ones first, ggml's order), or Q8_0's int8 */
-static inline __attribute__((always_inline)) __m256i block_quants(const int t, const uint8_t *b) {
-    if (t == T_Q8_0) return _mm256_loadu_si256((const __m256i *)(b + 2));
+/* scales4 of a 4-row interleaved block step at g (gguf_x4.h: the 4 rows' scale fields side by side): one load */
+static inline __attribute__((always_inline)) __m128 scales4_x4(const int t, const uint8_t *g, __m128 *mn) {
+    if (t == T_Q4_0) return _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)g));
+    const __m256 dm = _mm256_permutevar8x32_ps(t == T_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g))
+                                                           : _mm256_loadu_ps((const float *)g),
+                                               _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)); /* d0 m0 d1 m1 ... */
+    *mn = _mm256_extractf128_ps(dm, 1);
+    return _mm256_castps256_ps128(dm);
+}
+
+/* a block's 32 weights as bytes from its quants at qs: the nibbles (low ones first, ggml's order), or Q8_0's int8 */
+static inline __attribute__((always_inline)) __m256i block_quants(const int t, const uint8_t *qs) {
+    if (t == T_Q8_0) return _mm256_loadu_si256((const __m256i *)qs);
     /* the 16 bytes in both lanes by the load itself (no shuffle), the high lane's shifted by a variable shift */
-    const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + QS_AT[t])));
+    const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
     return _mm256_and_si256(_mm256_srlv_epi64(q, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
 }
 
@@ -130,8 +140,8 @@ static inline __attribute__((always_inline)) __m256i block_isum(const int t, __m
 /* y[i * ldy + r] = W row r . x row i (dequantized) for the 4 rows w[r] (rows past the last repeat it: their
  * results unused) and mr (1, 2 or MR) rows of x: a block's quants unpacked once for all of them; the next group's
  * lines (`ahead` bytes on) are asked for. The sequence of operations that makes each output is the same whatever
- * mr, so are its bits. */
-static inline __attribute__((always_inline)) void tile_q8(const int t, const int mr, const uint8_t *w[NR],
+ * mr, so are its bits, and whatever x4 (the 4 rows interleaved at w[0], gguf_x4.h: only the loads differ). */
+static inline __attribute__((always_inline)) void tile_q8(const int t, const int x4, const int mr, const uint8_t *w[NR],
                                                           int64_t nb, const int8_t *xq, const float *xd,
                                                           const float *xs, int64_t k, float *y, int64_t ldy, int nr,
                                                           int64_t ahead) {
@@ -143,7 +153,7 @@ static inline __attribute__((always_inline)) void tile_q8(const int t, const int
         off[i] = _mm_setzero_ps();
     }
     for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *p[NR];
+        const uint8_t *p[NR], *g = w[0] + b * NR * bb; /* x4: the block step's 4 rows */
         for (int r = 0; r < NR; ++r) p[r] = w[r] + b * bb;
         /* a group's NR rows further on (ahead: stream_ahead.h's groups_ahead; contiguous) asked for as one
          * stream, a step's share of it (NR blocks' bytes) a step. Each row asking for its own place there (4
@@ -152,9 +162,9 @@ static inline __attribute__((always_inline)) void tile_q8(const int t, const int
          * (stream_ahead), slower again */
         for (int64_t o = 0; o < NR * bb; o += 64) stream_at(w[0] + ahead + b * NR * bb + o);
         __m256i q[NR];
-        for (int r = 0; r < NR; ++r) q[r] = block_quants(t, p[r]);
+        for (int r = 0; r < NR; ++r) q[r] = block_quants(t, x4 ? g + NR * (bb - 16) + 16 * r : p[r] + QS_AT[t]);
         __m128 mn = _mm_setzero_ps();
-        const __m128 d = scales4(t, p, &mn);
+        const __m128 d = x4 ? scales4_x4(t, g, &mn) : scales4(t, p, &mn);
         const __m256 d8 = _mm256_set_m128(d, d);
         for (int i = 0; i < mr; ++i) {
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + i * k + b * QK));
@@ -182,19 +192,21 @@ static inline __attribute__((always_inline)) void tile_q8(const int t, const int
 }
 #else
 /* the same sums without AVX2, a row at a time */
-static void tile_q8(const int t, const int mr, const uint8_t *w[NR], int64_t nb, const int8_t *xq, const float *xd,
-                    const float *xs, int64_t k, float *y, int64_t ldy, int nr, int64_t ahead) {
+static void tile_q8(const int t, const int x4, const int mr, const uint8_t *w[NR], int64_t nb, const int8_t *xq,
+                    const float *xd, const float *xs, int64_t k, float *y, int64_t ldy, int nr, int64_t ahead) {
     (void)ahead;
+    const int64_t bb = BLOCK_BYTES[t], sb = bb - 16; /* x4: a block's scale bytes */
     for (int i = 0; i < mr; ++i)
         for (int r = 0; r < nr; ++r) {
             float acc = 0.0f, off = 0.0f;
             for (int64_t b = 0; b < nb; ++b) {
-                const uint8_t *p = w[r] + b * BLOCK_BYTES[t];
+                const uint8_t *g = w[0] + b * NR * bb; /* x4: the block step's 4 rows */
+                const uint8_t *p = x4 ? g + sb * r : w[r] + b * bb, *qs = x4 ? g + NR * sb + 16 * r : p + QS_AT[t];
                 const int8_t *x = xq + i * k + b * QK;
                 int s[2] = {0, 0}; /* values 0-15, 16-31: each half of x has its own scale */
                 for (int e = 0; e < QK / 2; ++e) {
-                    const int lo = t == T_Q8_0 ? (int8_t)p[2 + e] : p[QS_AT[t] + e] & 0x0f;
-                    const int hi = t == T_Q8_0 ? (int8_t)p[2 + QK / 2 + e] : p[QS_AT[t] + e] >> 4;
+                    const int lo = t == T_Q8_0 ? (int8_t)qs[e] : qs[e] & 0x0f;
+                    const int hi = t == T_Q8_0 ? (int8_t)qs[QK / 2 + e] : qs[e] >> 4;
                     s[0] += lo * x[e];
                     s[1] += hi * x[e + QK / 2];
                 }
@@ -213,9 +225,10 @@ static void tile_q8(const int t, const int mr, const uint8_t *w[NR], int64_t nb,
 /* weight row groups [g0, g1) (NR rows each, the last maybe fewer) against m quantized rows of x: chunks of x rows
  * (X_CHUNK_BYTES) outermost, each group's blocks then unpacked once per MR rows of the chunk (a decode step's few
  * rows: one chunk, so each weight byte is read once) */
-static inline __attribute__((always_inline)) void groups_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k,
-                                                            const int8_t *xq, const float *xd, const float *xs,
-                                                            int64_t m, float *y, int64_t g0, int64_t g1) {
+static inline __attribute__((always_inline)) void groups_q8(const int t, const int x4, const uint8_t *w,
+                                                            int64_t n_out, int64_t k, const int8_t *xq, const float *xd,
+                                                            const float *xs, int64_t m, float *y, int64_t g0,
+                                                            int64_t g1) {
     const int64_t nb = k / QK, rb = nb * BLOCK_BYTES[t];
     int64_t chunk = X_CHUNK_BYTES / k / MR * MR;
     chunk = chunk < MR ? MR : chunk;
@@ -228,7 +241,7 @@ static inline __attribute__((always_inline)) void groups_q8(const int t, const u
             for (int r = 0; r < NR; ++r) rows[r] = w + (r0 + (r < nr ? r : 0)) * rb;
             int64_t i = c0;
 #define TILE(mr) \
-    tile_q8(t, mr, rows, nb, xq + i * k, xd + 8 * i * nb, xs + i * nb, k, y + i * n_out + r0, n_out, nr, \
+    tile_q8(t, x4, mr, rows, nb, xq + i * k, xd + 8 * i * nb, xs + i * nb, k, y + i * n_out + r0, n_out, nr, \
             groups_ahead(NR * rb))
             for (; i + MR <= c1; i += MR) TILE(MR);
             if (i + 2 <= c1) {
@@ -246,20 +259,26 @@ static inline __attribute__((always_inline)) void groups_q8(const int t, const u
  * the same rows inside a team) until it called these */
 typedef void (*groups_fn)(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const float *xd,
                           const float *xs, int64_t m, float *y, int64_t g0, int64_t g1);
-#define GROUPS_OF(T)                                                                                               \
-    static void groups_##T(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const float *xd,        \
-                           const float *xs, int64_t m, float *y, int64_t g0, int64_t g1) {                       \
-        groups_q8(T, w, n_out, k, xq, xd, xs, m, y, g0, g1);                                                      \
+#define GROUPS_OF(T, X4)                                                                                           \
+    static void groups_##T##_##X4(const uint8_t *w, int64_t n_out, int64_t k, const int8_t *xq, const float *xd,  \
+                                  const float *xs, int64_t m, float *y, int64_t g0, int64_t g1) {                \
+        groups_q8(T, X4, w, n_out, k, xq, xd, xs, m, y, g0, g1);                                                  \
     }
-GROUPS_OF(T_Q4_0)
-GROUPS_OF(T_Q4_1)
-GROUPS_OF(T_Q8_0)
-GROUPS_OF(T_Q4_1F)
+GROUPS_OF(T_Q4_0, 0)
+GROUPS_OF(T_Q4_1, 0)
+GROUPS_OF(T_Q8_0, 0)
+GROUPS_OF(T_Q4_1F, 0)
+GROUPS_OF(T_Q4_0, 1)
+GROUPS_OF(T_Q4_1, 1)
+GROUPS_OF(T_Q4_1F, 1)
 #undef GROUPS_OF
-static const groups_fn GROUPS[4] = {groups_T_Q4_0, groups_T_Q4_1, groups_T_Q8_0, groups_T_Q4_1F};
+/* by GGUF_Q8_* type (+ GGUF_Q8_X4: the 4-bit types' 4-row interleaved layout) */
+static const groups_fn GROUPS[8] = {groups_T_Q4_0_0, groups_T_Q4_1_0, groups_T_Q8_0_0, groups_T_Q4_1F_0,
+                                    groups_T_Q4_0_1, groups_T_Q4_1_1, NULL,             groups_T_Q4_1F_1};
 
-static inline __attribute__((always_inline)) void matmul_q8(const int t, const uint8_t *w, int64_t n_out, int64_t k,
-                                                            const float *x, int64_t m, float *y) {
+static inline __attribute__((always_inline)) void matmul_q8(const int t, const int x4, const uint8_t *w,
+                                                            int64_t n_out, int64_t k, const float *x, int64_t m,
+                                                            float *y) {
     if (k % QK != 0 || m <= 0) return; /* the Python side refuses a bad k first */
     const int64_t nb = k / QK, groups = (n_out + NR - 1) / NR;
     int8_t sq[STACK_K];
@@ -272,7 +291,7 @@ static inline __attribute__((always_inline)) void matmul_q8(const int t, const u
     if (xq != NULL && xd != NULL && xs != NULL) {
         for (int64_t i = 0; team == NULL && i < m; ++i)
             gguf_q8_quantize_row(x + i * k, k, xq + i * k, xd + 8 * i * nb, xs + i * nb);
-        const groups_fn run = GROUPS[t];
+        const groups_fn run = GROUPS[t + (x4 ? GGUF_Q8_X4 : 0)];
         if (omp_get_level() > 0 || groups == 1) { /* inside any team, a team of 1 included */
             run(w, n_out, k, xq, xd, xs, m, y, 0, groups);
         } else {
@@ -292,13 +311,10 @@ static inline __attribute__((always_inline)) void matmul_q8(const int t, const u
 }
 
 void gguf_q8_matmul(int type, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
-    switch (type) { /* each type's own compiled copy */
-    case T_Q4_0: matmul_q8(T_Q4_0, w, n_out, k, x, m, y); break;
-    case T_Q4_1: matmul_q8(T_Q4_1, w, n_out, k, x, m, y); break;
-    case T_Q4_1F: matmul_q8(T_Q4_1F, w, n_out, k, x, m, y); break;
-    default: matmul_q8(T_Q8_0, w, n_out, k, x, m, y); break;
-    }
+    const int x4 = (type & GGUF_Q8_X4) != 0, t = type & ~GGUF_Q8_X4;
+    if (x4 && (n_out % NR != 0 || t == T_Q8_0)) return; /* whole interleaved groups of a 4-bit type only */
+    matmul_q8(t, x4, w, n_out, k, x, m, y);
 }
 void gguf_matmul_q8_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
-    matmul_q8(T_Q8_0, w, n_out, k, x, m, y);
+    matmul_q8(T_Q8_0, 0, w, n_out, k, x, m, y);
 }

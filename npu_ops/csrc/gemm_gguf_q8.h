@@ -9,6 +9,7 @@
 #define GGUF_Q8_Q4_1 1
 #define GGUF_Q8_Q8_0 2
 #define GGUF_Q8_Q4_1F 3
+#define GGUF_Q8_X4 4 /* added to a 4-bit type: its 4-row interleaved layout (gguf_x4.h) */
 
 /* x[k] -> xq[k] int8 per 16 values (d = max|x| / 127, round-half-even, clamped to +-127), xd[8 * (k / 32)] each
  * block's two scales (lanes 0-3 d0, 4-7 d1), xs[k / 32] = d0 * sum(q[0:16]) + d1 * sum(q[16:32]) */

@@ -20,6 +20,7 @@
 
 #include "gemm_gguf_tile.h"
 #include "gemm_tile.h"
+#include "gguf_x4.h"
 #include "kernels.h"
 
 #define NR F32_TILE_NR /* weight rows a panel (the register tile's width) */
@@ -84,15 +85,22 @@ static void tile_acc(int R, const float *a, int64_t lda, const float *b, int64_t
 
 /* Weight rows [n0, n0 + nc) x columns [k0, k0 + kc) dequantized into ceil(nc / 16) k-major panels (rows past nc:
  * zeros), DC columns at a time through rows (16 x DC floats of scratch, in L1). */
-static void decode_tile(row_dequant_fn row_fn, int64_t block_vals, int64_t row_bytes, const uint8_t *w, int64_t n0,
-                        int64_t nc, int64_t k0, int64_t k, int64_t kc, float *panels, int64_t ps, float *rows) {
-    const int64_t bb = row_bytes / (k / block_vals);
+static void decode_tile(row_dequant_fn row_fn, int64_t block_vals, int x4, int64_t row_bytes, const uint8_t *w,
+                        int64_t n0, int64_t nc, int64_t k0, int64_t k, int64_t kc, float *panels, int64_t ps,
+                        float *rows) {
+    const int64_t bb = row_bytes / (k / block_vals), cb = DC / block_vals * bb; /* x4: a row's bytes in own[] */
+    uint8_t own[GGUF_X4_ROWS * (DC / 8) * 34]; /* x4: a group's dc columns as GGUF stores them (blocks of 8+ values) */
     for (int64_t p = 0; p * NR < nc; ++p)
         for (int64_t d0 = 0; d0 < kc; d0 += DC) {
             const int64_t dc = kc - d0 < DC ? kc - d0 : DC, off = (k0 + d0) / block_vals * bb;
             for (int64_t j = 0; j < NR; ++j) {
-                if (p * NR + j < nc)
-                    row_fn(w + (n0 + p * NR + j) * row_bytes + off, dc, rows + j * DC);
+                const int64_t row = n0 + p * NR + j;
+                if (p * NR + j < nc && x4) { /* n0, p * NR: whole groups */
+                    if (j % GGUF_X4_ROWS == 0)
+                        gguf_x4_rows(w + row * row_bytes, bb, (k0 + d0) / block_vals, dc / block_vals, own, cb);
+                    row_fn(own + (j % GGUF_X4_ROWS) * cb, dc, rows + j * DC);
+                } else if (p * NR + j < nc)
+                    row_fn(w + row * row_bytes + off, dc, rows + j * DC);
                 else
                     memset(rows + j * DC, 0, sizeof(float) * (size_t)dc);
             }
@@ -128,9 +136,11 @@ static _Atomic long own_panels; /* calls that malloc'd their panels (no caller's
 
 long gguf_tile_own_panels(void) { return own_panels; }
 
-int gguf_tile_matmul(row_dequant_fn row_fn, int64_t block_vals, int64_t row_bytes, const uint8_t *w, int64_t n_out,
-                     int64_t k, const float *x, int64_t m, float *y, float *work) {
+int gguf_tile_matmul(row_dequant_fn row_fn, int64_t block_vals, int64_t interleave, int64_t row_bytes,
+                     const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y, float *work) {
     if (block_vals <= 0 || block_vals % 8 != 0 || DC % block_vals != 0 || k % block_vals != 0) return 3; /* never read past a row */
+    const int x4 = interleave == GGUF_X4_ROWS;
+    if (x4 && (n_out % GGUF_X4_ROWS != 0 || row_bytes / (k / block_vals) > 34)) return 3; /* whole groups of x4 types */
     const int64_t ps = panel_floats(k);
     float *own = work != NULL ? NULL : malloc(sizeof(float) * (size_t)gguf_tile_work_floats(k));
     if (work == NULL) ++own_panels;
@@ -140,7 +150,7 @@ int gguf_tile_matmul(row_dequant_fn row_fn, int64_t block_vals, int64_t row_byte
         const int64_t nc = n_out - n0 < NC ? n_out - n0 : NC;
         for (int64_t k0 = 0; k0 < k; k0 += KC) {
             const int64_t kc = k - k0 < KC ? k - k0 : KC;
-            decode_tile(row_fn, block_vals, row_bytes, w, n0, nc, k0, k, kc, panels, ps, rows);
+            decode_tile(row_fn, block_vals, x4, row_bytes, w, n0, nc, k0, k, kc, panels, ps, rows);
             for (int64_t m0 = 0; m0 < m; m0 += MR)
                 tile_rows(x, k, k0, kc, m0, m - m0 < MR ? (int)(m - m0) : MR, panels, ps, n0, nc, y, n_out);
         }

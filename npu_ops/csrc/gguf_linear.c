@@ -72,7 +72,8 @@ static float *tile_work(uint8_t *work, int64_t M, int64_t K) {
 /* the x layout a kernel reads (GGUF_XQ_*), 0 for one that quantizes x its own way */
 static int xq_format(gguf_matmul_fn fn) {
     if (fn == gguf_matmul_q4_0_q8 || fn == gguf_matmul_q4_1_q8 || fn == gguf_matmul_q4_1f_q8 || fn == gguf_matmul_q8_0_q8 ||
-        fn == gguf_matmul_q5_0_q8 || fn == gguf_matmul_q5_1_q8)
+        fn == gguf_matmul_q5_0_q8 || fn == gguf_matmul_q5_1_q8 || fn == gguf_matmul_q4_0x4_q8 ||
+        fn == gguf_matmul_q4_1x4_q8 || fn == gguf_matmul_q4_1fx4_q8)
         return GGUF_XQ_Q8;
     if (fn == gguf_matmul_q4_k_q8 || fn == gguf_matmul_q5_k_q8 || fn == gguf_matmul_q6_k_q8) return GGUF_XQ_Q8K;
     return 0;
@@ -142,7 +143,7 @@ static int seg_rows(const gguf_seg *s, int64_t col, int64_t r0, int64_t r1, cons
     if (tmp == NULL) return 3;
     if (!tiles)
         fn(w, nr, K, x, M, tmp);
-    else if (gguf_tile_matmul(s->row_fn, s->tile_block, s->row_bytes, w, nr, K, x, M, tmp, panels) != 0) {
+    else if (gguf_tile_matmul(s->row_fn, s->tile_block, s->interleave, s->row_bytes, w, nr, K, x, M, tmp, panels) != 0) {
         if (tmp != stack && tmp != part) free(tmp);
         return 3;
     }

@@ -15,7 +15,8 @@ typedef void (*gguf_row_fn)(const uint8_t *w, int64_t k, float *out);
 /* rows of W [rows, K] in one GGUF block type: fn computes them, row_fn dequantizes one (an embedding row; may be
  * NULL), row_bytes apart from w; fn_q8 (may be NULL) computes them against int8 activations, taken by calls of the
  * step kinds whose bit (1 << GGUF_STEP_*) q8_steps sets (ModelConfig.ggufActivations); tile_block > 0 (the type's
- * values a block; needs row_fn): a prefill piece on fp32 activations runs gemm_gguf_tile.c's tiles instead of fn */
+ * values a block; needs row_fn): a prefill piece on fp32 activations runs gemm_gguf_tile.c's tiles instead of fn;
+ * interleave: 4 where the rows are gguf_x4.h's groups (row_fn then dequantizes a row as GGUF stores it), else 0 or 1 */
 typedef struct gguf_seg {
     gguf_matmul_fn fn;
     gguf_row_fn row_fn;
@@ -24,6 +25,7 @@ typedef struct gguf_seg {
     gguf_matmul_fn fn_q8;
     int64_t q8_steps;
     int64_t tile_block;
+    int64_t interleave;
 } gguf_seg;
 
 /* bytes of team work a projection of M rows of x [M, K] may use (gguf_linear_team's `work`): x quantized once, and

@@ -85,6 +85,14 @@ void gguf_matmul_q4_1_q8(const uint8_t *w, int64_t n_out, int64_t k, const float
 void gguf_matmul_q8_0_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 void gguf_matmul_q4_1f_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 int gguf_int8_vnni(void); /* 1: this build's GGUF int8 kernels sum on VNNI (dot_u8s8.h), 0: maddubs */
+/* the 4-bit three with 4 rows interleaved (gguf_x4.h; n_out a multiple of 4), fp32 activations (gguf_x4.c) and
+ * int8 (gemm_gguf_q4_q8.c): the bits of the type's own kernels on the rows as GGUF stores them */
+void gguf_matmul_q4_0x4(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_matmul_q4_1x4(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_matmul_q4_1fx4(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_matmul_q4_0x4_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_matmul_q4_1x4_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
+void gguf_matmul_q4_1fx4_q8(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);
 /* Q5_0 and Q5_1 (22- and 24-byte blocks of 32: fp16 d (and m), 32 fifth bits, nibbles), fp32 activations and one
  * row dequantized (gemm_gguf_q5.c), and against int8 activations as the four above (gemm_gguf_q5_q8.c) */
 void gguf_matmul_q5_0(const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y);

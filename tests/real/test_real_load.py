@@ -15,7 +15,7 @@ def test_every_real_linear_serves_from_its_q4_1_blocks(smollm_llm):
     m = smollm_llm.engine.model
     mods = {n: mod for n, mod in m.named_modules() if isinstance(mod, GgufLinear)}
     assert len(mods) == 30 * 4 + 1
-    assert {tuple(mod.kinds) for n, mod in mods.items() if n != "lm_head"} == {("Q4_1",)}
+    assert {tuple(mod.kinds) for n, mod in mods.items() if n != "lm_head"} == {("Q4_1x4",)}  # rows 4 interleaved
     assert all(mod.packed is not None for mod in mods.values())  # on the C kernels
     assert isinstance(m.embed_tokens, GgufEmbedding) and m.lm_head.parts[0] is m.embed_tokens.weight_q
 

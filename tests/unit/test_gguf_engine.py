@@ -42,8 +42,9 @@ def test_the_fused_decode_step_gives_the_op_by_op_logits(tiny_gguf, monkeypatch,
     # prefills only its tail, and each row's result is its own, so the prefix cache stays on for both
     llm = LLM(str(tiny_gguf), dtype="float32", gguf_activations=activations, **POOL)
     m = llm.engine.runner.model
-    assert isinstance(m.embed_tokens, GgufEmbedding) and m.lm_head.kinds == ["Q4_0"]
-    assert m.layers[0].self_attn.qkv_proj.kinds == ["Q4_1", "Q8_0"]
+    # the 4-bit linears run with their rows 4 interleaved (npu_ops.quant_gguf_x4), the embeddings as stored
+    assert isinstance(m.embed_tokens, GgufEmbedding) and m.lm_head.kinds == ["Q4_0x4"]
+    assert m.layers[0].self_attn.qkv_proj.kinds == ["Q4_1x4", "Q8_0"]
     packed_checks.fused_step_is_op_by_op(llm, PROMPTS, monkeypatch)
 
 

@@ -19,6 +19,7 @@ from mindie_service.devkit.quant_eval import teacher_forced_logprobs
 from npu_ops import cpu_kernels, gguf_cpu
 from npu_ops.gguf_modules import INT8_ALL, STEP_DECODE, STEP_PREFILL, GgufLinear, gguf_step
 from npu_ops.linear import within_fp32_gemm_error
+from npu_ops import quant_gguf_x4
 from npu_ops.quant_gguf import BLOCK_TYPES, GgufWeight, block_type, matmul_ref
 from tests.gguf_files import write_gguf
 from tests.packed_checks import generate
@@ -37,6 +38,10 @@ TILED = sorted(name for name, bt in list(BLOCK_TYPES.items()) if bt.row_kernel a
 def random_weight(kind: str, n: int, k: int, seed: int) -> GgufWeight:
     """Random quant bytes, random scales of both signs over four decades (mins small)."""
     bt = BLOCK_TYPES[kind]
+    if bt.base is not None:  # a repacked type (npu_ops.quant_gguf_x4): its base's random blocks, repacked
+        w = random_weight(bt.base, n, k, seed)
+        assert quant_gguf_x4.to_x4(w) and w.kind == kind
+        return w
     assert kind in SCALES, f"{kind}: say where its scales lie (SCALES) so its random blocks stay finite"
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(n, k // bt.block_size, bt.block_bytes), dtype=np.uint8)
@@ -60,7 +65,7 @@ def tiny_gguf(tiny_model, tmp_path_factory) -> Path:
 def shape_of(kind: str) -> tuple[int, int]:
     """150 rows (16-row tiles, the last 6 rows), two K-chunks of KC = 4096 columns (the second short: a block, or
     a super-block), each decoded 256 columns at a time"""
-    return 150, 4096 + BLOCK_TYPES[kind].block_size
+    return 150 + -150 % BLOCK_TYPES[kind].interleave, 4096 + BLOCK_TYPES[kind].block_size
 
 
 def prefill(layer: GgufLinear, x: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ def w4_llm(tiny256):  # noqa: F811
 def test_w4a16_requantizes_at_load_and_decodes_as_transformers_on_the_dequantized_weights(tiny256, w4_llm,  # noqa: F811
                                                                                          tmp_path):
     m = w4_llm.engine.runner.model
-    assert m.layers[0].self_attn.qkv_proj.kinds == ["Q4_1"] and m.layers[3].mlp.down_proj.kinds == ["Q4_1"]
+    assert m.layers[0].self_attn.qkv_proj.kinds == ["Q4_1x4"] and m.layers[3].mlp.down_proj.kinds == ["Q4_1x4"]
     assert not isinstance(m.lm_head, GgufLinear)  # the head stays float
     assert m.weights_report["W4A16"] == ("16 linears requantized at load (round to nearest, groups of 128, "
                                          "asymmetric): kept int4 as Q4_1")
@@ -65,4 +65,4 @@ def test_lora_adds_its_delta_after_the_int4_matmul(tiny256, tmp_path, monkeypatc
     adapter = str(build_demo_lora(str(tiny256), str(tmp_path / "lora"), rank=8, seed=3))
     w4 = w4a16_writer.write(tiny256, tmp_path / "w4", "msmodelslim", 128, True, torch.float32)
     packed = packed_checks.lora_after_the_packed_matmul(str(w4), adapter, PROMPTS, POOL, monkeypatch)
-    assert packed.engine.runner.model.layers[0].mlp.down_proj.kinds == ["Q4_1F"]
+    assert packed.engine.runner.model.layers[0].mlp.down_proj.kinds == ["Q4_1Fx4"]
