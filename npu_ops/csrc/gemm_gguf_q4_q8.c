@@ -97,14 +97,37 @@ static inline __attribute__((always_inline)) void scales8v(const int t, const ui
     fp16_lanes8(p, t == T_Q4_1, dv, mv);
 }
 
-/* block b of the 8 rows (scale fields at p[r], quants at qp[r]) against x rows [0, mr) of a chunk: acc[i] lane r += row r . x row i over the block */
-static inline __attribute__((always_inline)) void block8(const int t, const uint8_t *p[RW], const uint8_t *qp[RW],
-                                                         const int8_t *xq, int64_t k, const xblock *xb, int64_t nb,
-                                                         int64_t mr, __m256 *acc, __m256 *off) {
+/* scales8v of two interleaved groups' block steps (gguf_x4.h): rows 0-3's fields side by side at a, 4-7's at b */
+static inline __attribute__((always_inline)) void scales8_x4(const int t, const uint8_t *a, const uint8_t *b,
+                                                             __m256 *dv, __m256 *mv) {
+    if (t == T_Q4_0) {
+        *dv = *mv = _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)a),
+                                                       _mm_loadl_epi64((const __m128i *)b)));
+        return;
+    }
+    const __m256 fa = t == T_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)a))
+                                  : _mm256_loadu_ps((const float *)a); /* d0 m0 d1 m1 ... (Q4_1F: fp32) */
+    const __m256 fb = t == T_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b))
+                                  : _mm256_loadu_ps((const float *)b);
+    const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7); /* (a0 a1 b0 b1 | a2 a3 b2 b3) -> a0-3 b0-3 */
+    *dv = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(fa, fb, 0x88), order); /* d: even lanes of each */
+    *mv = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(fa, fb, 0xdd), order); /* min: odd lanes */
+}
+
+/* block b of the 8 rows (scale fields at p[r], quants at qp[r]) against x rows [0, mr) of a chunk: acc[i] lane r +=
+ * row r . x row i over the block */
+static inline __attribute__((always_inline)) void block8(const int t, const int x4, const uint8_t *p[RW],
+                                                         const uint8_t *qp[RW], const int8_t *xq, int64_t k,
+                                                         const xblock *xb, int64_t nb, int64_t mr, __m256 *acc,
+                                                         __m256 *off) {
     __m256i v[8];
     quants8(qp, v);
     __m256 dv, mv;
-    scales8v(t, p, &dv, &mv);
+    if (x4)
+        scales8_x4(t, p[0], p[4], &dv, &mv);
+    else
+        scales8v(t, p, &dv, &mv);
+#pragma GCC unroll 2 /* as GCC unrolled it for the stored layout, not for x4's until asked (x4 0.92x at 64 rows) */
     for (int64_t i = 0; i < mr; ++i) {
         const int8_t *x = xq + i * k;
         const __m256i s[2] = {lanes_isum16(v, x), lanes_isum16(v + 4, x + 16)}; /* lane r: row r's halves */
@@ -129,20 +152,23 @@ static inline __attribute__((always_inline)) void groups8(const int t, const int
         for (int64_t g = g0; g < g1; ++g) {
             const int64_t r0 = g * RW;
             const int nr = n_out - r0 < RW ? (int)(n_out - r0) : RW;
-            const uint8_t *p[RW], *qp[RW];
-            __m256 acc[2 * XC], off[XC]; /* acc[2 i + h]: x row i's half h */
+            const uint8_t *p[RW], *qp[RW]; /* block b's scale fields and quants, row by row */
+            __m256 acc[2 * XC], off[XC];   /* acc[2 i + h]: x row i's half h */
             for (int64_t i = 0; i < mr; ++i) acc[2 * i] = acc[2 * i + 1] = off[i] = _mm256_setzero_ps();
             for (int64_t b = 0; b < nb; ++b) {
-                for (int r = 0; r < RW; ++r) {
-                    const int64_t row = r0 + (r < nr ? r : 0), at = row & ~3; /* x4: its group's first row */
-                    p[r] = x4 ? w + at * rb + b * 4 * bb + sb * (row - at) : w + row * rb + b * bb;
-                    qp[r] = x4 ? w + at * rb + b * 4 * bb + 4 * sb + 16 * (row - at) : p[r] + QS_AT[t];
+                if (x4) { /* two groups' block steps: every field at a constant offset from one of two bases */
+                    const uint8_t *ga = w + r0 * rb + b * 4 * bb, *gb = nr > 4 ? ga + 4 * rb : ga;
+                    for (int r = 0; r < RW; ++r)
+                        p[r] = (r < 4 ? ga : gb) + sb * (r & 3), qp[r] = (r < 4 ? ga : gb) + 4 * sb + 16 * (r & 3);
+                    for (int64_t o = 0; (b & 1) == 0 && o < 8 * bb; o += 64) /* the next groups' 2 streams, 2 blocks */
+                        stream_at(ga + RW * rb + o), stream_at(gb + RW * rb + o);
+                } else {
+                    for (int r = 0; r < RW; ++r)
+                        p[r] = w + (r0 + (r < nr ? r : 0)) * rb + b * bb, qp[r] = p[r] + QS_AT[t];
+                    if ((b & 1) == 0) /* the next group's rows, a 64-byte line (2 blocks) at a time */
+                        for (int r = 0; r < RW; ++r) stream_at(p[r] + RW * rb);
                 }
-                if ((b & 1) == 0 && !x4) /* the next group's rows, a 64-byte line (2 blocks) at a time */
-                    for (int r = 0; r < RW; ++r) stream_at(p[r] + RW * rb);
-                for (int64_t h = 0; (b & 1) == 0 && x4 && h < 2; ++h) /* x4: its two 4-row streams, 2 blocks' bytes */
-                    for (int64_t o = 0; o < 8 * bb; o += 64) stream_at(w + (r0 + RW + 4 * h) * rb + 4 * bb * b + o);
-                block8(t, p, qp, xq + c0 * k + b * QK, k, xb + c0 * nb + b, nb, mr, acc, off);
+                block8(t, x4, p, qp, xq + c0 * k + b * QK, k, xb + c0 * nb + b, nb, mr, acc, off);
             }
             for (int64_t i = 0; i < mr; ++i) {
                 float o[RW];
@@ -174,7 +200,8 @@ static const groups_fn GROUPS[2][3] = {{groups_T_Q4_0_0, groups_T_Q4_1_0, groups
                                        {groups_T_Q4_0_1, groups_T_Q4_1_1, groups_T_Q4_1F_1}}; /* [x4][type] */
 
 /* y = x . W^T for m >= FEW_ROWS rows of x */
-static void many_q4_q8(const int t, const int x4, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
+static void many_q4_q8(const int t, const int x4, const uint8_t *w, int64_t n_out, int64_t k, const float *x,
+                       int64_t m, float *y) {
     const int64_t nb = k / QK, groups = (n_out + RW - 1) / RW;
     const gguf_xq *team = gguf_xq_find(x, m, k, GGUF_XQ_Q8); /* x quantized by the team (gguf_linear.c) */
     int8_t *xq = team != NULL ? team->q : malloc((size_t)(m * k));
