@@ -1,9 +1,10 @@
 """GGUF checkpoints (ggml's single-file format, the one Jan's catalog uses): found, checked, read.
 
 The file is read with the ``gguf`` package (ggml's own Python reader); its metadata becomes a
-model config through transformers' GGUF helpers (our own ``gguf_config.GgufConfig`` for a llama file, transformers'
-config class otherwise: models/gguf_config.py), and so does its tokenizer and chat template (``tokenizer.ggml.*``,
-``tokenizer.chat_template``). Tensors are renamed to Hugging Face's names, so the safetensors
+model config (a llama file's read from that parse into our own ``gguf_config.GgufConfig``, any other through
+transformers' GGUF helpers and config class: models/gguf_config.py), and so does its tokenizer and chat template
+(``tokenizer.ggml.*``, ``tokenizer.chat_template``: a llama file's byte-level BPE built from the parse by
+models/gguf_tokenizer.py, any other by transformers). Tensors are renamed to Hugging Face's names, so the safetensors
 loader's copy (models/loader.py: packing q/k/v and gate/up) takes them as they are. F32, F16 and
 BF16 tensors are kept (converted to the model's dtype like any checkpoint). A quantized linear or embedding
 weight is kept as the file stores it (``tensors(packed=True)``: an ``npu_ops.quant_gguf.GgufWeight``, installed by
@@ -29,8 +30,9 @@ import torch
 
 from mindie_service.errors import ValidationError
 from mindie_service.models.demo_marker import gguf_beside_demo
-from mindie_service.models.gguf_config import LIGHT_TYPES, light_config
+from mindie_service.models.gguf_config import LIGHT_TYPES, light_config, raw_config
 from mindie_service.models.gguf_reader import read_gguf, shared_reader
+from mindie_service.models.gguf_tokenizer import light_tokenizer
 from npu_ops import gguf_cpu
 from npu_ops.quant_gguf import GgufWeight
 
@@ -253,13 +255,16 @@ def _field(reader: Any, key: str) -> Any:
 
 
 def _model_config(path: Path) -> Any:
-    """The model config from the file's metadata (transformers' GGUF reading): our own dataclass where it covers the
-    file (models/gguf_config.py: no transformers config class imported), else transformers' config class."""
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    """The model config from the file's metadata: our own dataclass where it covers the file (models/gguf_config.py:
+    a llama file's metadata read from our parse, no transformers config class or GGUF integration imported), else
+    transformers' config class."""
     try:
-        with shared_reader(path):
-            raw = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
-    except (ValueError, KeyError, OSError) as exc:
+        raw = raw_config(read_gguf(path))
+        if raw is None:
+            from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+            with shared_reader(path):
+                raw = load_gguf_checkpoint(str(path), return_tensors=False)["config"]
+    except (ValueError, KeyError, IndexError, OSError) as exc:
         raise ValidationError(f"GGUF file {path}: its metadata does not make a model config ({exc})") from exc
     return light_config(raw) or transformers_config(path)
 
@@ -276,9 +281,9 @@ def transformers_config(path: Path) -> Any:
 
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False, chat_template: str | None = None) -> Any:
-    """The checkpoint's tokenizer: from a GGUF file's ``tokenizer.ggml.*`` (and chat template) through
-    transformers, or ``AutoTokenizer.from_pretrained(path)`` for a Hugging Face folder; ``chat_template``
-    replaces the checkpoint's (vLLM's --chat-template)."""
+    """The checkpoint's tokenizer: from a GGUF file's ``tokenizer.ggml.*`` (and chat template; ours or
+    transformers' build, ``_gguf_tokenizer``), or ``AutoTokenizer.from_pretrained(path)`` for a Hugging Face folder;
+    ``chat_template`` replaces the checkpoint's (vLLM's --chat-template)."""
     file = find_gguf(path)
     if file is None:
         from transformers import AutoTokenizer
@@ -306,12 +311,18 @@ _shared_lock = threading.Lock()
 
 
 def _gguf_tokenizer(p: Path) -> Any:
-    with shared_reader(p):
-        if _field(read_gguf(p), "general.architecture") in LIGHT_TYPES:
-            # What AutoTokenizer returns for a llama GGUF (its model type maps to no tokenizer class of its own),
-            # without the transformers model config AutoTokenizer builds to find that out (models/gguf_config.py).
-            from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    reader = read_gguf(p)
+    if _field(reader, "general.architecture") in LIGHT_TYPES:
+        # What AutoTokenizer returns for a llama GGUF (its model type maps to no tokenizer class of its own): built
+        # from our parse where models/gguf_tokenizer.py covers the file (no transformers GGUF import), else by
+        # transformers without the model config AutoTokenizer builds to find that out (models/gguf_config.py).
+        tok = light_tokenizer(p, reader)
+        if tok is not None:
+            return tok
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+        with shared_reader(p):
             return TokenizersBackend.from_pretrained(str(p.parent), gguf_file=p.name)
+    with shared_reader(p):
         from transformers import AutoTokenizer
         return AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
 

@@ -2,9 +2,10 @@
 
 transformers 5's model config classes import ``transformers.utils.type_validators``, which pulls in activations,
 hub kernels, ``torch.distributed.tensor`` and sympy: ~60 MB resident that a GGUF serve never uses (issue 44: RSS after
-load). The metadata is still read by transformers' own GGUF code (``load_gguf_checkpoint(return_tensors=False)``: its
-key mapping, the tied head, the vocabulary size), and the config is built here with ``LlamaConfig``'s defaults for
-the fields the model code reads (models/llama.py ``LlamaDims.from_hf``, models/rope.py, the EOS ids). Anything this
+load). A llama file's metadata is read here too (``raw_config``: what transformers' ``load_gguf_checkpoint(
+return_tensors=False)`` gives for it, its key mapping, the tied head, the vocabulary size, without importing its GGUF
+integration or parsing every field into Python), and the config is built with ``LlamaConfig``'s defaults for the
+fields the model code reads (models/llama.py ``LlamaDims.from_hf``, models/rope.py, the EOS ids). Anything this
 does not model (another model type, RoPE scaling, a key we do not know) goes through transformers as before."""
 from __future__ import annotations
 
@@ -14,6 +15,16 @@ from typing import Any
 LIGHT_TYPES = ("llama",)  # general.architecture values built here (Mistral files are written as "llama" too)
 _REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 _NOT_READ = ("_model_name_or_path", "unk_token_id")  # in the metadata, read by no model code
+# transformers' GGUF_CONFIG_MAPPING for llama (integrations/ggml.py): llama.<key> -> config field
+_LLAMA_KEYS = {"context_length": "max_position_embeddings", "block_count": "num_hidden_layers",
+               "feed_forward_length": "intermediate_size", "embedding_length": "hidden_size",
+               "rope.dimension_count": "head_dim", "rope.freq_base": "rope_theta",
+               "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
+               "attention.layer_norm_rms_epsilon": "rms_norm_eps", "vocab_size": "vocab_size"}
+_TOKEN_IDS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "unknown_token_id": "unk_token_id",
+              "padding_token_id": "pad_token_id"}  # its tokenizer.ggml.<key> -> config field
+# key prefixes that mapping reads or leaves alone; a key under any other (another architecture's) goes to transformers
+_PREFIXES = frozenset({"general", "llama", "tokenizer", "quantize", "split"})
 
 
 @dataclass
@@ -52,3 +63,30 @@ def light_config(raw: dict[str, Any]) -> GgufConfig | None:
     kw["head_dim"] = raw.get("head_dim") or int(raw["hidden_size"]) // heads
     kw["rope_parameters"] = {"rope_theta": float(raw.get("rope_theta", 10000.0)), "rope_type": "default"}
     return GgufConfig(**kw)
+
+
+def raw_config(reader: Any) -> dict[str, Any] | None:
+    """What transformers' ``load_gguf_checkpoint(return_tensors=False)["config"]`` gives for a llama file parsed as
+    ``reader`` (models/gguf_reader.py), or None for any other file (transformers reads it). A file named exactly
+    "mistral" is one transformers reads as Mistral's."""
+    def value(key: str) -> Any:
+        f = reader.fields[key]
+        got = f.contents()
+        return got[0] if isinstance(got, list) and len(got) == 1 else got  # a one-item array reads as its item
+    if "general.architecture" not in reader.fields or value("general.architecture") != "llama" or \
+            ("general.name" in reader.fields and value("general.name") == "mistral") or \
+            any(k.split(".")[0] not in _PREFIXES for k in reader.fields if not k.startswith("GGUF.")):
+        return None
+    raw: dict[str, Any] = {"tie_word_embeddings": all(t.name != "output.weight" for t in reader.tensors),
+                           "model_type": "llama"}
+    if "general.name" in reader.fields:
+        raw["_model_name_or_path"] = value("general.name")
+    for key, name in _LLAMA_KEYS.items():
+        if f"llama.{key}" in reader.fields:
+            raw[name] = value(f"llama.{key}")
+    for key, name in _TOKEN_IDS.items():
+        if f"tokenizer.ggml.{key}" in reader.fields:
+            raw[name] = value(f"tokenizer.ggml.{key}")
+    if "vocab_size" not in raw and "tokenizer.ggml.tokens" in reader.fields:
+        raw["vocab_size"] = len(reader.fields["tokenizer.ggml.tokens"].data)
+    return raw

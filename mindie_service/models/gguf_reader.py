@@ -62,6 +62,24 @@ class ArrayParts(Sequence):
         return self._reader._get(start + 8, np.uint8, int(self._lengths[i]))
 
 
+def strings(field: Any) -> list[str]:
+    """A string array field's items (``field.contents()``), decoded straight from the mapped file where its parts are
+    compact: no numpy view per item, whose allocations would be scattered among the strings a caller keeps."""
+    parts = field.parts
+    if not isinstance(parts, ArrayParts) or parts._lengths is None:
+        return field.contents()
+    data = memoryview(parts._reader.data)
+    return [str(data[s + 8:s + 8 + n], "utf-8") for s, n in zip(parts._starts.tolist(), parts._lengths.tolist())]
+
+
+def numbers(field: Any) -> list[Any]:
+    """A number array field's items (``field.contents()``), read in one view where its parts are compact."""
+    parts = field.parts
+    if not isinstance(parts, ArrayParts) or parts._lengths is not None or not len(parts._starts):
+        return field.contents()
+    return parts._reader._get(int(parts._starts[0]), parts._item, len(parts._starts)).tolist()
+
+
 def _array_field(reader: Any, offs: int, head: list[Any]) -> tuple[int, Any, Any, list[Any]] | None:
     """(size, parts, data indices, types) of the array value at ``offs``, compact (ArrayParts); None for an array
     of arrays, which the stock reader walks."""

@@ -107,6 +107,19 @@ def test_a_gguf_load_imports_no_modeling_or_compiler_code(tiny_q8):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
+# transformers' GGUF integration: its config reading and its tokenizer builders (with six families' tokenizer classes)
+GGUF_INTEGRATION = ("transformers.modeling_gguf_pytorch_utils", "transformers.integrations.ggml",
+                    "transformers.integrations.gguf.gguf_tokenizer_mapping", "transformers.integrations.gguf.reader",
+                    "transformers.models.gpt2.tokenization_gpt2", "transformers.models.t5.tokenization_t5")
+
+
+def test_a_llama_gguf_load_builds_its_config_and_tokenizer_without_transformers_gguf_code(tiny_q8):
+    """models/gguf_config.raw_config and models/gguf_tokenizer.py read the metadata from our own parse."""
+    out = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, str(tiny_q8), *GGUF_INTEGRATION], capture_output=True,
+                         text=True, cwd=ROOT, check=True, timeout=300)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
 ROPE_TYPES = [None, {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0},
               {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64, "rope_theta": 500000.0},
