@@ -11,7 +11,7 @@ from npu_ops.quant_gguf import BLOCK_TYPES, BlockType, GgufWeight, register
 
 ROWS = 4
 X4_OF = {"Q4_0": "Q4_0x4", "Q4_1": "Q4_1x4", "Q4_1F": "Q4_1Fx4"}
-SCALE_BYTES = {"Q4_0": 2, "Q4_1": 4, "Q4_1F": 8}  # a block's bytes before its 16 of nibbles
+SCALE_BYTES = {name: BLOCK_TYPES[name].block_bytes - 16 for name in X4_OF}  # a block's bytes before its nibbles
 
 
 def interleave(data: torch.Tensor, sb: int) -> torch.Tensor:

@@ -32,6 +32,7 @@
 #include "fp16_lanes.h"
 #include "gemm_gguf_q4_q8.h"
 #include "gemm_gguf_q8.h"
+#include "gguf_x4.h"
 #include "gguf_xq.h"
 #include "kernels.h"
 #include "stream_ahead.h"
@@ -144,7 +145,7 @@ static inline __attribute__((always_inline)) void block8(const int t, const int 
 static inline __attribute__((always_inline)) void groups8(const int t, const int x4, const uint8_t *w, int64_t n_out,
                                                           int64_t k, const int8_t *xq, const xblock *xb, int64_t m,
                                                           float *y, int64_t g0, int64_t g1) {
-    const int64_t nb = k / QK, bb = BLOCK_BYTES[t], rb = nb * bb, sb = bb - 16; /* x4: a block's scale bytes */
+    const int64_t nb = k / QK, bb = BLOCK_BYTES[t], rb = nb * bb;
     int64_t chunk = X_CHUNK_BYTES / (k + nb * (int64_t)sizeof(xblock));
     chunk = chunk > XC ? XC : chunk < 1 ? 1 : chunk;
     for (int64_t c0 = 0; c0 < m; c0 += chunk) {
@@ -158,8 +159,10 @@ static inline __attribute__((always_inline)) void groups8(const int t, const int
             for (int64_t b = 0; b < nb; ++b) {
                 if (x4) { /* two groups' block steps: every field at a constant offset from one of two bases */
                     const uint8_t *ga = w + r0 * rb + b * 4 * bb, *gb = nr > 4 ? ga + 4 * rb : ga;
-                    for (int r = 0; r < RW; ++r)
-                        p[r] = (r < 4 ? ga : gb) + sb * (r & 3), qp[r] = (r < 4 ? ga : gb) + 4 * sb + 16 * (r & 3);
+                    for (int r = 0; r < RW; ++r) {
+                        const uint8_t *step = r < 4 ? ga : gb;
+                        p[r] = gguf_x4_scales_at(step, bb, r & 3), qp[r] = gguf_x4_quants_at(step, bb, r & 3);
+                    }
                     for (int64_t o = 0; (b & 1) == 0 && o < 8 * bb; o += 64) /* the next groups' 2 streams, 2 blocks */
                         stream_at(ga + RW * rb + o), stream_at(gb + RW * rb + o);
                 } else {

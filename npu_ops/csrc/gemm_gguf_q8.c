@@ -27,6 +27,7 @@
 #include "dot_u8s8.h"
 #include "fp16_lanes.h"
 #include "gemm_gguf_q8.h"
+#include "gguf_x4.h"
 #include "gguf_xq.h"
 #include "kernels.h"
 #include "team_sync.h"
@@ -162,7 +163,7 @@ static inline __attribute__((always_inline)) void tile_q8(const int t, const int
          * (stream_ahead), slower again */
         for (int64_t o = 0; o < NR * bb; o += 64) stream_at(w[0] + ahead + b * NR * bb + o);
         __m256i q[NR];
-        for (int r = 0; r < NR; ++r) q[r] = block_quants(t, x4 ? g + NR * (bb - 16) + 16 * r : p[r] + QS_AT[t]);
+        for (int r = 0; r < NR; ++r) q[r] = block_quants(t, x4 ? gguf_x4_quants_at(g, bb, r) : p[r] + QS_AT[t]);
         __m128 mn = _mm_setzero_ps();
         const __m128 d = x4 ? scales4_x4(t, g, &mn) : scales4(t, p, &mn);
         const __m256 d8 = _mm256_set_m128(d, d);
@@ -195,13 +196,14 @@ static inline __attribute__((always_inline)) void tile_q8(const int t, const int
 static void tile_q8(const int t, const int x4, const int mr, const uint8_t *w[NR], int64_t nb, const int8_t *xq,
                     const float *xd, const float *xs, int64_t k, float *y, int64_t ldy, int nr, int64_t ahead) {
     (void)ahead;
-    const int64_t bb = BLOCK_BYTES[t], sb = bb - 16; /* x4: a block's scale bytes */
+    const int64_t bb = BLOCK_BYTES[t];
     for (int i = 0; i < mr; ++i)
         for (int r = 0; r < nr; ++r) {
             float acc = 0.0f, off = 0.0f;
             for (int64_t b = 0; b < nb; ++b) {
                 const uint8_t *g = w[0] + b * NR * bb; /* x4: the block step's 4 rows */
-                const uint8_t *p = x4 ? g + sb * r : w[r] + b * bb, *qs = x4 ? g + NR * sb + 16 * r : p + QS_AT[t];
+                const uint8_t *p = x4 ? gguf_x4_scales_at(g, bb, r) : w[r] + b * bb;
+                const uint8_t *qs = x4 ? gguf_x4_quants_at(g, bb, r) : p + QS_AT[t];
                 const int8_t *x = xq + i * k + b * QK;
                 int s[2] = {0, 0}; /* values 0-15, 16-31: each half of x has its own scale */
                 for (int e = 0; e < QK / 2; ++e) {

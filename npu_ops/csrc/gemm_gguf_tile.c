@@ -89,7 +89,7 @@ static void decode_tile(row_dequant_fn row_fn, int64_t block_vals, int x4, int64
                         int64_t n0, int64_t nc, int64_t k0, int64_t k, int64_t kc, float *panels, int64_t ps,
                         float *rows) {
     const int64_t bb = row_bytes / (k / block_vals), cb = DC / block_vals * bb; /* x4: a row's bytes in own[] */
-    uint8_t own[GGUF_X4_ROWS * (DC / 8) * 34]; /* x4: a group's dc columns as GGUF stores them (blocks of 8+ values) */
+    uint8_t own[GGUF_X4_ROWS * (DC / 32) * GGUF_X4_MAX_BLOCK]; /* x4: a group's dc columns as GGUF stores them */
     for (int64_t p = 0; p * NR < nc; ++p)
         for (int64_t d0 = 0; d0 < kc; d0 += DC) {
             const int64_t dc = kc - d0 < DC ? kc - d0 : DC, off = (k0 + d0) / block_vals * bb;
@@ -140,7 +140,8 @@ int gguf_tile_matmul(row_dequant_fn row_fn, int64_t block_vals, int64_t interlea
                      const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y, float *work) {
     if (block_vals <= 0 || block_vals % 8 != 0 || DC % block_vals != 0 || k % block_vals != 0) return 3; /* never read past a row */
     const int x4 = interleave == GGUF_X4_ROWS;
-    if (x4 && (n_out % GGUF_X4_ROWS != 0 || row_bytes / (k / block_vals) > 34)) return 3; /* whole groups of x4 types */
+    if (x4 && (n_out % GGUF_X4_ROWS != 0 || block_vals != 32 || row_bytes / (k / 32) > GGUF_X4_MAX_BLOCK))
+        return 3; /* whole groups of an interleaved type's blocks */
     const int64_t ps = panel_floats(k);
     float *own = work != NULL ? NULL : malloc(sizeof(float) * (size_t)gguf_tile_work_floats(k));
     if (work == NULL) ++own_panels;

@@ -16,6 +16,13 @@
 #include <string.h>
 
 #define GGUF_X4_ROWS 4
+#define GGUF_X4_MAX_BLOCK 24 /* the largest block of an interleaved type (Q4_1F's) */
+
+/* in a group's block step at `step` (blocks of bb bytes): row r's scale fields, and its 16 bytes of nibbles */
+static inline const uint8_t *gguf_x4_scales_at(const uint8_t *step, int64_t bb, int r) { return step + (bb - 16) * r; }
+static inline const uint8_t *gguf_x4_quants_at(const uint8_t *step, int64_t bb, int r) {
+    return step + GGUF_X4_ROWS * (bb - 16) + 16 * r;
+}
 
 /* blocks [b0, b0 + nblk) of the 4 rows of the group at g (blocks of bb bytes: 18, 20 or 24) as GGUF stores them:
  * row r's at out + r * out_rb */
@@ -26,12 +33,13 @@ static inline void gguf_x4_rows(const uint8_t *g, int64_t bb, int64_t b0, int64_
         const uint8_t *step = g + (b0 + b) * GGUF_X4_ROWS * bb;
         for (int r = 0; r < GGUF_X4_ROWS; ++r) {
             uint8_t *dst = out + r * out_rb + b * bb;
+            const uint8_t *sc = gguf_x4_scales_at(step, bb, r);
             switch (sb) { /* constant sizes, so the copies inline (a call each cost the prefill tiles 2-4%) */
-            case 2: memcpy(dst, step + 2 * r, 2); break;
-            case 4: memcpy(dst, step + 4 * r, 4); break;
-            default: memcpy(dst, step + 8 * r, 8); break;
+            case 2: memcpy(dst, sc, 2); break;
+            case 4: memcpy(dst, sc, 4); break;
+            default: memcpy(dst, sc, 8); break;
             }
-            memcpy(dst + sb, step + GGUF_X4_ROWS * sb + 16 * r, 16);
+            memcpy(dst + sb, gguf_x4_quants_at(step, bb, r), 16);
         }
     }
 }
