@@ -115,12 +115,11 @@ static inline __attribute__((always_inline)) void scales8_x4(const int t, const 
     *mv = _mm256_permutevar8x32_ps(_mm256_shuffle_ps(fa, fb, 0xdd), order); /* min: odd lanes */
 }
 
-/* block b of the 8 rows (scale fields at p[r], quants at qp[r]) against x rows [0, mr) of a chunk: acc[i] lane r +=
- * row r . x row i over the block */
+/* block b of the 8 rows (scale fields at p[r], quants at qp[r]) against x rows [0, mr) of a chunk (their block b's
+ * quants side by side at xq, QK bytes a row, their numbers at xb): acc[i] lane r += row r . x row i over the block */
 static inline __attribute__((always_inline)) void block8(const int t, const int x4, const uint8_t *p[RW],
-                                                         const uint8_t *qp[RW], const int8_t *xq, int64_t k,
-                                                         const xblock *xb, int64_t nb, int64_t mr, __m256 *acc,
-                                                         __m256 *off) {
+                                                         const uint8_t *qp[RW], const int8_t *xq, const xblock *xb,
+                                                         int64_t mr, __m256 *acc, __m256 *off) {
     __m256i v[8];
     quants8(qp, v);
     __m256 dv, mv;
@@ -130,9 +129,9 @@ static inline __attribute__((always_inline)) void block8(const int t, const int 
         scales8v(t, p, &dv, &mv);
 #pragma GCC unroll 2 /* as GCC unrolled it for the stored layout, not for x4's until asked (x4 0.92x at 64 rows) */
     for (int64_t i = 0; i < mr; ++i) {
-        const int8_t *x = xq + i * k;
+        const int8_t *x = xq + i * QK;
         const __m256i s[2] = {lanes_isum16(v, x), lanes_isum16(v + 4, x + 16)}; /* lane r: row r's halves */
-        const xblock *e = xb + i * nb;
+        const xblock *e = xb + i;
         for (int h = 0; h < 2; ++h)
             acc[2 * i + h] = _mm256_fmadd_ps(_mm256_mul_ps(dv, _mm256_set1_ps(h ? e->d1 : e->d0)),
                                              _mm256_cvtepi32_ps(s[h]), acc[2 * i + h]);
@@ -141,7 +140,9 @@ static inline __attribute__((always_inline)) void block8(const int t, const int 
 }
 
 /* weight row groups [g0, g1) of RW rows (the last maybe fewer: its missing rows repeat its first, their lanes unused)
- * against m quantized rows of x, in chunks of x rows */
+ * against m quantized rows of x in gguf_xq.h's block-major lanes layout (block b of row i at xq + (b m + i) QK, its
+ * numbers at xb[b m + i]: a chunk's rows of a block are one run of bytes, where rows k bytes apart put k = 2048's or
+ * 8192's 16 rows in one or two L1 sets, 1.2x at 16 to 64 rows), in chunks of x rows */
 static inline __attribute__((always_inline)) void groups8(const int t, const int x4, const uint8_t *w, int64_t n_out,
                                                           int64_t k, const int8_t *xq, const xblock *xb, int64_t m,
                                                           float *y, int64_t g0, int64_t g1) {
@@ -171,7 +172,7 @@ static inline __attribute__((always_inline)) void groups8(const int t, const int
                     if ((b & 1) == 0) /* the next group's rows, a 64-byte line (2 blocks) at a time */
                         for (int r = 0; r < RW; ++r) stream_at(p[r] + RW * rb);
                 }
-                block8(t, x4, p, qp, xq + c0 * k + b * QK, k, xb + c0 * nb + b, nb, mr, acc, off);
+                block8(t, x4, p, qp, xq + (b * m + c0) * QK, xb + b * m + c0, mr, acc, off);
             }
             for (int64_t i = 0; i < mr; ++i) {
                 float o[RW];
@@ -207,14 +208,15 @@ static void many_q4_q8(const int t, const int x4, const uint8_t *w, int64_t n_ou
                        int64_t m, float *y) {
     const int64_t nb = k / QK, groups = (n_out + RW - 1) / RW;
     const gguf_xq *team = gguf_xq_find(x, m, k, GGUF_XQ_Q8); /* x quantized by the team (gguf_linear.c) */
-    int8_t *xq = team != NULL ? team->q : malloc((size_t)(m * k));
+    int8_t *xq = team != NULL ? team->qb : malloc((size_t)(m * k));
     xblock *xb = team != NULL ? (xblock *)team->xb : malloc(sizeof(xblock) * (size_t)(m * nb));
     float *xd = team != NULL ? NULL : malloc(sizeof(float) * (size_t)(8 * nb));
     float *xs = team != NULL ? NULL : malloc(sizeof(float) * (size_t)nb);
-    if (team != NULL || (xq != NULL && xb != NULL && xd != NULL && xs != NULL)) {
+    int8_t *row = team != NULL ? NULL : malloc((size_t)k);
+    if (team != NULL || (xq != NULL && xb != NULL && xd != NULL && xs != NULL && row != NULL)) {
         for (int64_t i = 0; team == NULL && i < m; ++i) {
-            gguf_q8_quantize_row(x + i * k, k, xq + i * k, xd, xs);
-            gguf_q8_xblocks(xd, xs, nb, (float *)(xb + i * nb));
+            gguf_q8_quantize_row(x + i * k, k, row, xd, xs);
+            gguf_q8_lanes_row(row, xd, xs, nb, m, i, xq, (float *)xb);
         }
         const groups_fn run = GROUPS[x4][t];
         if (omp_get_level() > 0 || groups == 1) { /* inside any team, a team of 1 included */
@@ -234,6 +236,7 @@ static void many_q4_q8(const int t, const int x4, const uint8_t *w, int64_t n_ou
     }
     free(xd);
     free(xs);
+    free(row);
 }
 #endif
 

@@ -103,7 +103,7 @@ static inline __attribute__((always_inline)) void super8(const int five, const u
 }
 
 
-/* the super-block's quants . x rows [0, mr) of the chunk (row i's block at xq + i * k): isum[i] lane r += row r's
+/* the super-block's quants . x rows [0, mr) of the chunk (row i's block at xq + i * k, k a row stride): isum[i] lane r += row r's
  * scaled sums over the 8 sub-blocks */
 static inline __attribute__((always_inline)) void quants8(const int five, const uint8_t *p[RW], const sb8 *sb,
                                                           const int8_t *xq, int64_t k, int64_t mr, __m256i *isum) {
@@ -230,9 +230,11 @@ static inline __attribute__((always_inline)) void q6k8(const uint8_t *p[RW], con
     }
 }
 
-/* weight row groups [g0, g1) of RW rows (a short last one repeats its first row: lanes unused) against m rows */
+/* weight row groups [g0, g1) of RW rows (a short last one repeats its first row: lanes unused) against m rows, their
+ * quants in gguf_xq.h's block-major copy (super-block b of row i at xqb + (b m + i) QK: a chunk's rows of a block one
+ * run of bytes, not k apart in one or two L1 sets; 1.1-1.2x at 16 rows), their numbers (xd, bs, b32) by row */
 static inline __attribute__((always_inline)) void groups8(const int t, const uint8_t *w, int64_t n_out, int64_t k,
-                                                          const int8_t *xq, const float *xd, const int16_t *bs,
+                                                          const int8_t *xqb, const float *xd, const int16_t *bs,
                                                           const int16_t *b32, int64_t m, float *y, int64_t g0,
                                                           int64_t g1) {
     const int64_t nb = k / QK, bb = BLOCK_BYTES[t], rb = nb * bb;
@@ -254,7 +256,7 @@ static inline __attribute__((always_inline)) void groups8(const int t, const uin
                 }
                 for (int64_t i = 0; i < mr; ++i) isum[i] = _mm256_setzero_si256();
                 if (t == 2) {
-                    q6k8(p, xq + c0 * k + b * QK, k, bs + (c0 * nb + b) * 16, nb * 16, mr, isum);
+                    q6k8(p, xqb + (b * m + c0) * QK, QK, bs + (c0 * nb + b) * 16, nb * 16, mr, isum);
                     uint64_t hh[2] = {0, 0};
                     for (int r = 0; r < RW; ++r) {
                         uint16_t u;
@@ -269,7 +271,7 @@ static inline __attribute__((always_inline)) void groups8(const int t, const uin
                 }
                 sb8 sb;
                 super8(t, p, &sb);
-                quants8(t, p, &sb, xq + c0 * k + b * QK, k, mr, isum);
+                quants8(t, p, &sb, xqb + (b * m + c0) * QK, QK, mr, isum);
                 for (int64_t i = 0; i < mr; ++i) {
                     const int64_t at = (c0 + i) * nb + b;
                     __m256i ms = _mm256_setzero_si256();
@@ -305,13 +307,16 @@ GROUPS_OF(2, groups_q6k)
 static void many_kq(const int t, const uint8_t *w, int64_t n_out, int64_t k, const float *x, int64_t m, float *y) {
     const int64_t nb = k / QK, groups = (n_out + RW - 1) / RW;
     const gguf_xq *team = gguf_xq_find(x, m, k, GGUF_XQ_Q8K); /* x quantized by the team (gguf_linear.c) */
-    int8_t *xq = team != NULL ? team->q : malloc((size_t)(m * k));
+    int8_t *xq = team != NULL ? team->qb : malloc((size_t)(m * k)); /* block-major */
+    int8_t *row = team != NULL ? NULL : malloc((size_t)k);
     float *xd = team != NULL ? team->d : malloc(sizeof(float) * (size_t)(m * nb));
     int16_t *bs = team != NULL ? team->bs : malloc(sizeof(int16_t) * (size_t)(m * k / 16));
     int16_t *b32 = team != NULL ? team->b32 : malloc(sizeof(int16_t) * (size_t)(m * k / 32));
-    if (xq != NULL && xd != NULL && bs != NULL && b32 != NULL) {
-        for (int64_t i = 0; team == NULL && i < m; ++i)
-            gguf_q8k_quantize_row(x + i * k, k, xq + i * k, xd + i * nb, bs + i * k / 16);
+    if (xq != NULL && xd != NULL && bs != NULL && b32 != NULL && (team != NULL || row != NULL)) {
+        for (int64_t i = 0; team == NULL && i < m; ++i) {
+            gguf_q8k_quantize_row(x + i * k, k, row, xd + i * nb, bs + i * k / 16);
+            gguf_xq_blocks(row, nb, QK, m, i, xq);
+        }
         if (team == NULL) gguf_q8k_sums32(bs, m * k / 32, b32);
         const groups_fn run = t == 2 ? groups_q6k : t == 1 ? groups_q5k : groups_q4k;
         if (omp_get_level() > 0 || groups == 1) {
@@ -331,6 +336,7 @@ static void many_kq(const int t, const uint8_t *w, int64_t n_out, int64_t k, con
         free(bs);
         free(b32);
     }
+    free(row);
 }
 #endif
 

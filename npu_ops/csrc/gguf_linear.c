@@ -50,10 +50,10 @@ long gguf_xq_team_rows(void) { return xq_rows; }
 void gguf_xq_share(int on) { xq_share = on; }
 
 
-/* bytes of the quantized x: GGUF_XQ_Q8's layout, the larger (q, d, s, xb: 1 + 1 + 1/8 + 1/2 bytes a value) */
+/* bytes of the quantized x: GGUF_XQ_Q8's layout, the larger (q, d, s, qb, xb: 1 + 1 + 1/8 + 1 + 1/2 bytes a value) */
 static int64_t xq_bytes(int64_t M, int64_t K) {
     const int64_t nb = K / 32;
-    return ALIGN(M * K) + ALIGN(4 * 8 * M * nb) + ALIGN(4 * M * nb) + ALIGN(16 * M * nb);
+    return ALIGN(M * K) + ALIGN(4 * 8 * M * nb) + ALIGN(4 * M * nb) + ALIGN(M * K) + ALIGN(16 * M * nb);
 }
 
 static int64_t work_bytes(int64_t M, int64_t K, int64_t threads) {
@@ -86,7 +86,7 @@ static gguf_matmul_fn seg_fn(const gguf_seg *s, int step) {
 /* The layout for x [M, K] in work: its pointers, the format the first int8-activation segment reads (0: none) */
 static gguf_xq xq_layout(const gguf_seg *segs, int64_t nseg, const float *x, int64_t M, int64_t K, uint8_t *work,
                          int step) {
-    gguf_xq q = {x, M, K, 0, NULL, NULL, NULL, NULL, NULL, NULL};
+    gguf_xq q = {x, M, K, 0, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     for (int64_t i = 0; i < nseg && q.format == 0; ++i)
         if (seg_fn(segs + i, step) == segs[i].fn_q8) q.format = xq_format(segs[i].fn_q8);
     if (work == NULL || !xq_share || M < XQ_SHARE_ROWS || K % (q.format == GGUF_XQ_Q8K ? 256 : 32) != 0) q.format = 0;
@@ -96,11 +96,13 @@ static gguf_xq xq_layout(const gguf_seg *segs, int64_t nseg, const float *x, int
     if (q.format == GGUF_XQ_Q8) {
         q.d = (float *)p;
         q.s = (float *)(p + ALIGN(4 * 8 * M * nb));
-        q.xb = (float *)(p + ALIGN(4 * 8 * M * nb) + ALIGN(4 * M * nb));
+        q.qb = (int8_t *)(p + ALIGN(4 * 8 * M * nb) + ALIGN(4 * M * nb));
+        q.xb = (float *)(p + ALIGN(4 * 8 * M * nb) + ALIGN(4 * M * nb) + ALIGN(M * K));
     } else if (q.format == GGUF_XQ_Q8K) {
         q.d = (float *)p;
         q.bs = (int16_t *)(p + ALIGN(4 * M * (K / 256)));
         q.b32 = (int16_t *)(p + ALIGN(4 * M * (K / 256)) + ALIGN(2 * M * (K / 16)));
+        q.qb = (int8_t *)(p + ALIGN(4 * M * (K / 256)) + ALIGN(2 * M * (K / 16)) + ALIGN(2 * M * nb));
     }
     return q;
 }
@@ -114,11 +116,12 @@ static void xq_rows_share(const gguf_xq *q) {
         if (q->format == GGUF_XQ_Q8) {
             float *d = q->d + 8 * i * nb, *s = q->s + i * nb;
             gguf_q8_quantize_row(q->x + i * k, k, q->q + i * k, d, s);
-            gguf_q8_xblocks(d, s, nb, q->xb + 4 * i * nb);
+            gguf_q8_lanes_row(q->q + i * k, d, s, nb, q->m, i, q->qb, q->xb);
         } else {
             int16_t *bs = q->bs + i * (k / 16), *b32 = q->b32 + i * nb;
             gguf_q8k_quantize_row(q->x + i * k, k, q->q + i * k, q->d + i * (k / 256), bs);
             gguf_q8k_sums32(bs, nb, b32);
+            gguf_xq_blocks(q->q + i * k, k / 256, 256, q->m, i, q->qb);
         }
     }
     if (r1 > r0) xq_rows += r1 - r0;
