@@ -103,10 +103,10 @@ static inline __attribute__((always_inline)) void super8(const int five, const u
 }
 
 
-/* the super-block's quants . x rows [0, mr) of the chunk (row i's block at xq + i * k, k a row stride): isum[i] lane r += row r's
- * scaled sums over the 8 sub-blocks */
+/* the super-block's quants . x rows [0, mr) of the chunk (row i's block at xq + i * QK: the block-major copy):
+ * isum[i] lane r += row r's scaled sums over the 8 sub-blocks */
 static inline __attribute__((always_inline)) void quants8(const int five, const uint8_t *p[RW], const sb8 *sb,
-                                                          const int8_t *xq, int64_t k, int64_t mr, __m256i *isum) {
+                                                          const int8_t *xq, int64_t mr, __m256i *isum) {
     const __m256i lo = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
     for (int j = 0; j < 4; ++j) {
         __m256i t[8];
@@ -124,7 +124,7 @@ static inline __attribute__((always_inline)) void quants8(const int five, const 
             if (GGUF_VNNI && five) { /* vpdpbusd in 2 chains straight to int32 (1.1x a core), then the scale */
                 const __m256i sc32 = _mm256_srai_epi32(sc, 16);
                 for (int64_t i = 0; i < mr; ++i) {
-                    const int8_t *x = xq + i * k + 64 * j + 32 * h;
+                    const int8_t *x = xq + i * QK + 64 * j + 32 * h;
                     __m256i s = dot_u8s8(_mm256_setzero_si256(), v[0], bytes4_bcast(x));
                     __m256i e = dot_u8s8(_mm256_setzero_si256(), v[1], bytes4_bcast(x + 4));
                     for (int c = 2; c < 8; c += 2) {
@@ -136,7 +136,7 @@ static inline __attribute__((always_inline)) void quants8(const int five, const 
                 continue;
             }
             for (int64_t i = 0; i < mr; ++i) {
-                const int8_t *x = xq + i * k + 64 * j + 32 * h;
+                const int8_t *x = xq + i * QK + 64 * j + 32 * h;
                 __m256i s = _mm256_maddubs_epi16(v[0], bytes4_bcast(x)), acc = isum[i];
                 for (int c = 1; c < 8; ++c) {
                     if (five && c == 4) { /* 5-bit quants: 4 chunks fill int16 */
@@ -170,9 +170,9 @@ static inline __attribute__((always_inline)) void q6k_scales8(const uint8_t *p[R
     }
 }
 
-/* Q6_K's super-block . x rows [0, mr) (row i's quants at xq + i * k, its sums of 16 at bs + i * bstride): isum[i]
+/* Q6_K's super-block . x rows [0, mr) (row i's quants at xq + i * QK, its sums of 16 at bs + i * bstride): isum[i]
  * lane r += row r's exact sum, its -32 through x's sums of 16 (the row passes' integers) */
-static inline __attribute__((always_inline)) void q6k8(const uint8_t *p[RW], const int8_t *xq, int64_t k,
+static inline __attribute__((always_inline)) void q6k8(const uint8_t *p[RW], const int8_t *xq,
                                                        const int16_t *bs, int64_t bstride, int64_t mr,
                                                        __m256i *isum) {
     __m256i scl[16], scp[8]; /* lane r: (sc[g], sc[g]), and (sc[2q], sc[2q + 1]) as int16 pairs */
@@ -209,7 +209,7 @@ static inline __attribute__((always_inline)) void q6k8(const uint8_t *p[RW], con
             const __m256i s0 = scl[g], s1 = scl[g + 1];
 #endif
             for (int64_t i = 0; i < mr; ++i) {
-                const int8_t *x = xq + i * k + 128 * h + 32 * i4;
+                const int8_t *x = xq + i * QK + 128 * h + 32 * i4;
                 __m256i acc = isum[i];
 #if GGUF_VNNI /* a sub-block's 4 vpdpbusd straight to int32, then its scale (1.1x a core) */
                 for (int c = 0; c < 8; c += 4) {
@@ -256,7 +256,7 @@ static inline __attribute__((always_inline)) void groups8(const int t, const uin
                 }
                 for (int64_t i = 0; i < mr; ++i) isum[i] = _mm256_setzero_si256();
                 if (t == 2) {
-                    q6k8(p, xqb + (b * m + c0) * QK, QK, bs + (c0 * nb + b) * 16, nb * 16, mr, isum);
+                    q6k8(p, xqb + (b * m + c0) * QK, bs + (c0 * nb + b) * 16, nb * 16, mr, isum);
                     uint64_t hh[2] = {0, 0};
                     for (int r = 0; r < RW; ++r) {
                         uint16_t u;
@@ -271,7 +271,7 @@ static inline __attribute__((always_inline)) void groups8(const int t, const uin
                 }
                 sb8 sb;
                 super8(t, p, &sb);
-                quants8(t, p, &sb, xqb + (b * m + c0) * QK, QK, mr, isum);
+                quants8(t, p, &sb, xqb + (b * m + c0) * QK, mr, isum);
                 for (int64_t i = 0; i < mr; ++i) {
                     const int64_t at = (c0 + i) * nb + b;
                     __m256i ms = _mm256_setzero_si256();

@@ -92,17 +92,17 @@ static gguf_xq xq_layout(const gguf_seg *segs, int64_t nseg, const float *x, int
     if (work == NULL || !xq_share || M < XQ_SHARE_ROWS || K % (q.format == GGUF_XQ_Q8K ? 256 : 32) != 0) q.format = 0;
     const int64_t nb = K / 32;
     q.q = (int8_t *)work;
-    uint8_t *p = work + ALIGN(M * K);
+    uint8_t *p = work + ALIGN(M * K); /* each array after the last, in xq_bytes' order */
     if (q.format == GGUF_XQ_Q8) {
-        q.d = (float *)p;
-        q.s = (float *)(p + ALIGN(4 * 8 * M * nb));
-        q.qb = (int8_t *)(p + ALIGN(4 * 8 * M * nb) + ALIGN(4 * M * nb));
-        q.xb = (float *)(p + ALIGN(4 * 8 * M * nb) + ALIGN(4 * M * nb) + ALIGN(M * K));
+        q.d = (float *)p, p += ALIGN(4 * 8 * M * nb);
+        q.s = (float *)p, p += ALIGN(4 * M * nb);
+        q.qb = (int8_t *)p, p += ALIGN(M * K);
+        q.xb = (float *)p;
     } else if (q.format == GGUF_XQ_Q8K) {
-        q.d = (float *)p;
-        q.bs = (int16_t *)(p + ALIGN(4 * M * (K / 256)));
-        q.b32 = (int16_t *)(p + ALIGN(4 * M * (K / 256)) + ALIGN(2 * M * (K / 16)));
-        q.qb = (int8_t *)(p + ALIGN(4 * M * (K / 256)) + ALIGN(2 * M * (K / 16)) + ALIGN(2 * M * nb));
+        q.d = (float *)p, p += ALIGN(4 * M * (K / 256));
+        q.bs = (int16_t *)p, p += ALIGN(2 * M * (K / 16));
+        q.b32 = (int16_t *)p, p += ALIGN(2 * M * nb);
+        q.qb = (int8_t *)p;
     }
     return q;
 }
